@@ -1,0 +1,310 @@
+"""Local attention kernels behind one small protocol (BurstAttention's LAO).
+
+Every backend computes attention for one ``Block`` of the ring schedule:
+
+    forward(q, k, v, block, scale)  -> (out, lse)
+    backward(dout, q, k, v, out, lse, block, scale) -> (dq, dk, dv)
+
+Tensors are ``[b, s, h, d]`` views (bshd; sbhd inputs arrive as strided views, never
+copied). K/V may have fewer heads than Q (GQA/MQA). ``lse`` is fp32 ``[b, hq, s]``.
+``backward`` receives the *final* (merged) ``out`` and ``lse`` of the whole ring, so each
+block's gradients are exact pieces of the global gradient. It uses ``out`` only for the
+row sums ``delta = rowsum(dout * out)``, which is what lets the burst backward send delta
+instead of O (see ``surrogate_out``).
+
+Backends: ``flash_attn`` (the package, when importable), PyTorch's built-in CUDA kernels
+(cuDNN, then flash, then memory-efficient: each is probed once and skipped if it fails),
+the CPU flash kernel, and a plain PyTorch reference used by the tests.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Protocol
+
+import torch
+
+from .schedule import Block
+
+
+class LocalAttention(Protocol):
+    name: str
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: Block,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def backward(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, block: Block,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def _heads(t: torch.Tensor) -> torch.Tensor:
+    """bshd view -> bhsd view (no copy)."""
+    return t.transpose(1, 2)
+
+
+def surrogate_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """A tensor O' with rowsum(dout * O') == delta, built locally from dout and delta.
+
+    Flash-style backward kernels read O only to form delta = rowsum(dO * O). The burst
+    backward ships delta (hq fp32 scalars per token) instead of O (hq*d elements), and
+    rebuilds an O' with the same row sums: O' = dO * delta / |dO|^2. Every term of the
+    kernel's sum dO_i * O'_i has the same sign, so the rebuilt delta has no cancellation
+    error, and |O'| <= |O| by Cauchy-Schwarz, so it cannot overflow. Rows with dO = 0 give
+    O' = 0, which is exact (their delta is 0 too).
+    dout: [b, s, h, d]; delta: [b, h, s] fp32.
+    """
+    d32 = dout.float()
+    norm2 = d32.square().sum(-1)
+    coef = torch.where(norm2 > 0, delta.transpose(1, 2) / norm2.clamp_min(1e-30),
+                       torch.zeros_like(norm2))
+    return (d32 * coef.unsqueeze(-1)).to(dout.dtype)
+
+
+# ---------------------------------------------------------------------------- reference
+
+
+class ReferenceAttention:
+    """Plain PyTorch: materialises the block's scores. For tests and tiny shapes only."""
+
+    name = "reference"
+
+    def _probs(self, q, k, block, scale):
+        hq, hkv = q.shape[2], k.shape[2]
+        kk = k.repeat_interleave(hq // hkv, dim=2) if hq != hkv else k
+        s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+        if block.causal:
+            n, m = s.shape[-2:]
+            keep = torch.ones(n, m, dtype=torch.bool, device=s.device).tril()
+            s = s.masked_fill(~keep, float("-inf"))
+        return s
+
+    def forward(self, q, k, v, block, scale):
+        hq, hkv = q.shape[2], k.shape[2]
+        vv = v.repeat_interleave(hq // hkv, dim=2) if hq != hkv else v
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        s = self._probs(q.to(work), k.to(work), block, scale)
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0).unsqueeze(-1))
+        out = torch.einsum("bhqk,bkhd->bqhd", p, vv.to(work))
+        return out.to(q.dtype), lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        hq, hkv = q.shape[2], k.shape[2]
+        g = hq // hkv
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        q_, k_, v_, do_ = (t.to(work) for t in (q, k, v, dout))
+        vv = v_.repeat_interleave(g, dim=2) if g > 1 else v_
+        kk = k_.repeat_interleave(g, dim=2) if g > 1 else k_
+        s = self._probs(q_, k_, block, scale)
+        p = torch.exp(s - lse.to(work).unsqueeze(-1))
+        delta = (do_ * out.to(work)).sum(-1).transpose(1, 2)  # [b, h, q]
+        dv = torch.einsum("bhqk,bqhd->bkhd", p, do_)
+        dp = torch.einsum("bqhd,bkhd->bhqk", do_, vv)
+        ds = p * (dp - delta.unsqueeze(-1)) * scale
+        dq = torch.einsum("bhqk,bkhd->bqhd", ds, kk)
+        dk = torch.einsum("bhqk,bqhd->bkhd", ds, q_)
+        if g > 1:
+            b, m = dk.shape[:2]
+            dk = dk.view(b, m, hkv, g, -1).sum(3)
+            dv = dv.view(b, m, hkv, g, -1).sum(3)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+# ---------------------------------------------------------------------------- CPU
+
+
+class CpuFlashAttention:
+    """PyTorch's CPU flash kernel (``_scaled_dot_product_flash_attention_for_cpu``).
+
+    It handles GQA natively. For a row with no visible key it returns out = 0 and lse = 0
+    (not -inf); the block shapes the schedule produces (full, or causal on the diagonal)
+    never have such rows, and the merge treats lse = -inf as "nothing seen".
+    """
+
+    name = "cpu-flash"
+
+    def forward(self, q, k, v, block, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            _heads(q), _heads(k), _heads(v), 0.0, block.causal, scale=scale)
+        return out.transpose(1, 2), lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        # The op takes lse in the dtype it produces: fp32 for fp32/bf16, fp64 for fp64.
+        lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            _heads(dout), _heads(q), _heads(k), _heads(v), _heads(out), lse, 0.0,
+            block.causal, scale=scale)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+# ---------------------------------------------------------------------------- CUDA
+
+
+def _expand_kv(t: torch.Tensor, hq: int) -> torch.Tensor:
+    hkv = t.shape[2]
+    return t if hkv == hq else t.repeat_interleave(hq // hkv, dim=2)
+
+
+def _fold_kv_grad(g: torch.Tensor, hkv: int) -> torch.Tensor:
+    b, s, hq, d = g.shape
+    return g if hq == hkv else g.view(b, s, hkv, hq // hkv, d).sum(3)
+
+
+class CudnnAttention:
+    """cuDNN fused attention through PyTorch (fastest on Hopper: ~550 TFLOP/s fwd+bwd)."""
+
+    name = "cudnn"
+
+    def forward(self, q, k, v, block, scale):
+        hq = q.shape[2]
+        res = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            _heads(q), _heads(_expand_kv(k, hq)), _heads(_expand_kv(v, hq)), None, True, 0.0,
+            block.causal, False, scale=scale)
+        out, lse = res[0], res[1]
+        if lse.dim() == 4:
+            lse = lse.squeeze(-1)
+        return out.transpose(1, 2), lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        hq, hkv = q.shape[2], k.shape[2]
+        kk, vv = _expand_kv(k, hq), _expand_kv(v, hq)
+        empty = torch.empty(0, device=q.device)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            _heads(dout), _heads(q), _heads(kk), _heads(vv), _heads(out),
+            lse.unsqueeze(-1).contiguous(), empty, empty, empty, None, None,
+            q.shape[1], k.shape[1], 0.0, block.causal, scale=scale)
+        dk, dv = dk.transpose(1, 2), dv.transpose(1, 2)
+        return dq.transpose(1, 2), _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
+
+
+class TorchFlashAttention:
+    """FlashAttention-2 as built into PyTorch (bshd-native, GQA-native)."""
+
+    name = "torch-flash"
+
+    def forward(self, q, k, v, block, scale):
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q, k, v, None, None, q.shape[1], k.shape[1], 0.0, block.causal, False, scale=scale)
+        return out, lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], 0.0, block.causal,
+            torch.empty(2, dtype=torch.int64, device=q.device),
+            torch.empty(0, device=q.device), scale=scale)
+        return dq, dk, dv
+
+
+class EfficientAttention:
+    """PyTorch's memory-efficient kernel: the last CUDA fallback (any dtype, any arch)."""
+
+    name = "mem-efficient"
+
+    def forward(self, q, k, v, block, scale):
+        hq = q.shape[2]
+        out, lse, *_ = torch.ops.aten._efficient_attention_forward(
+            q, _expand_kv(k, hq), _expand_kv(v, hq), None, None, None, None, None, 0.0,
+            1 if block.causal else 0, True, scale=scale)
+        return out, lse[..., : q.shape[1]].float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        hq, hkv = q.shape[2], k.shape[2]
+        seed = torch.zeros((), dtype=torch.int64, device=q.device)
+        dq, dk, dv, _ = torch.ops.aten._efficient_attention_backward(
+            dout, q, _expand_kv(k, hq), _expand_kv(v, hq), None, out, None, None,
+            q.shape[1], k.shape[1], lse.contiguous(), 0.0, seed, seed,
+            1 if block.causal else 0, False, scale=scale)
+        return dq, _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
+
+
+class FlashAttnPackage:
+    """The ``flash_attn`` package (Dao-AILab), preferred on CUDA when installed."""
+
+    name = "flash-attn"
+
+    def __init__(self):
+        from flash_attn import flash_attn_interface as fai  # noqa: F401
+        self._fai = fai
+
+    def forward(self, q, k, v, block, scale):
+        res = self._fai._flash_attn_forward(q, k, v, 0.0, scale, causal=block.causal,
+                                            window_size_left=-1, window_size_right=-1,
+                                            softcap=0.0, alibi_slopes=None,
+                                            return_softmax=False)
+        return res[0], res[1].float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self._fai._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale,
+                                       block.causal, -1, -1, 0.0, None, False)
+        return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------- selection
+
+
+def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
+           device: torch.device) -> bool:
+    """Run a tiny causal fwd+bwd and compare with the reference; False if anything fails."""
+    try:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        shape_q, shape_k = (1, 128, hq, d), (1, 128, hkv, d)
+        q, k, v, do = (torch.randn(s, generator=gen).to(device, dtype)
+                       for s in (shape_q, shape_k, shape_k, shape_q))
+        blk = Block(0, 128, 0, 128, causal=True)
+        scale = d ** -0.5
+        ref = ReferenceAttention()
+        out, lse = kernel.forward(q, k, v, blk, scale)
+        r_out, r_lse = ref.forward(q, k, v, blk, scale)
+        grads = kernel.backward(do, q, k, v, r_out, r_lse, blk, scale)
+        r_grads = ref.backward(do, q, k, v, r_out, r_lse, blk, scale)
+        ok = torch.allclose(lse, r_lse, atol=2e-2) and torch.allclose(
+            out.float(), r_out.float(), atol=3e-2)
+        for g, rg in zip(grads, r_grads):
+            ok = ok and g.shape == rg.shape and torch.allclose(g.float(), rg.float(),
+                                                               atol=5e-2, rtol=5e-2)
+        return bool(ok)
+    except Exception:  # an op missing or refusing this shape/arch: try the next backend
+        return False
+
+
+@functools.lru_cache(maxsize=64)
+def _cuda_kernel(dtype: torch.dtype, hq: int, hkv: int, d: int, index: int) -> LocalAttention:
+    device = torch.device("cuda", index)
+    candidates: list[LocalAttention] = []
+    try:
+        candidates.append(FlashAttnPackage())
+    except ImportError:
+        pass
+    candidates += [CudnnAttention(), TorchFlashAttention(), EfficientAttention()]
+    for kernel in candidates:
+        if _probe(kernel, dtype, hq, hkv, d, device):
+            return kernel
+    return ReferenceAttention()
+
+
+KERNELS = {"reference": ReferenceAttention, "cpu-flash": CpuFlashAttention,
+           "cudnn": CudnnAttention, "torch-flash": TorchFlashAttention,
+           "mem-efficient": EfficientAttention}
+
+
+def select_kernel(q: torch.Tensor, k: torch.Tensor, name: str | None = None) -> LocalAttention:
+    """The fastest working backend for these tensors, or the one ``name`` forces."""
+    if name is not None:
+        if name == "flash-attn":
+            return FlashAttnPackage()
+        if name not in KERNELS:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS) + ['flash-attn']}, "
+                             f"got {name!r}")
+        return KERNELS[name]()
+    if q.is_cuda:
+        return _cuda_kernel(q.dtype, q.shape[2], k.shape[2], q.shape[3],
+                            q.device.index or 0)
+    if q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        return CpuFlashAttention()
+    return ReferenceAttention()
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

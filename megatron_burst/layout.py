@@ -1,0 +1,82 @@
+"""Sharding a full sequence across the context-parallel group, and gathering it back.
+
+``zigzag`` (rank r holds chunks r and 2G-1-r of 2G) is Megatron's
+``get_batch_on_this_cp_rank`` split; ``contiguous`` gives rank r chunk r of G.
+``shard_seq`` is a slice (differentiable, no communication). ``unshard_seq`` all-gathers
+and is differentiable too: its backward hands each rank the gradient of its own tokens,
+summed over ranks (a reduce-scatter), so it is correct whether or not the loss after it is
+replicated.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .schedule import LAYOUTS, chunks_of
+
+
+def group_size_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """(world, rank) of ``group``; (1, 0) when torch.distributed is not initialised."""
+    if not dist.is_available() or not dist.is_initialized():
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def _check(layout: str, length: int, world: int, what: str) -> int:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    parts = world * len(chunks_of(layout, world, 0))
+    if length % parts:
+        raise ValueError(f"{what} ({length}) must be divisible by {parts} for layout "
+                         f"{layout!r} with {world} ranks")
+    return length // parts
+
+
+def shard_seq(x_full: torch.Tensor, group: dist.ProcessGroup | None = None, *,
+              layout: str = "zigzag", seq_dim: int = 1,
+              cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """This rank's part of ``x_full`` along ``seq_dim`` (same on every rank's input)."""
+    world, rank = group_size_rank(group)
+    if cu_seqlens is not None:
+        from .documents import shard_documents
+        return shard_documents(x_full, cu_seqlens, world, rank, seq_dim)
+    chunk = _check(layout, x_full.shape[seq_dim], world, "sequence length")
+    parts = [x_full.narrow(seq_dim, c * chunk, chunk) for c in chunks_of(layout, world, rank)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=seq_dim)
+
+
+class _GatherSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, world):
+        ctx.group, ctx.world = group, world
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        mine = torch.empty_like(grad[0])
+        dist.reduce_scatter(mine, list(grad.unbind(0)), group=ctx.group)
+        return mine, None, None
+
+
+def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *,
+                layout: str = "zigzag", seq_dim: int = 1,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """The full sequence from every rank's shard (inverse of ``shard_seq``)."""
+    world, _ = group_size_rank(group)
+    if cu_seqlens is not None:
+        from .documents import unshard_documents
+        stacked = _GatherSeq.apply(x_local, group, world) if world > 1 else x_local[None]
+        return unshard_documents(stacked, cu_seqlens, world, seq_dim)
+    if world == 1:
+        return x_local
+    n_chunks = len(chunks_of(layout, world, 0))
+    chunk = _check(layout, x_local.shape[seq_dim] * world, world, "sequence length")
+    stacked = _GatherSeq.apply(x_local, group, world)  # [world, ...]
+    pieces: list[torch.Tensor | None] = [None] * (world * n_chunks)
+    for r in range(world):
+        for i, c in enumerate(chunks_of(layout, world, r)):
+            pieces[c] = stacked[r].narrow(seq_dim, i * chunk, chunk)
+    return torch.cat(pieces, dim=seq_dim)

@@ -1,0 +1,68 @@
+"""Spawn a small gloo process group on this machine and run a function on every rank.
+
+Tests run many cases inside one spawn, because starting ranks (importing torch in each)
+costs seconds while a small case costs milliseconds. A rank that raises, or a group that
+does not finish within ``timeout`` seconds (a hang), fails the test with every rank's
+traceback, and the processes are killed so nothing lingers.
+"""
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import socket
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, fn, args, results):
+    try:
+        torch.set_num_threads(1)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+        out = fn(rank, world, *args)
+        dist.barrier()
+        results.put((rank, "ok", out))
+    except BaseException:  # report everything, including assertion errors, to the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(world: int, fn, *args, timeout: float = 600.0) -> list:
+    """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; return the results by rank."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, results), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got, errors = {}, []
+    try:
+        for _ in range(world):
+            rank, status, payload = results.get(timeout=timeout)
+            if status == "ok":
+                got[rank] = payload
+            else:
+                errors.append(f"rank {rank}:\n{payload}")
+    except queue_mod.Empty:
+        errors.append(f"timed out after {timeout}s (a hang?); finished ranks: {sorted(got)}")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [got[r] for r in range(world)]

@@ -1,0 +1,39 @@
+"""A float64, single-process, O(N^2) attention: the ground truth every test compares with.
+
+It supports every mask the package does (causal, sliding window, documents) by building
+the full boolean mask from positions, independently of the package's schedules.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def allowed_mask(seq_len: int, *, causal: bool, window=(-1, -1), doc_ids=None) -> torch.Tensor:
+    """[S, S] bool: query i may see key j. ``doc_ids`` [S] (-1 = padding: sees nothing)."""
+    i = torch.arange(seq_len)[:, None]
+    j = torch.arange(seq_len)[None, :]
+    ok = torch.ones(seq_len, seq_len, dtype=torch.bool)
+    if causal:
+        ok &= j <= i
+    if window[0] >= 0:
+        ok &= j >= i - window[0]
+    if window[1] >= 0:
+        ok &= j <= i + window[1]
+    if doc_ids is not None:
+        ok &= (doc_ids[:, None] == doc_ids[None, :]) & (doc_ids[:, None] >= 0)
+    return ok
+
+
+def reference_attention(q, k, v, *, causal: bool, scale: float, window=(-1, -1),
+                        doc_ids=None):
+    """q [b, S, hq, d], k/v [b, S, hkv, d] -> (out [b, S, hq, d], lse [b, hq, S])."""
+    hq, hkv = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(hq // hkv, dim=2)
+    v = v.repeat_interleave(hq // hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    ok = allowed_mask(q.shape[1], causal=causal, window=window, doc_ids=doc_ids)
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - safe.unsqueeze(-1))
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
