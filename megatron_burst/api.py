@@ -11,9 +11,12 @@ import torch.distributed as dist
 
 from . import cost
 from .burst import BurstAttentionFunction, RingSpec, resolve_backward
+from .comm import RingTopology
+from .documents import doc_lengths
 from .kernels import default_scale
 from .layout import group_size_rank
-from .schedule import LAYOUTS, chunks_per_rank
+from .schedule import LAYOUTS, Mask, RingSchedule, chunks_per_rank, padded_doc_lens
+from .ulysses import heads_to_sequence, sequence_to_heads
 
 QKV_FORMATS = ("bshd", "sbhd")
 
@@ -54,7 +57,7 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backwa
                          f"k/v heads ({hkv})")
     s_local = q.shape[1] if qkv_format == "bshd" else q.shape[0]
     per_rank = chunks_per_rank(layout)
-    if s_local == 0 or s_local % per_rank:
+    if cu_seqlens is None and (s_local == 0 or s_local % per_rank):
         raise ValueError(
             f"sequence length {s_local * world} (local {s_local} x {world} ranks) must be "
             f"divisible by {per_rank * world} for layout {layout!r}")
@@ -64,15 +67,44 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backwa
                          f"{softmax_scale!r}")
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(isinstance(w, int) and w >= -1 for w in window_size)):
-        raise ValueError(f"window_size must be a pair of ints >= -1, got {window_size!r}")
-    if tuple(window_size) != (-1, -1):
-        raise ValueError("window_size: sliding windows are not supported yet; pass (-1, -1)")
-    if intra_node_size not in (None, world):
-        raise ValueError("intra_node_size: the double ring is not supported yet; pass None")
-    if ulysses_size != 1:
-        raise ValueError("ulysses_size: the Ulysses hybrid is not supported yet; pass 1")
+        raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), got "
+                         f"{window_size!r}")
+    if not isinstance(ulysses_size, int) or ulysses_size < 1 or world % ulysses_size:
+        raise ValueError(f"ulysses_size ({ulysses_size!r}) must be a positive int dividing the "
+                         f"group size ({world})")
+    if ulysses_size > 1:
+        if hq % ulysses_size:
+            raise ValueError(f"ulysses_size ({ulysses_size}) must divide the number of q heads "
+                             f"({hq})")
+        if hkv % ulysses_size and ulysses_size % hkv:
+            raise ValueError(f"ulysses_size ({ulysses_size}) and the number of k/v heads "
+                             f"({hkv}) must divide one another")
+    if intra_node_size is not None:
+        if (not isinstance(intra_node_size, int) or intra_node_size < 1
+                or world % intra_node_size or intra_node_size % ulysses_size):
+            raise ValueError(f"intra_node_size ({intra_node_size!r}) must divide the group size "
+                             f"({world}) and be a multiple of ulysses_size ({ulysses_size})")
     if cu_seqlens is not None:
-        raise ValueError("cu_seqlens: packed documents are not supported yet; pass None")
+        _validate_documents(cu_seqlens, q.shape[0] if qkv_format == "bshd" else q.shape[1],
+                            s_local, world, layout)
+
+
+def _validate_documents(cu_seqlens, batch, s_local, world, layout) -> None:
+    if (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1
+            or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2):
+        raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
+                         "[0, n0, n0+n1, ...]")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {bounds[:8]}...")
+    if batch != 1:
+        raise ValueError(f"cu_seqlens needs batch size 1 (one packed sequence), got {batch}")
+    lens = doc_lengths(cu_seqlens)
+    need = sum(padded_doc_lens(lens, world, layout)) // world
+    if need != s_local:
+        raise ValueError(
+            f"cu_seqlens describes documents whose padded shard is {need} tokens per rank, "
+            f"but q holds {s_local}: shard with shard_seq(..., cu_seqlens=cu_seqlens)")
 
 
 def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -93,12 +125,51 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backward,
               qkv_format, intra_node_size, ulysses_size, cu_seqlens)
     hq, hkv, d = q.shape[2], k.shape[2], q.shape[3]
+    seq_first = qkv_format == "sbhd"
+    s_local = q.shape[0] if seq_first else q.shape[1]
+    doc_lens = doc_lengths(cu_seqlens) if cu_seqlens is not None else (s_local * world,)
+    u = ulysses_size
+    sched = RingSchedule(layout, world, doc_lens, Mask(bool(causal), tuple(window_size)), u)
+    topo = None
+    if world > u:
+        members = group_ranks(group, world)
+        me = members.index(dist.get_rank())
+        ring_ranks = members[me % u::u]  # the same Ulysses slot of every group
+        topo = RingTopology(ring_ranks, members[me],
+                            intra_node_size // u if intra_node_size else None)
+    ring_heads = (hq // u, max(hkv // u, 1))
     spec = RingSpec(
-        group=group, world=world, rank=rank, layout=layout, causal=bool(causal),
+        group=group, topo=topo, sched=sched,
         scale=float(softmax_scale) if softmax_scale is not None else default_scale(d),
-        backward=resolve_backward(backward, world, hq, hkv, d, q.element_size()),
-        seq_first=qkv_format == "sbhd", kernel=kernel)
-    # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of the fused QKV.
-    k, v = k.contiguous(), v.contiguous()
-    out, lse = BurstAttentionFunction.apply(q.contiguous(), k, v, spec)
+        backward=resolve_backward(backward, sched.ring_size, *ring_heads, d, q.element_size()),
+        seq_first=seq_first and u == 1, kernel=kernel)
+    if u == 1:
+        # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
+        out, lse = BurstAttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                spec)
+    else:
+        out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first)
     return (out, lse) if return_lse else out
+
+
+def _ulysses_burst(q, k, v, spec, group, world, u, seq_first):
+    """Heads -> sequence inside each Ulysses group, the ring across groups, and back."""
+    members = group_ranks(group, world)
+    me = members.index(dist.get_rank())
+    peers = members[me - me % u: me - me % u + u]
+    if k.shape[2] < u:  # too few K/V heads to split: replicate each to U/hkv slots
+        k = k.repeat_interleave(u // k.shape[2], dim=2)
+        v = v.repeat_interleave(u // v.shape[2], dim=2)
+    as_bshd = (lambda t: t.transpose(0, 1)) if seq_first else (lambda t: t)
+    qs, ks, vs = (heads_to_sequence(as_bshd(t), peers, group, 1, 2) for t in (q, k, v))
+    out, lse = BurstAttentionFunction.apply(qs, ks, vs, spec)
+    out = sequence_to_heads(out, peers, group, 1, 2)
+    lse = sequence_to_heads(lse, peers, group, 2, 1)
+    return (out.transpose(0, 1).contiguous() if seq_first else out), lse
+
+
+def group_ranks(group, world: int) -> list[int]:
+    """Global ranks of ``group`` in group order (no communication)."""
+    if group is None or group == dist.group.WORLD:
+        return list(range(world))
+    return dist.get_process_group_ranks(group)

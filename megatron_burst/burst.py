@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 from . import cost
-from .comm import KVRing, RingComm
+from .comm import AccumulatorRoute, PayloadRing, PeerComm, RingTopology
 from .kernels import LocalAttention, select_kernel, surrogate_out
 from .merge import merge_partial
-from .schedule import blocks
+from .schedule import RingSchedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,21 +34,39 @@ class RingSpec:
     """Everything the ring loops need besides tensors (resolved and validated)."""
 
     group: dist.ProcessGroup | None
-    world: int
-    rank: int
-    layout: str
-    causal: bool
+    topo: RingTopology | None  # None: a single member, nothing to send
+    sched: RingSchedule
     scale: float
     backward: str  # 'burst' or 'ring' (auto already resolved)
-    seq_first: bool  # qkv_format == 'sbhd'
+    seq_first: bool  # tensors are [s, b, h, d]
     kernel: str | None = None  # force a LocalAttention backend by name (tests, benchmarks)
 
+    @property
+    def me(self) -> int:
+        return self.topo.index if self.topo is not None else 0
+
+    @property
+    def last_step(self) -> int:
+        return 0 if self.topo is None else self.sched.last_step(self.topo.source)
+
+    def source(self, step: int, reverse: bool = False) -> int:
+        if self.topo is None:
+            return self.me
+        return (self.topo.reversed() if reverse else self.topo).source(self.me, step)
+
     def bshd(self, t: torch.Tensor) -> torch.Tensor:
-        """The user's tensor seen as [b, s, h, d] (a view, never a copy)."""
+        """The tensor seen as [b, s, h, d] (a view, never a copy; its own inverse)."""
         return t.transpose(0, 1) if self.seq_first else t
 
-    def blocks(self, q_rank: int, k_rank: int, local_len: int):
-        return blocks(self.layout, self.world, q_rank, k_rank, local_len, self.causal)
+    def movers(self, like, phase: str, reverse: bool = False
+               ) -> tuple[PayloadRing | None, AccumulatorRoute | None]:
+        """Payload and accumulator movers; ``reverse`` runs the ring the other way."""
+        if self.topo is None:
+            return None, None
+        topo = self.topo.reversed() if reverse else self.topo
+        comm = PeerComm(self.group, phase)
+        return (PayloadRing(topo, comm, like, self.last_step),
+                AccumulatorRoute(topo, comm, self.last_step))
 
 
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec,
@@ -56,101 +74,107 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
     """Forward ring. Returns (out in q's dtype and layout, lse [b, hq, s] fp32)."""
     qb = spec.bshd(q)
     b, s, hq, _ = qb.shape
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    acc = _acc_dtype(q)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
     out_b = spec.bshd(out)
-    lse = torch.full((b, hq, s), float("-inf"), dtype=torch.float32, device=q.device)
-    ring = KVRing(RingComm(spec.group, "forward"), like=(k, v)) if spec.world > 1 else None
-    kv = (k, v)
-    for step in range(spec.world):
-        pending = ring.forward(kv) if step < spec.world - 1 else None
-        src = (spec.rank - step) % spec.world
+    lse = torch.full((b, hq, s), float("-inf"), dtype=acc, device=q.device)
+    ring, _ = spec.movers((k, v), "forward")
+    kv, last = (k, v), spec.last_step
+    for step in range(last + 1):
+        if ring is not None:
+            ring.post(step, kv)
         kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-        for blk in spec.blocks(spec.rank, src, s):
+        for blk in spec.sched.blocks(spec.me, spec.source(step)):
             o, l = kernel.forward(qb[:, blk.q], kb[:, blk.k], vb[:, blk.k], blk, spec.scale)
             merge_partial(out_b[:, blk.q], lse[:, :, blk.q], o, l)
-        if pending is not None:
-            kv = tuple(pending.wait())
+        if step < last:
+            kv = ring.next(step)
     return out.to(q.dtype), lse
+
+
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """Accumulators are fp32, or fp64 for fp64 inputs (so tests can check to 1e-12)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _backward_lse(lse: torch.Tensor) -> torch.Tensor:
     """lse for the backward kernels: rows that saw no key get 0 instead of -inf.
 
-    Such rows have every score masked in every block, so P = exp(s - lse) is 0 whatever
-    finite lse they carry, while -inf would give exp(-inf + inf) = NaN.
+    Such rows (padding) are in no block, so the value never reaches a kernel as a real
+    normaliser; 0 keeps the tensor finite wherever it travels.
     """
     return lse.masked_fill(torch.isneginf(lse), 0.0).contiguous()
 
 
 def ring_backward_kv(dout, q, k, v, out, lse, spec: RingSpec, kernel: LocalAttention):
-    """Backward with K/V travelling and dK/dV accumulating as they go (``ring`` mode)."""
+    """Backward with K/V travelling and dK/dV accumulating behind them (``ring`` mode)."""
     qb, dob, ob = spec.bshd(q), spec.bshd(dout), spec.bshd(out)
-    s = qb.shape[1]
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = torch.zeros(q.shape, dtype=_acc_dtype(q), device=q.device)
     dq_b = spec.bshd(dq)
-    kv_ring = KVRing(RingComm(spec.group, "backward"), like=(k, v)) if spec.world > 1 else None
-    grad_ring = RingComm(spec.group, "backward") if spec.world > 1 else None
-    kv, pending_grad = (k, v), None
-    for step in range(spec.world):
-        pending_kv = kv_ring.forward(kv) if step < spec.world - 1 else None
-        src = (spec.rank - step) % spec.world
+    ring, route = spec.movers((k, v), "backward")
+    kv, pending, last = (k, v), None, spec.last_step
+    for step in range(last + 1):
+        if ring is not None:
+            ring.post(step, kv)
         kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        dk = torch.zeros(k.shape, dtype=_acc_dtype(q), device=k.device)
+        dv = torch.zeros(v.shape, dtype=_acc_dtype(q), device=v.device)
         dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
-        for blk in spec.blocks(spec.rank, src, s):
+        for blk in spec.sched.blocks(spec.me, spec.source(step)):
             gq, gk, gv = kernel.backward(dob[:, blk.q], qb[:, blk.q], kb[:, blk.k], vb[:, blk.k],
                                          ob[:, blk.q], lse[:, :, blk.q], blk, spec.scale)
             dq_b[:, blk.q] += gq
             dk_b[:, blk.k] += gk
             dv_b[:, blk.k] += gv
-        if pending_grad is not None:  # the accumulator for `src` from the previous rank
-            acc_k, acc_v = pending_grad.wait()
+        if pending is not None:  # what earlier holders accumulated for these K/V
+            acc_k, acc_v = pending.wait()
             dk += acc_k
             dv += acc_v
-        if grad_ring is not None:  # on to the rank that holds `src`'s K/V next step
-            pending_grad = grad_ring.send_recv([dk, dv])
-        if pending_kv is not None:
-            kv = tuple(pending_kv.wait())
-    if pending_grad is not None:  # after G sends our own accumulator has come home
-        dk, dv = pending_grad.wait()
+        if route is not None:
+            pending = route.pass_on(step, [dk, dv])
+        if step < last:
+            kv = ring.next(step)
+    if pending is not None:  # our own K/V's gradients, home
+        dk, dv = pending.wait()
     return dq, dk, dv
 
 
 def ring_backward_burst(dout, q, k, v, lse, delta, spec: RingSpec, kernel: LocalAttention):
     """BurstAttention's backward: (Q, dO, lse, delta) travel, K/V/dK/dV stay home."""
     kb, vb = spec.bshd(k), spec.bshd(v)
-    s = kb.shape[1]
-    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    dk = torch.zeros(k.shape, dtype=_acc_dtype(q), device=k.device)
+    dv = torch.zeros(v.shape, dtype=_acc_dtype(q), device=v.device)
     dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
     bundle = (q, dout, lse, delta)
-    q_ring = KVRing(RingComm(spec.group, "backward"), like=bundle) if spec.world > 1 else None
-    dq_ring = RingComm(spec.group, "backward") if spec.world > 1 else None
-    pending_dq = None
-    for step in range(spec.world):
-        pending_bundle = q_ring.forward(bundle) if step < spec.world - 1 else None
-        owner = (spec.rank - step) % spec.world
+    # Queries travel the reverse way K/V did, so at step s this rank holds the queries that
+    # held its K/V at step s of the forward: the same pairs, step for step, and the same
+    # early stop when a window leaves later steps empty.
+    ring, route = spec.movers(bundle, "backward", reverse=True)
+    pending, last = None, spec.last_step
+    for step in range(last + 1):
+        if ring is not None:
+            ring.post(step, bundle)
         qj, doj, lsej, deltaj = bundle
         qj_b, doj_b = spec.bshd(qj), spec.bshd(doj)
         oj_b = surrogate_out(doj_b, deltaj)
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dq = torch.zeros(q.shape, dtype=_acc_dtype(q), device=q.device)
         dq_b = spec.bshd(dq)
-        for blk in spec.blocks(owner, spec.rank, s):
+        # The visitor's queries against our keys: the same blocks the forward computed.
+        for blk in spec.sched.blocks(spec.source(step, reverse=True), spec.me):
             gq, gk, gv = kernel.backward(doj_b[:, blk.q], qj_b[:, blk.q], kb[:, blk.k],
                                          vb[:, blk.k], oj_b[:, blk.q], lsej[:, :, blk.q], blk,
                                          spec.scale)
             dq_b[:, blk.q] += gq
             dk_b[:, blk.k] += gk
             dv_b[:, blk.k] += gv
-        if pending_dq is not None:  # `owner`'s dQ so far, from the previous rank
-            dq += pending_dq.wait()[0]
-        if dq_ring is not None:
-            pending_dq = dq_ring.send_recv([dq])
-        if pending_bundle is not None:
-            bundle = tuple(pending_bundle.wait())
-    if pending_dq is not None:  # our own dQ, home after G hops
-        dq = pending_dq.wait()[0]
+        if pending is not None:  # the visitor's dQ as earlier holders left it
+            dq += pending.wait()[0]
+        if route is not None:
+            pending = route.pass_on(step, [dq])
+        if step < last:
+            bundle = ring.next(step)
+    if pending is not None:  # our own dQ, home
+        dq = pending.wait()[0]
     return dq, dk, dv
 
 
@@ -175,7 +199,8 @@ class BurstAttentionFunction(torch.autograd.Function):
         # d lse_i / d s_ij = P_ij, the same factor the softmax backward applies to delta.
         need_delta = spec.backward == "burst" or dlse is not None
         if need_delta:
-            delta = (spec.bshd(dout).float() * spec.bshd(out).float()).sum(-1).transpose(1, 2)
+            acc = lse.dtype
+            delta = (spec.bshd(dout).to(acc) * spec.bshd(out).to(acc)).sum(-1).transpose(1, 2)
             if dlse is not None:
                 delta = delta - dlse
             delta = delta.contiguous()

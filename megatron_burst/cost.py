@@ -19,22 +19,33 @@ from __future__ import annotations
 BACKWARD_MODES = ("burst", "ring", "auto")
 
 
-def forward_bytes(world: int, tokens: int, hkv: int, head_dim: int, elem_bytes: int) -> int:
-    """Bytes one rank sends in the forward ring."""
-    return (world - 1) * tokens * 2 * hkv * head_dim * elem_bytes
+def forward_bytes(world: int, tokens: int, hkv: int, head_dim: int, elem_bytes: int,
+                  hops: int | None = None) -> int:
+    """Bytes one rank sends in the forward ring.
+
+    ``hops`` is the number of ring steps after the first that compute anything (G-1
+    unless a sliding window lets the schedule stop early).
+    """
+    hops = world - 1 if hops is None else hops
+    return hops * tokens * 2 * hkv * head_dim * elem_bytes
 
 
 def backward_bytes(mode: str, world: int, tokens: int, hq: int, hkv: int, head_dim: int,
-                   elem_bytes: int) -> int:
-    """Bytes one rank sends in the backward ring of ``mode`` ('burst' or 'ring')."""
-    if world == 1:
+                   elem_bytes: int, hops: int | None = None) -> int:
+    """Bytes one rank sends in the backward ring of ``mode`` ('burst' or 'ring').
+
+    The payload makes ``hops`` hops and the gradient accumulators hops+1 (the last one
+    home).
+    """
+    hops = world - 1 if hops is None else hops
+    if hops == 0:
         return 0
     if mode == "ring":
-        return ((world - 1) * tokens * 2 * hkv * head_dim * elem_bytes
-                + world * tokens * 2 * hkv * head_dim * 4)
+        return (hops * tokens * 2 * hkv * head_dim * elem_bytes
+                + (hops + 1) * tokens * 2 * hkv * head_dim * 4)
     if mode == "burst":
-        return ((world - 1) * tokens * (2 * hq * head_dim * elem_bytes + 2 * hq * 4)
-                + world * tokens * hq * head_dim * 4)
+        return (hops * tokens * (2 * hq * head_dim * elem_bytes + 2 * hq * 4)
+                + (hops + 1) * tokens * hq * head_dim * 4)
     raise ValueError(f"backward must be 'burst' or 'ring', got {mode!r}")
 
 

@@ -38,9 +38,36 @@ class LocalAttention(Protocol):
                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
+def _lse_dtype(lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """lse is fp32, or fp64 for fp64 inputs."""
+    return lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
 def _heads(t: torch.Tensor) -> torch.Tensor:
     """bshd view -> bhsd view (no copy)."""
     return t.transpose(1, 2)
+
+
+def visible(block: Block, device: torch.device) -> torch.Tensor:
+    """[n, m] bool: which (query, key) pairs of a 'causal' or 'band' block are visible.
+
+    O(n*m) for one block: used by the CPU and reference kernels, which have no band
+    support of their own, and never by the CUDA fast paths.
+    """
+    n, m = block.q_stop - block.q_start, block.k_stop - block.k_start
+    lo, hi = (-(n - 1), 0) if block.kind == "causal" else (block.lo, block.hi)
+    diff = torch.arange(m, device=device)[None, :] - torch.arange(n, device=device)[:, None]
+    return (diff >= lo) & (diff <= hi)
+
+
+def flash_window(block: Block) -> tuple[int, int]:
+    """(left, right) for flash-attn's bottom-right-aligned window that equals the band.
+
+    Flash aligns query i with key i + m - n. Blocks are trimmed so that both values are
+    >= 0 (schedule.py: the last row and the last column each see something).
+    """
+    n, m = block.q_stop - block.q_start, block.k_stop - block.k_start
+    return (m - n) - block.lo, block.hi - (m - n)
 
 
 def surrogate_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -54,7 +81,7 @@ def surrogate_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     O' = 0, which is exact (their delta is 0 too).
     dout: [b, s, h, d]; delta: [b, h, s] fp32.
     """
-    d32 = dout.float()
+    d32 = dout.to(delta.dtype)
     norm2 = d32.square().sum(-1)
     coef = torch.where(norm2 > 0, delta.transpose(1, 2) / norm2.clamp_min(1e-30),
                        torch.zeros_like(norm2))
@@ -73,10 +100,8 @@ class ReferenceAttention:
         hq, hkv = q.shape[2], k.shape[2]
         kk = k.repeat_interleave(hq // hkv, dim=2) if hq != hkv else k
         s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale
-        if block.causal:
-            n, m = s.shape[-2:]
-            keep = torch.ones(n, m, dtype=torch.bool, device=s.device).tril()
-            s = s.masked_fill(~keep, float("-inf"))
+        if block.kind != "full":
+            s = s.masked_fill(~visible(block, s.device), float("-inf"))
         return s
 
     def forward(self, q, k, v, block, scale):
@@ -87,7 +112,7 @@ class ReferenceAttention:
         lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0).unsqueeze(-1))
         out = torch.einsum("bhqk,bkhd->bqhd", p, vv.to(work))
-        return out.to(q.dtype), lse.float()
+        return out.to(q.dtype), _lse_dtype(lse, q)
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         hq, hkv = q.shape[2], k.shape[2]
@@ -118,23 +143,33 @@ class CpuFlashAttention:
     """PyTorch's CPU flash kernel (``_scaled_dot_product_flash_attention_for_cpu``).
 
     It handles GQA natively. For a row with no visible key it returns out = 0 and lse = 0
-    (not -inf); the block shapes the schedule produces (full, or causal on the diagonal)
-    never have such rows, and the merge treats lse = -inf as "nothing seen".
+    (not -inf); the schedule trims every block so no row is empty, and the merge treats
+    only lse = -inf as "nothing seen".
     """
 
     name = "cpu-flash"
 
+    @staticmethod
+    def _bias(block, q):
+        """Band blocks become an additive mask (the op has no window support)."""
+        if block.kind != "band":
+            return None
+        keep = visible(block, q.device)
+        return torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            ~keep, float("-inf"))
+
     def forward(self, q, k, v, block, scale):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            _heads(q), _heads(k), _heads(v), 0.0, block.causal, scale=scale)
-        return out.transpose(1, 2), lse.float()
+            _heads(q), _heads(k), _heads(v), 0.0, block.causal,
+            attn_mask=self._bias(block, q), scale=scale)
+        return out.transpose(1, 2), _lse_dtype(lse, q)
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         # The op takes lse in the dtype it produces: fp32 for fp32/bf16, fp64 for fp64.
         lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             _heads(dout), _heads(q), _heads(k), _heads(v), _heads(out), lse, 0.0,
-            block.causal, scale=scale)
+            block.causal, attn_mask=self._bias(block, q), scale=scale)
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
@@ -172,7 +207,7 @@ class CudnnAttention:
         empty = torch.empty(0, device=q.device)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             _heads(dout), _heads(q), _heads(kk), _heads(vv), _heads(out),
-            lse.unsqueeze(-1).contiguous(), empty, empty, empty, None, None,
+            lse.unsqueeze(-1).contiguous(), empty, empty, None, None, None,
             q.shape[1], k.shape[1], 0.0, block.causal, scale=scale)
         dk, dv = dk.transpose(1, 2), dv.transpose(1, 2)
         return dq.transpose(1, 2), _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
@@ -183,16 +218,24 @@ class TorchFlashAttention:
 
     name = "torch-flash"
 
+    @staticmethod
+    def _window(block):
+        return flash_window(block) if block.kind == "band" else (None, None)
+
     def forward(self, q, k, v, block, scale):
+        left, right = self._window(block)
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
-            q, k, v, None, None, q.shape[1], k.shape[1], 0.0, block.causal, False, scale=scale)
+            q, k, v, None, None, q.shape[1], k.shape[1], 0.0, block.causal, False, scale=scale,
+            window_size_left=left, window_size_right=right)
         return out, lse.float()
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
+        left, right = self._window(block)
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
             dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], 0.0, block.causal,
             torch.empty(2, dtype=torch.int64, device=q.device),
-            torch.empty(0, device=q.device), scale=scale)
+            torch.empty(0, device=q.device), scale=scale, window_size_left=left,
+            window_size_right=right)
         return dq, dk, dv
 
 
@@ -203,19 +246,22 @@ class EfficientAttention:
 
     def forward(self, q, k, v, block, scale):
         hq = q.shape[2]
-        out, lse, *_ = torch.ops.aten._efficient_attention_forward(
-            q, _expand_kv(k, hq), _expand_kv(v, hq), None, None, None, None, None, 0.0,
-            1 if block.causal else 0, True, scale=scale)
-        return out, lse[..., : q.shape[1]].float()
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            _heads(q), _heads(_expand_kv(k, hq)), _heads(_expand_kv(v, hq)), None, True, 0.0,
+            block.causal, scale=scale)
+        return out.transpose(1, 2), lse[..., : q.shape[1]].float()
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         hq, hkv = q.shape[2], k.shape[2]
+        # The kernel keeps lse padded to a multiple of 32 rows; hand it back that way.
+        lse = torch.nn.functional.pad(lse, (0, -lse.shape[-1] % 32)).contiguous()
         seed = torch.zeros((), dtype=torch.int64, device=q.device)
-        dq, dk, dv, _ = torch.ops.aten._efficient_attention_backward(
-            dout, q, _expand_kv(k, hq), _expand_kv(v, hq), None, out, None, None,
-            q.shape[1], k.shape[1], lse.contiguous(), 0.0, seed, seed,
-            1 if block.causal else 0, False, scale=scale)
-        return dq, _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            _heads(dout), _heads(q), _heads(_expand_kv(k, hq)), _heads(_expand_kv(v, hq)), None,
+            _heads(out), lse, seed, seed, 0.0, [True, True, True, False], block.causal,
+            scale=scale)
+        dk, dv = dk.transpose(1, 2), dv.transpose(1, 2)
+        return dq.transpose(1, 2), _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
 
 
 class FlashAttnPackage:
@@ -245,14 +291,14 @@ class FlashAttnPackage:
 
 
 def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
-           device: torch.device) -> bool:
-    """Run a tiny causal fwd+bwd and compare with the reference; False if anything fails."""
+           device: torch.device, band: bool = False) -> bool:
+    """Run a tiny causal (or band) fwd+bwd against the reference; False if anything fails."""
     try:
         gen = torch.Generator(device="cpu").manual_seed(0)
         shape_q, shape_k = (1, 128, hq, d), (1, 128, hkv, d)
         q, k, v, do = (torch.randn(s, generator=gen).to(device, dtype)
                        for s in (shape_q, shape_k, shape_k, shape_q))
-        blk = Block(0, 128, 0, 128, causal=True)
+        blk = Block(0, 128, 0, 128, *(("band", -40, 3) if band else ("causal",)))
         scale = d ** -0.5
         ref = ReferenceAttention()
         out, lse = kernel.forward(q, k, v, blk, scale)
@@ -269,6 +315,22 @@ def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int
         return False
 
 
+class BandDispatch:
+    """Dense blocks (full, causal) to the fastest kernel, band blocks to one with windows."""
+
+    def __init__(self, dense: LocalAttention, band: LocalAttention):
+        self.dense, self.band = dense, band
+        self.name = dense.name if dense is band else f"{dense.name}+{band.name}"
+
+    def forward(self, q, k, v, block, scale):
+        kern = self.band if block.kind == "band" else self.dense
+        return kern.forward(q, k, v, block, scale)
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        kern = self.band if block.kind == "band" else self.dense
+        return kern.backward(dout, q, k, v, out, lse, block, scale)
+
+
 @functools.lru_cache(maxsize=64)
 def _cuda_kernel(dtype: torch.dtype, hq: int, hkv: int, d: int, index: int) -> LocalAttention:
     device = torch.device("cuda", index)
@@ -278,10 +340,12 @@ def _cuda_kernel(dtype: torch.dtype, hq: int, hkv: int, d: int, index: int) -> L
     except ImportError:
         pass
     candidates += [CudnnAttention(), TorchFlashAttention(), EfficientAttention()]
-    for kernel in candidates:
-        if _probe(kernel, dtype, hq, hkv, d, device):
-            return kernel
-    return ReferenceAttention()
+    dense = next((c for c in candidates if _probe(c, dtype, hq, hkv, d, device)),
+                 ReferenceAttention())
+    # Windows and padded documents need a band: only flash (PyTorch's) expresses it.
+    band = next((c for c in candidates if isinstance(c, TorchFlashAttention)
+                 and _probe(c, dtype, hq, hkv, d, device, band=True)), ReferenceAttention())
+    return dense if dense is band else BandDispatch(dense, band)
 
 
 KERNELS = {"reference": ReferenceAttention, "cpu-flash": CpuFlashAttention,

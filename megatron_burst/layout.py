@@ -39,7 +39,7 @@ def shard_seq(x_full: torch.Tensor, group: dist.ProcessGroup | None = None, *,
     world, rank = group_size_rank(group)
     if cu_seqlens is not None:
         from .documents import shard_documents
-        return shard_documents(x_full, cu_seqlens, world, rank, seq_dim)
+        return shard_documents(x_full, cu_seqlens, world, rank, seq_dim, layout)
     chunk = _check(layout, x_full.shape[seq_dim], world, "sequence length")
     parts = [x_full.narrow(seq_dim, c * chunk, chunk) for c in chunks_of(layout, world, rank)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=seq_dim)
@@ -69,7 +69,7 @@ def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *
     if cu_seqlens is not None:
         from .documents import unshard_documents
         stacked = _GatherSeq.apply(x_local, group, world) if world > 1 else x_local[None]
-        return unshard_documents(stacked, cu_seqlens, world, seq_dim)
+        return unshard_documents(stacked, cu_seqlens, world, seq_dim, layout)
     if world == 1:
         return x_local
     n_chunks = len(chunks_of(layout, world, 0))

@@ -7,7 +7,6 @@ traceback, and the processes are killed so nothing lingers.
 """
 from __future__ import annotations
 
-import os
 import queue as queue_mod
 import socket
 import traceback
@@ -23,11 +22,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, fn, args, results):
+def _worker(rank, world, port, backend, fn, args, results):
     try:
         torch.set_num_threads(1)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
         out = fn(rank, world, *args)
         dist.barrier()
@@ -39,12 +39,16 @@ def _worker(rank, world, port, fn, args, results):
             dist.destroy_process_group()
 
 
-def run_ranks(world: int, fn, *args, timeout: float = 600.0) -> list:
-    """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; return the results by rank."""
+def run_ranks(world: int, fn, *args, timeout: float = 600.0, backend: str = "gloo") -> list:
+    """Run ``fn(rank, world, *args)`` on ``world`` ranks; return the results by rank.
+
+    ``backend="nccl"`` gives rank r GPU r.
+    """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, results), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, fn, args, results),
+                         daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

@@ -34,36 +34,53 @@ def make_case_inputs(seed, b, seq, hq, hkv, d):
     return q, k, v, dout
 
 
-def run_case(rank, world, seed, *, layout, causal, hq, hkv, d, backward, dtype, fmt,
-             chunk=8, b=2, group=None, **extra):
-    """One case on this rank: returns {name: (squared error, squared ref norm)} partials."""
+def run_case(rank, world, seed, *, layout, causal, hq, hkv, d, backward, dtype, fmt="bshd",
+             chunk=8, b=2, group=None, window=(-1, -1), doc_lens=None, **extra):
+    """One case on this rank: returns {name: (squared error, squared ref norm, NaN?)}.
+
+    ``doc_lens`` packs documents into one sequence (batch 1) sharded per document;
+    ``extra`` goes to burst_attn (intra_node_size, ulysses_size, kernel).
+    """
     per_rank = 2 if layout == "zigzag" else 1
-    seq = chunk * per_rank * world
+    cu = doc_ids = None
+    if doc_lens is not None:
+        b, seq = 1, sum(doc_lens)
+        cu = torch.tensor([0, *itertools.accumulate(doc_lens)], dtype=torch.int32)
+        doc_ids = torch.repeat_interleave(torch.arange(len(doc_lens)), torch.tensor(doc_lens))
+    else:
+        seq = chunk * per_rank * world
     q, k, v, dout = make_case_inputs(seed, b, seq, hq, hkv, d)
     scale = 1.0 / math.sqrt(d)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref_out, ref_lse = reference_attention(*leaves, causal=causal, scale=scale)
+    ref_out, ref_lse = reference_attention(*leaves, causal=causal, scale=scale, window=window,
+                                           doc_ids=doc_ids)
     ref_out.backward(dout)
     refs = {"out": ref_out.detach(), "lse": ref_lse.detach().transpose(1, 2),
             "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
 
+    def shard(t):
+        return mb.shard_seq(t, group, layout=layout, seq_dim=1, cu_seqlens=cu)
+
     def local(t):  # this rank's shard, in the test dtype and the requested format
-        x = mb.shard_seq(t, group, layout=layout, seq_dim=1).to(dtype)
+        x = shard(t).to(dtype)
         return x.transpose(0, 1).contiguous() if fmt == "sbhd" else x
 
     ql, kl, vl = (local(t).requires_grad_() for t in (q, k, v))
     out, lse = mb.burst_attn(ql, kl, vl, group, causal=causal, layout=layout,
-                             backward=backward, qkv_format=fmt, return_lse=True, **extra)
+                             backward=backward, qkv_format=fmt, return_lse=True,
+                             window_size=window, cu_seqlens=cu, **extra)
     out.backward(local(dout))
     got = {"out": out, "lse": lse.transpose(1, 2), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
     partial = {}
     for name in NAMES:
         x = got[name].detach().double()
+        nan = bool(torch.isnan(x).any())
+        if name == "lse":  # rows that see nothing (padding) carry -inf; the reference 0
+            x = x.masked_fill(torch.isneginf(x), 0.0)
         if fmt == "sbhd" and name != "lse":
             x = x.transpose(0, 1)
-        r = mb.shard_seq(refs[name], group, layout=layout, seq_dim=1)
-        partial[name] = ((x - r).square().sum().item(), r.square().sum().item(),
-                         bool(torch.isnan(x).any()))
+        r = shard(refs[name].masked_fill(torch.isinf(refs[name]), 0.0))
+        partial[name] = ((x - r).square().sum().item(), r.square().sum().item(), nan)
     return partial
 
 
@@ -104,8 +121,15 @@ def check_grid(world, cases):
     failures = []
     for case, err in zip(cases, errors):
         tol = TOL[case["dtype"]]
-        family = (str(case["dtype"]).split(".")[-1], "causal" if case["causal"] else "full",
-                  case["layout"], f"{case['hq']}:{case['hkv']}", case["backward"])
+        mask = "causal" if case["causal"] else "full"
+        if case.get("window", (-1, -1)) != (-1, -1):
+            mask += f"-window{case['window'][0]}+{case['window'][1]}"
+        if case.get("doc_lens"):
+            mask += "-docs"
+        topo = ("double" if case.get("intra_node_size") else
+                "ulysses" if case.get("ulysses_size", 1) > 1 else "flat")
+        family = (str(case["dtype"]).split(".")[-1], mask, case["layout"], topo,
+                  f"{case['hq']}:{case['hkv']}", case["backward"])
         for name, e in err.items():
             worst[family] = max(worst.get(family, 0.0), e) if not math.isnan(e) else e
             if not e <= tol:  # NaN fails too

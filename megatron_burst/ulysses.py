@@ -1,0 +1,52 @@
+"""The Ulysses half of the hybrid: a head-parallel all-to-all inside groups of U ranks.
+
+Before the ring, each rank of a Ulysses group trades heads for sequence: it sends head
+slice u of its shard to member u and receives its own head slice of every member's shard,
+ending with 1/U of the heads over U shards of the sequence. The burst ring then runs
+across groups (USP / BurstEngine's hybrid). After the ring the inverse all-to-all brings
+the output back. Both directions are autograd functions whose backward is the other.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .comm import exchange
+
+
+def _shuffle(x: torch.Tensor, peers: Sequence[int], me: int, group, split_dim: int,
+             cat_dim: int, phase: str) -> torch.Tensor:
+    """Split ``x`` in len(peers) along ``split_dim``, piece u to peers[u]; concatenate what
+    arrives along ``cat_dim`` in peer order."""
+    pieces = x.chunk(len(peers), dim=split_dim)
+    sends = {p: pieces[u] for u, p in enumerate(peers) if p != me}
+    got = exchange(group, sends, {p: pieces[peers.index(me)] for p in peers if p != me}, phase)
+    mine = pieces[peers.index(me)]
+    return torch.cat([mine if p == me else got[p] for p in peers], dim=cat_dim)
+
+
+class _Shuffle(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, peers, me, group, split_dim, cat_dim):
+        ctx.args = (peers, me, group, split_dim, cat_dim)
+        return _shuffle(x, peers, me, group, split_dim, cat_dim, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        peers, me, group, split_dim, cat_dim = ctx.args
+        return (_shuffle(grad, peers, me, group, cat_dim, split_dim, "backward"),
+                None, None, None, None, None)
+
+
+def heads_to_sequence(x: torch.Tensor, peers: Sequence[int], group, seq_dim: int,
+                      head_dim: int) -> torch.Tensor:
+    """[.., s, .., h, ..] on each of U peers -> [.., U*s, .., h/U, ..] (peer order)."""
+    return _Shuffle.apply(x, tuple(peers), dist.get_rank(), group, head_dim, seq_dim)
+
+
+def sequence_to_heads(x: torch.Tensor, peers: Sequence[int], group, seq_dim: int,
+                      head_dim: int) -> torch.Tensor:
+    """The inverse of ``heads_to_sequence``."""
+    return _Shuffle.apply(x, tuple(peers), dist.get_rank(), group, seq_dim, head_dim)
