@@ -63,15 +63,15 @@ import dataclasses  # noqa: E402  (the plan needs it; the byte formulas above do
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """Links and kernel rate of the machines. Defaults: A100-80GB nodes of 8 GPUs
-    (NVLink3 ~240 GB/s achieved per direction, one 200 Gb/s HDR IB NIC per GPU ~23 GB/s,
-    FlashAttention-2 ~190 TFLOP/s fwd+bwd bf16)."""
+    """Links and kernel rate of the machines: CP positions per node, achieved GB/s per
+    direction inside and between nodes, attention fwd+bwd TFLOP/s. The figures per GPU
+    type live in one place, ``launch.config.HARDWARE``."""
 
-    gpus_per_node: int = 8
-    intra_gbps: float = 240.0
-    inter_gbps: float = 23.0
-    kernel_tflops: float = 190.0
-    gpu_memory_gib: float = 80.0
+    gpus_per_node: int
+    intra_gbps: float
+    inter_gbps: float
+    kernel_tflops: float
+    gpu_memory_gib: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +136,7 @@ def _visible_fraction(seq: int, causal: bool, window: int) -> float:
 def plan_attention(*, seq_len: int, batch: int, hq: int, hkv: int, head_dim: int, cp: int,
                    causal: bool = True, window: int = -1, elem_bytes: int = 2,
                    intra_node_size: int | None = None, ulysses: int = 1,
-                   backward: str = "auto", cluster: Cluster = Cluster()) -> AttentionPlan:
+                   backward: str = "auto", cluster: Cluster) -> AttentionPlan:
     """Model one attention layer's ring: bytes per step per link, times, memory.
 
     Balanced work per step (zigzag) is assumed; windows shrink compute, not the traffic of
@@ -195,7 +195,7 @@ def plan_attention(*, seq_len: int, batch: int, hq: int, hkv: int, head_dim: int
                          inter_bytes, hidden, layer, mem, tuple(notes))
 
 
-def best_plan(*, cp: int, cluster: Cluster = Cluster(), **shape) -> AttentionPlan:
+def best_plan(*, cp: int, cluster: Cluster, **shape) -> AttentionPlan:
     """The fastest of the flat ring, the double ring and each Ulysses size that fits."""
     node = min(cp, cluster.gpus_per_node)
     options = [dict(intra_node_size=None, ulysses=1)]

@@ -1,0 +1,311 @@
+"""The YAML schema of a training run: dataclasses, a strict loader, and ${VAR} expansion.
+
+A config file has five sections (model, parallel, burst, cluster, training) and an
+optional data section. Loading is strict: an unknown or misspelt key, a value of the wrong
+type or a choice outside its list fails with a ConfigError that names the key as a dotted
+path (``model.hidden_size``), so a typo never silently falls back to a default.
+
+Strings may hold ``${NAME}`` variables (data and tokenizer paths, output folders). They are
+kept as written when loading, and expanded from the environment only where a real path is
+needed (``flags``, ``run``); the sbatch scripts keep them for the shell to expand.
+
+Arithmetic consistency (heads divide TP, CP divides the sequence, the world size adds up,
+memory fits) is checked by ``plan.validate``, not here: this file knows shapes, not sums.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the offending key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What the planner needs to know about one accelerator and its links."""
+
+    memory_gib: float
+    # Memory no tensor can use: CUDA context, NCCL buffers, allocator fragmentation.
+    reserved_gib: float
+    # Achieved fwd+bwd rate of the local attention kernel (TFLOP/s), not the datasheet peak.
+    attention_tflops: float
+    # Point-to-point bandwidth per direction between ring neighbours (GB/s).
+    intra_node_gbps: float
+    inter_node_gbps: float
+
+
+# Rates are what the kernels and links achieve, not peaks: A100 figures are FlashAttention-2
+# and NCCL p2p numbers commonly reported for DGX A100 (NVLink 3, one HDR 200 Gb/s HCA per
+# GPU); H200 figures were measured on the project's device (shared/ENVIRONMENT.md:
+# cuDNN attention fwd+bwd ~550, PyTorch flash ~325 TFLOP/s; ring p2p 100-297 GB/s).
+HARDWARE: dict[str, Hardware] = {
+    "a100-80gb": Hardware(memory_gib=80, reserved_gib=6, attention_tflops=150,
+                          intra_node_gbps=150, inter_node_gbps=20),
+    "h100-80gb": Hardware(memory_gib=80, reserved_gib=6, attention_tflops=320,
+                          intra_node_gbps=150, inter_node_gbps=40),
+    # Measured here (benchmarks/results): cuDNN causal fwd+bwd ~530 TFLOP/s on one H200;
+    # ring send/recv 151 GB/s at 64 MB per direction.
+    "h200-141gb": Hardware(memory_gib=141, reserved_gib=8, attention_tflops=530,
+                           intra_node_gbps=150, inter_node_gbps=40),
+    # CPU ranks over gloo: only used by the tiny config; numbers are order-of-magnitude.
+    "cpu": Hardware(memory_gib=4, reserved_gib=0.5, attention_tflops=0.05,
+                    intra_node_gbps=2, inter_node_gbps=1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-style decoder: RMSNorm, SwiGLU, RoPE, GQA when num_query_groups < heads."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    vocab_size: int
+    seq_length: int
+    max_position_embeddings: int | None = None  # defaults to seq_length
+    rotary_base: int = 10000
+    norm_epsilon: float = 1e-5
+    normalization: str = "RMSNorm"
+    activation: str = "swiglu"
+    position_embedding: str = "rope"
+    untie_embeddings: bool = True
+    init_method_std: float = 0.02
+    make_vocab_size_divisible_by: int = 128
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """Sizes of the four parallel dimensions; their product is the world size."""
+
+    tensor: int = 1
+    context: int = 1
+    pipeline: int = 1
+    data: int = 1
+    sequence_parallel: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class BurstConfig:
+    """BurstAttention options passed to the adapter's --burst-* flags."""
+
+    backward: str = "auto"
+    # Ranks of one CP group that share a node: the double ring's fast inner ring.
+    intra_node_size: int = 1
+    ulysses_size: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """Where the run goes: nodes x GPUs of a named accelerator (see HARDWARE)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 8
+    gpu: str = "a100-80gb"
+
+    @property
+    def hardware(self) -> Hardware:
+        return HARDWARE[self.gpu]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """Batch, schedule, precision, recompute, and checkpoint/log cadence."""
+
+    micro_batch_size: int
+    global_batch_size: int
+    train_iters: int
+    lr: float = 3.0e-4
+    min_lr: float = 3.0e-5
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "cosine"
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    precision: str = "bf16"
+    recompute: str = "none"
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
+    distributed_optimizer: bool = True
+    seed: int = 1234
+    log_interval: int = 1
+    save_interval: int = 1000
+    eval_interval: int = 1000
+    eval_iters: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Dataset and tokenizer. mock: synthetic tokens (no files needed)."""
+
+    mock: bool = False
+    data_path: str | None = None
+    split: str = "99,1,0"
+    tokenizer_type: str = "HuggingFaceTokenizer"
+    tokenizer_model: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One training run: the whole file."""
+
+    model: ModelConfig
+    parallel: ParallelConfig
+    training: TrainingConfig
+    cluster: ClusterConfig = ClusterConfig()
+    burst: BurstConfig = BurstConfig()
+    data: DataConfig = DataConfig(mock=True, tokenizer_type="NullTokenizer")
+    # Extra Megatron flags appended verbatim (checked by Megatron's own parser in tests).
+    megatron_args: list[str] = dataclasses.field(default_factory=list)
+
+
+# Closed vocabularies: a value outside these fails at load time, naming the key.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.normalization": ("RMSNorm", "LayerNorm"),
+    "model.activation": ("swiglu", "gelu"),
+    "model.position_embedding": ("rope",),
+    "burst.backward": ("auto", "burst", "ring"),
+    "cluster.gpu": tuple(HARDWARE),
+    "training.precision": ("bf16", "fp32"),
+    "training.recompute": ("none", "selective", "full"),
+    "training.recompute_method": ("uniform", "block"),
+    "training.lr_decay_style": ("cosine", "linear", "constant"),
+    "data.tokenizer_type": ("HuggingFaceTokenizer", "Llama2Tokenizer", "NullTokenizer"),
+}
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read and check a YAML config file (variables are left unexpanded)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    try:
+        return config_from_dict(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def config_from_dict(raw: Any) -> Config:
+    """Build a Config from parsed YAML, failing on unknown keys, bad types and choices."""
+    return _build(Config, raw, "")
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    """Instantiate dataclass ``cls`` from mapping ``raw``; ``where`` is the dotted prefix."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where or 'the file'}: expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        key = f"{where}{unknown[0]}"
+        raise ConfigError(f"unknown key '{key}' (known keys under "
+                          f"'{where.rstrip('.') or 'top level'}': {', '.join(fields)})")
+    kwargs = {}
+    for name, field in fields.items():
+        key = f"{where}{name}"
+        if name not in raw:
+            required = (field.default is dataclasses.MISSING
+                        and field.default_factory is dataclasses.MISSING)
+            if required:
+                raise ConfigError(f"missing required key '{key}'")
+            continue
+        kwargs[name] = _convert(hints[name], raw[name], key)
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    """Check ``value`` against type ``hint`` (recursing into dataclasses)."""
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key + ".")
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, key)
+    if typing.get_origin(hint) is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"'{key}' must be a list, got {value!r}")
+        return [_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    # bool is a subclass of int: reject True where a count is meant, and vice versa.
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"'{key}' must be a number, got {value!r}")
+        value = float(value)
+    if hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"'{key}' must be a string, got {value!r}")
+        if "$" in _VAR.sub("", value):
+            raise ConfigError(f"'{key}': a '$' outside a ${{NAME}} variable in {value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"'{key}' must be one of {', '.join(CHOICES[key])}; got {value!r}")
+    return value
+
+
+def expand_vars(text: str, key: str, env: typing.Mapping[str, str] | None = None) -> str:
+    """Replace ${NAME} in ``text`` from ``env`` (default os.environ); name key and var if unset."""
+    env = os.environ if env is None else env
+
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in env:
+            raise ConfigError(f"'{key}' uses ${{{m.group(1)}}}, which is not set in the "
+                              f"environment")
+        return env[m.group(1)]
+
+    return _VAR.sub(sub, text)
+
+
+def variables(cfg: Config) -> list[str]:
+    """Names of the ${VAR} variables a config uses, in order of first use."""
+    seen: list[str] = []
+    for text in [cfg.data.data_path, cfg.data.tokenizer_model, *cfg.megatron_args]:
+        for name in _VAR.findall(text or ""):
+            if name not in seen:
+                seen.append(name)
+    return seen
+
+
+def with_nodes(cfg: Config, nodes: int) -> Config:
+    """The same run on ``nodes`` nodes: data parallelism absorbs the change.
+
+    Fails naming 'cluster.nodes' when the new world size is not a multiple of the model
+    parallel size (tensor x context x pipeline).
+    """
+    p = cfg.parallel
+    model_parallel = p.tensor * p.context * p.pipeline
+    world = nodes * cfg.cluster.gpus_per_node
+    if nodes < 1 or world % model_parallel:
+        raise ConfigError(f"'cluster.nodes' = {nodes} gives {world} GPUs, not a multiple of "
+                          f"tensor x context x pipeline = {model_parallel}")
+    return dataclasses.replace(
+        cfg, cluster=dataclasses.replace(cfg.cluster, nodes=nodes),
+        parallel=dataclasses.replace(p, data=world // model_parallel))

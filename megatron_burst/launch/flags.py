@@ -1,0 +1,162 @@
+"""Config -> the Megatron command line that `python -m megatron_burst.pretrain_gpt` takes.
+
+Every flag here is an upstream Megatron-LM flag except `--cp-comm-type burst` /
+`a2a+burst` and `--burst-*`, which the adapter (`megatron_burst.megatron.arguments`)
+registers. Tests feed the output to Megatron's own parser so the two cannot drift.
+
+The GPU machines have neither TransformerEngine nor apex, so the flags ask for Megatron's
+local transformer implementation and turn off the fusions that need those libraries.
+"""
+from __future__ import annotations
+
+import shlex
+import typing
+
+from .config import Config, expand_vars
+
+SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
+
+
+def cp_comm_type(cfg: Config) -> str:
+    """'a2a+burst' when heads are split by Ulysses inside the CP group, else 'burst'."""
+    return "a2a+burst" if cfg.burst.ulysses_size > 1 else "burst"
+
+
+def double_ring_size(cfg: Config) -> int | None:
+    """Ranks per inner ring of the double ring, or None when the ring is flat.
+
+    An inner ring of 1 rank, or one holding the whole ring, is the flat ring.
+    """
+    ring = cfg.parallel.context // cfg.burst.ulysses_size
+    inner = cfg.burst.intra_node_size
+    return inner if 1 < inner < ring else None
+
+
+def hierarchical_cp_sizes(cfg: Config) -> list[int] | None:
+    """Megatron's --hierarchical-context-parallel-sizes: inner (consecutive ranks) first.
+
+    With Ulysses the inner level is the all-to-all group; otherwise it is the double ring's
+    intra-node ring. None when the CP group is one flat ring.
+    """
+    cp, b = cfg.parallel.context, cfg.burst
+    inner = b.ulysses_size if b.ulysses_size > 1 else b.intra_node_size
+    if 1 < inner < cp:
+        return [inner, cp // inner]
+    return None
+
+
+def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
+                   expand: bool = True, save: str | None = None,
+                   load: str | None = None) -> list[str]:
+    """The Megatron argument list for ``cfg``.
+
+    ``expand``: replace ${VAR} from ``env`` (default os.environ), failing on unset ones;
+    False keeps them for a shell script to expand. ``save``/``load``: checkpoint folders.
+    """
+    m, p, tr, d, b = cfg.model, cfg.parallel, cfg.training, cfg.data, cfg.burst
+
+    def path(text: str, key: str) -> str:
+        return expand_vars(text, key, env) if expand else text
+
+    f: list[str] = [
+        # Model shape (Llama: RMSNorm, SwiGLU, RoPE, no biases, untied output layer).
+        "--num-layers", str(m.num_layers),
+        "--hidden-size", str(m.hidden_size),
+        "--ffn-hidden-size", str(m.ffn_hidden_size),
+        "--num-attention-heads", str(m.num_attention_heads),
+        "--seq-length", str(m.seq_length),
+        "--max-position-embeddings", str(m.max_position_embeddings or m.seq_length),
+        "--position-embedding-type", m.position_embedding,
+        "--rotary-base", str(m.rotary_base),
+        "--normalization", m.normalization,
+        "--norm-epsilon", repr(m.norm_epsilon),
+        "--init-method-std", repr(m.init_method_std),
+        "--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by),
+        "--disable-bias-linear",
+        "--attention-dropout", "0.0",
+        "--hidden-dropout", "0.0",
+    ]
+    if m.num_query_groups != m.num_attention_heads:
+        f += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    if m.activation == "swiglu":
+        f += ["--swiglu"]
+    if m.untie_embeddings:
+        f += ["--untie-embeddings-and-output-weights"]
+
+    # Parallelism; data parallelism is what is left of the world size.
+    f += [
+        "--tensor-model-parallel-size", str(p.tensor),
+        "--pipeline-model-parallel-size", str(p.pipeline),
+        "--context-parallel-size", str(p.context),
+    ]
+    if p.sequence_parallel and p.tensor > 1:
+        f += ["--sequence-parallel"]
+    if p.context > 1:
+        f += ["--cp-comm-type", cp_comm_type(cfg),
+              "--burst-backward", b.backward,
+              "--burst-ulysses-size", str(b.ulysses_size)]
+        if double_ring_size(cfg):
+            f += ["--burst-intra-node-size", str(double_ring_size(cfg))]
+        hier = hierarchical_cp_sizes(cfg)
+        if hier:
+            f += ["--hierarchical-context-parallel-sizes", *map(str, hier)]
+    f += ["--spec", *SPEC, "--transformer-impl", "local",
+          "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+          "--no-rope-fusion"]
+
+    # Optimizer, schedule, precision.
+    f += [
+        "--micro-batch-size", str(tr.micro_batch_size),
+        "--global-batch-size", str(tr.global_batch_size),
+        "--train-iters", str(tr.train_iters),
+        "--lr", repr(tr.lr),
+        "--min-lr", repr(tr.min_lr),
+        "--lr-decay-style", tr.lr_decay_style,
+        "--lr-warmup-iters", str(tr.lr_warmup_iters),
+        "--weight-decay", repr(tr.weight_decay),
+        "--clip-grad", repr(tr.clip_grad),
+        "--adam-beta1", repr(tr.adam_beta1),
+        "--adam-beta2", repr(tr.adam_beta2),
+        "--seed", str(tr.seed),
+    ]
+    if tr.precision == "bf16":
+        f += ["--bf16"]
+    if tr.distributed_optimizer:
+        f += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    if tr.recompute == "full":
+        f += ["--recompute-granularity", "full", "--recompute-method", tr.recompute_method,
+              "--recompute-num-layers", str(tr.recompute_num_layers)]
+    elif tr.recompute == "selective":
+        f += ["--recompute-granularity", "selective"]
+
+    # Data and tokenizer.
+    if d.mock:
+        f += ["--mock-data"]
+    elif d.data_path:
+        f += ["--data-path", *path(d.data_path, "data.data_path").split(), "--split", d.split]
+    f += ["--tokenizer-type", d.tokenizer_type]
+    if d.tokenizer_model:
+        f += ["--tokenizer-model", path(d.tokenizer_model, "data.tokenizer_model")]
+    if d.tokenizer_type == "NullTokenizer":
+        f += ["--vocab-size", str(m.vocab_size)]
+
+    # Logging and checkpoints.
+    f += ["--log-interval", str(tr.log_interval), "--log-throughput",
+          "--eval-interval", str(tr.eval_interval), "--eval-iters", str(tr.eval_iters)]
+    if save:
+        f += ["--save", save, "--save-interval", str(tr.save_interval)]
+    if load:
+        f += ["--load", load]
+    f += [path(a, f"megatron_args[{i}]") for i, a in enumerate(cfg.megatron_args)]
+    return f
+
+
+def format_flags(flags: list[str]) -> str:
+    """One flag (with its values) per line, shell-continued, for printing."""
+    lines: list[str] = []
+    for a in flags:
+        if a.startswith("--") or not lines:
+            lines.append(shlex.quote(a))
+        else:
+            lines[-1] += " " + shlex.quote(a)
+    return " \\\n    ".join(lines)

@@ -1,0 +1,223 @@
+"""`megatron-burst plan`: check that a config can run, and say what it will cost.
+
+``validate`` raises ConfigError naming the field for anything that would make Megatron or
+BurstAttention fail at start-up (or, worse, run out of memory an hour in): sizes that do
+not divide, a world size that does not add up, an inner ring that crosses nodes, memory
+per GPU beyond the device. ``report`` renders the memory breakdown and the ring's
+communication per step, with the cost model (``megatron_burst.cost``) deciding whether the
+communication hides under the attention compute and which backward mode is cheaper.
+"""
+from __future__ import annotations
+
+from .. import cost
+from .config import Config, ConfigError
+from .memory import GIB, attention_plan, estimate_memory, padded_vocab
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"'{key}': {message}")
+
+
+def ring_ranks_per_node(cfg: Config) -> int:
+    """Ranks of one CP ring that share a node.
+
+    Megatron orders ranks tp-cp-dp-pp (TP innermost), so the CP group of a node's first
+    GPU holds gpus_per_node / TP consecutive CP ranks there; Ulysses groups are the inner
+    level of CP, so a ring has gpus_per_node / (TP x U) of its ranks on one node.
+    """
+    p, b = cfg.parallel, cfg.burst
+    ring = p.context // b.ulysses_size
+    return max(1, min(ring, cfg.cluster.gpus_per_node // (p.tensor * b.ulysses_size)))
+
+
+def validate(cfg: Config) -> list[str]:
+    """Raise ConfigError naming the field if ``cfg`` cannot run; return warnings."""
+    m, p, tr, b, c = cfg.model, cfg.parallel, cfg.training, cfg.burst, cfg.cluster
+    warnings: list[str] = []
+    for key, value in [("parallel.tensor", p.tensor), ("parallel.context", p.context),
+                       ("parallel.pipeline", p.pipeline), ("parallel.data", p.data),
+                       ("cluster.nodes", c.nodes), ("cluster.gpus_per_node", c.gpus_per_node),
+                       ("burst.intra_node_size", b.intra_node_size),
+                       ("burst.ulysses_size", b.ulysses_size),
+                       ("training.micro_batch_size", tr.micro_batch_size)]:
+        _require(value >= 1, key, f"must be at least 1, got {value}")
+
+    world = p.tensor * p.context * p.pipeline * p.data
+    _require(world == c.world_size, "parallel.data",
+             f"tensor x context x pipeline x data = {p.tensor} x {p.context} x {p.pipeline} x "
+             f"{p.data} = {world}, but the cluster has {c.nodes} x {c.gpus_per_node} = "
+             f"{c.world_size} GPUs")
+    _require(c.gpus_per_node % p.tensor == 0, "parallel.tensor",
+             f"{p.tensor} must divide gpus_per_node {c.gpus_per_node} (TP stays in a node)")
+
+    # Model shape against the parallel sizes.
+    _require(m.hidden_size % m.num_attention_heads == 0, "model.num_attention_heads",
+             f"{m.num_attention_heads} does not divide hidden_size {m.hidden_size}")
+    _require(m.num_attention_heads % m.num_query_groups == 0, "model.num_query_groups",
+             f"{m.num_query_groups} does not divide num_attention_heads "
+             f"{m.num_attention_heads}")
+    _require(m.num_attention_heads % p.tensor == 0, "model.num_attention_heads",
+             f"{m.num_attention_heads} heads do not divide over tensor parallel {p.tensor}")
+    _require(m.num_query_groups % p.tensor == 0, "model.num_query_groups",
+             f"{m.num_query_groups} KV heads do not divide over tensor parallel {p.tensor}")
+    _require(m.ffn_hidden_size % p.tensor == 0, "model.ffn_hidden_size",
+             f"{m.ffn_hidden_size} does not divide over tensor parallel {p.tensor}")
+    _require(m.num_layers % p.pipeline == 0, "model.num_layers",
+             f"{m.num_layers} layers do not divide over pipeline parallel {p.pipeline}")
+    # The zigzag split cuts every sequence into 2 x CP equal chunks.
+    _require(m.seq_length % (2 * p.context) == 0, "model.seq_length",
+             f"{m.seq_length} is not divisible by 2 x parallel.context = {2 * p.context} "
+             f"(zigzag cuts the sequence into 2 x CP chunks)")
+    local = m.seq_length // p.context
+    if p.sequence_parallel and p.tensor > 1:
+        _require(local % p.tensor == 0, "model.seq_length",
+                 f"the {local} tokens per CP rank do not divide over tensor parallel "
+                 f"{p.tensor} (sequence parallelism splits them)")
+    _require((m.max_position_embeddings or m.seq_length) >= m.seq_length,
+             "model.max_position_embeddings",
+             f"{m.max_position_embeddings} is shorter than seq_length {m.seq_length}")
+
+    # BurstAttention: Ulysses splits heads, the double ring's inner ring must stay in a node.
+    hq_local, hkv_local = m.num_attention_heads // p.tensor, m.num_query_groups // p.tensor
+    _require(p.context % b.ulysses_size == 0, "burst.ulysses_size",
+             f"{b.ulysses_size} does not divide parallel.context {p.context}")
+    _require(hq_local % b.ulysses_size == 0, "burst.ulysses_size",
+             f"{b.ulysses_size} does not divide the {hq_local} query heads per TP rank")
+    _require(hkv_local % b.ulysses_size == 0 or b.ulysses_size % hkv_local == 0,
+             "burst.ulysses_size",
+             f"{b.ulysses_size} and the {hkv_local} KV heads per TP rank: one must divide "
+             f"the other")
+    ring = p.context // b.ulysses_size
+    per_node = ring_ranks_per_node(cfg)
+    _require(ring % b.intra_node_size == 0, "burst.intra_node_size",
+             f"{b.intra_node_size} does not divide the ring of {ring} ranks "
+             f"(parallel.context / burst.ulysses_size)")
+    _require(b.intra_node_size <= per_node, "burst.intra_node_size",
+             f"{b.intra_node_size} ranks per inner ring, but only {per_node} ranks of a ring "
+             f"share a node (gpus_per_node {c.gpus_per_node} / (tensor {p.tensor} x ulysses "
+             f"{b.ulysses_size})): the inner ring would cross nodes")
+    if per_node < ring and b.intra_node_size < per_node:
+        warnings.append(f"burst.intra_node_size = {b.intra_node_size} but {per_node} ring ranks "
+                        f"share a node: set it to {per_node} to keep more hops on NVLink")
+
+    # Batch.
+    _require(tr.global_batch_size % (tr.micro_batch_size * p.data) == 0,
+             "training.global_batch_size",
+             f"{tr.global_batch_size} is not a multiple of micro_batch_size x data = "
+             f"{tr.micro_batch_size} x {p.data}")
+    if tr.recompute == "full":
+        _require(1 <= tr.recompute_num_layers <= m.num_layers // p.pipeline,
+                 "training.recompute_num_layers",
+                 f"{tr.recompute_num_layers} must be between 1 and the "
+                 f"{m.num_layers // p.pipeline} layers of a pipeline stage")
+
+    if not cfg.data.mock:
+        _require(bool(cfg.data.data_path), "data.data_path",
+                 "set it (a ${VARIABLE} is fine) or set data.mock: true")
+        if cfg.data.tokenizer_type != "NullTokenizer":
+            _require(bool(cfg.data.tokenizer_model), "data.tokenizer_model",
+                     f"tokenizer_type {cfg.data.tokenizer_type} needs a tokenizer model")
+
+    if p.context > 1:
+        attn = attention_plan(cfg)
+        if not attn.comm_hidden:
+            warnings.append("the ring's communication does not hide under attention compute "
+                            "(see the per-step times): " + "; ".join(attn.notes))
+
+    memory = estimate_memory(cfg)
+    usable = cfg.cluster.hardware.memory_gib * GIB
+    _require(memory.total <= usable, "cluster.gpu",
+             f"needs {memory.total / GIB:.1f} GiB per GPU ({memory.stage} pipeline stage), "
+             f"more than the {cfg.cluster.hardware.memory_gib:g} GiB of a {cfg.cluster.gpu}; "
+             f"raise parallel.tensor/context/pipeline or use training.recompute: full")
+    return warnings
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:8.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:8.2f} MiB"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def ring_traffic(cfg: Config) -> dict[str, object]:
+    """What one CP rank sends per attention layer and microbatch, from the cost model."""
+    m, p, tr, b = cfg.model, cfg.parallel, cfg.training, cfg.burst
+    elem = 2 if tr.precision == "bf16" else 4
+    # Ulysses trades heads for tokens inside its group: the ring sees U x the tokens of
+    # each rank and 1/U of its heads, so the same bytes per element travel.
+    ring = p.context // b.ulysses_size
+    tokens = tr.micro_batch_size * m.seq_length // ring
+    hq = m.num_attention_heads // p.tensor // b.ulysses_size
+    hkv = max(1, m.num_query_groups // p.tensor // b.ulysses_size)
+    mode = b.backward if b.backward != "auto" else cost.choose_backward(
+        ring, hq, hkv, m.head_dim, elem)
+    other = "ring" if mode == "burst" else "burst"
+    return {
+        "ring": ring, "tokens": tokens, "hq": hq, "hkv": hkv, "mode": mode,
+        "forward": cost.forward_bytes(ring, tokens, hkv, m.head_dim, elem),
+        "forward_hop": cost.forward_bytes(2, tokens, hkv, m.head_dim, elem),
+        "backward": cost.backward_bytes(mode, ring, tokens, hq, hkv, m.head_dim, elem),
+        "other_mode": other,
+        "other_backward": cost.backward_bytes(other, ring, tokens, hq, hkv, m.head_dim, elem),
+    }
+
+
+def report(cfg: Config, warnings: list[str] | None = None) -> str:
+    """The human-readable plan: shape, parallel layout, memory per GPU, ring traffic."""
+    m, p, tr, b, c = cfg.model, cfg.parallel, cfg.training, cfg.burst, cfg.cluster
+    hw = c.hardware
+    mem = estimate_memory(cfg)
+    gqa = (f"GQA {m.num_attention_heads}:{m.num_query_groups}"
+           if m.num_query_groups != m.num_attention_heads else "MHA")
+    out = [
+        f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, ffn {m.ffn_hidden_size}, "
+        f"{m.num_attention_heads} heads ({gqa}, d={m.head_dim}), vocab {m.vocab_size} "
+        f"(padded {padded_vocab(cfg)}), {m.seq_length:,} tokens",
+        f"cluster: {c.nodes} node(s) x {c.gpus_per_node} {c.gpu} "
+        f"({hw.memory_gib:g} GiB, intra {hw.intra_node_gbps:g} GB/s, "
+        f"inter {hw.inter_node_gbps:g} GB/s)",
+        f"parallel: TP={p.tensor} CP={p.context} PP={p.pipeline} DP={p.data}"
+        f"{' +SP' if p.sequence_parallel and p.tensor > 1 else ''}; "
+        f"{m.seq_length // p.context:,} tokens per CP rank; micro batch "
+        f"{tr.micro_batch_size}, global batch {tr.global_batch_size}; recompute {tr.recompute}",
+        "",
+        f"memory per GPU ({mem.stage} pipeline stage, {mem.params / 1e9:.2f} B parameters):",
+    ]
+    out += [f"  {label:<12}{_gib(n)}" for label, n in mem.rows()]
+    out.append(f"  {'device':<12}{hw.memory_gib:8.2f} GiB  -> fits, "
+               f"{100 * mem.total / (hw.memory_gib * GIB):.0f}% used")
+    if p.context > 1:
+        t = ring_traffic(cfg)
+        per_node = ring_ranks_per_node(cfg)
+        if t["ring"] <= per_node:
+            topo = f"flat ring of {t['ring']} inside one node (intra-node links)"
+        elif 1 < b.intra_node_size < t["ring"]:
+            topo = (f"double ring: {b.intra_node_size} ranks per node on NVLink x "
+                    f"{t['ring'] // b.intra_node_size} nodes over InfiniBand")
+        else:
+            topo = f"flat ring of {t['ring']} across nodes (every step waits on InfiniBand)"
+        out += [
+            "",
+            f"burst attention: {topo}"
+            + (f", Ulysses all-to-all over {b.ulysses_size}" if b.ulysses_size > 1 else ""),
+            f"  per layer and microbatch, each rank sends: forward {_bytes(t['forward'])} "
+            f"({t['ring'] - 1} hop(s) of {_bytes(t['forward_hop'])} K/V)",
+            f"  backward '{t['mode']}' {_bytes(t['backward'])} "
+            f"(the '{t['other_mode']}' backward would send {_bytes(t['other_backward'])})"
+            + (" [chosen by auto]" if b.backward == "auto" else ""),
+        ]
+        out += [f"  {line}" for line in attention_plan(cfg).explain()]
+    for w in warnings or []:
+        out.append(f"warning: {w}")
+    return "\n".join(out)
+
+
+def make_plan(cfg: Config) -> str:
+    """Validate ``cfg`` (raising ConfigError) and return its report."""
+    return report(cfg, validate(cfg))

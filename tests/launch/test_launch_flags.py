@@ -1,0 +1,82 @@
+"""`flags`: the command line carries the config, and Megatron's own parser accepts it."""
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+from megatron_burst.launch.config import ConfigError, load_config
+from megatron_burst.launch.flags import megatron_flags
+
+from .conftest import CONFIGS
+
+ENV = {"DATA_PATH": "/data/llama/text_document", "TOKENIZER_MODEL": "/models/tokenizer"}
+
+
+def _value(flags: list[str], name: str, n: int = 1):
+    i = flags.index(name)
+    return flags[i + 1] if n == 1 else flags[i + 1:i + 1 + n]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_flags_carry_the_config(path):
+    cfg = load_config(path)
+    f = megatron_flags(cfg, env=ENV)
+    assert _value(f, "--tensor-model-parallel-size") == str(cfg.parallel.tensor)
+    assert _value(f, "--context-parallel-size") == str(cfg.parallel.context)
+    assert _value(f, "--pipeline-model-parallel-size") == str(cfg.parallel.pipeline)
+    assert _value(f, "--seq-length") == str(cfg.model.seq_length)
+    assert _value(f, "--spec", 2) == ["megatron_burst.megatron.spec", "get_llama_layer_burst_spec"]
+    assert ("--group-query-attention" in f) == (
+        cfg.model.num_query_groups < cfg.model.num_attention_heads)
+    if cfg.parallel.context > 1:
+        assert _value(f, "--cp-comm-type") == "burst"
+        assert _value(f, "--burst-backward") == cfg.burst.backward
+    if "--hierarchical-context-parallel-sizes" in f:
+        sizes = [int(x) for x in _value(f, "--hierarchical-context-parallel-sizes", 2)]
+        assert math.prod(sizes) == cfg.parallel.context
+        # The inner level is the NVLink ring, the same number the adapter is told.
+        assert sizes[0] == int(_value(f, "--burst-intra-node-size")) == cfg.burst.intra_node_size
+    else:
+        assert "--burst-intra-node-size" not in f
+    if not cfg.data.mock:
+        assert _value(f, "--data-path") == ENV["DATA_PATH"]
+        assert _value(f, "--tokenizer-model") == ENV["TOKENIZER_MODEL"]
+
+
+def test_unset_variable_fails_naming_key_and_variable():
+    cfg = load_config([p for p in CONFIGS if p.stem == "llama2-7b-32k"][0])
+    with pytest.raises(ConfigError, match=r"'data.data_path' uses \$\{DATA_PATH\}"):
+        megatron_flags(cfg, env={})
+    kept = megatron_flags(cfg, expand=False)
+    assert _value(kept, "--data-path") == "${DATA_PATH}"
+
+
+def _megatron_parser():
+    """Megatron's parse_args/validate_args and the adapter's extra-args provider."""
+    arguments = pytest.importorskip(
+        "megatron.training.arguments",
+        reason="megatron.training ships in the megatron-core wheel from 0.17 (Python 3.12) "
+               "and with Megatron-LM; megatron-core 0.16.1 (Python 3.11) lacks it")
+    adapter = pytest.importorskip("megatron_burst.megatron.arguments",
+                                  reason="the adapter's --burst-* arguments are not there yet")
+    return arguments, adapter.add_burst_args
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_megatron_parser_accepts_the_flags(path, monkeypatch):
+    arguments, provider = _megatron_parser()
+    cfg = load_config(path)
+    flags = megatron_flags(cfg, env=ENV, save="/ckpt", load="/ckpt")
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt", *flags])
+    monkeypatch.setenv("WORLD_SIZE", str(cfg.cluster.world_size))
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # `run` and the sbatch set it
+    # validate_args asks the GPU generation; answer as the A100s the configs are for.
+    monkeypatch.setattr(arguments, "get_device_arch_version", lambda: 8, raising=False)
+    args = arguments.parse_args(extra_args_provider=provider)
+    args.world_size = cfg.cluster.world_size
+    arguments.validate_args(args, {})
+    assert args.data_parallel_size == cfg.parallel.data
+    assert args.context_parallel_size == cfg.parallel.context
+    assert args.tensor_model_parallel_size == cfg.parallel.tensor
