@@ -13,8 +13,9 @@ row sums ``delta = rowsum(dout * out)``, which is what lets the burst backward s
 instead of O (see ``surrogate_out``).
 
 Backends: ``flash_attn`` (the package, when importable), PyTorch's built-in CUDA kernels
-(cuDNN, then flash, then memory-efficient: each is probed once and skipped if it fails),
-the CPU flash kernel, and a plain PyTorch reference used by the tests.
+(cuDNN, then flash: each is probed once and skipped if it fails; band blocks go to
+flash, which takes windows), the CPU flash kernel, and a plain PyTorch reference used by
+the tests and as the last resort.
 """
 from __future__ import annotations
 
@@ -81,11 +82,12 @@ def surrogate_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     O' = 0, which is exact (their delta is 0 too).
     dout: [b, s, h, d]; delta: [b, h, s] fp32.
     """
-    d32 = dout.to(delta.dtype)
-    norm2 = d32.square().sum(-1)
+    # Two passes over dout and no fp32 copy of it: the norm reduces in fp32 as it reads,
+    # and the product is computed in fp32 and rounded once as it is written.
+    norm2 = torch.linalg.vector_norm(dout, dim=-1, dtype=delta.dtype).square_()
     coef = torch.where(norm2 > 0, delta.transpose(1, 2) / norm2.clamp_min(1e-30),
                        torch.zeros_like(norm2))
-    return (d32 * coef.unsqueeze(-1)).to(dout.dtype)
+    return torch.mul(dout, coef.unsqueeze(-1), out=torch.empty_like(dout))
 
 
 # ---------------------------------------------------------------------------- reference
@@ -231,37 +233,14 @@ class TorchFlashAttention:
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         left, right = self._window(block)
+        # The kernel reads lse as a dense [b, h, s]; the ring hands a slice of the rows.
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], 0.0, block.causal,
+            dout, q, k, v, out, lse.contiguous(), None, None, q.shape[1], k.shape[1], 0.0,
+            block.causal,
             torch.empty(2, dtype=torch.int64, device=q.device),
             torch.empty(0, device=q.device), scale=scale, window_size_left=left,
             window_size_right=right)
         return dq, dk, dv
-
-
-class EfficientAttention:
-    """PyTorch's memory-efficient kernel: the last CUDA fallback (any dtype, any arch)."""
-
-    name = "mem-efficient"
-
-    def forward(self, q, k, v, block, scale):
-        hq = q.shape[2]
-        out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
-            _heads(q), _heads(_expand_kv(k, hq)), _heads(_expand_kv(v, hq)), None, True, 0.0,
-            block.causal, scale=scale)
-        return out.transpose(1, 2), lse[..., : q.shape[1]].float()
-
-    def backward(self, dout, q, k, v, out, lse, block, scale):
-        hq, hkv = q.shape[2], k.shape[2]
-        # The kernel keeps lse padded to a multiple of 32 rows; hand it back that way.
-        lse = torch.nn.functional.pad(lse, (0, -lse.shape[-1] % 32)).contiguous()
-        seed = torch.zeros((), dtype=torch.int64, device=q.device)
-        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            _heads(dout), _heads(q), _heads(_expand_kv(k, hq)), _heads(_expand_kv(v, hq)), None,
-            _heads(out), lse, seed, seed, 0.0, [True, True, True, False], block.causal,
-            scale=scale)
-        dk, dv = dk.transpose(1, 2), dv.transpose(1, 2)
-        return dq.transpose(1, 2), _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
 
 
 class FlashAttnPackage:
@@ -316,19 +295,25 @@ def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int
 
 
 class BandDispatch:
-    """Dense blocks (full, causal) to the fastest kernel, band blocks to one with windows."""
+    """Dense blocks (full, causal) to the fastest kernel; band blocks, and blocks too small
+    for cuDNN (it refuses s_q = s_kv = 1, which tiny padded documents produce), to the
+    kernel that takes windows and any size."""
+
+    SMALL = 128
 
     def __init__(self, dense: LocalAttention, band: LocalAttention):
         self.dense, self.band = dense, band
         self.name = dense.name if dense is band else f"{dense.name}+{band.name}"
 
+    def _pick(self, block: Block) -> LocalAttention:
+        small = min(block.q_stop - block.q_start, block.k_stop - block.k_start) < self.SMALL
+        return self.band if block.kind == "band" or small else self.dense
+
     def forward(self, q, k, v, block, scale):
-        kern = self.band if block.kind == "band" else self.dense
-        return kern.forward(q, k, v, block, scale)
+        return self._pick(block).forward(q, k, v, block, scale)
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
-        kern = self.band if block.kind == "band" else self.dense
-        return kern.backward(dout, q, k, v, out, lse, block, scale)
+        return self._pick(block).backward(dout, q, k, v, out, lse, block, scale)
 
 
 @functools.lru_cache(maxsize=64)
@@ -339,7 +324,9 @@ def _cuda_kernel(dtype: torch.dtype, hq: int, hkv: int, d: int, index: int) -> L
         candidates.append(FlashAttnPackage())
     except ImportError:
         pass
-    candidates += [CudnnAttention(), TorchFlashAttention(), EfficientAttention()]
+    # PyTorch's memory-efficient kernel is not in the chain: its backward, given an lse
+    # it did not produce itself, returned wrong gradients on H200 (torch 2.11).
+    candidates += [CudnnAttention(), TorchFlashAttention()]
     dense = next((c for c in candidates if _probe(c, dtype, hq, hkv, d, device)),
                  ReferenceAttention())
     # Windows and padded documents need a band: only flash (PyTorch's) expresses it.
@@ -349,8 +336,7 @@ def _cuda_kernel(dtype: torch.dtype, hq: int, hkv: int, d: int, index: int) -> L
 
 
 KERNELS = {"reference": ReferenceAttention, "cpu-flash": CpuFlashAttention,
-           "cudnn": CudnnAttention, "torch-flash": TorchFlashAttention,
-           "mem-efficient": EfficientAttention}
+           "cudnn": CudnnAttention, "torch-flash": TorchFlashAttention}
 
 
 def select_kernel(q: torch.Tensor, k: torch.Tensor, name: str | None = None) -> LocalAttention:

@@ -1,0 +1,334 @@
+"""Megatron-Core core-attention module that runs BurstAttention over the context-parallel group.
+
+`BurstDotProductAttention` is a drop-in `core_attention` for Megatron-Core's `SelfAttention`
+(megatron-core 0.16 to 0.19). It takes the tensors Megatron hands to core attention, already
+split by `get_batch_on_this_cp_rank` (zigzag, 2*cp chunks) and by tensor parallelism (heads),
+and returns the attention output in the same layout:
+
+    query [s/cp, b, hq/tp, d], key/value [s/cp, b, hkv/tp, d] (GQA not expanded)
+    -> [s/cp, b, hq/tp * d]
+
+or, for packed sequences (THD, `PackedSeqParams`), [t, h, d] -> [t, h * d].
+
+Everything that cannot work raises `ValueError` at construction or before any communication,
+never a silent fallback (compare Megatron-Bridge #2667, a silently disabled CP).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+import megatron_burst as mb
+from megatron.core import parallel_state
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.utils import is_layer_window_attention
+
+logger = logging.getLogger(__name__)
+
+# cp_comm_type values this module accepts, mapped to whether Ulysses (head all-to-all) runs
+# inside the first hierarchical level. "p2p" and "a2a+p2p" are accepted as aliases because
+# Megatron's argparse default for --cp-comm-type is "p2p": with this module in the spec the
+# ring it runs *is* a point-to-point ring. "a2a" and "allgather" name other algorithms, so
+# they are refused rather than silently replaced by a ring.
+_RING_TYPES = (None, "burst", "p2p")
+_HYBRID_TYPES = ("a2a+burst", "a2a+p2p")
+_BACKWARD_MODES = ("auto", "burst", "ring")
+
+_CAUSAL_MASKS = (AttnMaskType.causal, AttnMaskType.padding_causal)
+# Masks with no structure beyond "full": for these Megatron's attention_mask carries nothing
+# BurstAttention needs (TE ignores it the same way).
+_FULL_MASKS = (AttnMaskType.no_mask, AttnMaskType.padding)
+
+
+@dataclass(frozen=True)
+class BurstLayout:
+    """How one attention layer spreads over the context-parallel group."""
+
+    cp_size: int
+    ulysses_size: int
+    intra_node_size: Optional[int]
+    backward: str
+
+    def describe(self) -> str:
+        """One line for logs: the ring structure this layer runs."""
+        ring = self.cp_size // self.ulysses_size
+        if self.intra_node_size and self.intra_node_size < ring:
+            ring_desc = f"double ring {self.intra_node_size} x {ring // self.intra_node_size}"
+        else:
+            ring_desc = f"flat ring {ring}"
+        return (
+            f"cp={self.cp_size}: ulysses {self.ulysses_size} x {ring_desc}, "
+            f"layout zigzag, backward {self.backward}"
+        )
+
+
+def resolve_layout(
+    cp_size: int,
+    cp_comm_type: Optional[str],
+    hierarchical_sizes: Optional[Sequence[int]],
+    backward: Optional[str] = None,
+    intra_node_size: Optional[int] = None,
+    ulysses_size: Optional[int] = None,
+) -> BurstLayout:
+    """Turn Megatron's CP settings plus the --burst-* overrides into a `BurstLayout`.
+
+    `--hierarchical-context-parallel-sizes [a, b]` follows Megatron's meaning (level 0 is the
+    inner, consecutive-rank level): with cp_comm_type "burst" it gives a double ring with
+    `a` ranks per inner ring; with "a2a+burst" it gives Ulysses over `a` ranks and a ring over
+    `b`. Explicit `intra_node_size` / `ulysses_size` win over the hierarchical sizes.
+    """
+    if cp_comm_type not in _RING_TYPES + _HYBRID_TYPES:
+        raise ValueError(
+            f"cp_comm_type={cp_comm_type!r} is not a BurstAttention mode; use 'burst' "
+            f"(ring, optionally double ring) or 'a2a+burst' (Ulysses x ring)"
+        )
+    hier = list(hierarchical_sizes) if hierarchical_sizes else None
+    if hier is not None and math.prod(hier) != cp_size:
+        raise ValueError(
+            f"hierarchical_context_parallel_sizes={hier} multiply to {math.prod(hier)}, "
+            f"but the context-parallel size is {cp_size}"
+        )
+    if cp_comm_type in _HYBRID_TYPES and ulysses_size is None:
+        if hier is None:
+            raise ValueError(
+                f"cp_comm_type={cp_comm_type!r} needs --hierarchical-context-parallel-sizes "
+                f"(Ulysses size first) or --burst-ulysses-size"
+            )
+        ulysses_size = hier[0]
+        hier = hier[1:]
+    ulysses_size = 1 if ulysses_size is None else int(ulysses_size)
+    if ulysses_size < 1 or cp_size % ulysses_size:
+        raise ValueError(
+            f"burst ulysses_size={ulysses_size} must divide the context-parallel size {cp_size}"
+        )
+    ring = cp_size // ulysses_size
+    if intra_node_size is None and hier and len(hier) > 1 and hier[0] < ring:
+        intra_node_size = hier[0]
+    if intra_node_size is not None:
+        intra_node_size = int(intra_node_size)
+        if intra_node_size < 1 or ring % intra_node_size:
+            raise ValueError(
+                f"burst intra_node_size={intra_node_size} must divide the ring size {ring} "
+                f"(cp {cp_size} / ulysses {ulysses_size})"
+            )
+    backward = "auto" if backward is None else backward
+    if backward not in _BACKWARD_MODES:
+        raise ValueError(f"burst backward={backward!r} must be one of {_BACKWARD_MODES}")
+    return BurstLayout(cp_size, ulysses_size, intra_node_size, backward)
+
+
+def _groups_from(pg_collection: Any) -> Tuple[Any, Any]:
+    """(tp_group, cp_group) from a ProcessGroupCollection, or from parallel_state."""
+    if pg_collection is not None:
+        return getattr(pg_collection, "tp", None), getattr(pg_collection, "cp", None)
+    if not parallel_state.model_parallel_is_initialized():
+        return None, None
+    return (
+        parallel_state.get_tensor_model_parallel_group(check_initialized=False),
+        parallel_state.get_context_parallel_group(check_initialized=False),
+    )
+
+
+def _divide(numerator: int, denominator: int, what: str) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{what}: {numerator} is not divisible by {denominator}")
+    return numerator // denominator
+
+
+class BurstDotProductAttention(MegatronModule):
+    """Exact attention over the context-parallel group with BurstAttention.
+
+    Built by Megatron's `SelfAttention` from the spec's `core_attention`; accepts every keyword
+    argument megatron-core 0.16 to 0.19 passes. The burst options come from the keyword
+    arguments `burst_backward`, `burst_intra_node_size`, `burst_ulysses_size` (set by the spec
+    functions in `megatron_burst.megatron.spec`), else from config attributes of the same name
+    (set by `megatron_burst.megatron.arguments`), else from the hierarchical CP sizes.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str = "self",
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection: Any = None,
+        model_comm_pgs: Any = None,
+        k_channels: Optional[int] = None,
+        v_channels: Optional[int] = None,
+        num_splits: Optional[int] = None,
+        burst_backward: Optional[str] = None,
+        burst_intra_node_size: Optional[int] = None,
+        burst_ulysses_size: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        # **kwargs: later megatron-core versions add builder arguments (as 0.16 added
+        # k_channels/v_channels/num_splits); those that change the math are handled above,
+        # the rest (kernel tuning such as num_splits) do not apply to the ring.
+        super().__init__(config=config)
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        if attention_type != "self":
+            raise ValueError(
+                f"BurstDotProductAttention supports self-attention only, got {attention_type!r}"
+            )
+        dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        if dropout and dropout > 0:
+            raise ValueError(
+                f"BurstAttention has no attention dropout, got attention_dropout={dropout}; "
+                f"set --attention-dropout 0 (config.attention_dropout=0.0)"
+            )
+        if getattr(config, "softmax_type", "vanilla") != "vanilla":
+            raise ValueError(
+                f"BurstAttention supports softmax_type='vanilla' only, got {config.softmax_type!r}"
+            )
+
+        # 0.13/0.14 call it model_comm_pgs, 0.15+ pg_collection.
+        tp_group, cp_group = _groups_from(pg_collection or model_comm_pgs)
+        if cp_group is None:
+            raise ValueError(
+                "BurstAttention needs a context-parallel process group: pass pg_collection "
+                "with .cp or initialize megatron.core.parallel_state first"
+            )
+        self.cp_group = cp_group
+        tp_size = tp_group.size() if tp_group is not None else 1
+        cp_size = cp_group.size()
+        if config.context_parallel_size not in (1, cp_size):
+            raise ValueError(
+                f"config.context_parallel_size={config.context_parallel_size} but the CP group "
+                f"has {cp_size} ranks"
+            )
+
+        self.heads_per_rank = _divide(
+            config.num_attention_heads, tp_size, "num_attention_heads over tensor parallel size"
+        )
+        query_groups = config.num_query_groups or config.num_attention_heads
+        self.kv_heads_per_rank = _divide(
+            query_groups, tp_size, "num_query_groups over tensor parallel size"
+        )
+
+        self.layout = resolve_layout(
+            cp_size,
+            cp_comm_type,
+            config.hierarchical_context_parallel_sizes,
+            backward=burst_backward or getattr(config, "burst_backward", None),
+            intra_node_size=burst_intra_node_size or getattr(config, "burst_intra_node_size", None),
+            ulysses_size=burst_ulysses_size or getattr(config, "burst_ulysses_size", None),
+        )
+        for heads, what in ((self.heads_per_rank, "query"), (self.kv_heads_per_rank, "key/value")):
+            _divide(heads, self.layout.ulysses_size, f"{what} heads per TP rank over ulysses size")
+
+        self.k_channels = k_channels or config.kv_channels
+        self.v_channels = v_channels or config.kv_channels
+        # apply_query_key_layer_scaling divides the scale by layer_number and multiplies the
+        # fp32 scores back by it (an fp16 overflow guard): the net softmax scale is unchanged,
+        # and BurstAttention's kernels already merge in fp32, so the base scale is the answer.
+        self.softmax_scale = (
+            softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.k_channels)
+        )
+        if is_layer_window_attention(
+            config.window_size, getattr(config, "window_attn_skip_freq", None), layer_number
+        ):
+            self.window_size: Tuple[int, int] = tuple(config.window_size)
+        else:
+            self.window_size = (-1, -1)
+
+        if self.layer_number == 1 and torch.distributed.get_rank() == 0:
+            logger.info("BurstAttention layer 1: %s, tp=%d", self.layout.describe(), tp_size)
+
+    def _is_causal(self, attn_mask_type: Optional[AttnMaskType]) -> bool:
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        if mask_type in _CAUSAL_MASKS:
+            return True
+        if mask_type in _FULL_MASKS:
+            return False
+        raise ValueError(
+            f"BurstAttention supports causal and full masks (plus sliding window and packed "
+            f"documents), not attn_mask_type={mask_type}"
+        )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Optional[Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[Tensor] = None,
+        packed_seq_params: Optional[PackedSeqParams] = None,
+        **kwargs: Any,
+    ) -> Tensor:
+        """Attention over the whole sequence; returns [s/cp, b, hq*dv] (THD: [t, hq*dv]).
+
+        `attention_mask` is not read: for causal and full masks the mask type says everything
+        (as in TransformerEngine), and other masks are refused in `_is_causal`.
+        """
+        if attention_bias is not None:
+            raise ValueError("BurstAttention does not support attention_bias")
+        causal = self._is_causal(attn_mask_type)
+        cu_seqlens = None
+        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+            cu_seqlens = self._document_boundaries(packed_seq_params, causal)
+            # [t, h, d] -> [1, t, h, d]: a packed sequence is one batch row of documents.
+            query, key, value = (x.unsqueeze(0) for x in (query, key, value))
+            qkv_format = "bshd"
+            seq_dim = 1
+        else:
+            qkv_format = "sbhd"
+            seq_dim = 0
+        if query.size(seq_dim) % 2:
+            raise ValueError(
+                f"sequence length {query.size(seq_dim) * self.layout.cp_size} is not divisible "
+                f"by 2*cp = {2 * self.layout.cp_size} (zigzag layout)"
+            )
+        out = mb.burst_attn(
+            query,
+            key,
+            value,
+            self.cp_group,
+            causal=causal,
+            softmax_scale=self.softmax_scale,
+            window_size=self.window_size,
+            layout="zigzag",
+            backward=self.layout.backward,
+            qkv_format=qkv_format,
+            intra_node_size=self.layout.intra_node_size,
+            ulysses_size=self.layout.ulysses_size,
+            cu_seqlens=cu_seqlens,
+        )
+        if cu_seqlens is not None:
+            return out.reshape(out.size(1), -1)
+        return out.reshape(out.size(0), out.size(1), -1)
+
+    def _document_boundaries(self, params: PackedSeqParams, causal: bool) -> Tensor:
+        """cu_seqlens of the full packed sequence that BurstAttention splits per document."""
+        if getattr(params, "cp_group", None) not in (None, self.cp_group):
+            raise ValueError("BurstAttention does not support hybrid (per-batch) CP groups")
+        cu_q = params.cu_seqlens_q if params.cu_seqlens_q_padded is None else params.cu_seqlens_q_padded
+        cu_kv = (
+            params.cu_seqlens_kv if params.cu_seqlens_kv_padded is None else params.cu_seqlens_kv_padded
+        )
+        if cu_kv is not None and not torch.equal(cu_q, cu_kv):
+            raise ValueError("BurstAttention packed sequences need cu_seqlens_q == cu_seqlens_kv")
+        if (
+            not causal
+            and params.cu_seqlens_q_padded is not None
+            and not torch.equal(params.cu_seqlens_q, params.cu_seqlens_q_padded)
+        ):
+            # Causal attention never looks past a document's end, so the padding Megatron adds
+            # to make each document divisible by 2*cp is invisible; full attention would see it.
+            raise ValueError(
+                "BurstAttention packed full (non-causal) attention needs documents that are "
+                "already divisible by 2*cp (cu_seqlens_q == cu_seqlens_q_padded)"
+            )
+        return cu_q.to(torch.int32)

@@ -1,0 +1,174 @@
+"""Megatron-Core layer specs whose core attention is BurstAttention.
+
+`BurstSpecProvider` follows Megatron's `BackendSpecProvider` protocol: it hands out
+TransformerEngine's linear and norm modules when transformer_engine imports, Megatron's local
+ones when it does not, and `BurstDotProductAttention` as `core_attention`.
+
+The layer-spec functions plug into Megatron's command line:
+
+    --spec megatron_burst.megatron.spec get_gpt_layer_burst_spec     # megatron-core 0.17+
+    --spec megatron_burst.megatron.spec get_llama_layer_burst_spec
+
+megatron-core 0.17+ (megatron.training.models.gpt) calls a spec function with the model config
+(and vp_stage). Megatron-LM releases up to 0.16 use the `--spec` object as the spec itself; for
+those, `gpt_layer_burst_spec` and `llama_layer_burst_spec` are ready-made `ModuleSpec`s:
+
+    --spec megatron_burst.megatron.spec llama_layer_burst_spec
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+from megatron.core.models.backends import BackendSpecProvider, LocalSpecProvider
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megatron_burst.megatron.attention import BurstDotProductAttention
+
+try:
+    import transformer_engine  # noqa: F401  (only probing whether TE is usable)
+    from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+
+    HAVE_TE = True
+except ImportError:
+    HAVE_TE = False
+
+
+class BurstSpecProvider(BackendSpecProvider):
+    """BackendSpecProvider: TE (or local) linears and norms, BurstAttention core attention.
+
+    Every method except `core_attention` delegates to the fallback provider, so the linear,
+    norm and MLP choices stay exactly Megatron's; the `*args, **kwargs` pass-through keeps the
+    signatures of megatron-core 0.16 and 0.19 (which added e.g. `has_residual`) both working.
+    """
+
+    def __init__(
+        self,
+        use_te: Optional[bool] = None,
+        backward: Optional[str] = None,
+        intra_node_size: Optional[int] = None,
+        ulysses_size: Optional[int] = None,
+    ) -> None:
+        self.use_te = HAVE_TE if use_te is None else use_te
+        if self.use_te and not HAVE_TE:
+            raise ValueError("use_te=True but transformer_engine is not importable")
+        self.fallback: BackendSpecProvider = TESpecProvider() if self.use_te else LocalSpecProvider()
+        self._burst_options = {
+            key: value
+            for key, value in (
+                ("burst_backward", backward),
+                ("burst_intra_node_size", intra_node_size),
+                ("burst_ulysses_size", ulysses_size),
+            )
+            if value is not None
+        }
+
+    def core_attention(self) -> Any:
+        """BurstDotProductAttention, with any explicit burst options bound in."""
+        if not self._burst_options:
+            return BurstDotProductAttention
+        return functools.partial(BurstDotProductAttention, **self._burst_options)
+
+    def column_parallel_linear(self) -> type:
+        """The fallback backend's column-parallel linear."""
+        return self.fallback.column_parallel_linear()
+
+    def row_parallel_linear(self) -> type:
+        """The fallback backend's row-parallel linear."""
+        return self.fallback.row_parallel_linear()
+
+    def fuse_layernorm_and_linear(self) -> bool:
+        """Whether the fallback backend fuses the norm into the QKV / fc1 linear."""
+        return self.fallback.fuse_layernorm_and_linear()
+
+    def column_parallel_layer_norm_linear(self) -> Optional[type]:
+        """The fallback backend's fused norm + column-parallel linear, if any."""
+        return self.fallback.column_parallel_layer_norm_linear()
+
+    def layer_norm(self, *args: Any, **kwargs: Any) -> Any:
+        """The fallback backend's norm."""
+        return self.fallback.layer_norm(*args, **kwargs)
+
+    def grouped_mlp_modules(self, *args: Any, **kwargs: Any) -> Any:
+        """The fallback backend's grouped MLP modules."""
+        return self.fallback.grouped_mlp_modules(*args, **kwargs)
+
+    def activation_func(self) -> Any:
+        """The fallback backend's activation module."""
+        return self.fallback.activation_func()
+
+    def __getattr__(self, name: str) -> Any:
+        # Methods later megatron-core versions add to the protocol (e.g. linear()).
+        if name == "fallback":
+            raise AttributeError(name)
+        return getattr(self.fallback, name)
+
+
+def _config_value(config: Any, name: str, default: Any) -> Any:
+    return getattr(config, name, default) if config is not None else default
+
+
+def get_gpt_layer_burst_spec(
+    config: Any = None,
+    vp_stage: Optional[int] = None,
+    *,
+    use_te: Optional[bool] = None,
+    normalization: Optional[str] = None,
+    qk_layernorm: Optional[bool] = None,
+    qk_l2_norm: Optional[bool] = None,
+    backward: Optional[str] = None,
+    intra_node_size: Optional[int] = None,
+    ulysses_size: Optional[int] = None,
+) -> ModuleSpec:
+    """Dense GPT layer spec (Megatron's own) with BurstAttention as core attention.
+
+    `config` is what megatron-core 0.17+ passes to a `--spec` function (a GPTModelConfig or a
+    TransformerConfig); the keyword arguments override what it says. `vp_stage` is accepted
+    for that caller and does not change a dense layer.
+    """
+    if _config_value(config, "multi_latent_attention", False):
+        raise ValueError("BurstAttention layer specs do not support multi_latent_attention")
+    if _config_value(config, "num_moe_experts", None):
+        raise ValueError(
+            "get_gpt_layer_burst_spec builds dense layers; for MoE build Megatron's block spec "
+            "with BurstSpecProvider"
+        )
+    provider = BurstSpecProvider(use_te, backward, intra_node_size, ulysses_size)
+    qk_layernorm = _config_value(config, "qk_layernorm", False) if qk_layernorm is None else qk_layernorm
+    qk_l2_norm = _config_value(config, "qk_l2_norm", False) if qk_l2_norm is None else qk_l2_norm
+    # Reusing Megatron's own builders keeps every non-attention detail (norm placement,
+    # sharded-state-dict key maps) identical to a TE/local run, so checkpoints interchange.
+    if provider.use_te:
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            qk_layernorm=qk_layernorm, qk_l2_norm=qk_l2_norm
+        )
+    else:
+        spec = get_gpt_layer_local_spec(
+            qk_layernorm=qk_layernorm,
+            normalization=normalization or _config_value(config, "normalization", "LayerNorm"),
+            qk_l2_norm=qk_l2_norm,
+        )
+    spec.submodules.self_attention.submodules.core_attention = provider.core_attention()
+    return spec
+
+
+def get_llama_layer_burst_spec(
+    config: Any = None, vp_stage: Optional[int] = None, **overrides: Any
+) -> ModuleSpec:
+    """Llama-style layer spec (RMSNorm; SwiGLU and RoPE come from the config) with BurstAttention."""
+    if config is not None and _config_value(config, "normalization", "RMSNorm") != "RMSNorm":
+        raise ValueError(
+            f"get_llama_layer_burst_spec needs --normalization RMSNorm, "
+            f"got {config.normalization!r}; use get_gpt_layer_burst_spec for LayerNorm models"
+        )
+    overrides.setdefault("normalization", "RMSNorm")
+    return get_gpt_layer_burst_spec(config, vp_stage, **overrides)
+
+
+# Ready-made specs for Megatron-LM releases whose --spec takes the object itself (<= 0.16).
+gpt_layer_burst_spec: ModuleSpec = get_gpt_layer_burst_spec()
+llama_layer_burst_spec: ModuleSpec = get_llama_layer_burst_spec()

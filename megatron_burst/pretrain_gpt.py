@@ -1,0 +1,165 @@
+"""Pretrain a GPT/Llama model with Megatron and BurstAttention context parallelism.
+
+    torchrun --nproc-per-node 4 -m megatron_burst.pretrain_gpt <Megatron flags> \\
+        --context-parallel-size 4 --cp-comm-type burst [--burst-backward auto] \\
+        [--burst-intra-node-size 8] [--burst-ulysses-size 1] --attention-dropout 0 \\
+        (--mock-data | --data-path PREFIX ... --tokenizer-type ...)
+
+Built on `megatron.training.pretrain` (shipped in the megatron-core wheel from 0.17; for older
+releases put Megatron-LM on PYTHONPATH). With `--cp-comm-type burst` (or `a2a+burst`) and no
+`--spec`, the layers use `megatron_burst.megatron.spec.get_gpt_layer_burst_spec`. Batches are
+split across CP ranks by megatron-core's `get_batch_on_this_cp_rank` (zigzag), which is the
+layout BurstAttention expects; the CP layout chosen is logged at start-up.
+"""
+from __future__ import annotations
+
+import inspect
+from functools import partial
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import torch
+
+from megatron.core import mpu
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.enums import ModelType
+from megatron.core.utils import get_batch_on_this_cp_rank
+from megatron.training import get_args, get_tokenizer, pretrain, print_rank_0
+from megatron.training.arguments import core_transformer_config_from_args
+
+from megatron_burst.megatron.arguments import add_burst_args, apply_burst_args, burst_layout_from_args, uses_burst
+from megatron_burst.megatron.spec import get_gpt_layer_burst_spec
+
+_BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+_NEW_PRETRAIN = "cfg_container" in inspect.signature(pretrain).parameters  # megatron-core 0.17+
+
+
+def log_cp_layout(args: Any) -> None:
+    """Print the context-parallel layout this run uses, once, on rank 0."""
+    if uses_burst(args):
+        print_rank_0(f"> BurstAttention context parallelism: {burst_layout_from_args(args).describe()}, "
+                     f"tp={args.tensor_model_parallel_size}, pp={args.pipeline_model_parallel_size}")
+    else:
+        print_rank_0(f"> context parallelism: cp={args.context_parallel_size} with "
+                     f"--cp-comm-type {args.cp_comm_type} (not BurstAttention)")
+
+
+def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Optional[torch.Tensor], ...]:
+    """This rank's part of the next batch: every TP rank reads it (datasets are built on every
+    rank, see `is_dataset_built_on_rank`), then CP ranks keep their zigzag chunks."""
+    if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
+        return None, None, None, None
+    data = next(data_iterator)
+    batch: Dict[str, Any] = {key: data[key].cuda(non_blocking=True) for key in _BATCH_KEYS}
+    kwargs: Dict[str, Any] = {"cp_group": mpu.get_context_parallel_group()}
+    if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters:
+        kwargs["is_hybrid_cp"] = False  # 0.19 made it a required argument
+    batch = get_batch_on_this_cp_rank(batch, **kwargs)
+    return tuple(batch[key] for key in _BATCH_KEYS)
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Token-summed loss, token count, and the 'lm loss' report Megatron logs."""
+    losses = output_tensor.view(-1).float()
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * loss_mask)
+    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
+
+
+def forward_step(data_iterator: Iterator, model: torch.nn.Module):
+    """Megatron forward step: the attention mask is not needed (causal is in the spec)."""
+    tokens, labels, loss_mask, position_ids = get_batch(data_iterator)
+    output_tensor = model(tokens, position_ids, None, labels=labels)
+    return output_tensor, partial(loss_func, loss_mask)
+
+
+def is_dataset_built_on_rank(vp_stage: Optional[int] = None) -> bool:
+    """Build on first/last pipeline stages of every TP rank, so no TP broadcast is needed."""
+    return mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage: Optional[int] = None):
+    """Mock or indexed (Megatron .bin/.idx) GPT datasets."""
+    from megatron.training.utils import get_blend_and_blend_per_split
+
+    args = get_args()
+    blend, blend_per_split = get_blend_and_blend_per_split(args)
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=get_tokenizer(),
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=False,
+    )
+    dataset_type = MockGPTDataset if args.mock_data else GPTDataset
+    print_rank_0(f"> building {dataset_type.__name__} train/valid/test datasets ...")
+    return BlendedMegatronDatasetBuilder(
+        dataset_type, train_val_test_num_samples, is_dataset_built_on_rank, config
+    ).build()
+
+
+train_valid_test_datasets_provider.is_distributed = True
+
+
+def _layer_spec(args: Any, config: Any) -> Any:
+    if args.spec is not None:
+        from megatron.core.transformer.spec_utils import import_module
+
+        return import_module(args.spec)
+    return get_gpt_layer_burst_spec(config)
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: Optional[int] = None, **kwargs: Any):
+    """GPTModel with BurstAttention layers (the pre-0.17 `pretrain` calls this)."""
+    from megatron.core.models.gpt import GPTModel
+
+    args = get_args()
+    if pre_process:
+        log_cp_layout(args)
+    config = core_transformer_config_from_args(args)
+    if uses_burst(args):
+        apply_burst_args(args, config)
+    spec = _layer_spec(args, config)
+    spec = spec(config) if callable(spec) and not isinstance(spec, type) else spec
+    return GPTModel(
+        config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
+        post_process=post_process, fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling,
+    )
+
+
+def main() -> None:
+    """Parse Megatron's flags plus --burst-*, log the CP layout, and train."""
+    defaults = {"tokenizer_type": "GPT2BPETokenizer"}
+    if not _NEW_PRETRAIN:
+        # Older megatron.training parses arguments inside pretrain().
+        pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder,
+                 forward_step, extra_args_provider=add_burst_args, args_defaults=defaults)
+        return
+    from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args(extra_args_provider=add_burst_args, args_defaults=defaults)
+    log_cp_layout(args)
+    model_cfg = gpt_config_from_args(args)
+    if uses_burst(args):
+        apply_burst_args(args, model_cfg.transformer)
+        if model_cfg.transformer_layer_spec is None:
+            model_cfg.transformer_layer_spec = get_gpt_layer_burst_spec
+    pretrain(pretrain_cfg_container_from_args(args, model_cfg), train_valid_test_datasets_provider,
+             ModelType.encoder_or_decoder, forward_step)
+
+
+if __name__ == "__main__":
+    main()
