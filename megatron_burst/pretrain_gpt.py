@@ -139,8 +139,26 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     )
 
 
+def use_prebuilt_dataset_helpers() -> None:
+    """Skip megatron.training's `make` of the dataset helpers when a prebuilt one imports.
+
+    The megatron-core wheel ships ``helpers_cpp`` compiled but not the Makefile that
+    initialisation runs ``make`` with, so a wheel install fails there ("No targets
+    specified") before training starts. A Megatron-LM checkout has the Makefile and no
+    prebuilt module, and is left alone.
+    """
+    try:
+        from megatron.core.datasets import helpers_cpp  # noqa: F401
+    except ImportError:
+        return
+    import megatron.core.datasets.utils as dataset_utils
+
+    dataset_utils.compile_helpers = lambda: None
+
+
 def main() -> None:
     """Parse Megatron's flags plus --burst-*, log the CP layout, and train."""
+    use_prebuilt_dataset_helpers()
     defaults = {"tokenizer_type": "GPT2BPETokenizer"}
     if not _NEW_PRETRAIN:
         # Older megatron.training parses arguments inside pretrain().

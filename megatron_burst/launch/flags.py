@@ -102,7 +102,7 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
             f += ["--hierarchical-context-parallel-sizes", *map(str, hier)]
     f += ["--spec", *SPEC, "--transformer-impl", "local",
           "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
-          "--no-rope-fusion"]
+          "--no-rope-fusion", "--no-persist-layer-norm"]
 
     # Optimizer, schedule, precision.
     f += [

@@ -1,0 +1,292 @@
+"""Side-by-side benchmark of exact context-parallel attention methods (run with torchrun).
+
+    torchrun --nproc_per_node=4 benchmarks/attention.py --per-gpu 8192,32768 \
+        --heads 32:32,32:8 --masks causal,full --out benchmarks/results/run.json
+
+For each case (tokens per GPU, heads, mask) every method runs forward+backward on the same
+inputs; each is timed with CUDA events (median of --iters after --warmup), its peak memory
+and bytes sent are recorded, and its output is checked against the single-GPU kernel on
+the whole sequence. TFLOP/s count only unmasked FLOPs (fwd+bwd = 3.5x fwd). Efficiency is
+per-GPU TFLOP/s over the single-GPU kernel's TFLOP/s on the full sequence (measured in the
+same run, capped at --single-cap tokens where the full sequence would take too long).
+Rank 0 writes JSON with the command and the device.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import baselines  # noqa: E402
+
+import megatron_burst as mb  # noqa: E402
+from megatron_burst import kernels  # noqa: E402
+from megatron_burst.schedule import Block  # noqa: E402
+
+DOC_MIX = (0.40, 0.22, 0.15, 0.10, 0.06, 0.04, 0.02, 0.01)  # a long-tailed length mix
+
+
+def doc_lens(total: int) -> tuple[int, ...]:
+    lens = [int(total * f) for f in DOC_MIX]
+    lens[0] += total - sum(lens)
+    return tuple(lens)
+
+
+def unmasked_pairs(n: int, mask: str) -> float:
+    if mask == "full":
+        return float(n) * n
+    if mask == "causal":
+        return n * (n + 1) / 2
+    if mask.startswith("window"):
+        w = int(mask[len("window"):]) + 1
+        return float(w * n - w * (w - 1) / 2) if w < n else n * (n + 1) / 2
+    if mask == "docs":
+        return sum(x * (x + 1) / 2 for x in doc_lens(n))
+    raise ValueError(mask)
+
+
+def time_fwd_bwd(fwd, do, iters: int, warmup: int) -> dict:
+    """Median fwd, bwd and total milliseconds of ``fwd().backward(do)``."""
+    times = []
+    for i in range(warmup + iters):
+        e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        e[0].record()
+        out = fwd()
+        e[1].record()
+        out.backward(do)
+        e[2].record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((e[0].elapsed_time(e[1]), e[1].elapsed_time(e[2]),
+                          e[0].elapsed_time(e[2])))
+    med = [statistics.median(t[j] for t in times) for j in range(3)]
+    return dict(fwd_ms=med[0], bwd_ms=med[1], total_ms=med[2])
+
+
+def whole_sequence_blocks(n: int, mask: str) -> list[Block]:
+    """The single-GPU reference's blocks: one per document, band for windows."""
+    if mask == "docs":
+        out, a = [], 0
+        for length in doc_lens(n):
+            out.append(Block(a, a + length, a, a + length, "causal"))
+            a += length
+        return out
+    if mask.startswith("window"):
+        w = int(mask[len("window"):])
+        return [Block(0, n, 0, n, "band", -w, 0)] if w < n - 1 else [Block(0, n, 0, n,
+                                                                            "causal")]
+    return [Block(0, n, 0, n, "causal" if mask == "causal" else "full")]
+
+
+def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank: int):
+    dev = torch.device("cuda", rank)
+    total = per_gpu * world
+    d = 128
+    gen = torch.Generator(device=dev).manual_seed(per_gpu + hq + hkv)
+    q, do = (torch.randn(1, total, hq, d, device=dev, generator=gen, dtype=torch.bfloat16)
+             for _ in range(2))
+    k, v = (torch.randn(1, total, hkv, d, device=dev, generator=gen, dtype=torch.bfloat16)
+            for _ in range(2))
+    causal = mask != "full"
+    window = (int(mask[len("window"):]), 0) if mask.startswith("window") else (-1, -1)
+    cu = None
+    if mask == "docs":
+        cu = torch.tensor([0, *torch.tensor(doc_lens(total)).cumsum(0).tolist()],
+                          dtype=torch.int32)
+    flops_fwd = 4 * unmasked_pairs(total, mask) * hq * d
+    rows = []
+
+    # The single-GPU kernel on the whole sequence (capped): the efficiency reference and,
+    # where uncapped, the correctness reference for every method.
+    ref = None
+    n1 = min(total, args.single_cap)
+    if rank == 0 or n1 == total:
+        xs = [t[:, :n1].clone().requires_grad_() for t in (q, k, v)]
+        blocks = whole_sequence_blocks(n1, mask)
+        t = time_fwd_bwd(lambda: baselines.local_attention(*xs, blocks), do[:, :n1],
+                         args.iters, args.warmup)
+        if n1 == total:
+            with torch.no_grad():
+                ref = baselines.local_attention(*(x.detach() for x in xs), blocks)
+        f1 = 4 * unmasked_pairs(n1, mask) * hq * d
+        rows.append(dict(method="single-gpu kernel", gpus=1, tokens=n1, **t,
+                         tflops_per_gpu=3.5 * f1 / t["total_ms"] / 1e9,
+                         kernel=kernels.select_kernel(q, k).name))
+        del xs
+    torch.cuda.empty_cache()
+
+    def shard(t, layout="zigzag"):
+        return mb.shard_seq(t, layout=layout, cu_seqlens=cu)
+
+    methods = {}
+    for bwd in ("auto", "burst", "ring"):
+        methods[f"burst ({bwd} bwd)"] = (bwd, None)
+    if world >= 4:  # two simulated "nodes" of world/2 GPUs: 2x2 on 4 GPUs, 2x4 on 8
+        methods[f"burst double-ring 2x{world // 2}"] = ("auto", world // 2)
+    for name, (bwd, intra) in methods.items():
+        local = [shard(t).requires_grad_() for t in (q, k, v)]
+        fn = lambda: mb.burst_attn(*local, causal=causal, window_size=window, backward=bwd,  # noqa
+                                   intra_node_size=intra, cu_seqlens=cu)
+        rows.append(measure(args, name, fn, shard(do), local, None if ref is None else shard(ref), world,
+                            flops_fwd))
+    if mask in ("causal", "full"):
+        if hq % world == 0 and hkv % world == 0:
+            local = [shard(t).requires_grad_() for t in (q, k, v)]
+            rows.append(measure(args, "ulysses a2a (written here)",
+                                lambda: baselines.ulysses_attention(*local, causal),
+                                shard(do), local, None if ref is None else shard(ref), world, flops_fwd))
+        local = [shard(t).requires_grad_() for t in (q, k, v)]
+        rows.append(measure(args, "all-gather KV (written here)",
+                            lambda: baselines.allgather_kv_attention(*local, causal), shard(do),
+                            local, None if ref is None else shard(ref), world, flops_fwd))
+        rows.append(measure_native(args, q, k, v, do, ref, causal, world, flops_fwd))
+    for r in rows:
+        r.update(per_gpu=per_gpu, heads=f"{hq}:{hkv}", mask=mask, world=world)
+    return rows
+
+
+def measure(args, name, fn, do_local, params, ref_local, world, flops_fwd) -> dict:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    try:
+        with mb.count_comm() as stats:
+            out = fn()
+            out.backward(do_local)
+        err = float("nan")
+        if ref_local is not None:
+            err = ((out.float() - ref_local.float()).norm() / ref_local.float().norm()).item()
+        fwd_b, bwd_b = stats.forward_bytes, stats.backward_bytes
+        t = time_fwd_bwd(fn, do_local, args.iters, args.warmup)
+    except Exception as e:  # a peer that cannot run this shape is reported, not fatal
+        return dict(method=name, error=f"{type(e).__name__}: {str(e)[:200]}")
+    for p in params:
+        p.grad = None
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return dict(method=name, gpus=world, **t, tflops_per_gpu=3.5 * flops_fwd / world
+                / t["total_ms"] / 1e9, rel_err_vs_single=err, fwd_MiB=fwd_b / 2**20,
+                bwd_MiB=bwd_b / 2**20, peak_GiB=peak)
+
+
+def measure_native(args, q, k, v, do, ref, causal, world, flops_fwd) -> dict:
+    """PyTorch native CP: shards its own copies in place, so it gets fresh full tensors."""
+    name = "pytorch native CP (ring)"
+    hq, hkv = q.shape[2], k.shape[2]
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        bufs = [t.transpose(1, 2).repeat_interleave(hq // t.shape[2], dim=1).contiguous()
+                if t.shape[2] != hq else t.transpose(1, 2).contiguous() for t in (q, k, v, do)]
+        expected = None
+        if ref is not None:
+            expected = ref.transpose(1, 2).contiguous()
+            bufs.append(expected)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with baselines.native_cp(world, bufs, causal):
+            lq, lk, lv, ldo = bufs[:4]
+            params = [t.detach().requires_grad_() for t in (lq, lk, lv)]
+            fn = lambda: baselines.native_sdpa(*params, causal)  # noqa: E731
+            used, failures = None, []
+            for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+                try:
+                    with sdpa_kernel([backend]):
+                        out = fn()
+                        out.backward(ldo)
+                    used = backend
+                    break
+                except Exception as e:  # try the next local kernel, remember why
+                    failures.append(f"{backend}: {type(e).__name__}: {str(e)[:120]}")
+            if used is None:
+                raise RuntimeError("; ".join(failures))
+            with sdpa_kernel([used]):
+                err = float("nan")
+                if expected is not None:
+                    err = ((out.float() - bufs[4].float()).norm() / bufs[4].float().norm()
+                           ).item()
+                t = time_fwd_bwd(fn, ldo, args.iters, args.warmup)
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+        note = "" if hkv == hq else "K/V heads repeated to hq (native CP needs repeat_kv)"
+        return dict(method=name, gpus=world, **t, tflops_per_gpu=3.5 * flops_fwd / world
+                    / t["total_ms"] / 1e9, rel_err_vs_single=err, peak_GiB=peak,
+                    kernel=str(used), note=note)
+    except Exception as e:
+        return dict(method=name, error=f"{type(e).__name__}: {str(e)[:200]}")
+
+
+def profile_burst(per_gpu: int, world: int, rank: int) -> None:
+    """Kernel time by kind for causal MHA burst fwd+bwd, and the step wall time, on rank 0."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (torch.randn(1, per_gpu, 32, 128, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+
+    def step():
+        mb.burst_attn(q, k, v, causal=True, backward="burst").backward(do)
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    if rank == 0:
+        print(f"## profile: burst causal MHA {per_gpu}/GPU on {world} GPUs (3 iterations)")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,
+                                        max_name_column_width=60))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-gpu", default="8192,32768")
+    parser.add_argument("--heads", default="32:32,32:8")
+    parser.add_argument("--masks", default="causal,full")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--single-cap", type=int, default=131072)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--profile", action="store_true",
+                        help="print where burst's time goes (torch profiler) for each case")
+    args = parser.parse_args()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(rank)
+    if args.profile:
+        for per_gpu in (int(x) for x in args.per_gpu.split(",")):
+            profile_burst(per_gpu, world, rank)
+        dist.destroy_process_group()
+        return
+    rows = []
+    for per_gpu in (int(x) for x in args.per_gpu.split(",")):
+        for hq, hkv in (tuple(map(int, h.split(":"))) for h in args.heads.split(",")):
+            for mask in args.masks.split(","):
+                t0 = time.time()
+                case = run_case(args, per_gpu, hq, hkv, mask, world, rank)
+                rows += case
+                if rank == 0:
+                    print(f"# {per_gpu}/gpu {hq}:{hkv} {mask} on {world} GPUs "
+                          f"({time.time() - t0:.0f}s)", flush=True)
+                    for r in case:
+                        print("   ", {k: (round(v, 4) if isinstance(v, float) else v)
+                                      for k, v in r.items()}, flush=True)
+                torch.cuda.empty_cache()
+    if rank == 0:
+        meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
+                    device=torch.cuda.get_device_name(0), gpus=world,
+                    torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"))
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Turn benchmark JSON files into the table, the plots and the README summary.
+
+    python benchmarks/report.py benchmarks/results/*.json
+
+Prints one table per file (and writes ``<name>.md`` beside it), and draws
+``throughput.png`` (TFLOP/s per GPU against tokens per GPU) and ``efficiency.png``
+(efficiency against GPUs) in the results folder. Efficiency = a method's per-GPU TFLOP/s
+over the single-GPU kernel's TFLOP/s on the full sequence, from the same run and case.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+
+
+def load(paths):
+    runs = []
+    for p in paths:
+        with open(p) as f:
+            runs.append((p, json.load(f)))
+    return runs
+
+
+def with_efficiency(rows):
+    single = {}
+    for r in rows:
+        if r.get("method") == "single-gpu kernel":
+            single[(r["world"], r["per_gpu"], r["heads"], r["mask"])] = r["tflops_per_gpu"]
+    for r in rows:
+        base = single.get((r.get("world"), r.get("per_gpu"), r.get("heads"), r.get("mask")))
+        if base and "tflops_per_gpu" in r and r["method"] != "single-gpu kernel":
+            r["efficiency"] = r["tflops_per_gpu"] / base
+    return rows
+
+
+def table(meta, rows) -> str:
+    head = ("| GPUs | tok/GPU | heads | mask | method | fwd ms | bwd ms | fwd+bwd ms | "
+            "TFLOP/s/GPU | efficiency | fwd MiB | bwd MiB | peak GiB | rel err |")
+    lines = [f"{meta['device']} x{meta['gpus']}, torch {meta['torch']}, {meta['date']}",
+             f"command: `{meta['command']}`", "", head, "|" + "---|" * 14]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r.get('world', '')} | {r.get('per_gpu', '')} | {r.get('heads', '')}"
+                         f" | {r.get('mask', '')} | {r['method']} | error: {r['error'][:80]} |"
+                         + " |" * 9)
+            continue
+        tok = r["per_gpu"] if r["method"] != "single-gpu kernel" else f"{r['tokens']} (1 GPU)"
+        f = lambda k, fmt="{:.1f}": fmt.format(r[k]) if k in r and r[k] == r[k] else "-"  # noqa
+        lines.append(f"| {r['world']} | {tok} | {r['heads']} | {r['mask']} | {r['method']} | "
+                     f"{f('fwd_ms')} | {f('bwd_ms')} | {f('total_ms')} | "
+                     f"{f('tflops_per_gpu', '{:.0f}')} | {f('efficiency', '{:.2f}')} | "
+                     f"{f('fwd_MiB', '{:.0f}')} | {f('bwd_MiB', '{:.0f}')} | "
+                     f"{f('peak_GiB', '{:.1f}')} | {f('rel_err_vs_single', '{:.1e}')} |")
+    return "\n".join(lines)
+
+
+def plots(all_rows, outdir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = defaultdict(list)
+    for r in all_rows:
+        if ("tflops_per_gpu" in r and r["mask"] == "causal" and r["method"] in
+                ("burst (auto bwd)", "ulysses a2a (written here)",
+                 "all-gather KV (written here)", "pytorch native CP (ring)")):
+            series[(r["method"], r["heads"], r["world"])].append((r["per_gpu"],
+                                                                   r["tflops_per_gpu"]))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (method, heads, world), pts in sorted(series.items()):
+        if world != 4:
+            continue
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                label=f"{method} {heads}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per GPU")
+    ax.set_ylabel("fwd+bwd TFLOP/s per GPU (4 H200, causal, unmasked FLOPs)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(outdir, "throughput.png"), dpi=120)
+
+    # Later files win where two runs measured the same point (the list is in file order).
+    eff: dict = {}
+    for r in all_rows:
+        if "efficiency" in r and r["mask"] == "causal" and r["heads"] == "32:32":
+            eff[(r["method"], r["per_gpu"], r["world"])] = r["efficiency"]
+    methods = ["burst (auto bwd)", "ulysses a2a (written here)",
+               "all-gather KV (written here)", "pytorch native CP (ring)"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for color, method in zip(["C3", "C0", "C2", "C7"], methods):
+        for per_gpu, style in ((32768, "-"), (8192, "--")):
+            pts = sorted((w, e) for (m, p, w), e in eff.items() if m == method and p == per_gpu)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color,
+                        label=f"{method}, {per_gpu // 1024}K/GPU")
+    ax.set_xlabel("GPUs (H200, NVLink)")
+    ax.set_ylabel("efficiency vs single-GPU kernel (causal, MHA 32 heads)")
+    ax.set_xticks([1, 2, 4, 8])
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(outdir, "efficiency.png"), dpi=120)
+
+
+def main(paths):
+    all_rows = []
+    for path, run in load(paths):
+        rows = with_efficiency(run["rows"])
+        text = table(run["meta"], rows)
+        print(text, "\n")
+        with open(os.path.splitext(path)[0] + ".md", "w") as f:
+            f.write(text + "\n")
+        all_rows += rows
+    if paths:
+        plots(all_rows, os.path.dirname(paths[0]) or ".")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
