@@ -7,13 +7,14 @@ Public API (stable; see DESIGN.md):
     x_full = unshard_seq(x_local, group=None, *, layout="zigzag", seq_dim=1)
     with count_comm() as stats: ...   # stats.forward_bytes, stats.backward_bytes
     BurstDotProductAttention          # Megatron-Core core_attention module (needs megatron-core)
+    BurstSpecProvider                 # Megatron-Core BackendSpecProvider with it as core_attention
 """
 from .api import burst_attn
 from .comm import CommStats, count_comm
 from .layout import shard_seq, unshard_seq
 
 __all__ = ["burst_attn", "shard_seq", "unshard_seq", "count_comm", "CommStats",
-           "BurstDotProductAttention"]
+           "BurstDotProductAttention", "BurstSpecProvider"]
 __version__ = "0.1.0"
 
 
@@ -22,4 +23,7 @@ def __getattr__(name: str):
     if name == "BurstDotProductAttention":
         from .megatron.attention import BurstDotProductAttention
         return BurstDotProductAttention
+    if name == "BurstSpecProvider":
+        from .megatron.spec import BurstSpecProvider
+        return BurstSpecProvider
     raise AttributeError(f"module 'megatron_burst' has no attribute {name!r}")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 import sys
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from megatron_burst.launch.config import ConfigError, load_config
 from megatron_burst.launch.flags import megatron_flags
 
-from .conftest import CONFIGS
+from .conftest import CONFIGS, REPO as REPO_ROOT
 
 ENV = {"DATA_PATH": "/data/llama/text_document", "TOKENIZER_MODEL": "/models/tokenizer"}
 
@@ -80,3 +82,15 @@ def test_megatron_parser_accepts_the_flags(path, monkeypatch):
     assert args.data_parallel_size == cfg.parallel.data
     assert args.context_parallel_size == cfg.parallel.context
     assert args.tensor_model_parallel_size == cfg.parallel.tensor
+
+
+@pytest.mark.skipif(not os.environ.get("MEGATRON_TRAINING_PATH"),
+                    reason="set MEGATRON_TRAINING_PATH to an unpacked megatron-core >= 0.17 "
+                           "wheel (.ci/run does) to parse with it in a subprocess")
+def test_newer_megatron_parser_accepts_every_config():
+    """Where megatron.training is not installed (Python 3.11), parse with 0.17+'s."""
+    script = REPO_ROOT / "tests" / "launch" / "megatron_parse.py"
+    proc = subprocess.run([sys.executable, str(script), os.environ["MEGATRON_TRAINING_PATH"],
+                           *map(str, CONFIGS)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("ok ") == len(CONFIGS)
