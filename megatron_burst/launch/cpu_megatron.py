@@ -228,12 +228,17 @@ def build_gpt(
     )
 
 
-def build_tiny_llama(shape: TinyLlama = TinyLlama(), **config_kwargs: Any) -> torch.nn.Module:
-    """The tiny Llama-style GPTModel with BurstDotProductAttention, on the current parallel state."""
+def build_tiny_llama(shape: TinyLlama = TinyLlama(), spec_kwargs: Optional[Dict[str, Any]] = None,
+                     **config_kwargs: Any) -> torch.nn.Module:
+    """The tiny Llama-style GPTModel with BurstDotProductAttention, on the current parallel state.
+
+    ``spec_kwargs`` go to the layer spec (backward, intra_node_size, ulysses_size).
+    """
     from megatron_burst.megatron.spec import get_llama_layer_burst_spec
 
     config = tiny_llama_config(shape, **config_kwargs)
-    return build_gpt(config, get_llama_layer_burst_spec(config, use_te=False), shape)
+    spec = get_llama_layer_burst_spec(config, use_te=False, **(spec_kwargs or {}))
+    return build_gpt(config, spec, shape)
 
 
 def train_step(

@@ -54,7 +54,7 @@ class BurstLayout:
 
     cp_size: int
     ulysses_size: int
-    intra_node_size: Optional[int]
+    intra_node_size: Optional[int]  # ring positions per node (each is ulysses_size ranks)
     backward: str
 
     def describe(self) -> str:
@@ -302,7 +302,10 @@ class BurstDotProductAttention(MegatronModule):
             layout="zigzag",
             backward=self.layout.backward,
             qkv_format=qkv_format,
-            intra_node_size=self.layout.intra_node_size,
+            # The layout counts ring positions per node; burst_attn counts ranks per node,
+            # and each ring position is a Ulysses group of ulysses_size ranks.
+            intra_node_size=(self.layout.intra_node_size * self.layout.ulysses_size
+                             if self.layout.intra_node_size else None),
             ulysses_size=self.layout.ulysses_size,
             cu_seqlens=cu_seqlens,
         )

@@ -31,6 +31,12 @@ def _four_rank_layouts(rank: int, world: int) -> dict:
     out["tp2_cp2"] = harness.layout_step(batch, weights, tp=2, cp=2)
     out["tp2_cp2_sp"] = harness.layout_step(batch, weights, tp=2, cp=2, sequence_parallel=True)
     out["pp2_cp2"] = harness.layout_step(batch, weights, pp=2, cp=2)
+    # Megatron's hierarchical CP sizes [2, 2]: a double ring of 2 "nodes" x 2 ranks.
+    out["cp4_double_ring"] = harness.layout_step(
+        batch, weights, cp=4, hierarchical_context_parallel_sizes=[2, 2])
+    # Ulysses 2 x ring 2, whose ring is itself a double ring of 2 nodes x 1 position.
+    out["cp4_ulysses2_double"] = harness.layout_step(
+        batch, weights, cp=4, spec_kwargs={"ulysses_size": 2, "intra_node_size": 1})
     return out
 
 
@@ -88,7 +94,8 @@ def test_two_rank_layout_matches_cp1(two_rank: dict, name: str) -> None:
     _assert_matches_reference(two_rank, name)
 
 
-@pytest.mark.parametrize("name", ["cp4", "tp2_cp2", "tp2_cp2_sp", "pp2_cp2"])
+@pytest.mark.parametrize("name", ["cp4", "tp2_cp2", "tp2_cp2_sp", "pp2_cp2", "cp4_double_ring",
+                                  "cp4_ulysses2_double"])
 def test_four_rank_layout_matches_cp1(four_rank: dict, name: str) -> None:
     _assert_matches_reference(four_rank, name)
 
