@@ -33,8 +33,8 @@ class _LocalBlocks(torch.autograd.Function):
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full((b, h, s), float("-inf"), device=q.device)
         for blk in blocks:
-            o, l = kern.forward(q[:, blk.q], k[:, blk.k], v[:, blk.k], blk, scale)
-            merge_partial(out[:, blk.q], lse[:, :, blk.q], o, l)
+            o, o_lse = kern.forward(q[:, blk.q], k[:, blk.k], v[:, blk.k], blk, scale)
+            merge_partial(out[:, blk.q], lse[:, :, blk.q], o, o_lse)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.blocks, ctx.scale, ctx.kern = blocks, scale, kern

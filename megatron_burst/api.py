@@ -12,7 +12,6 @@ import torch.distributed as dist
 from . import cost
 from .burst import BurstAttentionFunction, RingSpec, resolve_backward
 from .comm import RingTopology
-from .documents import doc_lengths
 from .kernels import default_scale
 from .layout import group_size_rank
 from .schedule import LAYOUTS, Mask, RingSchedule, chunks_per_rank, padded_doc_lens
@@ -22,7 +21,8 @@ QKV_FORMATS = ("bshd", "sbhd")
 
 
 def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backward,
-              qkv_format, intra_node_size, ulysses_size, cu_seqlens) -> None:
+              qkv_format, intra_node_size, ulysses_size, cu_seqlens) -> tuple[int, ...] | None:
+    """Raise ValueError for any bad argument; return the document lengths, if any."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -85,26 +85,29 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backwa
             raise ValueError(f"intra_node_size ({intra_node_size!r}) must divide the group size "
                              f"({world}) and be a multiple of ulysses_size ({ulysses_size})")
     if cu_seqlens is not None:
-        _validate_documents(cu_seqlens, q.shape[0] if qkv_format == "bshd" else q.shape[1],
-                            s_local, world, layout)
+        return _validate_documents(cu_seqlens, q.shape[0] if qkv_format == "bshd" else q.shape[1],
+                                   s_local, world, layout)
+    return None
 
 
-def _validate_documents(cu_seqlens, batch, s_local, world, layout) -> None:
+def _validate_documents(cu_seqlens, batch, s_local, world, layout) -> tuple[int, ...]:
+    """Check the document boundaries; return the document lengths."""
     if (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1
             or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2):
         raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
                          "[0, n0, n0+n1, ...]")
-    bounds = cu_seqlens.tolist()
+    bounds = cu_seqlens.tolist()  # the one device->host read of the boundaries per call
     if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {bounds[:8]}...")
     if batch != 1:
         raise ValueError(f"cu_seqlens needs batch size 1 (one packed sequence), got {batch}")
-    lens = doc_lengths(cu_seqlens)
+    lens = tuple(b - a for a, b in zip(bounds, bounds[1:]))
     need = sum(padded_doc_lens(lens, world, layout)) // world
     if need != s_local:
         raise ValueError(
             f"cu_seqlens describes documents whose padded shard is {need} tokens per rank, "
             f"but q holds {s_local}: shard with shard_seq(..., cu_seqlens=cu_seqlens)")
+    return lens
 
 
 def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -122,12 +125,12 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``kernel`` forces a local attention backend by name (see ``kernels.KERNELS``).
     """
     world, rank = group_size_rank(group)
-    _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backward,
-              qkv_format, intra_node_size, ulysses_size, cu_seqlens)
+    doc_lens = _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backward,
+                         qkv_format, intra_node_size, ulysses_size, cu_seqlens)
     hq, hkv, d = q.shape[2], k.shape[2], q.shape[3]
     seq_first = qkv_format == "sbhd"
     s_local = q.shape[0] if seq_first else q.shape[1]
-    doc_lens = doc_lengths(cu_seqlens) if cu_seqlens is not None else (s_local * world,)
+    doc_lens = doc_lens or (s_local * world,)
     u = ulysses_size
     sched = RingSchedule(layout, world, doc_lens, Mask(bool(causal), tuple(window_size)), u)
     topo = None

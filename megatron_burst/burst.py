@@ -85,8 +85,8 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
             ring.post(step, kv)
         kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
         for blk in spec.sched.blocks(spec.me, spec.source(step)):
-            o, l = kernel.forward(qb[:, blk.q], kb[:, blk.k], vb[:, blk.k], blk, spec.scale)
-            merge_partial(out_b[:, blk.q], lse[:, :, blk.q], o, l)
+            o, o_lse = kernel.forward(qb[:, blk.q], kb[:, blk.k], vb[:, blk.k], blk, spec.scale)
+            merge_partial(out_b[:, blk.q], lse[:, :, blk.q], o, o_lse)
         if step < last:
             kv = ring.next(step)
     return out.to(q.dtype), lse

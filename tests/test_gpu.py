@@ -7,7 +7,6 @@ communication; burst_attn's shards are compared with the matching slices.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
