@@ -153,11 +153,13 @@ def native_cp(world: int, buffers: list[torch.Tensor], causal: bool):
     with PyTorch's own load balancing; SDPA calls inside the block run as ring attention.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import set_rotate_method
+    from torch.distributed.tensor.experimental import _attention, context_parallel
 
     mesh = init_device_mesh("cuda", (world,))
-    set_rotate_method("alltoall")
+    _attention.set_rotate_method("alltoall")
+    # Its head-tail load balancer refuses non-causal masks ("Load balancing requires
+    # causal"); a full mask is balanced anyway, so switch it off there.
+    _attention._cp_options.enable_load_balance = causal
     with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * len(buffers),
                           no_restore_buffers=set(buffers)):
         yield
