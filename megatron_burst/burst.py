@@ -106,7 +106,12 @@ def _backward_lse(lse: torch.Tensor) -> torch.Tensor:
     return lse.masked_fill(torch.isneginf(lse), 0.0).contiguous()
 
 
-def ring_backward_kv(dout, q, k, v, out, lse, spec: RingSpec, kernel: LocalAttention):
+Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, lse: torch.Tensor, spec: RingSpec,
+                     kernel: LocalAttention) -> Grads:
     """Backward with K/V travelling and dK/dV accumulating behind them (``ring`` mode)."""
     qb, dob, ob = spec.bshd(q), spec.bshd(dout), spec.bshd(out)
     dq = torch.zeros(q.shape, dtype=_acc_dtype(q), device=q.device)
@@ -139,7 +144,9 @@ def ring_backward_kv(dout, q, k, v, out, lse, spec: RingSpec, kernel: LocalAtten
     return dq, dk, dv
 
 
-def ring_backward_burst(dout, q, k, v, lse, delta, spec: RingSpec, kernel: LocalAttention):
+def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+                        spec: RingSpec, kernel: LocalAttention) -> Grads:
     """BurstAttention's backward: (Q, dO, lse, delta) travel, K/V/dK/dV stay home."""
     kb, vb = spec.bshd(k), spec.bshd(v)
     dk = torch.zeros(k.shape, dtype=_acc_dtype(q), device=k.device)
