@@ -61,13 +61,16 @@ def plots(all_rows, outdir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = defaultdict(list)
+    # One point per (method, heads, world, length); later files win (list is in file order).
+    points: dict = {}
     for r in all_rows:
         if ("tflops_per_gpu" in r and r["mask"] == "causal" and r["method"] in
                 ("burst (auto bwd)", "ulysses a2a (written here)",
                  "all-gather KV (written here)", "pytorch native CP (ring)")):
-            series[(r["method"], r["heads"], r["world"])].append((r["per_gpu"],
-                                                                   r["tflops_per_gpu"]))
+            points[(r["method"], r["heads"], r["world"], r["per_gpu"])] = r["tflops_per_gpu"]
+    series = defaultdict(list)
+    for (method, heads, world, per_gpu), tflops in points.items():
+        series[(method, heads, world)].append((per_gpu, tflops))
     fig, ax = plt.subplots(figsize=(8, 5))
     for (method, heads, world), pts in sorted(series.items()):
         if world != 4:
