@@ -192,6 +192,9 @@ class BurstAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, spec: RingSpec):
         kernel = select_kernel(spec.bshd(q), spec.bshd(k), spec.kernel)
         out, lse = ring_forward(q, k, v, spec, kernel)
+        # An unused lse then arrives as None, not a tensor of zeros, so the ring backward
+        # can use the real O instead of rebuilding one that folds in dlse.
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.spec, ctx.kernel = spec, kernel
         return out, lse
@@ -200,7 +203,7 @@ class BurstAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         spec, kernel = ctx.spec, ctx.kernel
-        dout = dout.contiguous()
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         blse = _backward_lse(lse)
         # delta = rowsum(dO * O); a gradient on lse enters as delta -= dlse, because
         # d lse_i / d s_ij = P_ij, the same factor the softmax backward applies to delta.
