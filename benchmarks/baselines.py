@@ -68,20 +68,23 @@ def _natural_order(world: int, chunk: int, device) -> torch.Tensor:
     return torch.argsort(pos).to(device)
 
 
+def _all_to_all(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x)
+    return out
+
+
 class _AllToAll(torch.autograd.Function):
+    """Piece i of dim 0 to rank i; the backward is the same exchange (it is its own inverse)."""
+
     @staticmethod
     def forward(ctx, x):
-        x = x.contiguous()
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x)
-        return out
+        return _all_to_all(x)
 
     @staticmethod
     def backward(ctx, g):
-        g = g.contiguous()
-        out = torch.empty_like(g)
-        dist.all_to_all_single(out, g)
-        return out
+        return _all_to_all(g)
 
 
 def ulysses_attention(q, k, v, causal: bool):

@@ -18,7 +18,8 @@ from tests.megatron import harness  # noqa: E402
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
-def _four_rank_layouts(rank: int, world: int) -> dict:
+def _reference_case():
+    """The batch, the reference weights, and the CP=1 reference's loss and grads."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -26,7 +27,11 @@ def _four_rank_layouts(rank: int, world: int) -> dict:
 
     batch = cm.random_batch(harness.SHAPE)
     weights, loss, grads = harness.reference_step(batch)
-    out = {"reference": {"loss": loss, "grads": grads}}
+    return batch, weights, {"reference": {"loss": loss, "grads": grads}}
+
+
+def _four_rank_layouts(rank: int, world: int) -> dict:
+    batch, weights, out = _reference_case()
     out["cp4"] = harness.layout_step(batch, weights, cp=4)
     out["tp2_cp2"] = harness.layout_step(batch, weights, tp=2, cp=2)
     out["tp2_cp2_sp"] = harness.layout_step(batch, weights, tp=2, cp=2, sequence_parallel=True)
@@ -41,14 +46,7 @@ def _four_rank_layouts(rank: int, world: int) -> dict:
 
 
 def _two_rank_layouts(rank: int, world: int) -> dict:
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    from megatron_burst.launch import cpu_megatron as cm
-
-    batch = cm.random_batch(harness.SHAPE)
-    weights, loss, grads = harness.reference_step(batch)
-    out = {"reference": {"loss": loss, "grads": grads}}
+    batch, weights, out = _reference_case()
     out["cp2"] = harness.layout_step(batch, weights, cp=2)
     out["cp2_full_recompute"] = harness.layout_step(batch, weights, cp=2, recompute="full")
     out["cp2_selective_recompute"] = harness.layout_step(batch, weights, cp=2, recompute="selective")
