@@ -15,9 +15,6 @@ What is shimmed (found on megatron-core 0.16.1 and 0.19.2 with torch CPU builds)
   (`cpu_model_parallel_seed` replaces `model_parallel_cuda_manual_seed`).
 - `rope_utils.get_pos_emb_on_this_cp_rank` builds its index with pin_memory + .cuda(), and
   `transformer.utils.get_default_causal_mask` (Megatron's local attention) uses device="cuda".
-- `WrappedTorchNorm` (the torch norm used without TE/Apex) asserts that sequence parallelism
-  is off; here it tags its parameters `sequence_parallel` instead, the way TE's norms do, so
-  their gradients get the usual all-reduce over the TP group.
 
 The rest is what a CPU run needs: `tiny_llama_config` / `build_gpt` build the model, and
 `train_step` runs one forward/backward on this pipeline stage (megatron-core's schedules
@@ -48,7 +45,6 @@ def apply_cpu_shims() -> None:
         raise RuntimeError("apply_cpu_shims is for CPU-only hosts; this host has CUDA")
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel import random as mp_random
-    from megatron.core.transformer import torch_norm
 
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *args, **kwargs: None
@@ -58,7 +54,6 @@ def apply_cpu_shims() -> None:
 
     _rebind(rope_utils, "get_pos_emb_on_this_cp_rank", _get_pos_emb_on_this_cp_rank_cpu)
     _rebind(transformer_utils, "get_default_causal_mask", _get_default_causal_mask_cpu)
-    _allow_sequence_parallel_torch_norm(torch_norm.WrappedTorchNorm)
     _SHIMMED = True
 
 
@@ -86,24 +81,6 @@ def _get_pos_emb_on_this_cp_rank_cpu(
     pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp_size, -1, *pos_emb.shape[seq_dim + 1 :])
     pos_emb = pos_emb.index_select(seq_dim, index)
     return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2 :])
-
-
-def _allow_sequence_parallel_torch_norm(norm_cls: type) -> None:
-    original_new = norm_cls.__new__
-
-    def __new__(cls, config, *args, **kwargs):
-        if not config.sequence_parallel:
-            return original_new(cls, config, *args, **kwargs)
-        config.sequence_parallel = False  # the assert reads the config; restore it at once
-        try:
-            module = original_new(cls, config, *args, **kwargs)
-        finally:
-            config.sequence_parallel = True
-        for param in module.parameters():
-            setattr(param, "sequence_parallel", True)
-        return module
-
-    norm_cls.__new__ = staticmethod(__new__)
 
 
 def cpu_model_parallel_seed(seed: int) -> None:

@@ -18,7 +18,7 @@ those, `gpt_layer_burst_spec` and `llama_layer_burst_spec` are ready-made `Modul
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from megatron.core.models.backends import BackendSpecProvider, LocalSpecProvider
 from megatron.core.models.gpt.gpt_layer_specs import (
@@ -26,8 +26,14 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
 
 from megatron_burst.megatron.attention import BurstDotProductAttention
+from megatron_burst.megatron.norms import SequenceParallelTorchNorm
 
 try:
     import transformer_engine  # noqa: F401  (only probing whether TE is usable)
@@ -123,12 +129,17 @@ def get_gpt_layer_burst_spec(
     backward: Optional[str] = None,
     intra_node_size: Optional[int] = None,
     ulysses_size: Optional[int] = None,
-) -> ModuleSpec:
+) -> Union[ModuleSpec, TransformerBlockSubmodules]:
     """Dense GPT layer spec (Megatron's own) with BurstAttention as core attention.
 
     `config` is what megatron-core 0.17+ passes to a `--spec` function (a GPTModelConfig or a
-    TransformerConfig); the keyword arguments override what it says. `vp_stage` is accepted
-    for that caller and does not change a dense layer.
+    TransformerConfig); the keyword arguments override what it says.
+
+    Without TE, the norms are `SequenceParallelTorchNorm` (Megatron's torch norm refuses
+    sequence parallelism). The block's final norm is not part of a layer spec, so with
+    `config.sequence_parallel` the result is the whole block's `TransformerBlockSubmodules`
+    (this pipeline stage's layers, found from `config` and `vp_stage`), which GPTModel
+    accepts in the same argument.
     """
     if _config_value(config, "multi_latent_attention", False):
         raise ValueError("BurstAttention layer specs do not support multi_latent_attention")
@@ -152,13 +163,23 @@ def get_gpt_layer_burst_spec(
             normalization=normalization or _config_value(config, "normalization", "LayerNorm"),
             qk_l2_norm=qk_l2_norm,
         )
+        layer = spec.submodules
+        for name in ("input_layernorm", "pre_mlp_layernorm"):
+            if getattr(layer, name) is WrappedTorchNorm:
+                setattr(layer, name, SequenceParallelTorchNorm)
     spec.submodules.self_attention.submodules.core_attention = provider.core_attention()
+    if not provider.use_te and _config_value(config, "sequence_parallel", False):
+        transformer_config = getattr(config, "transformer", config)  # GPTModelConfig wraps it
+        num_layers = get_num_layers_to_build(transformer_config, vp_stage=vp_stage)
+        return TransformerBlockSubmodules(
+            layer_specs=[spec] * num_layers, layer_norm=SequenceParallelTorchNorm
+        )
     return spec
 
 
 def get_llama_layer_burst_spec(
     config: Any = None, vp_stage: Optional[int] = None, **overrides: Any
-) -> ModuleSpec:
+) -> Union[ModuleSpec, TransformerBlockSubmodules]:
     """Llama-style layer spec (RMSNorm; SwiGLU and RoPE come from the config) with BurstAttention."""
     if config is not None and _config_value(config, "normalization", "RMSNorm") != "RMSNorm":
         raise ValueError(
