@@ -55,6 +55,40 @@ def test_cuda_kernel_matches_reference(name, causal, heads):
         assert g.shape == rg.shape and rel(g, rg) < 2e-2
 
 
+@pytest.mark.parametrize("qkv_format", ["bshd", "sbhd"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_single_gpu_burst_attn_is_the_kernel(qkv_format, causal):
+    """One rank (CP=1, or a TP-only run keeping the burst layer): out, lse and every gradient,
+    with a gradient through lse too, against the float64 reference, GQA, bf16."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    shape = lambda h: (2, 2048, h, 128) if qkv_format == "bshd" else (2048, 2, h, 128)  # noqa
+    q, do = (torch.randn(shape(16), device="cuda", generator=gen, dtype=torch.bfloat16)
+             for _ in range(2))
+    k, v = (torch.randn(shape(4), device="cuda", generator=gen, dtype=torch.bfloat16)
+            for _ in range(2))
+    dlse = torch.randn(2, 16, 2048, device="cuda", generator=gen)
+    bshd = (lambda t: t) if qkv_format == "bshd" else (lambda t: t.transpose(0, 1))  # noqa
+
+    def grads(fn, dtype):
+        xs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*xs)
+        torch.autograd.backward([out, lse], [do.to(dtype), dlse.to(lse.dtype)])
+        return [out, lse] + [x.grad for x in xs]
+
+    def reference(q_, k_, v_):
+        blk = Block(0, 2048, 0, 2048, "causal" if causal else "full")
+        out, lse = kernels.ReferenceAttention().forward(bshd(q_), bshd(k_), bshd(v_), blk,
+                                                        128 ** -0.5)
+        return bshd(out), lse
+
+    got = grads(lambda *x: mb.burst_attn(*x, causal=causal, qkv_format=qkv_format,
+                                         return_lse=True), torch.bfloat16)
+    want = grads(reference, torch.float64)
+    assert got[0].is_contiguous() and got[0].shape == q.shape
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape and rel(g, w) < (1e-3 if name == "lse" else 2e-2), name
+
+
 def gpu_worker(rank, world, cases):
     dev = torch.device("cuda", rank)
     rows = []
