@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from . import cost
-from .comm import AccumulatorRoute, PayloadRing, PeerComm, RingTopology
+from .comm import AccumulatorRoute, Packed, PayloadRing, PeerComm, RingTopology
 from .kernels import LocalAttention, select_kernel, surrogate_out
 from .merge import merge_partial
 from .schedule import Block, RingSchedule
@@ -146,8 +146,9 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         if ring is not None:
             ring.post(step, kv)
         kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-        dk = torch.zeros(k.shape, dtype=_acc_dtype(q), device=k.device)
-        dv = torch.zeros(v.shape, dtype=_acc_dtype(q), device=v.device)
+        # dK and dV in one buffer, so passing them on is one message and no copy.
+        acc = Packed([(k.shape, _acc_dtype(q)), (v.shape, _acc_dtype(q))], k.device, zero=True)
+        dk, dv = acc.views
         dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
         for blk in spec.sched.blocks(spec.me, spec.source(step)):
             gq, gk, gv = kernel.backward(dob[:, blk.q], qb[:, blk.q], kb[:, blk.k], vb[:, blk.k],
@@ -160,7 +161,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             dk += acc_k
             dv += acc_v
         if route is not None:
-            pending = route.pass_on(step, [dk, dv])
+            pending = route.pass_on(step, acc)
         if step < last:
             kv = ring.next(step)
     if pending is not None:  # our own K/V's gradients, home

@@ -1,0 +1,61 @@
+"""The comm layer's one-message hops: Packed layouts, and a ring hop of mixed tensors."""
+from __future__ import annotations
+
+import torch
+
+from megatron_burst.comm import Packed, PayloadRing, PeerComm, RingTopology, count_comm
+from tests.distributed import run_ranks
+
+
+def test_packed_views_hold_mixed_dtypes_aligned_and_disjoint() -> None:
+    q = torch.randn(2, 5, 3, 4, dtype=torch.bfloat16)
+    lse = torch.randn(2, 3, 5)
+    idx = torch.arange(7, dtype=torch.int64)
+    packed = Packed.holding([q, lse, idx])
+    assert packed.nbytes == q.nbytes + lse.nbytes + idx.nbytes
+    for view, t in zip(packed.views, (q, lse, idx)):
+        assert view.dtype == t.dtype and view.shape == t.shape and view.is_contiguous()
+        assert view.data_ptr() % 16 == 0
+        torch.testing.assert_close(view, t, rtol=0, atol=0)
+    packed.views[1].zero_()  # writing one view leaves its neighbours alone
+    torch.testing.assert_close(packed.views[0], q, rtol=0, atol=0)
+    torch.testing.assert_close(packed.views[2], idx, rtol=0, atol=0)
+
+
+def test_packed_holding_copies_only_when_it_must() -> None:
+    t = torch.randn(4, 6)
+    assert Packed.holding([t]).views[0].data_ptr() == t.data_ptr()  # lone contiguous: wrapped
+    packed = Packed.holding([t, t])
+    assert Packed.holding(packed) is packed
+    strided = torch.randn(6, 4).t()
+    wrapped = Packed.holding([strided])
+    assert wrapped.views[0].data_ptr() != strided.data_ptr()
+    torch.testing.assert_close(wrapped.views[0], strided, rtol=0, atol=0)
+    zero = Packed([((3, 2), torch.float32), ((5,), torch.bfloat16)], torch.device("cpu"),
+                  zero=True)
+    assert all(float(v.abs().sum()) == 0 for v in zero.views)
+
+
+def _ring_hops(rank: int, world: int) -> dict:
+    """K-like bf16 and lse-like fp32 go round a ring of `world`; one message per hop."""
+    ranks = list(range(world))
+    payload = (torch.full((3, 4), float(rank), dtype=torch.bfloat16),
+               torch.full((5,), 10.0 + rank))
+    ring = PayloadRing(RingTopology(ranks, rank), PeerComm(None), payload, world - 1)
+    seen, held = [], payload
+    with count_comm() as stats:
+        for step in range(world):
+            ring.post(step, held)
+            seen.append((float(held[0][0, 0]), float(held[1][0])))
+            if step < world - 1:
+                held = ring.next(step)
+    return dict(seen=seen, messages=stats.forward_messages, bytes=stats.forward_bytes)
+
+
+def test_payload_ring_sends_one_message_per_hop() -> None:
+    world = 3
+    for rank, out in enumerate(run_ranks(world, _ring_hops, timeout=120)):
+        assert out["seen"] == [((rank - s) % world, 10.0 + (rank - s) % world)
+                               for s in range(world)]
+        assert out["messages"] == world - 1
+        assert out["bytes"] == (world - 1) * (3 * 4 * 2 + 5 * 4)
