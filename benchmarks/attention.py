@@ -125,28 +125,32 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
     def shard(t, layout="zigzag"):
         return mb.shard_seq(t, layout=layout, cu_seqlens=cu)
 
-    methods = {}
-    for bwd in ("auto", "burst", "ring"):
-        methods[f"burst ({bwd} bwd)"] = (bwd, None)
+    wanted = lambda name: not args.methods or any(m in name for m in args.methods.split(","))  # noqa
+
+    def run(name, fn_of_local):
+        if wanted(name):
+            local = [shard(t).requires_grad_() for t in (q, k, v)]
+            rows.append(measure(args, name, lambda: fn_of_local(local), shard(do), local,
+                                None if ref is None else shard(ref), world, flops_fwd))
+
+    burst = {f"burst ({bwd} bwd)": dict(backward=bwd) for bwd in ("auto", "burst", "ring")}
     if world >= 4:  # two simulated "nodes" of world/2 GPUs: 2x2 on 4 GPUs, 2x4 on 8
-        methods[f"burst double-ring 2x{world // 2}"] = ("auto", world // 2)
-    for name, (bwd, intra) in methods.items():
-        local = [shard(t).requires_grad_() for t in (q, k, v)]
-        fn = lambda: mb.burst_attn(*local, causal=causal, window_size=window, backward=bwd,  # noqa
-                                   intra_node_size=intra, cu_seqlens=cu)
-        rows.append(measure(args, name, fn, shard(do), local, None if ref is None else shard(ref), world,
-                            flops_fwd))
+        burst[f"burst double-ring 2x{world // 2}"] = dict(intra_node_size=world // 2)
+    if mask in ("causal", "full"):  # Ulysses inside, ring across (USP): heads permitting
+        for u in (2, 4):
+            if 1 < u < world and world % u == 0 and hkv % u == 0:
+                burst[f"burst usp {u}x{world // u} (ulysses x ring)"] = dict(ulysses_size=u)
+    for name, opts in burst.items():
+        run(name, lambda local, opts=opts: mb.burst_attn(
+            *local, causal=causal, window_size=window, cu_seqlens=cu, **opts))
     if mask in ("causal", "full"):
         if hq % world == 0 and hkv % world == 0:
-            local = [shard(t).requires_grad_() for t in (q, k, v)]
-            rows.append(measure(args, "ulysses a2a (written here)",
-                                lambda: baselines.ulysses_attention(*local, causal),
-                                shard(do), local, None if ref is None else shard(ref), world, flops_fwd))
-        local = [shard(t).requires_grad_() for t in (q, k, v)]
-        rows.append(measure(args, "all-gather KV (written here)",
-                            lambda: baselines.allgather_kv_attention(*local, causal), shard(do),
-                            local, None if ref is None else shard(ref), world, flops_fwd))
-        rows.append(measure_native(args, q, k, v, do, ref, causal, world, flops_fwd))
+            run("ulysses a2a (written here)",
+                lambda local: baselines.ulysses_attention(*local, causal))
+        run("all-gather KV (written here)",
+            lambda local: baselines.allgather_kv_attention(*local, causal))
+        if wanted("pytorch native CP (ring)"):
+            rows.append(measure_native(args, q, k, v, do, ref, causal, world, flops_fwd))
     for r in rows:
         r.update(per_gpu=per_gpu, heads=f"{hq}:{hkv}", mask=mask, world=world)
     return rows
@@ -254,6 +258,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--single-cap", type=int, default=131072)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--methods", default="",
+                        help="comma-separated substrings: run only the methods whose name has one")
     parser.add_argument("--profile", action="store_true",
                         help="print where burst's time goes (torch profiler) for each case")
     args = parser.parse_args()

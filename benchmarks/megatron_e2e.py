@@ -1,18 +1,27 @@
-"""End-to-end Megatron runs on one GPU host: loss tracking and the memory plan's accuracy.
+"""End-to-end Megatron runs on one GPU host: loss tracking, memory, CP against TP.
 
-    python benchmarks/megatron_e2e.py --out benchmarks/results/megatron_h200x4.json
+    python benchmarks/megatron_e2e.py --suite h200x4 --out benchmarks/results/megatron_h200x4.json
+    python benchmarks/megatron_e2e.py --suite h200x8 --out benchmarks/results/megatron_h200x8.json
 
+Suite h200x4:
 1. A small Llama-style model (GQA, RMSNorm, SwiGLU, RoPE, mock data, bf16) trained for
    --iters iterations with `python -m megatron_burst.pretrain_gpt` at CP=1 (one GPU),
    CP=4 and TP=2 x CP=2, same global batch and seed: the loss curves, tokens/s and peak
    memory, from Megatron's own log lines.
 2. configs/llama3.2-1b-128k-4gpu.yaml for a few iterations: Megatron's measured max
    allocated memory against `megatron-burst plan`'s estimate.
-Every run's command and log tail go into the JSON.
+
+Suite h200x8: the Llama-3.2 1B shape (GQA 32:8, mock data, bf16) at 128K and 256K tokens,
+CP=8 BurstAttention (configs/llama3.2-1b-256k-8gpu.yaml) against TP=8 + sequence parallelism
+(configs/llama3.2-1b-256k-8gpu-tp8.yaml): tokens/s, Megatron's TFLOP/s per GPU, peak memory.
+
+Every run's command, and a failed run's traceback, go into the JSON, which is rewritten after
+each run so a run cut off by a time limit keeps what finished.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -28,6 +37,8 @@ from megatron_burst.launch.flags import megatron_flags  # noqa: E402
 from megatron_burst.launch.memory import estimate_memory  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "llama3.2-1b-128k-4gpu.yaml")
+CP8_CONFIG = os.path.join(ROOT, "configs", "llama3.2-1b-256k-8gpu.yaml")
+TP8_CONFIG = os.path.join(ROOT, "configs", "llama3.2-1b-256k-8gpu-tp8.yaml")
 SMALL = ["--num-layers", "8", "--hidden-size", "1024", "--ffn-hidden-size", "4096",
          "--num-attention-heads", "16", "--num-query-groups", "4", "--seq-length", "16384",
          "--max-position-embeddings", "16384", "--vocab-size", "32000",
@@ -35,10 +46,17 @@ SMALL = ["--num-layers", "8", "--hidden-size", "1024", "--ffn-hidden-size", "409
 ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?elapsed time per iteration \(ms\): ([\d.]+)"
                   r".*?lm loss: ([\d.E+-]+)")
 MEM = re.compile(r"max allocated: ([\d.]+)")
+TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
 
 
-def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int) -> dict:
-    flags = megatron_flags(load_config(CONFIG)) + extra + ["--train-iters", str(iters)]
+def _last_value(flags: list[str], flag: str) -> int:
+    """The value Megatron's parser keeps for `flag`: its last occurrence."""
+    return int(flags[len(flags) - 1 - flags[::-1].index(flag) + 1])
+
+
+def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
+        config: str = CONFIG) -> dict:
+    flags = megatron_flags(load_config(config)) + extra + ["--train-iters", str(iters)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "megatron_burst.pretrain_gpt", *flags]
     env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
@@ -51,15 +69,19 @@ def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int) -> di
         log, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode(), "timeout"
     iters_seen = [(int(i), float(ms), float(loss)) for i, ms, loss in ITER.findall(log)]
     mem = [float(m) for m in MEM.findall(log)]
+    tflops = [float(x) for x in TFLOPS.findall(log)]
     layout = [line for line in log.splitlines() if "context parallelism" in line][:1]
-    seq = int(extra[extra.index("--seq-length") + 1]) if "--seq-length" in extra else 131072
-    gbs = int(extra[extra.index("--global-batch-size") + 1])
+    seq, gbs = _last_value(flags, "--seq-length"), _last_value(flags, "--global-batch-size")
+    # Iterations 1-2 hold kernel probing, Triton compiles and allocator growth.
     steady = [ms for i, ms, _ in iters_seen if i > 2]
     tokens_s = gbs * seq / (sum(steady) / len(steady) / 1e3) if steady else None
+    steady_tflops = tflops[2:] if len(tflops) > 2 else []
     print(f"{name}: rc={rc} {len(iters_seen)} iterations, last loss "
           f"{iters_seen[-1][2] if iters_seen else None}, tokens/s {tokens_s}, "
           f"max allocated MB {max(mem) if mem else None} ({time.time() - t0:.0f}s)", flush=True)
     return dict(name=name, gpus=nproc, rc=rc, command=" ".join(cmd), layout=layout,
+                seq_length=seq, global_batch_size=gbs, config=os.path.relpath(config, ROOT),
+                tflops_per_gpu=sum(steady_tflops) / len(steady_tflops) if steady_tflops else None,
                 losses=[loss for _, _, loss in iters_seen],
                 ms_per_iter=[ms for _, ms, _ in iters_seen], tokens_per_s=tokens_s,
                 max_allocated_MiB=max(mem) if mem else None,
@@ -73,44 +95,75 @@ def _first_traceback(log: str) -> list[str]:
     return lines[start:start + 40] if start is not None else lines[-40:]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--iters", type=int, default=20)
-    args = parser.parse_args()
+def suite_h200x4(args: argparse.Namespace) -> dict:
+    """Loss curves at CP=1/4 and TP2xCP2, then the memory plan against the measured peak."""
     small = SMALL + ["--global-batch-size", "4", "--micro-batch-size", "1"]
     plans = [("cp1", 1, ["--context-parallel-size", "1"]),
              ("cp4", 4, ["--context-parallel-size", "4"]),
-             # No --sequence-parallel: Megatron's torch norms (no TE/apex here) refuse it.
+             # As recorded in megatron_h200x4.json: without --sequence-parallel (that run
+             # predates SequenceParallelTorchNorm, when torch norms refused it).
              ("tp2xcp2", 4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"])]
     runs = []
     for name, nproc, extra in plans:
         runs.append(run(name, nproc, small + extra, args.iters, 240))
         if runs[-1]["rc"] != 0:  # the same error would repeat: stop and report it
             print("\n".join(runs[-1]["error"]))
-            break
+            sys.exit(1)
     # The plan's memory estimate against the measured peak, at the config's own shape.
-    cfg = load_config(CONFIG)
-    est = estimate_memory(cfg)
-    if runs[-1]["rc"] != 0:
-        sys.exit(1)
     mem_run = run("plan-check llama3.2-1b 128K CP=4", 4,
                   ["--global-batch-size", "1", "--micro-batch-size", "1"], 3, 300)
-    # Megatron's "max allocated" is the caching allocator's peak: compare it with the plan
-    # less its reserve for the CUDA context, NCCL and fragmentation (not allocations).
+    return dict(runs=runs, memory_check=memory_check(load_config(CONFIG), mem_run))
+
+
+def suite_h200x8(args: argparse.Namespace, save) -> dict:
+    """CP=8 BurstAttention against TP=8 + SP, same 1B GQA model, at each of --seqs tokens."""
+    runs, checks = [], []
+    for seq in (int(x) for x in args.seqs.split(",")):
+        for name, config in (("cp8 burst", CP8_CONFIG), ("tp8+sp", TP8_CONFIG)):
+            extra = ["--seq-length", str(seq), "--max-position-embeddings", str(seq),
+                     "--global-batch-size", "1"]
+            runs.append(run(f"{name} {seq // 1024}K", 8, extra, args.iters, args.timeout,
+                            config=config))
+            cfg = load_config(config)
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+                cfg.model, seq_length=seq, max_position_embeddings=seq))
+            checks.append(memory_check(cfg, runs[-1]))
+            save(dict(runs=runs, memory_checks=checks))
+    return dict(runs=runs, memory_checks=checks)
+
+
+def memory_check(cfg, mem_run: dict) -> dict:
+    """`megatron-burst plan`'s memory estimate for `cfg` against a run's measured peak.
+
+    Megatron's "max allocated" is the caching allocator's peak: it is compared with the plan
+    less its reserve for the CUDA context, NCCL and fragmentation (not allocations).
+    """
+    est = estimate_memory(cfg)
     planned = (est.total - est.reserved) / 2**20
     measured = mem_run["max_allocated_MiB"]
-    result = dict(
-        device=_device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
-        command=" ".join([sys.executable] + sys.argv), runs=runs,
-        memory_check=dict(config=os.path.relpath(CONFIG, ROOT),
-                          plan_MiB={k: v / 2**20 for k, v in est.rows()},
-                          planned_allocations_MiB=planned, measured_max_allocated_MiB=measured,
-                          error=None if not measured else (planned - measured) / measured,
-                          run=mem_run))
-    print(f"memory: planned {planned:.0f} MiB, measured {measured} MiB", flush=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    print(f"memory ({mem_run['name']}): planned {planned:.0f} MiB, measured {measured} MiB",
+          flush=True)
+    return dict(run=mem_run["name"], plan_MiB={k: v / 2**20 for k, v in est.rows()},
+                planned_allocations_MiB=planned, measured_max_allocated_MiB=measured,
+                error=None if not measured else (planned - measured) / measured)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=("h200x4", "h200x8"), default="h200x4")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--seqs", default="131072,262144", help="h200x8: sequence lengths")
+    parser.add_argument("--timeout", type=int, default=240, help="h200x8: seconds per run")
+    args = parser.parse_args()
+    head = dict(device=_device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                command=" ".join([sys.executable] + sys.argv))
+
+    def save(result: dict) -> None:
+        with open(args.out, "w") as f:
+            json.dump({**head, **result}, f, indent=1)
+
+    save(suite_h200x4(args) if args.suite == "h200x4" else suite_h200x8(args, save))
 
 
 def _device() -> str:

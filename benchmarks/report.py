@@ -110,9 +110,34 @@ def plots(all_rows, outdir):
     fig.savefig(os.path.join(outdir, "efficiency.png"), dpi=120)
 
 
+def megatron_table(run) -> str:
+    """A megatron_e2e.py result: one line per training run."""
+    lines = [f"{run['device']}, {run['date']}", f"command: `{run['command']}`", "",
+             "| run | GPUs | tokens | tokens/s | TFLOP/s/GPU (Megatron) | ms/iter (steady) | "
+             "max allocated GiB | plan error |",
+             "|---|---|---|---|---|---|---|---|"]
+    checks = {c["run"]: c for c in run.get("memory_checks", [])}
+    for r in run["runs"]:
+        steady = r["ms_per_iter"][2:]
+        ms = sum(steady) / len(steady) if steady else float("nan")
+        err = checks.get(r["name"], {}).get("error")
+        lines.append(
+            f"| {r['name']} | {r['gpus']} | {r.get('seq_length', '-')} | "
+            f"{r['tokens_per_s'] or float('nan'):.0f} | {r.get('tflops_per_gpu') or float('nan'):.0f} | "
+            f"{ms:.0f} | {(r['max_allocated_MiB'] or float('nan')) / 1024:.1f} | "
+            f"{'-' if err is None else f'{err:+.1%}'} |")
+    return "\n".join(lines)
+
+
 def main(paths):
     all_rows = []
     for path, run in load(paths):
+        if "runs" in run:  # an end-to-end Megatron result (benchmarks/megatron_e2e.py)
+            text = megatron_table(run)
+            print(text, "\n")
+            with open(os.path.splitext(path)[0] + ".md", "w") as f:
+                f.write(text + "\n")
+            continue
         rows = with_efficiency(run["rows"])
         text = table(run["meta"], rows)
         print(text, "\n")
