@@ -129,6 +129,30 @@ def megatron_table(run) -> str:
     return "\n".join(lines)
 
 
+def megatron_plot(run, out: str) -> None:
+    """Tokens/s and peak memory per run of a megatron_e2e.py result, side by side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in run["runs"] if r.get("tokens_per_s")]
+    if not runs:
+        return
+    names = [r["name"] for r in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    colors = ["C3" if "burst" in n else "C0" for n in names]
+    left.bar(names, [r["tokens_per_s"] / 1e3 for r in runs], color=colors)
+    left.set_ylabel("tokens/s (thousands)")
+    right.bar(names, [r["max_allocated_MiB"] / 1024 for r in runs], color=colors)
+    right.set_ylabel("max allocated per GPU (GiB)")
+    for ax in (left, right):
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"pretrain_gpt end to end, {run['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def main(paths):
     all_rows = []
     for path, run in load(paths):
@@ -137,6 +161,7 @@ def main(paths):
             print(text, "\n")
             with open(os.path.splitext(path)[0] + ".md", "w") as f:
                 f.write(text + "\n")
+            megatron_plot(run, os.path.splitext(path)[0] + ".png")
             continue
         rows = with_efficiency(run["rows"])
         text = table(run["meta"], rows)
@@ -144,7 +169,7 @@ def main(paths):
         with open(os.path.splitext(path)[0] + ".md", "w") as f:
             f.write(text + "\n")
         all_rows += rows
-    if paths:
+    if all_rows:  # attention results only: an e2e file alone leaves these plots alone
         plots(all_rows, os.path.dirname(paths[0]) or ".")
 
 

@@ -7,6 +7,7 @@
 #   e2e:       pretrain_gpt, Llama-3.2 1B shape, CP=8 burst against TP=8 + SP at 128K, 256K
 #              (megatron-core from the carried wheels on PYTHONPATH)
 #   tests:     the GPU tests (tests/test_gpu.py) on this host
+#   report:    (no GPU) tables and plots for every result, oldest first so newer runs win
 #   nccl:      ring send/recv GB/s under NCCL channel settings, then burst (flat ring and
 #              Ulysses x ring) at 8K/GPU MHA with the default and with more P2P channels
 set -uo pipefail
@@ -37,5 +38,11 @@ case $what in
     p2p p2p32 "${more[@]}"
     attn default
     attn p2p32 "${more[@]}" ;;
+  report)
+    cd "$out" && python ../report.py h200x1_attention.json h200x2_attention.json \
+      h200x4_attention.json h200x4_causal_final.json h200x4_window128k.json \
+      h200x8_causal.json h200x8_attention_unpacked.json h200x8_8k_nccl_default.json \
+      h200x8_8k_nccl_p2p32.json h200x1_packed_on_x8.json h200x2_packed_on_x8.json \
+      h200x4_packed_on_x8.json h200x8_attention.json megatron_h200x8.json > /dev/null ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac
