@@ -87,7 +87,7 @@ class Packed:
 
     def __init__(self, specs: Sequence[tuple[torch.Size, torch.dtype]], device: torch.device,
                  *, zero: bool = False, flat: torch.Tensor | None = None):
-        sizes = [torch.Size(shape).numel() * _itemsize(dtype) for shape, dtype in specs]
+        sizes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
         offsets, total = [], 0
         for size in sizes:
             offsets.append(total)
@@ -117,10 +117,6 @@ class Packed:
         for view, t in zip(packed.views, tensors):
             view.copy_(t)
         return packed
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 class Pending:
