@@ -214,9 +214,14 @@ def test_double_ring_window_documents_over_nccl():
             assert r[key] < 2e-2, r
 
 
-def test_fused_merge_matches_torch_merge():
-    """The Triton merge equals the PyTorch one, on strided views and with -inf rows."""
-    from megatron_burst.merge import merge_partial, merge_partial_torch
+def test_fused_merge_matches_float64_merge():
+    """The Triton merge, on strided views and with -inf rows, against a float64 merge.
+
+    It must be the fused kernel that runs (not the PyTorch fallback), and the answer is
+    computed independently in float64 from the definition.
+    """
+    pytest.importorskip("triton")
+    from megatron_burst import merge
     gen = torch.Generator(device="cuda").manual_seed(3)
     out = torch.randn(2, 300, 8, 128, device="cuda", generator=gen)
     lse = torch.randn(2, 8, 300, device="cuda", generator=gen)
@@ -225,10 +230,16 @@ def test_fused_merge_matches_torch_merge():
     lse[:, :, :7] = float("-inf")           # rows not seen yet
     blse[:, :, 300:307] = float("-inf")     # ... and not seen by this block either
     view, bview = blk[:, 300:], blse[:, :, 300:]
-    a_out, a_lse = out.clone(), lse.clone()
-    merge_partial_torch(a_out, a_lse, view, bview)
-    merge_partial(out, lse, view, bview)
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(a_lse))
+    assert merge._fusable(out, view), "the fused Triton path must be the one under test"
+    o64, l64, b64, bl64 = out.double(), lse.double(), view.double(), bview.double()
+    new_lse = torch.logaddexp(l64, bl64)
+    safe = new_lse.masked_fill(torch.isneginf(new_lse), 0.0)
+    w_old = torch.exp(l64 - safe).transpose(1, 2).unsqueeze(-1)
+    w_new = torch.exp(bl64 - safe).transpose(1, 2).unsqueeze(-1)
+    ref_out = o64 * w_old + b64 * w_new
+    merge.merge_partial(out, lse, view, bview)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(new_lse))
     assert not torch.isnan(out).any()
-    assert (out - a_out).abs().max().item() < 1e-5
-    assert (lse[torch.isfinite(lse)] - a_lse[torch.isfinite(a_lse)]).abs().max().item() < 1e-5
+    assert (out.double() - ref_out).abs().max().item() < 1e-5
+    finite = torch.isfinite(new_lse)
+    assert (lse.double()[finite] - new_lse[finite]).abs().max().item() < 1e-5

@@ -33,7 +33,7 @@ def _adam_and_checkpoint(rank: int, world: int, ckpt_dir: str) -> dict:
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
 
-    from megatron_burst.launch import cpu_megatron as cm
+    from tests.megatron import cpu_llama as cm
 
     batch = cm.random_batch(harness.SHAPE)
     weights, _, _ = harness.reference_step(batch)
@@ -82,7 +82,7 @@ def _packed(rank: int, world: int) -> dict:
     from megatron.core.packed_seq_params import PackedSeqParams
 
     import megatron_burst as mb
-    from megatron_burst.launch import cpu_megatron as cm
+    from tests.megatron import cpu_llama as cm
 
     full = cm.random_batch(harness.SHAPE, batch_size=1)
     cu = torch.tensor(CU_SEQLENS, dtype=torch.int32)
@@ -91,28 +91,19 @@ def _packed(rank: int, world: int) -> dict:
 
     model = harness.burst_model(1, 1, 2, weights)
     group = parallel_state.get_context_parallel_group()
-    try:
-        batch = {
-            key: mb.shard_seq(value, group, seq_dim=1, cu_seqlens=cu) for key, value in full.items()
-        }
-        longest = max(b - a for a, b in zip(CU_SEQLENS[:-1], CU_SEQLENS[1:]))
-        batch["packed_seq_params"] = PackedSeqParams(
-            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-            max_seqlen_q=longest, max_seqlen_kv=longest,
-        )
-        loss = cm.train_step(model, batch, num_tokens=int(full["loss_mask"].sum()))
-    except (NotImplementedError, ValueError) as err:
-        if "cu_seqlens" not in str(err):
-            raise
-        return {"unsupported": str(err)}
+    batch = {key: mb.shard_seq(value, group, seq_dim=1, cu_seqlens=cu) for key, value in full.items()}
+    longest = max(b - a for a, b in zip(CU_SEQLENS[:-1], CU_SEQLENS[1:]))
+    batch["packed_seq_params"] = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+        max_seqlen_q=longest, max_seqlen_kv=longest,
+    )
+    loss = cm.train_step(model, batch, num_tokens=int(full["loss_mask"].sum()))
     return {"loss": float(loss), "grads": harness.gather_full_grads(model),
             "ref_loss": ref_loss, "ref_grads": ref_grads}
 
 
 def test_packed_sequences_match_per_document_reference() -> None:
     results = run_ranks(2, _packed, timeout=600)[0]
-    if "unsupported" in results:
-        pytest.skip(f"burst_attn does not take cu_seqlens yet: {results['unsupported']}")
     torch.testing.assert_close(results["loss"], results["ref_loss"], **TOL)
     for key, ref in results["ref_grads"].items():
         torch.testing.assert_close(results["grads"][key], ref, **TOL, msg=lambda m: f"{key}: {m}")
@@ -126,7 +117,7 @@ def _errors(rank: int, world: int) -> dict:
     from megatron.core import parallel_state
     from megatron.core.transformer.enums import AttnMaskType
 
-    from megatron_burst.launch import cpu_megatron as cm
+    from tests.megatron import cpu_llama as cm
     from megatron_burst.megatron.attention import BurstDotProductAttention
 
     cm.init_parallel(cp=2)
