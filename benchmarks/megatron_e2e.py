@@ -5,7 +5,7 @@
 
 Suite h200x4:
 1. A small Llama-style model (GQA, RMSNorm, SwiGLU, RoPE, mock data, bf16) trained for
-   --iters iterations with `python -m megatron_burst.pretrain_gpt` at CP=1 (one GPU),
+   --iters iterations with `python -m megatron_burst.megatron.pretrain_gpt` at CP=1 (one GPU),
    CP=4 and TP=2 x CP=2, same global batch and seed: the loss curves, tokens/s and peak
    memory, from Megatron's own log lines.
 2. configs/llama3.2-1b-128k-4gpu.yaml for a few iterations: Megatron's measured max
@@ -58,7 +58,7 @@ def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
         config: str = CONFIG) -> dict:
     flags = megatron_flags(load_config(config)) + extra + ["--train-iters", str(iters)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "megatron_burst.pretrain_gpt", *flags]
+           f"--nproc-per-node={nproc}", "-m", "megatron_burst.megatron.pretrain_gpt", *flags]
     env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     t0 = time.time()
     try:

@@ -1,6 +1,6 @@
 """megatron_burst: BurstAttention context parallelism for Megatron-Core.
 
-Public API (stable; see DESIGN.md):
+Public API (stable names; new options arrive as keyword arguments with defaults):
 
     out = burst_attn(q, k, v, group=None, *, causal=False, ...)
     x_local = shard_seq(x_full, group=None, *, layout="zigzag", seq_dim=1)

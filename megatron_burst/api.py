@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import cost
-from .burst import BurstAttentionFunction, RingSpec, resolve_backward
+from .burst import BurstAttentionFunction, RingSpec
 from .comm import RingTopology
+from .cp_layout import CPLayout, HeadShape
 from .kernels import default_scale
 from .layout import group_size_rank
 from .schedule import LAYOUTS, Mask, RingSchedule, chunks_per_rank, padded_doc_lens
@@ -20,9 +20,13 @@ from .ulysses import heads_to_sequence, sequence_to_heads
 QKV_FORMATS = ("bshd", "sbhd")
 
 
-def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backward,
-              qkv_format, intra_node_size, ulysses_size, cu_seqlens) -> tuple[int, ...] | None:
-    """Raise ValueError for any bad argument; return the document lengths, if any."""
+def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_format,
+              cu_seqlens) -> tuple[int, ...] | None:
+    """Raise ValueError for any bad argument; return the document lengths, if any.
+
+    The ring's shape (Ulysses size, ranks per node, backward mode) is checked by
+    ``CPLayout.build``.
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -35,8 +39,6 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backwa
         raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if backward not in cost.BACKWARD_MODES:
-        raise ValueError(f"backward must be one of {cost.BACKWARD_MODES}, got {backward!r}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
@@ -69,21 +71,6 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backwa
             or not all(isinstance(w, int) and w >= -1 for w in window_size)):
         raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), got "
                          f"{window_size!r}")
-    if not isinstance(ulysses_size, int) or ulysses_size < 1 or world % ulysses_size:
-        raise ValueError(f"ulysses_size ({ulysses_size!r}) must be a positive int dividing the "
-                         f"group size ({world})")
-    if ulysses_size > 1:
-        if hq % ulysses_size:
-            raise ValueError(f"ulysses_size ({ulysses_size}) must divide the number of q heads "
-                             f"({hq})")
-        if hkv % ulysses_size and ulysses_size % hkv:
-            raise ValueError(f"ulysses_size ({ulysses_size}) and the number of k/v heads "
-                             f"({hkv}) must divide one another")
-    if intra_node_size is not None:
-        if (not isinstance(intra_node_size, int) or intra_node_size < 1
-                or world % intra_node_size or intra_node_size % ulysses_size):
-            raise ValueError(f"intra_node_size ({intra_node_size!r}) must divide the group size "
-                             f"({world}) and be a multiple of ulysses_size ({ulysses_size})")
     if cu_seqlens is not None:
         return _validate_documents(cu_seqlens, q.shape[0] if qkv_format == "bshd" else q.shape[1],
                                    s_local, world, layout)
@@ -125,27 +112,27 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``kernel`` forces a local attention backend by name (see ``kernels.KERNELS``).
     """
     world, rank = group_size_rank(group)
-    doc_lens = _validate(q, k, v, world, causal, softmax_scale, window_size, layout, backward,
-                         qkv_format, intra_node_size, ulysses_size, cu_seqlens)
-    hq, hkv, d = q.shape[2], k.shape[2], q.shape[3]
+    doc_lens = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
+                         qkv_format, cu_seqlens)
+    d = q.shape[3]
+    cp = CPLayout.build(world, ulysses=ulysses_size, ranks_per_node=intra_node_size,
+                        backward=backward,
+                        heads=HeadShape(q.shape[2], k.shape[2], d, q.element_size()))
     seq_first = qkv_format == "sbhd"
     s_local = q.shape[0] if seq_first else q.shape[1]
     doc_lens = doc_lens or (s_local * world,)
-    u = ulysses_size
+    u = cp.ulysses
     sched = RingSchedule(layout, world, doc_lens, Mask(bool(causal), tuple(window_size)), u)
     topo = None
-    if world > u:
+    if cp.ring_size > 1:
         members = group_ranks(group, world)
         me = members.index(dist.get_rank())
         ring_ranks = members[me % u::u]  # the same Ulysses slot of every group
-        topo = RingTopology(ring_ranks, members[me],
-                            intra_node_size // u if intra_node_size else None)
-    ring_heads = (hq // u, max(hkv // u, 1))
+        topo = RingTopology(ring_ranks, members[me], cp.inner_ring)
     spec = RingSpec(
         group=group, topo=topo, sched=sched,
         scale=float(softmax_scale) if softmax_scale is not None else default_scale(d),
-        backward=resolve_backward(backward, sched.ring_size, *ring_heads, d, q.element_size()),
-        seq_first=seq_first and u == 1, kernel=kernel)
+        backward=cp.backward, seq_first=seq_first and u == 1, kernel=kernel)
     if u == 1:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
         out, lse = BurstAttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(),

@@ -7,8 +7,8 @@ Forward: Q stays home; K/V go round the ring (G-1 hops, double-buffered, the nex
 flight while this step computes); each block's (out, lse) is merged into fp32
 accumulators.
 
-Backward, two modes (``cost.py`` has their byte counts, ``backward="auto"`` picks the
-cheaper):
+Backward, two modes (``cost.py`` has their byte counts; ``cp_layout`` resolves
+``backward="auto"``):
 - ``burst`` (the paper): K, V, dK, dV stay home. (Q, dO, lse, delta) travel; the dQ of the
   queries being visited travels one step behind on a second ring and lands home last.
 - ``ring``: Q, dO, O, lse stay home. K/V travel again, and their dK/dV accumulators travel
@@ -22,7 +22,6 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from . import cost
 from .comm import AccumulatorRoute, Packed, PayloadRing, PeerComm, RingTopology
 from .kernels import LocalAttention, select_kernel, surrogate_out
 from .merge import merge_partial
@@ -249,9 +248,3 @@ class BurstAttentionFunction(torch.autograd.Function):
             dq, dk, dv = ring_backward_kv(dout, q, k, v, o, blse, spec, kernel)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
-
-def resolve_backward(backward: str, world: int, hq: int, hkv: int, head_dim: int,
-                     elem_bytes: int) -> str:
-    if backward == "auto":
-        return cost.choose_backward(world, hq, hkv, head_dim, elem_bytes)
-    return backward

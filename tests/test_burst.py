@@ -251,3 +251,28 @@ def lse_grad_worker(rank, world):
 
 def test_gradient_through_lse_is_exact():
     assert max(run_ranks(2, lse_grad_worker)) < 1e-10
+
+
+def ulysses_bytes_worker(rank, world, cases):
+    out = []
+    for hq, hkv, u, per_node in cases:
+        q, k, v = (torch.randn(2, 8, h, 32, dtype=torch.bfloat16, requires_grad=True)
+                   for h in (hq, hkv, hkv))
+        with mb.count_comm() as stats:
+            mb.burst_attn(q, k, v, causal=True, ulysses_size=u,
+                          intra_node_size=per_node).sum().backward()
+        out.append((stats.forward_bytes, stats.backward_bytes))
+    return out
+
+
+def test_count_comm_matches_the_layout_with_ulysses():
+    """What CPLayout.call_bytes predicts (ring + all-to-alls) is what a rank sends."""
+    from megatron_burst.cp_layout import CPLayout, HeadShape
+
+    cases = [(8, 8, 2, None), (8, 2, 2, None), (4, 1, 4, None), (8, 4, 2, 4), (8, 8, 1, 2)]
+    results = run_ranks(4, ulysses_bytes_worker, cases)
+    for per_rank in results:
+        for (hq, hkv, u, per_node), got in zip(cases, per_rank):
+            layout = CPLayout.build(4, ulysses=u, ranks_per_node=per_node,
+                                    heads=HeadShape(hq, hkv, 32, 2))
+            assert got == layout.call_bytes(2 * 8), (hq, hkv, u, per_node)

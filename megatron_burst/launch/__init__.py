@@ -1,6 +1,8 @@
 """Launch layer: YAML configs -> validated plans, Megatron flags, CPU runs, SLURM scripts.
 
-`config` is the schema, `memory` and `plan` check a config fits, `flags` turns it into
-Megatron's command line, `slurm` into an sbatch script, `cpu_run` trains it on CPU ranks,
-and `cli` is the `megatron-burst` command over all of them.
+`config` is the schema, `memory`, `attention_plan` and `plan` check a config fits and say
+what it costs, `flags` turns it into Megatron's command line, `slurm` into an sbatch script,
+`cpu_run` trains it on CPU ranks (with `cpu_model` and `cpu_shims`), and `cli` is the
+`megatron-burst` command over all of them. The run's context-parallel layout is
+`megatron_burst.cp_layout.CPLayout.from_run_config(cfg)`, read by all of them.
 """

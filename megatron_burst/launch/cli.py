@@ -44,7 +44,7 @@ def torchrun_command(cfg: Config) -> list[str]:
     """The single-node torchrun command of `run` on a GPU host."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", str(cfg.cluster.gpus_per_node),
-            "-m", "megatron_burst.pretrain_gpt", *megatron_flags(cfg)]
+            "-m", "megatron_burst.megatron.pretrain_gpt", *megatron_flags(cfg)]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from ..cp_layout import BACKWARD_MODES
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the offending key."""
@@ -105,7 +107,8 @@ class BurstConfig:
     """BurstAttention options passed to the adapter's --burst-* flags."""
 
     backward: str = "auto"
-    # Ranks of one CP group that share a node: the double ring's fast inner ring.
+    # CP ranks of one group that share a node (Ulysses ranks included): the double ring's
+    # fast inner ring. 1 is the flat ring.
     intra_node_size: int = 1
     ulysses_size: int = 1
 
@@ -184,7 +187,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.normalization": ("RMSNorm", "LayerNorm"),
     "model.activation": ("swiglu", "gelu"),
     "model.position_embedding": ("rope",),
-    "burst.backward": ("auto", "burst", "ring"),
+    "burst.backward": BACKWARD_MODES,
     "cluster.gpu": tuple(HARDWARE),
     "training.precision": ("bf16", "fp32"),
     "training.recompute": ("none", "selective", "full"),

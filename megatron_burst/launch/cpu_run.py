@@ -2,8 +2,9 @@
 
 It runs the model path a GPU run uses (megatron-core's GPTModel, the BurstAttention layer
 spec, Megatron's zigzag CP split and TP/SP layers) on ``gpus_per_node`` CPU processes, with
-megatron-core's CUDA-only call sites shimmed by ``cpu_megatron``. Megatron's training loop
-itself needs CUDA, so the loop here is a small one: AdamW, Megatron's warmup + decay
+megatron-core's CUDA-only call sites patched by ``cpu_shims`` for the run's duration and the
+training step from ``cpu_model``. Megatron's training loop itself needs CUDA, so the loop
+here is a small one: AdamW, Megatron's warmup + decay
 learning-rate shape, global-norm gradient clipping.
 
 The data is synthetic and learnable: token sequences from a fixed random bigram table in
@@ -25,9 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .. import cost
+from ..cp_layout import CPLayout
 from .config import Config, ConfigError
-from .flags import double_ring_size, hierarchical_cp_sizes
+from .cpu_shims import megatron_on_cpu
 from .memory import padded_vocab
 
 SUCCESSORS = 4  # bigram fan-out of the synthetic data: the loss floor is ln(4)
@@ -96,21 +97,15 @@ def synthetic_batch(cfg: Config, it: int) -> dict[str, torch.Tensor]:
 
 
 def predicted_ring_bytes(cfg: Config, iters: int) -> tuple[int, int]:
-    """(forward, backward) bytes one CP rank sends over ``iters`` steps, per the cost model."""
+    """(forward, backward) bytes one CP rank sends over ``iters`` steps, per the layout."""
     m, p, tr = cfg.model, cfg.parallel, cfg.training
     if p.context == 1:
         return 0, 0
-    tokens = tr.micro_batch_size * m.seq_length // p.context
-    hq, hkv = m.num_attention_heads // p.tensor, m.num_query_groups // p.tensor
-    elem = 4 if tr.precision == "fp32" else 2
-    mode = cfg.burst.backward
-    if mode == "auto":
-        mode = cost.choose_backward(p.context, hq, hkv, m.head_dim, elem)
+    fwd, bwd = CPLayout.from_run_config(cfg).call_bytes(tr.micro_batch_size * m.seq_length
+                                                         // p.context)
     # Full recompute runs every layer's forward (and its ring) a second time in backward.
     forwards = 2 if tr.recompute == "full" else 1
-    fwd = forwards * cost.forward_bytes(p.context, tokens, hkv, m.head_dim, elem)
-    bwd = cost.backward_bytes(mode, p.context, tokens, hq, hkv, m.head_dim, elem)
-    return iters * m.num_layers * fwd, iters * m.num_layers * bwd
+    return iters * m.num_layers * forwards * fwd, iters * m.num_layers * bwd
 
 
 def _grad_norm(model: torch.nn.Module) -> torch.Tensor:
@@ -131,20 +126,20 @@ def _build_model(cfg: Config) -> torch.nn.Module:
     from megatron.core.models.gpt import GPTModel
 
     from ..megatron.spec import get_llama_layer_burst_spec
-    from .cpu_megatron import TinyLlama, tiny_llama_config
+    from .cpu_model import ModelShape, transformer_config
 
     m, p, tr = cfg.model, cfg.parallel, cfg.training
-    shape = TinyLlama(hidden_size=m.hidden_size, num_layers=m.num_layers,
-                      num_heads=m.num_attention_heads, num_kv_heads=m.num_query_groups,
-                      ffn_hidden_size=m.ffn_hidden_size, vocab_size=padded_vocab(cfg),
-                      seq_length=m.seq_length)
-    config = tiny_llama_config(
+    shape = ModelShape(hidden_size=m.hidden_size, num_layers=m.num_layers,
+                       num_heads=m.num_attention_heads, num_kv_heads=m.num_query_groups,
+                       ffn_hidden_size=m.ffn_hidden_size, vocab_size=padded_vocab(cfg),
+                       seq_length=m.seq_length)
+    config = transformer_config(
         shape, sequence_parallel=p.sequence_parallel and p.tensor > 1,
         recompute=None if tr.recompute == "none" else tr.recompute,
         layernorm_epsilon=m.norm_epsilon, init_method_std=m.init_method_std)
-    spec = get_llama_layer_burst_spec(config, use_te=False, backward=cfg.burst.backward,
-                                      intra_node_size=double_ring_size(cfg),
-                                      ulysses_size=cfg.burst.ulysses_size)
+    # The run's one layout, on the config, where every attention layer reads it.
+    config.burst_layout = CPLayout.from_run_config(cfg)
+    spec = get_llama_layer_burst_spec(config, use_te=False)
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=shape.vocab_size,
                     max_sequence_length=m.max_position_embeddings or m.seq_length,
                     position_embedding_type="rope", rotary_base=m.rotary_base,
@@ -162,55 +157,62 @@ def _rank_main(rank: int, world: int, port: int, cfg: Config, iters: int, verbos
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
-        import megatron_burst as mb
-        from megatron.core import parallel_state
-
-        from .cpu_megatron import init_parallel, split_batch_for_cp, train_step
-
-        p, tr = cfg.parallel, cfg.training
-        init_parallel(tp=p.tensor, pp=p.pipeline, cp=p.context,
-                      hierarchical_cp=hierarchical_cp_sizes(cfg), seed=tr.seed)
-        model = _build_model(cfg)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay,
-                                      betas=(tr.adam_beta1, tr.adam_beta2))
-        dp_rank = parallel_state.get_data_parallel_rank()
-        rows = slice(dp_rank * tr.micro_batch_size, (dp_rank + 1) * tr.micro_batch_size)
-        tokens_per_iter = tr.global_batch_size * cfg.model.seq_length
-        losses: list[float] = []
-        fwd_bytes = bwd_bytes = 0
-        start = time.perf_counter()
-        for it in range(iters):
-            batch = {k: v[rows] for k, v in synthetic_batch(cfg, it).items()}
-            num_tokens = int(batch["loss_mask"].sum())
-            with mb.count_comm() as stats:
-                loss = train_step(model, split_batch_for_cp(batch), num_tokens=num_tokens)
-            fwd_bytes += stats.forward_bytes
-            bwd_bytes += stats.backward_bytes
-            norm = _grad_norm(model)
-            if tr.clip_grad > 0 and norm > tr.clip_grad:
-                for param in model.parameters():
-                    if param.grad is not None:
-                        param.grad.mul_(tr.clip_grad / (norm + 1e-6))
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(cfg, it)
-            optimizer.step()
-            # Each DP rank saw its own rows: the batch loss is their mean.
-            loss = loss.reshape(1).clone()
-            dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
-            losses.append(float(loss) / parallel_state.get_data_parallel_world_size())
-            if rank == 0 and verbose and (it % tr.log_interval == 0 or it == iters - 1):
-                elapsed = time.perf_counter() - start
-                per_iter = elapsed / (it + 1)
-                left = per_iter * (iters - it - 1)
-                print(f"iter {it + 1:4d}/{iters} | loss {losses[-1]:.4f} | "
-                      f"lr {lr_at(cfg, it):.2e} | grad norm {float(norm):.3f} | "
-                      f"{tokens_per_iter / per_iter:8.0f} tokens/s | "
-                      f"{per_iter:.2f} s/iter | left {left:5.0f} s", flush=True)
-        if rank == 0:
-            results.put(RunResult(losses, time.perf_counter() - start, tokens_per_iter,
-                                  fwd_bytes, bwd_bytes))
+        with megatron_on_cpu():
+            _train(rank, cfg, iters, verbose, results)
     finally:
         dist.destroy_process_group()
+
+
+def _train(rank: int, cfg: Config, iters: int, verbose: bool, results: Any) -> None:
+    """The training loop of one rank (inside ``megatron_on_cpu``)."""
+    import megatron_burst as mb
+    from megatron.core import parallel_state
+
+    from .cpu_model import init_parallel, split_batch_for_cp, train_step
+
+    p, tr = cfg.parallel, cfg.training
+    init_parallel(tp=p.tensor, pp=p.pipeline, cp=p.context,
+                  hierarchical_cp=CPLayout.from_run_config(cfg).hierarchical_sizes,
+                  seed=tr.seed)
+    model = _build_model(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay,
+                                  betas=(tr.adam_beta1, tr.adam_beta2))
+    dp_rank = parallel_state.get_data_parallel_rank()
+    rows = slice(dp_rank * tr.micro_batch_size, (dp_rank + 1) * tr.micro_batch_size)
+    tokens_per_iter = tr.global_batch_size * cfg.model.seq_length
+    losses: list[float] = []
+    fwd_bytes = bwd_bytes = 0
+    start = time.perf_counter()
+    for it in range(iters):
+        batch = {k: v[rows] for k, v in synthetic_batch(cfg, it).items()}
+        num_tokens = int(batch["loss_mask"].sum())
+        with mb.count_comm() as stats:
+            loss = train_step(model, split_batch_for_cp(batch), num_tokens=num_tokens)
+        fwd_bytes += stats.forward_bytes
+        bwd_bytes += stats.backward_bytes
+        norm = _grad_norm(model)
+        if tr.clip_grad > 0 and norm > tr.clip_grad:
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(tr.clip_grad / (norm + 1e-6))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, it)
+        optimizer.step()
+        # Each DP rank saw its own rows: the batch loss is their mean.
+        loss = loss.reshape(1).clone()
+        dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+        losses.append(float(loss) / parallel_state.get_data_parallel_world_size())
+        if rank == 0 and verbose and (it % tr.log_interval == 0 or it == iters - 1):
+            elapsed = time.perf_counter() - start
+            per_iter = elapsed / (it + 1)
+            left = per_iter * (iters - it - 1)
+            print(f"iter {it + 1:4d}/{iters} | loss {losses[-1]:.4f} | "
+                  f"lr {lr_at(cfg, it):.2e} | grad norm {float(norm):.3f} | "
+                  f"{tokens_per_iter / per_iter:8.0f} tokens/s | "
+                  f"{per_iter:.2f} s/iter | left {left:5.0f} s", flush=True)
+    if rank == 0:
+        results.put(RunResult(losses, time.perf_counter() - start, tokens_per_iter,
+                              fwd_bytes, bwd_bytes))
 
 
 def _free_port() -> int:

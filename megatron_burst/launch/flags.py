@@ -1,4 +1,4 @@
-"""Config -> the Megatron command line that `python -m megatron_burst.pretrain_gpt` takes.
+"""Config -> the Megatron command line that `python -m megatron_burst.megatron.pretrain_gpt` takes.
 
 Every flag here is an upstream Megatron-LM flag except `--cp-comm-type burst` /
 `a2a+burst` and `--burst-*`, which the adapter (`megatron_burst.megatron.arguments`)
@@ -12,37 +12,10 @@ from __future__ import annotations
 import shlex
 import typing
 
+from ..cp_layout import CPLayout
 from .config import Config, expand_vars
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
-
-
-def cp_comm_type(cfg: Config) -> str:
-    """'a2a+burst' when heads are split by Ulysses inside the CP group, else 'burst'."""
-    return "a2a+burst" if cfg.burst.ulysses_size > 1 else "burst"
-
-
-def double_ring_size(cfg: Config) -> int | None:
-    """Ranks per inner ring of the double ring, or None when the ring is flat.
-
-    An inner ring of 1 rank, or one holding the whole ring, is the flat ring.
-    """
-    ring = cfg.parallel.context // cfg.burst.ulysses_size
-    inner = cfg.burst.intra_node_size
-    return inner if 1 < inner < ring else None
-
-
-def hierarchical_cp_sizes(cfg: Config) -> list[int] | None:
-    """Megatron's --hierarchical-context-parallel-sizes: inner (consecutive ranks) first.
-
-    With Ulysses the inner level is the all-to-all group; otherwise it is the double ring's
-    intra-node ring. None when the CP group is one flat ring.
-    """
-    cp, b = cfg.parallel.context, cfg.burst
-    inner = b.ulysses_size if b.ulysses_size > 1 else b.intra_node_size
-    if 1 < inner < cp:
-        return [inner, cp // inner]
-    return None
 
 
 def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
@@ -92,14 +65,17 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     if p.sequence_parallel and p.tensor > 1:
         f += ["--sequence-parallel"]
     if p.context > 1:
-        f += ["--cp-comm-type", cp_comm_type(cfg),
+        # The config's request, not the resolved mode: 'auto' is decided by the adapter for
+        # the shape it sees (the same rule, so `plan` reports what runs).
+        layout = CPLayout.from_run_config(cfg)
+        f += ["--cp-comm-type", layout.cp_comm_type,
               "--burst-backward", b.backward,
-              "--burst-ulysses-size", str(b.ulysses_size)]
-        if double_ring_size(cfg):
-            f += ["--burst-intra-node-size", str(double_ring_size(cfg))]
-        hier = hierarchical_cp_sizes(cfg)
-        if hier:
-            f += ["--hierarchical-context-parallel-sizes", *map(str, hier)]
+              "--burst-ulysses-size", str(layout.ulysses)]
+        if layout.double:
+            f += ["--burst-intra-node-size", str(layout.ranks_per_node)]
+        if layout.hierarchical_sizes:
+            f += ["--hierarchical-context-parallel-sizes",
+                  *map(str, layout.hierarchical_sizes)]
     f += ["--spec", *SPEC, "--transformer-impl", "local",
           "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
           "--no-rope-fusion", "--no-persist-layer-norm"]

@@ -24,8 +24,7 @@ Adam's two moments (12) sharded over the data-parallel x context-parallel group,
 the group Megatron's distributed optimizer shards over when CP > 1.
 
 Transient workspace: the layer being recomputed in backward, one layer's gradients, and
-the ring's buffers and fp32 accumulators as ``megatron_burst.cost.plan_attention`` gives
-them (this file also builds that plan, the one bridge from a config to the cost model).
+the ring's buffers and fp32 accumulators as ``attention_plan.plan_attention`` gives them.
 
 The pipeline schedule is 1F1B: the first stage holds min(PP, microbatches) microbatches in
 flight, the last stage one microbatch plus the logits. Both stages are estimated; the plan
@@ -36,9 +35,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .. import cost
+from .attention_plan import attention_plan
 from .config import Config
-from .flags import double_ring_size
 
 GIB = 1024 ** 3
 
@@ -101,27 +99,6 @@ def stage_params(cfg: Config, stage: str) -> int:
         if m.untie_embeddings or stage == "last":
             n += vocab
     return n
-
-
-def attention_plan(cfg: Config) -> cost.AttentionPlan:
-    """The cost model's plan of one attention layer's ring for ``cfg``'s shape and cluster.
-
-    Heads are per TP rank. The cost model counts CP positions per node; with TP inside the
-    node only gpus_per_node / TP of them are CP ranks of one group, so that is what it gets.
-    """
-    m, p, b, c = cfg.model, cfg.parallel, cfg.burst, cfg.cluster
-    hw = c.hardware
-    cluster = cost.Cluster(gpus_per_node=max(1, c.gpus_per_node // p.tensor),
-                           intra_gbps=hw.intra_node_gbps, inter_gbps=hw.inter_node_gbps,
-                           kernel_tflops=hw.attention_tflops, gpu_memory_gib=hw.memory_gib)
-    double = double_ring_size(cfg)
-    return cost.plan_attention(
-        seq_len=m.seq_length, batch=cfg.training.micro_batch_size,
-        hq=m.num_attention_heads // p.tensor, hkv=m.num_query_groups // p.tensor,
-        head_dim=m.head_dim, cp=p.context, causal=True,
-        elem_bytes=2 if cfg.training.precision == "bf16" else 4,
-        intra_node_size=double * b.ulysses_size if double else None,
-        ulysses=b.ulysses_size, backward=b.backward, cluster=cluster)
 
 
 def _elem_bytes(cfg: Config) -> int:

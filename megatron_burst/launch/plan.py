@@ -4,14 +4,17 @@
 BurstAttention fail at start-up (or, worse, run out of memory an hour in): sizes that do
 not divide, a world size that does not add up, an inner ring that crosses nodes, memory
 per GPU beyond the device. ``report`` renders the memory breakdown and the ring's
-communication per step, with the cost model (``megatron_burst.cost``) deciding whether the
-communication hides under the attention compute and which backward mode is cheaper.
+communication per step: the run's ``CPLayout`` (topology, resolved backward mode, bytes per
+call) and ``attention_plan`` (whether the communication hides under the attention compute).
 """
 from __future__ import annotations
 
-from .. import cost
+import dataclasses
+
+from ..cp_layout import CPLayout
+from .attention_plan import attention_plan
 from .config import Config, ConfigError
-from .memory import GIB, attention_plan, estimate_memory, padded_vocab
+from .memory import GIB, estimate_memory, padded_vocab
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -19,16 +22,14 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"'{key}': {message}")
 
 
-def ring_ranks_per_node(cfg: Config) -> int:
-    """Ranks of one CP ring that share a node.
+def cp_ranks_per_node(cfg: Config) -> int:
+    """Ranks of one CP group that share a node.
 
     Megatron orders ranks tp-cp-dp-pp (TP innermost), so the CP group of a node's first
-    GPU holds gpus_per_node / TP consecutive CP ranks there; Ulysses groups are the inner
-    level of CP, so a ring has gpus_per_node / (TP x U) of its ranks on one node.
+    GPU holds gpus_per_node / TP consecutive CP ranks there.
     """
-    p, b = cfg.parallel, cfg.burst
-    ring = p.context // b.ulysses_size
-    return max(1, min(ring, cfg.cluster.gpus_per_node // (p.tensor * b.ulysses_size)))
+    p = cfg.parallel
+    return max(1, min(p.context, cfg.cluster.gpus_per_node // p.tensor))
 
 
 def validate(cfg: Config) -> list[str]:
@@ -88,17 +89,18 @@ def validate(cfg: Config) -> list[str]:
              "burst.ulysses_size",
              f"{b.ulysses_size} and the {hkv_local} KV heads per TP rank: one must divide "
              f"the other")
-    ring = p.context // b.ulysses_size
-    per_node = ring_ranks_per_node(cfg)
-    _require(ring % b.intra_node_size == 0, "burst.intra_node_size",
-             f"{b.intra_node_size} does not divide the ring of {ring} ranks "
-             f"(parallel.context / burst.ulysses_size)")
+    per_node = cp_ranks_per_node(cfg)
+    _require(b.intra_node_size == 1 or (p.context % b.intra_node_size == 0
+                                        and b.intra_node_size % b.ulysses_size == 0),
+             "burst.intra_node_size",
+             f"{b.intra_node_size} CP ranks per node must divide parallel.context {p.context} "
+             f"and be a multiple of burst.ulysses_size {b.ulysses_size}")
     _require(b.intra_node_size <= per_node, "burst.intra_node_size",
-             f"{b.intra_node_size} ranks per inner ring, but only {per_node} ranks of a ring "
-             f"share a node (gpus_per_node {c.gpus_per_node} / (tensor {p.tensor} x ulysses "
-             f"{b.ulysses_size})): the inner ring would cross nodes")
-    if per_node < ring and b.intra_node_size < per_node:
-        warnings.append(f"burst.intra_node_size = {b.intra_node_size} but {per_node} ring ranks "
+             f"{b.intra_node_size} CP ranks per node, but only {per_node} ranks of a CP group "
+             f"share a node (gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner "
+             f"ring would cross nodes")
+    if per_node < p.context and b.intra_node_size < per_node:
+        warnings.append(f"burst.intra_node_size = {b.intra_node_size} but {per_node} CP ranks "
                         f"share a node: set it to {per_node} to keep more hops on NVLink")
 
     # Batch.
@@ -146,26 +148,13 @@ def _bytes(n: float) -> str:
 
 
 def ring_traffic(cfg: Config) -> dict[str, object]:
-    """What one CP rank sends per attention layer and microbatch, from the cost model."""
-    m, p, tr, b = cfg.model, cfg.parallel, cfg.training, cfg.burst
-    elem = 2 if tr.precision == "bf16" else 4
-    # Ulysses trades heads for tokens inside its group: the ring sees U x the tokens of
-    # each rank and 1/U of its heads, so the same bytes per element travel.
-    ring = p.context // b.ulysses_size
-    tokens = tr.micro_batch_size * m.seq_length // ring
-    hq = m.num_attention_heads // p.tensor // b.ulysses_size
-    hkv = max(1, m.num_query_groups // p.tensor // b.ulysses_size)
-    mode = b.backward if b.backward != "auto" else cost.choose_backward(
-        ring, hq, hkv, m.head_dim, elem)
-    other = "ring" if mode == "burst" else "burst"
-    return {
-        "ring": ring, "tokens": tokens, "hq": hq, "hkv": hkv, "mode": mode,
-        "forward": cost.forward_bytes(ring, tokens, hkv, m.head_dim, elem),
-        "forward_hop": cost.forward_bytes(2, tokens, hkv, m.head_dim, elem),
-        "backward": cost.backward_bytes(mode, ring, tokens, hq, hkv, m.head_dim, elem),
-        "other_mode": other,
-        "other_backward": cost.backward_bytes(other, ring, tokens, hq, hkv, m.head_dim, elem),
-    }
+    """What one CP rank sends per attention layer and microbatch, from the run's layout."""
+    layout = CPLayout.from_run_config(cfg)
+    other = dataclasses.replace(layout, backward="ring" if layout.backward == "burst" else "burst")
+    tokens = cfg.training.micro_batch_size * cfg.model.seq_length // cfg.parallel.context
+    fwd, bwd = layout.call_bytes(tokens)
+    return {"layout": layout, "forward": fwd, "forward_hop": layout.hop_bytes(tokens),
+            "backward": bwd, "other_backward": other.call_bytes(tokens)[1]}
 
 
 def report(cfg: Config, warnings: list[str] | None = None) -> str:
@@ -194,22 +183,24 @@ def report(cfg: Config, warnings: list[str] | None = None) -> str:
                f"{100 * mem.total / (hw.memory_gib * GIB):.0f}% used")
     if p.context > 1:
         t = ring_traffic(cfg)
-        per_node = ring_ranks_per_node(cfg)
-        if t["ring"] <= per_node:
-            topo = f"flat ring of {t['ring']} inside one node (intra-node links)"
-        elif 1 < b.intra_node_size < t["ring"]:
-            topo = (f"double ring: {b.intra_node_size} ranks per node on NVLink x "
-                    f"{t['ring'] // b.intra_node_size} nodes over InfiniBand")
+        layout: CPLayout = t["layout"]
+        if layout.cp <= cp_ranks_per_node(cfg):
+            topo = f"flat ring of {layout.ring_size} inside one node (intra-node links)"
+        elif layout.double:
+            topo = (f"double ring: {layout.inner_ring} positions per node on NVLink x "
+                    f"{layout.outer_ring} nodes over InfiniBand")
         else:
-            topo = f"flat ring of {t['ring']} across nodes (every step waits on InfiniBand)"
+            topo = (f"flat ring of {layout.ring_size} across nodes (every step waits on "
+                    f"InfiniBand)")
+        other = "ring" if layout.backward == "burst" else "burst"
         out += [
             "",
             f"burst attention: {topo}"
-            + (f", Ulysses all-to-all over {b.ulysses_size}" if b.ulysses_size > 1 else ""),
+            + (f", Ulysses all-to-all over {layout.ulysses}" if layout.ulysses > 1 else ""),
             f"  per layer and microbatch, each rank sends: forward {_bytes(t['forward'])} "
-            f"({t['ring'] - 1} hop(s) of {_bytes(t['forward_hop'])} K/V)",
-            f"  backward '{t['mode']}' {_bytes(t['backward'])} "
-            f"(the '{t['other_mode']}' backward would send {_bytes(t['other_backward'])})"
+            f"({layout.ring_size - 1} hop(s) of {_bytes(t['forward_hop'])} K/V)",
+            f"  backward '{layout.backward}' {_bytes(t['backward'])} "
+            f"(the '{other}' backward would send {_bytes(t['other_backward'])})"
             + (" [chosen by auto]" if b.backward == "auto" else ""),
         ]
         out += [f"  {line}" for line in attention_plan(cfg).explain()]

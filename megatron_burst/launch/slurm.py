@@ -133,7 +133,7 @@ def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None
         "    --rdzv-backend c10d \\",
         '    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\',
         '    --rdzv-id "$SLURM_JOB_ID" \\',
-        "    -m megatron_burst.pretrain_gpt \\",
+        "    -m megatron_burst.megatron.pretrain_gpt \\",
         '    "${FLAGS[@]}" \\',
         '    --save "$CKPT_DIR" --load "$CKPT_DIR" \\',
         f"    --save-interval {cfg.training.save_interval} \\",

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -31,98 +30,14 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 
-logger = logging.getLogger(__name__)
+from megatron_burst.megatron.layout import layer_heads, layer_layout
 
-# cp_comm_type values this module accepts, mapped to whether Ulysses (head all-to-all) runs
-# inside the first hierarchical level. "p2p" and "a2a+p2p" are accepted as aliases because
-# Megatron's argparse default for --cp-comm-type is "p2p": with this module in the spec the
-# ring it runs *is* a point-to-point ring. "a2a" and "allgather" name other algorithms, so
-# they are refused rather than silently replaced by a ring.
-_RING_TYPES = (None, "burst", "p2p")
-_HYBRID_TYPES = ("a2a+burst", "a2a+p2p")
-_BACKWARD_MODES = ("auto", "burst", "ring")
+logger = logging.getLogger(__name__)
 
 _CAUSAL_MASKS = (AttnMaskType.causal, AttnMaskType.padding_causal)
 # Masks with no structure beyond "full": for these Megatron's attention_mask carries nothing
 # BurstAttention needs (TE ignores it the same way).
 _FULL_MASKS = (AttnMaskType.no_mask, AttnMaskType.padding)
-
-
-@dataclass(frozen=True)
-class BurstLayout:
-    """How one attention layer spreads over the context-parallel group."""
-
-    cp_size: int
-    ulysses_size: int
-    intra_node_size: Optional[int]  # ring positions per node (each is ulysses_size ranks)
-    backward: str
-
-    def describe(self) -> str:
-        """One line for logs: the ring structure this layer runs."""
-        ring = self.cp_size // self.ulysses_size
-        if self.intra_node_size and self.intra_node_size < ring:
-            ring_desc = f"double ring {self.intra_node_size} x {ring // self.intra_node_size}"
-        else:
-            ring_desc = f"flat ring {ring}"
-        return (
-            f"cp={self.cp_size}: ulysses {self.ulysses_size} x {ring_desc}, "
-            f"layout zigzag, backward {self.backward}"
-        )
-
-
-def resolve_layout(
-    cp_size: int,
-    cp_comm_type: Optional[str],
-    hierarchical_sizes: Optional[Sequence[int]],
-    backward: Optional[str] = None,
-    intra_node_size: Optional[int] = None,
-    ulysses_size: Optional[int] = None,
-) -> BurstLayout:
-    """Turn Megatron's CP settings plus the --burst-* overrides into a `BurstLayout`.
-
-    `--hierarchical-context-parallel-sizes [a, b]` follows Megatron's meaning (level 0 is the
-    inner, consecutive-rank level): with cp_comm_type "burst" it gives a double ring with
-    `a` ranks per inner ring; with "a2a+burst" it gives Ulysses over `a` ranks and a ring over
-    `b`. Explicit `intra_node_size` / `ulysses_size` win over the hierarchical sizes.
-    """
-    if cp_comm_type not in _RING_TYPES + _HYBRID_TYPES:
-        raise ValueError(
-            f"cp_comm_type={cp_comm_type!r} is not a BurstAttention mode; use 'burst' "
-            f"(ring, optionally double ring) or 'a2a+burst' (Ulysses x ring)"
-        )
-    hier = list(hierarchical_sizes) if hierarchical_sizes else None
-    if hier is not None and math.prod(hier) != cp_size:
-        raise ValueError(
-            f"hierarchical_context_parallel_sizes={hier} multiply to {math.prod(hier)}, "
-            f"but the context-parallel size is {cp_size}"
-        )
-    if cp_comm_type in _HYBRID_TYPES and ulysses_size is None:
-        if hier is None:
-            raise ValueError(
-                f"cp_comm_type={cp_comm_type!r} needs --hierarchical-context-parallel-sizes "
-                f"(Ulysses size first) or --burst-ulysses-size"
-            )
-        ulysses_size = hier[0]
-        hier = hier[1:]
-    ulysses_size = 1 if ulysses_size is None else int(ulysses_size)
-    if ulysses_size < 1 or cp_size % ulysses_size:
-        raise ValueError(
-            f"burst ulysses_size={ulysses_size} must divide the context-parallel size {cp_size}"
-        )
-    ring = cp_size // ulysses_size
-    if intra_node_size is None and hier and len(hier) > 1 and hier[0] < ring:
-        intra_node_size = hier[0]
-    if intra_node_size is not None:
-        intra_node_size = int(intra_node_size)
-        if intra_node_size < 1 or ring % intra_node_size:
-            raise ValueError(
-                f"burst intra_node_size={intra_node_size} must divide the ring size {ring} "
-                f"(cp {cp_size} / ulysses {ulysses_size})"
-            )
-    backward = "auto" if backward is None else backward
-    if backward not in _BACKWARD_MODES:
-        raise ValueError(f"burst backward={backward!r} must be one of {_BACKWARD_MODES}")
-    return BurstLayout(cp_size, ulysses_size, intra_node_size, backward)
 
 
 def _groups_from(pg_collection: Any) -> Tuple[Any, Any]:
@@ -137,20 +52,13 @@ def _groups_from(pg_collection: Any) -> Tuple[Any, Any]:
     )
 
 
-def _divide(numerator: int, denominator: int, what: str) -> int:
-    if numerator % denominator:
-        raise ValueError(f"{what}: {numerator} is not divisible by {denominator}")
-    return numerator // denominator
-
-
 class BurstDotProductAttention(MegatronModule):
     """Exact attention over the context-parallel group with BurstAttention.
 
     Built by Megatron's `SelfAttention` from the spec's `core_attention`; accepts every keyword
-    argument megatron-core 0.16 to 0.19 passes. The burst options come from the keyword
-    arguments `burst_backward`, `burst_intra_node_size`, `burst_ulysses_size` (set by the spec
-    functions in `megatron_burst.megatron.spec`), else from config attributes of the same name
-    (set by `megatron_burst.megatron.arguments`), else from the hierarchical CP sizes.
+    argument megatron-core 0.16 to 0.19 passes. Its `CPLayout` comes from
+    `megatron_burst.megatron.layout.layer_layout` (spec options, else `config.burst_layout`
+    from the command line, else Megatron's CP settings).
     """
 
     def __init__(
@@ -209,27 +117,13 @@ class BurstDotProductAttention(MegatronModule):
                 f"has {cp_size} ranks"
             )
 
-        self.heads_per_rank = _divide(
-            config.num_attention_heads, tp_size, "num_attention_heads over tensor parallel size"
-        )
-        query_groups = config.num_query_groups or config.num_attention_heads
-        self.kv_heads_per_rank = _divide(
-            query_groups, tp_size, "num_query_groups over tensor parallel size"
-        )
-
-        self.layout = resolve_layout(
-            cp_size,
-            cp_comm_type,
-            config.hierarchical_context_parallel_sizes,
-            backward=burst_backward or getattr(config, "burst_backward", None),
-            intra_node_size=burst_intra_node_size or getattr(config, "burst_intra_node_size", None),
-            ulysses_size=burst_ulysses_size or getattr(config, "burst_ulysses_size", None),
-        )
-        for heads, what in ((self.heads_per_rank, "query"), (self.kv_heads_per_rank, "key/value")):
-            _divide(heads, self.layout.ulysses_size, f"{what} heads per TP rank over ulysses size")
-
         self.k_channels = k_channels or config.kv_channels
         self.v_channels = v_channels or config.kv_channels
+        self.layout = layer_layout(
+            config, cp_comm_type, cp_size, layer_heads(config, tp_size, self.k_channels),
+            backward=burst_backward, intra_node_size=burst_intra_node_size,
+            ulysses_size=burst_ulysses_size,
+        )
         # apply_query_key_layer_scaling divides the scale by layer_number and multiplies the
         # fp32 scores back by it (an fp16 overflow guard): the net softmax scale is unchanged,
         # and BurstAttention's kernels already merge in fp32, so the base scale is the answer.
@@ -288,8 +182,8 @@ class BurstDotProductAttention(MegatronModule):
             seq_dim = 0
         if query.size(seq_dim) % 2:
             raise ValueError(
-                f"sequence length {query.size(seq_dim) * self.layout.cp_size} is not divisible "
-                f"by 2*cp = {2 * self.layout.cp_size} (zigzag layout)"
+                f"sequence length {query.size(seq_dim) * self.layout.cp} is not divisible "
+                f"by 2*cp = {2 * self.layout.cp} (zigzag layout)"
             )
         out = mb.burst_attn(
             query,
@@ -302,11 +196,8 @@ class BurstDotProductAttention(MegatronModule):
             layout="zigzag",
             backward=self.layout.backward,
             qkv_format=qkv_format,
-            # The layout counts ring positions per node; burst_attn counts ranks per node,
-            # and each ring position is a Ulysses group of ulysses_size ranks.
-            intra_node_size=(self.layout.intra_node_size * self.layout.ulysses_size
-                             if self.layout.intra_node_size else None),
-            ulysses_size=self.layout.ulysses_size,
+            intra_node_size=self.layout.ranks_per_node,
+            ulysses_size=self.layout.ulysses,
             cu_seqlens=cu_seqlens,
         )
         if cu_seqlens is not None:

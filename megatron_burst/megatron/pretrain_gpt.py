@@ -1,6 +1,6 @@
 """Pretrain a GPT/Llama model with Megatron and BurstAttention context parallelism.
 
-    torchrun --nproc-per-node 4 -m megatron_burst.pretrain_gpt <Megatron flags> \\
+    torchrun --nproc-per-node 4 -m megatron_burst.megatron.pretrain_gpt <Megatron flags> \\
         --context-parallel-size 4 --cp-comm-type burst [--burst-backward auto] \\
         [--burst-intra-node-size 8] [--burst-ulysses-size 1] --attention-dropout 0 \\
         (--mock-data | --data-path PREFIX ... --tokenizer-type ...)
@@ -34,14 +34,15 @@ _BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 _NEW_PRETRAIN = "cfg_container" in inspect.signature(pretrain).parameters  # megatron-core 0.17+
 
 
-def log_cp_layout(args: Any) -> None:
-    """Print the context-parallel layout this run uses, once, on rank 0."""
-    if uses_burst(args):
-        print_rank_0(f"> BurstAttention context parallelism: {burst_layout_from_args(args).describe()}, "
-                     f"tp={args.tensor_model_parallel_size}, pp={args.pipeline_model_parallel_size}")
-    else:
+def configure_cp(args: Any, config: Any) -> None:
+    """Build the run's CPLayout once, put it on the TransformerConfig, and log it (rank 0)."""
+    if not uses_burst(args):
         print_rank_0(f"> context parallelism: cp={args.context_parallel_size} with "
                      f"--cp-comm-type {args.cp_comm_type} (not BurstAttention)")
+        return
+    layout = apply_burst_args(args, config, burst_layout_from_args(args))
+    print_rank_0(f"> BurstAttention context parallelism: {layout.describe()}, "
+                 f"tp={args.tensor_model_parallel_size}, pp={args.pipeline_model_parallel_size}")
 
 
 def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Optional[torch.Tensor], ...]:
@@ -121,11 +122,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from megatron.core.models.gpt import GPTModel
 
     args = get_args()
-    if pre_process:
-        log_cp_layout(args)
     config = core_transformer_config_from_args(args)
-    if uses_burst(args):
-        apply_burst_args(args, config)
+    configure_cp(args, config)
     spec = _layer_spec(args, config)
     spec = spec(config) if callable(spec) and not isinstance(spec, type) else spec
     return GPTModel(
@@ -169,10 +167,9 @@ def main() -> None:
     from megatron.training.arguments import parse_and_validate_args
 
     args = parse_and_validate_args(extra_args_provider=add_burst_args, args_defaults=defaults)
-    log_cp_layout(args)
     model_cfg = gpt_config_from_args(args)
+    configure_cp(args, model_cfg.transformer)
     if uses_burst(args):
-        apply_burst_args(args, model_cfg.transformer)
         if model_cfg.transformer_layer_spec is None:
             model_cfg.transformer_layer_spec = get_gpt_layer_burst_spec
     pretrain(pretrain_cfg_container_from_args(args, model_cfg), train_valid_test_datasets_provider,

@@ -6,7 +6,8 @@ The megatron-core wheel that installs on Python 3.11 (0.16.1) has no ``megatron.
 the 0.17+ wheels do but declare Python >= 3.12. Their argument parser is pure Python and
 imports on 3.11 once ``typing.override`` (a 3.12 name) exists, so CI unpacks such a wheel
 at MEGATRON_PATH and runs this script, which puts it first on sys.path. Exit status 0
-means every config's flags passed ``parse_args`` and ``validate_args``.
+means every config's flags passed ``parse_args`` and ``validate_args``, and the CP layout
+read back from the parsed arguments is the one the config plans.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import megatron.training.arguments as arguments  # noqa: E402
 
+from megatron_burst.cp_layout import CPLayout  # noqa: E402
 from megatron_burst.launch.config import load_config  # noqa: E402
 from megatron_burst.launch.flags import megatron_flags  # noqa: E402
 from megatron_burst.megatron.arguments import add_burst_args  # noqa: E402
@@ -40,4 +42,6 @@ for path in sys.argv[2:]:
     assert (args.data_parallel_size, args.context_parallel_size,
             args.tensor_model_parallel_size) == (cfg.parallel.data, cfg.parallel.context,
                                                  cfg.parallel.tensor), path
+    if cfg.parallel.context > 1:  # the adapter's layout from these args is the plan's
+        assert CPLayout.from_megatron_args(args) == CPLayout.from_run_config(cfg), path
     print("ok", os.path.basename(path), flush=True)

@@ -52,7 +52,7 @@ def test_parameter_count_matches_the_published_model(name, billions):
 
 def _count_gptmodel_params(rank: int, world: int, cfg) -> int:
     from megatron_burst.launch import cpu_run
-    from megatron_burst.launch.cpu_megatron import init_parallel
+    from tests.megatron.cpu_llama import init_parallel
 
     init_parallel(tp=cfg.parallel.tensor, seed=1)
     return sum(p.numel() for p in cpu_run._build_model(cfg).parameters())
@@ -108,6 +108,6 @@ def test_ring_traffic_comes_from_the_cost_model():
     hkv = cfg.model.num_query_groups // cfg.parallel.tensor
     assert t["forward"] == cost.forward_bytes(cfg.parallel.context, tokens, hkv, 128, 2)
     # GQA 32:8 -> the ring backward sends less, and auto picks it.
-    assert t["mode"] == "ring" and t["backward"] < t["other_backward"]
+    assert t["layout"].backward == "ring" and t["backward"] < t["other_backward"]
     mha = ring_traffic(_cfg("llama2-7b-128k"))
-    assert mha["mode"] == "burst" and mha["backward"] < mha["other_backward"]
+    assert mha["layout"].backward == "burst" and mha["backward"] < mha["other_backward"]

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron_burst.launch import cpu_megatron as cm
+from tests.megatron import cpu_llama as cm
 
 SHAPE = cm.TinyLlama()
 GRAD_NAMES = (  # the ones the issue names; every other parameter is compared too

@@ -23,7 +23,7 @@ def _reference_case():
     import warnings
 
     warnings.filterwarnings("ignore")
-    from megatron_burst.launch import cpu_megatron as cm
+    from tests.megatron import cpu_llama as cm
 
     batch = cm.random_batch(harness.SHAPE)
     weights, loss, grads = harness.reference_step(batch)
@@ -39,9 +39,9 @@ def _four_rank_layouts(rank: int, world: int) -> dict:
     # Megatron's hierarchical CP sizes [2, 2]: a double ring of 2 "nodes" x 2 ranks.
     out["cp4_double_ring"] = harness.layout_step(
         batch, weights, cp=4, hierarchical_context_parallel_sizes=[2, 2])
-    # Ulysses 2 x ring 2, whose ring is itself a double ring of 2 nodes x 1 position.
+    # Ulysses 2 x ring 2, one Ulysses group (2 ranks, one ring position) per node.
     out["cp4_ulysses2_double"] = harness.layout_step(
-        batch, weights, cp=4, spec_kwargs={"ulysses_size": 2, "intra_node_size": 1})
+        batch, weights, cp=4, spec_kwargs={"ulysses_size": 2, "intra_node_size": 2})
     return out
 
 

@@ -47,7 +47,7 @@ def test_norm_refuses_what_it_cannot_do(overrides, match) -> None:
 
 def _block_specs(rank: int, world: int) -> dict:
     """The spec's result with and without SP, on a real TP=2 x PP=1 parallel state."""
-    from megatron_burst.launch import cpu_megatron as cm
+    from tests.megatron import cpu_llama as cm
     from megatron_burst.megatron.norms import SequenceParallelTorchNorm
     from megatron_burst.megatron.spec import get_llama_layer_burst_spec
 

@@ -1,0 +1,146 @@
+"""One layout everywhere: what `plan` reports is what the adapter builds from the emitted flags.
+
+For every shipped config, and for cp=8 with Ulysses 2 as a flat ring and as a 2 x 2 double
+ring, the config's `CPLayout` (the one `megatron-burst plan` prints) must equal the layout
+`BurstDotProductAttention` builds from the Megatron flags `megatron-burst flags` emits: once
+through `apply_burst_args` (the entry point's path) and once from Megatron's own CP settings
+alone (a user's spec without our arguments hook). The flags are parsed by a parser that
+knows only the flags the layout needs plus the adapter's --burst-* arguments, so this runs
+on Python 3.11 too; `test_launch_flags` checks the same flags with Megatron's full parser.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import types
+
+import pytest
+
+from megatron_burst.cp_layout import CPLayout, HeadShape
+from megatron_burst.launch.config import config_from_dict, load_config
+from megatron_burst.launch.flags import megatron_flags
+from megatron_burst.launch.plan import ring_traffic, validate
+
+from .conftest import CONFIGS
+
+ENV = {"DATA_PATH": "/data/text_document", "TOKENIZER_MODEL": "/tok"}
+
+
+def _cp8_ulysses2(tiny_raw: dict, ranks_per_node: int) -> object:
+    raw = copy.deepcopy(tiny_raw)
+    raw["model"].update(num_attention_heads=8, num_query_groups=4, hidden_size=256,
+                        seq_length=1024)
+    raw["parallel"].update(tensor=1, context=8, pipeline=1, data=1)
+    raw["burst"].update(ulysses_size=2, intra_node_size=ranks_per_node)
+    raw["cluster"].update(nodes=1, gpus_per_node=8, gpu="a100-80gb")
+    raw["training"].update(micro_batch_size=1, global_batch_size=1)
+    return config_from_dict(raw)
+
+
+def _parse(flags: list[str]) -> argparse.Namespace:
+    """The CP-related part of Megatron's command line, as Megatron's parser reads it."""
+    from megatron_burst.megatron.arguments import add_burst_args
+
+    p = argparse.ArgumentParser()
+    for name in ("--context-parallel-size", "--tensor-model-parallel-size", "--hidden-size",
+                 "--num-attention-heads", "--seq-length"):
+        p.add_argument(name, type=int, required=True)
+    p.add_argument("--num-query-groups", type=int, default=1)
+    p.add_argument("--kv-channels", type=int, default=None)
+    p.add_argument("--group-query-attention", action="store_true")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--attention-dropout", type=float, default=0.1)
+    p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
+    p.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
+    add_burst_args(p)
+    args, _ = p.parse_known_args(flags)
+    return args
+
+
+class _Group:
+    """A CP group of a given size where the module only reads size()."""
+
+    def __init__(self, size: int):
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+
+def _adapter_layouts(args: argparse.Namespace) -> list[CPLayout]:
+    """The layout BurstDotProductAttention builds: with apply_burst_args, and without."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_burst.megatron.arguments import apply_burst_args
+    from megatron_burst.megatron.attention import BurstDotProductAttention
+
+    tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
+    groups = types.SimpleNamespace(tp=_Group(tp), cp=_Group(cp))
+    layouts = []
+    for hooked in (True, False):
+        config = TransformerConfig(
+            num_layers=2, hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads,
+            num_query_groups=args.num_query_groups if args.group_query_attention else None,
+            attention_dropout=0.0, bf16=args.bf16, context_parallel_size=cp,
+            hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes)
+        kwargs = {}
+        if hooked:
+            apply_burst_args(args, config)
+        else:
+            kwargs = dict(burst_backward=args.burst_backward)
+        module = BurstDotProductAttention(config, layer_number=2,
+                                          attn_mask_type=AttnMaskType.causal,
+                                          cp_comm_type=args.cp_comm_type[0], pg_collection=groups,
+                                          **kwargs)
+        layouts.append(module.layout)
+    return layouts
+
+
+def _check(cfg) -> CPLayout:
+    validate(cfg)
+    planned = ring_traffic(cfg)["layout"]
+    args = _parse(megatron_flags(cfg, env=ENV))
+    assert CPLayout.from_megatron_args(args) == planned
+    for built in _adapter_layouts(args):
+        assert built == planned, (built, planned)
+    return planned
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS], ids=lambda p: p.stem)
+def test_adapter_builds_the_layout_plan_reports(path):
+    cfg = load_config(path)
+    if cfg.parallel.context == 1:
+        pytest.skip("no context parallelism")
+    _check(cfg)
+
+
+def test_cp8_ulysses2_flat_and_double_ring(tiny_raw):
+    flat = _check(_cp8_ulysses2(tiny_raw, ranks_per_node=1))
+    assert (flat.ulysses, flat.ring_size, flat.double) == (2, 4, False)
+    double = _check(_cp8_ulysses2(tiny_raw, ranks_per_node=4))
+    # 4 ranks per node = 2 Ulysses groups = 2 ring positions per node, 2 nodes.
+    assert (double.ulysses, double.inner_ring, double.outer_ring) == (2, 2, 2)
+    assert double.hierarchical_sizes == [2, 2, 2]
+
+
+def test_one_unit_for_ranks_per_node():
+    """`intra_node_size` counts ranks in burst_attn, configs, flags and the layout alike."""
+    heads = HeadShape(8, 8, 64, 2)
+    layout = CPLayout.build(8, ulysses=2, ranks_per_node=4, heads=heads)
+    assert (layout.ranks_per_node, layout.inner_ring) == (4, 2)
+    same = CPLayout.from_megatron(8, "a2a+burst", [2, 2, 2], heads=heads)
+    assert same == layout
+    assert CPLayout.from_megatron(8, "a2a+burst", None, ulysses_size=2, intra_node_size=4,
+                                  heads=heads) == layout
+    # Flat with Ulysses: the old bug read the Ulysses size as the inner ring's.
+    flat = CPLayout.from_megatron(8, "a2a+burst", [2, 4], ulysses_size=2, heads=heads)
+    assert not flat.double and flat.ring_size == 4
+    with pytest.raises(ValueError, match="contradicts"):
+        CPLayout.from_megatron(8, "a2a+burst", [2, 4], ulysses_size=4, heads=heads)
+    with pytest.raises(ValueError, match="intra_node_size"):
+        CPLayout.build(8, ulysses=2, ranks_per_node=3, heads=heads)
+    with pytest.raises(ValueError, match="not a BurstAttention mode"):
+        CPLayout.from_megatron(8, "a2a", None, heads=heads)
