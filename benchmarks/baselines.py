@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from megatron_burst import kernels
 from megatron_burst.merge import merge_partial
-from megatron_burst.schedule import Block, chunks_of
+from megatron_burst.placement import chunks_of
+from megatron_burst.schedule import Block
 
 
 class _LocalBlocks(torch.autograd.Function):

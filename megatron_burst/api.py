@@ -14,7 +14,9 @@ from .comm import RingTopology
 from .cp_layout import CPLayout, HeadShape
 from .kernels import default_scale
 from .layout import group_size_rank
-from .schedule import LAYOUTS, Mask, RingSchedule, chunks_per_rank, padded_doc_lens
+from .documents import doc_lengths
+from .placement import LAYOUTS, chunks_per_rank, local_length
+from .schedule import Mask, RingSchedule
 from .ulysses import heads_to_sequence, sequence_to_heads
 
 QKV_FORMATS = ("bshd", "sbhd")
@@ -59,7 +61,7 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_fo
                          f"k/v heads ({hkv})")
     s_local = q.shape[1] if qkv_format == "bshd" else q.shape[0]
     per_rank = chunks_per_rank(layout)
-    if cu_seqlens is None and (s_local == 0 or s_local % per_rank):
+    if cu_seqlens is None and (s_local == 0 or (layout != "whole_docs" and s_local % per_rank)):
         raise ValueError(
             f"sequence length {s_local * world} (local {s_local} x {world} ranks) must be "
             f"divisible by {per_rank * world} for layout {layout!r}")
@@ -78,22 +80,15 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_fo
 
 
 def _validate_documents(cu_seqlens, batch, s_local, world, layout) -> tuple[int, ...]:
-    """Check the document boundaries; return the document lengths."""
-    if (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1
-            or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2):
-        raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
-                         "[0, n0, n0+n1, ...]")
-    bounds = cu_seqlens.tolist()  # the one device->host read of the boundaries per call
-    if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
-        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {bounds[:8]}...")
+    """Check the document boundaries against this rank's shard; return the lengths."""
+    lens = doc_lengths(cu_seqlens)  # the one device->host read of the boundaries per call
     if batch != 1:
         raise ValueError(f"cu_seqlens needs batch size 1 (one packed sequence), got {batch}")
-    lens = tuple(b - a for a, b in zip(bounds, bounds[1:]))
-    need = sum(padded_doc_lens(lens, world, layout)) // world
+    need = local_length(layout, world, lens)
     if need != s_local:
         raise ValueError(
-            f"cu_seqlens describes documents whose padded shard is {need} tokens per rank, "
-            f"but q holds {s_local}: shard with shard_seq(..., cu_seqlens=cu_seqlens)")
+            f"cu_seqlens describes documents whose shard in layout {layout!r} is {need} tokens "
+            f"per rank, but q holds {s_local}: shard with shard_seq(..., cu_seqlens=cu_seqlens)")
     return lens
 
 
@@ -122,7 +117,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     s_local = q.shape[0] if seq_first else q.shape[1]
     doc_lens = doc_lens or (s_local * world,)
     u = cp.ulysses
-    sched = RingSchedule(layout, world, doc_lens, Mask(bool(causal), tuple(window_size)), u)
+    sched = RingSchedule.of(layout, world, doc_lens, Mask(bool(causal), tuple(window_size)), u)
     topo = None
     if cp.ring_size > 1:
         members = group_ranks(group, world)

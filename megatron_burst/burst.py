@@ -1,11 +1,11 @@
 """BurstAttention: the forward ring with online-softmax merge and the two backward rings.
 
-One ring loop per pass. Masks and layouts enter only through ``schedule.blocks``, which
-says which rectangles to compute at each step; the loops never branch on them.
+One ring loop per pass. Masks and layouts enter only through the schedule, which says
+which blocks to compute at each step (grouped into kernel calls by ``varlen.plan_calls``)
+and how many rows of each payload a hop must carry; the loops never branch on them.
 
-Forward: Q stays home; K/V go round the ring (G-1 hops, double-buffered, the next hop in
-flight while this step computes); each block's (out, lse) is merged into fp32
-accumulators.
+Forward: Q stays home; K/V go round the ring (the next hop in flight while this step
+computes); each block's (out, lse) is merged into fp32 accumulators.
 
 Backward, two modes (``cost.py`` has their byte counts; ``cp_layout`` resolves
 ``backward="auto"``):
@@ -13,7 +13,9 @@ Backward, two modes (``cost.py`` has their byte counts; ``cp_layout`` resolves
   queries being visited travels one step behind on a second ring and lands home last.
 - ``ring``: Q, dO, O, lse stay home. K/V travel again, and their dK/dV accumulators travel
   one step behind them, landing home last.
-All gradient accumulators are fp32, on the wire too, so the error does not grow with G.
+Gradients of a rank's own payload at step 0 never leave home; the travelling accumulators
+carry only the rows other ranks touch. All gradient accumulators are fp32, on the wire
+too, so the error does not grow with G.
 """
 from __future__ import annotations
 
@@ -22,10 +24,10 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from .comm import AccumulatorRoute, Packed, PayloadRing, PeerComm, RingTopology
+from .comm import AccumulatorRoute, PayloadRing, PeerComm, RingTopology, RowLayout
 from .kernels import LocalAttention, select_kernel, surrogate_out
-from .merge import merge_partial
 from .schedule import Block, RingSchedule
+from .varlen import KernelCall, plan_calls, run_backward, run_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,27 +47,52 @@ class RingSpec:
         return self.topo.index if self.topo is not None else 0
 
     @property
+    def row_dim(self) -> int:
+        """The sequence dimension of q, k, v, out in the caller's layout."""
+        return 0 if self.seq_first else 1
+
+    @property
     def last_step(self) -> int:
         return 0 if self.topo is None else self.sched.last_step(self.topo.source)
+
+    def ring(self, reverse: bool = False) -> RingTopology:
+        return self.topo.reversed() if reverse else self.topo
 
     def source(self, step: int, reverse: bool = False) -> int:
         if self.topo is None:
             return self.me
-        return (self.topo.reversed() if reverse else self.topo).source(self.me, step)
+        return self.ring(reverse).source(self.me, step)
 
     def bshd(self, t: torch.Tensor) -> torch.Tensor:
         """The tensor seen as [b, s, h, d] (a view, never a copy; its own inverse)."""
         return t.transpose(0, 1) if self.seq_first else t
 
-    def movers(self, like, phase: str, reverse: bool = False
+    def calls(self, q_member: int, k_member: int, kernel: LocalAttention,
+              batch: int) -> tuple[KernelCall, ...]:
+        """The kernel calls of ``q_member``'s queries against ``k_member``'s keys."""
+        varlen = batch == 1  # packed documents are one row; a batch runs block by block
+        return self.sched.memo(
+            ("calls", q_member, k_member, varlen, kernel.dense_min_area),
+            lambda: plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
+                               dense_min_area=kernel.dense_min_area))
+
+    def movers(self, payload, row_dims, accumulators, phase: str, reverse: bool = False
                ) -> tuple[PayloadRing | None, AccumulatorRoute | None]:
-        """Payload and accumulator movers; ``reverse`` runs the ring the other way."""
+        """Payload and accumulator movers (``reverse``: the ring run the other way, moving
+        queries; their rows are the schedule's query side)."""
         if self.topo is None:
             return None, None
-        topo = self.topo.reversed() if reverse else self.topo
+        topo = self.ring(reverse)
+        table = self.sched.needed_rows(topo.source, "q" if reverse else "k")
+        rows = lambda origin, step: table[origin][step]  # noqa: E731
         comm = PeerComm(self.group, phase)
-        return (PayloadRing(topo, comm, like, self.last_step),
-                AccumulatorRoute(topo, comm, self.last_step))
+        return (PayloadRing(topo, comm, RowLayout.of(payload, row_dims), rows),
+                AccumulatorRoute(topo, comm, accumulators, rows))
+
+    def accumulators(self, like: tuple[torch.Tensor, ...], dtype: torch.dtype) -> RowLayout:
+        """The layout of travelling fp32 gradient accumulators shaped like ``like``."""
+        return RowLayout(tuple(t.shape for t in like), (dtype,) * len(like),
+                         (self.row_dim,) * len(like), like[0].device)
 
     def whole_block(self, q_len: int, k_len: int) -> Block | None:
         """The block when this rank's attention is one kernel call over all its rows and keys.
@@ -97,17 +124,19 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     out_b = spec.bshd(out)
     lse = torch.full((b, hq, s), float("-inf"), dtype=acc, device=q.device)
-    ring, _ = spec.movers((k, v), "forward")
+    ring, _ = spec.movers((k, v), (spec.row_dim,) * 2, None, "forward")
     kv, last = (k, v), spec.last_step
     for step in range(last + 1):
         if ring is not None:
             ring.post(step, kv)
-        kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-        for blk in spec.sched.blocks(spec.me, spec.source(step)):
-            o, o_lse = kernel.forward(qb[:, blk.q], kb[:, blk.k], vb[:, blk.k], blk, spec.scale)
-            merge_partial(out_b[:, blk.q], lse[:, :, blk.q], o, o_lse)
+        if kv is not None:  # None: nothing of this step's keys is used here
+            kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
+            for call in spec.calls(spec.me, spec.source(step), kernel, b):
+                run_forward(kernel, call, qb, kb, vb, out_b, lse, spec.scale)
         if step < last:
             kv = ring.next(step)
+    if ring is not None:
+        ring.finish()
     return out.to(q.dtype), lse
 
 
@@ -128,6 +157,46 @@ def _backward_lse(lse: torch.Tensor) -> torch.Tensor:
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+class _Travelling:
+    """The gradient accumulators of one backward ring: this rank's own (home) and the
+    ones of the payload it holds, which an ``AccumulatorRoute`` passes on from step 1."""
+
+    def __init__(self, route: AccumulatorRoute | None, home: tuple[torch.Tensor, ...],
+                 row_dim: int):
+        self.route, self.home, self.row_dim = route, home, row_dim
+        self._incoming = None  # the accumulator of the next step's payload, in flight
+        self._returns: list = []
+        self._batches: list = []
+
+    def target(self, step: int, origin: int) -> tuple[tuple[torch.Tensor, ...] | None, object]:
+        """(tensors to add this step's gradients into, the travelling buffer or None)."""
+        if step == 0 or self.route is None:
+            return self.home, None
+        acc = self.route.new(origin, step)
+        return (acc.views if acc is not None else None), acc
+
+    def pass_on(self, step: int, acc) -> None:
+        """Fold in what earlier holders accumulated for this payload, and send it on."""
+        if step == 0 or self.route is None:
+            return
+        if self._incoming is not None:
+            for mine, theirs in zip(acc.views, self._incoming.wait()):
+                mine += theirs
+        self._incoming, home, batch = self.route.pass_on(step, acc)
+        if home is not None:
+            self._returns.append(home)
+        self._batches.append(batch)
+
+    def finish(self) -> tuple[torch.Tensor, ...]:
+        """This rank's gradients: its own, plus what the other holders sent home."""
+        for pending in self._returns:
+            for mine, theirs in zip(self.home, pending.wait()):
+                mine.narrow(self.row_dim, 0, theirs.shape[self.row_dim]).add_(theirs)
+        for batch in self._batches:  # the sent buffers may be freed after this
+            batch.wait()
+        return self.home
+
+
 def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      out: torch.Tensor, lse: torch.Tensor, spec: RingSpec,
                      kernel: LocalAttention) -> Grads:
@@ -137,34 +206,32 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if whole is not None:
         grads = kernel.backward(dob, qb, spec.bshd(k), spec.bshd(v), ob, lse, whole, spec.scale)
         return tuple(spec.bshd(g) for g in grads)
-    dq = torch.zeros(q.shape, dtype=_acc_dtype(q), device=q.device)
+    acc_dtype = _acc_dtype(q)
+    dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     dq_b = spec.bshd(dq)
-    ring, route = spec.movers((k, v), "backward")
-    kv, pending, last = (k, v), None, spec.last_step
+    ring, route = spec.movers((k, v), (spec.row_dim,) * 2,
+                              spec.accumulators((k, v), acc_dtype), "backward")
+    grads = _Travelling(route, (torch.zeros(k.shape, dtype=acc_dtype, device=k.device),
+                                torch.zeros(v.shape, dtype=acc_dtype, device=v.device)),
+                        spec.row_dim)
+    kv, last = (k, v), spec.last_step
     for step in range(last + 1):
         if ring is not None:
             ring.post(step, kv)
-        kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-        # dK and dV in one buffer, so passing them on is one message and no copy.
-        acc = Packed([(k.shape, _acc_dtype(q)), (v.shape, _acc_dtype(q))], k.device, zero=True)
-        dk, dv = acc.views
-        dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
-        for blk in spec.sched.blocks(spec.me, spec.source(step)):
-            gq, gk, gv = kernel.backward(dob[:, blk.q], qb[:, blk.q], kb[:, blk.k], vb[:, blk.k],
-                                         ob[:, blk.q], lse[:, :, blk.q], blk, spec.scale)
-            dq_b[:, blk.q] += gq
-            dk_b[:, blk.k] += gk
-            dv_b[:, blk.k] += gv
-        if pending is not None:  # what earlier holders accumulated for these K/V
-            acc_k, acc_v = pending.wait()
-            dk += acc_k
-            dv += acc_v
-        if route is not None:
-            pending = route.pass_on(step, acc)
+        src = spec.source(step)
+        target, acc = grads.target(step, src)
+        if kv is not None:
+            kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
+            dk_b, dv_b = (spec.bshd(t) for t in target)
+            for call in spec.calls(spec.me, src, kernel, qb.shape[0]):
+                run_backward(kernel, call, dob, qb, kb, vb, ob, lse, spec.scale, dq_b, dk_b,
+                             dv_b)
+        grads.pass_on(step, acc)
         if step < last:
             kv = ring.next(step)
-    if pending is not None:  # our own K/V's gradients, home
-        dk, dv = pending.wait()
+    if ring is not None:
+        ring.finish()
+    dk, dv = grads.finish()
     return dq, dk, dv
 
 
@@ -173,39 +240,39 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                         spec: RingSpec, kernel: LocalAttention) -> Grads:
     """BurstAttention's backward: (Q, dO, lse, delta) travel, K/V/dK/dV stay home."""
     kb, vb = spec.bshd(k), spec.bshd(v)
-    dk = torch.zeros(k.shape, dtype=_acc_dtype(q), device=k.device)
-    dv = torch.zeros(v.shape, dtype=_acc_dtype(q), device=v.device)
+    acc_dtype = _acc_dtype(q)
+    dk = torch.zeros(k.shape, dtype=acc_dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc_dtype, device=v.device)
     dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
     bundle = (q, dout, lse, delta)
     # Queries travel the reverse way K/V did, so at step s this rank holds the queries that
     # held its K/V at step s of the forward: the same pairs, step for step, and the same
-    # early stop when a window leaves later steps empty.
-    ring, route = spec.movers(bundle, "backward", reverse=True)
-    pending, last = None, spec.last_step
+    # early stop when a window or whole documents leave later steps empty.
+    ring, route = spec.movers(bundle, (spec.row_dim, spec.row_dim, 2, 2),
+                              spec.accumulators((q,), acc_dtype), "backward", reverse=True)
+    grads = _Travelling(route, (torch.zeros(q.shape, dtype=acc_dtype, device=q.device),),
+                        spec.row_dim)
+    last = spec.last_step
     for step in range(last + 1):
         if ring is not None:
             ring.post(step, bundle)
-        qj, doj, lsej, deltaj = bundle
-        qj_b, doj_b = spec.bshd(qj), spec.bshd(doj)
-        oj_b = surrogate_out(doj_b, deltaj)
-        dq = torch.zeros(q.shape, dtype=_acc_dtype(q), device=q.device)
-        dq_b = spec.bshd(dq)
-        # The visitor's queries against our keys: the same blocks the forward computed.
-        for blk in spec.sched.blocks(spec.source(step, reverse=True), spec.me):
-            gq, gk, gv = kernel.backward(doj_b[:, blk.q], qj_b[:, blk.q], kb[:, blk.k],
-                                         vb[:, blk.k], oj_b[:, blk.q], lsej[:, :, blk.q], blk,
-                                         spec.scale)
-            dq_b[:, blk.q] += gq
-            dk_b[:, blk.k] += gk
-            dv_b[:, blk.k] += gv
-        if pending is not None:  # the visitor's dQ as earlier holders left it
-            dq += pending.wait()[0]
-        if route is not None:
-            pending = route.pass_on(step, [dq])
+        visitor = spec.source(step, reverse=True)
+        target, acc = grads.target(step, visitor)
+        if bundle is not None:
+            qj, doj, lsej, deltaj = bundle
+            qj_b, doj_b = spec.bshd(qj), spec.bshd(doj)
+            oj_b = surrogate_out(doj_b, deltaj)
+            dq_b = spec.bshd(target[0])
+            # The visitor's queries against our keys: the same blocks the forward computed.
+            for call in spec.calls(visitor, spec.me, kernel, qj_b.shape[0]):
+                run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, spec.scale, dq_b,
+                             dk_b, dv_b)
+        grads.pass_on(step, acc)
         if step < last:
             bundle = ring.next(step)
-    if pending is not None:  # our own dQ, home
-        dq = pending.wait()[0]
+    if ring is not None:
+        ring.finish()
+    (dq,) = grads.finish()
     return dq, dk, dv
 
 

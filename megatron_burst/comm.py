@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -119,51 +119,115 @@ class Packed:
         return packed
 
 
-class Pending:
-    """A posted hop: ``wait()`` returns the received tensors (and frees the sent ones)."""
+class Batch:
+    """The works of one ``batch_isend_irecv`` and the buffers it sends.
 
-    def __init__(self, works: list, received: Packed | Sequence[torch.Tensor],
-                 sent: object = ()):
-        self._works = works
-        self.received = received  # the Packed buffer, so it can be sent on without a copy
-        self._sent = sent  # held so the caching allocator cannot reuse it mid-flight
+    ``wait()`` waits once: gloo's send/receive works must not be waited on twice (a second
+    wait blocks for a message that never comes), and several receives share one batch.
+    The sent buffers are held until then: gloo cancels a send whose work is dropped.
+    """
 
-    def wait(self) -> list[torch.Tensor]:
+    def __init__(self, works: list, sent: object = ()):
+        self._works, self._sent = works, sent
+
+    def wait(self) -> None:
         for work in self._works:
             work.wait()
         self._works, self._sent = [], ()
+
+
+class Pending:
+    """A posted hop: ``wait()`` returns the received tensors (and frees the sent ones)."""
+
+    def __init__(self, batch: Batch, received: Packed | Sequence[torch.Tensor] | None):
+        self._batch = batch
+        self.received = received  # the Packed buffer, so it can be sent on without a copy
+
+    def wait(self) -> list[torch.Tensor]:
+        self._batch.wait()
         received = self.received
+        if received is None:
+            return []
         return list(received.views if isinstance(received, Packed) else received)
 
 
 class PeerComm:
     """Posts point-to-point hops among the ranks of ``group`` (global ids), one message
-    per hop."""
+    per direction per hop."""
 
     def __init__(self, group: dist.ProcessGroup | None, phase: str = "forward"):
         self.group = group
         self.phase = phase
 
-    def send_recv(self, payload: Packed | Sequence[torch.Tensor], to: int, frm: int,
-                  recv_into: Packed | None = None) -> Pending:
-        """Post: send ``payload`` to global rank ``to``, receive the same layout from ``frm``.
+    def hop(self, send: Packed | None, to: int, recv: Packed | None, frm: int) -> Pending:
+        """Post: send ``send`` to global rank ``to`` and receive into ``recv`` from ``frm``
+        (either may be None: nothing to send, or nothing to receive). Waits on nothing."""
+        return self.post([(send, to)] if send is not None else [],
+                         [(recv, frm)] if recv is not None else [])[0]
 
-        ``recv_into`` is the receive buffer (double buffering); without it a fresh one is
-        allocated. Nothing is waited on here.
+    def post(self, sends: Sequence[tuple[Packed, int]], recvs: Sequence[tuple[Packed, int]]
+             ) -> list[Pending]:
+        """Post every send and receive of this rank for one step as ONE batch.
+
+        One batch per step is what keeps a ring from deadlocking: a send in one batch and
+        its peer's receive queued behind another batch on the same stream would wait on
+        each other. Returns a Pending per receive (all of them the first when there is none
+        to receive: it then only holds the sent buffers until the batch completes).
         """
+        ops = []
+        for buf, to in sends:
+            ops.append(dist.P2POp(dist.isend, buf.flat, to, self.group))
+            record_sent(buf.nbytes, self.phase)
+        for buf, frm in recvs:
+            ops.append(dist.P2POp(dist.irecv, buf.flat, frm, self.group))
+        batch = Batch(dist.batch_isend_irecv(ops) if ops else [], [buf for buf, _ in sends])
+        return [Pending(batch, buf) for buf, _ in recvs] or [Pending(batch, None)]
+
+    def send_recv(self, payload: Packed | Sequence[torch.Tensor], to: int,
+                  frm: int) -> Pending:
+        """Send ``payload`` to ``to`` and receive the same layout from ``frm``."""
         send = Packed.holding(payload)
-        recv = recv_into if recv_into is not None else Packed.like(send.views)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send.flat, to, self.group),
-                                        dist.P2POp(dist.irecv, recv.flat, frm, self.group)])
-        record_sent(send.nbytes, self.phase)
-        return Pending(works, recv, send)
+        return self.hop(send, to, Packed.like(send.views), frm)
 
 
 class Done(Pending):
     """A hop to oneself: nothing is sent, the tensors are simply handed back."""
 
     def __init__(self, tensors: Packed | Sequence[torch.Tensor]):
-        super().__init__([], tensors)
+        super().__init__(Batch([]), tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+    """Shapes and dtypes of a payload's tensors, each cut to its first rows along its row
+    dimension: how a hop knows the size of what it receives without asking."""
+
+    shapes: tuple[torch.Size, ...]
+    dtypes: tuple[torch.dtype, ...]
+    row_dims: tuple[int, ...]
+    device: torch.device
+
+    @staticmethod
+    def of(tensors: Sequence[torch.Tensor], row_dims: Sequence[int]) -> "RowLayout":
+        return RowLayout(tuple(t.shape for t in tensors), tuple(t.dtype for t in tensors),
+                         tuple(row_dims), tensors[0].device)
+
+    def _shape(self, i: int, rows: int) -> torch.Size:
+        shape = list(self.shapes[i])
+        shape[self.row_dims[i]] = rows
+        return torch.Size(shape)
+
+    def packed(self, rows: int, *, zero: bool = False) -> Packed:
+        """A buffer for the first ``rows`` rows of every tensor."""
+        return Packed([(self._shape(i, rows), dt) for i, dt in enumerate(self.dtypes)],
+                      self.device, zero=zero)
+
+    def cut(self, tensors: Sequence[torch.Tensor], rows: int) -> list[torch.Tensor]:
+        """Views of the first ``rows`` rows of each tensor."""
+        return [t.narrow(d, 0, rows) for t, d in zip(tensors, self.row_dims)]
+
+    def rows_of(self, tensors: Sequence[torch.Tensor]) -> int:
+        return tensors[0].shape[self.row_dims[0]]
 
 
 class RingTopology:
@@ -208,84 +272,139 @@ class RingTopology:
         return self.ranks[p]
 
 
+Rows = Callable[[int, int], int]  # (origin position, step) -> rows used from that step on
+
+
+def payload_hops(topo: RingTopology, step: int, rows: Rows
+                 ) -> list[tuple[str, int, int, int, int]]:
+    """The hops position ``topo.index`` posts at ``step``: (kind, to, rows sent, from,
+    rows received), positions not ranks.
+
+    Intra: the payload held now goes to the next position of the node, which uses it from
+    step+1. Inter (the first step of each round of L steps): it also goes to the same
+    position of the next node, which uses it from the next round on. A hop carries the
+    rows its receiver will use, ``rows(origin, first step)``; zero means it is not sent.
+    The receiver computes the same number for what it expects, so both sides agree.
+    """
+    def used(origin: int, first: int) -> int:
+        return rows(origin, first) if first < topo.size else 0
+
+    p, sign = topo.index, topo.direction
+    t, u = divmod(step, topo.intra)
+    n, l_ = divmod(p, topo.intra)
+    hops = []
+    if u == 0 and topo.nodes > 1:
+        first = (t + 1) * topo.intra
+        hops.append(("inter", (n + sign) % topo.nodes * topo.intra + l_,
+                     used(topo.source(p, step), first),
+                     (n - sign) % topo.nodes * topo.intra + l_, used(topo.source(p, first), first)))
+    if u + 1 < topo.intra:
+        hops.append(("intra", n * topo.intra + (l_ + sign) % topo.intra,
+                      used(topo.source(p, step), step + 1),
+                      n * topo.intra + (l_ - sign) % topo.intra,
+                      used(topo.source(p, step + 1), step + 1)))
+    return hops
+
+
 class PayloadRing:
     """Moves a payload (K/V, or Q with dO/lse/delta) so position p holds source(p, s) at s.
 
-    Within a node the payload hops to the next position every step through two fixed
-    buffers (double buffering: memory does not grow with the ring). At the first step of
-    each round the payload held then is also sent to the same position of the next node;
-    that inter-node transfer has the whole round of L-1 intra-node steps to complete.
-    Steps after ``last_step`` are never needed, so nothing is sent for them.
+    Each hop carries only the leading rows its receiver will still use (``rows``, from the
+    schedule): nothing for a step no one needs, and for packed documents kept whole on one
+    rank, never their rows. Within a node the payload hops to the next position every step;
+    at the first step of each round it is also sent to the same position of the next node,
+    and that inter-node transfer has the whole round of L-1 intra-node steps to complete.
     """
 
-    def __init__(self, topo: RingTopology, comm: PeerComm, like: Sequence[torch.Tensor],
-                 last_step: int):
-        self.topo, self.comm, self.last = topo, comm, last_step
-        self._like = like
-        self._buffers: list[Packed | None] = [None, None]
-        self._slot = 0
-        self._intra: Pending | None = None
-        self._inter: Pending | None = None
+    def __init__(self, topo: RingTopology, comm: PeerComm, layout: RowLayout, rows: Rows):
+        self.topo, self.comm, self.layout, self.rows = topo, comm, layout, rows
+        self._pending: dict[str, Pending] = {}
         self._held: Packed | None = None  # the buffer the last next() handed out
+        self._outgoing: Pending | None = None
 
-    def post(self, step: int, payload: Sequence[torch.Tensor]) -> None:
+    def post(self, step: int, payload: Sequence[torch.Tensor] | None) -> None:
         """Start the transfers that bring the payloads of later steps (call at ``step``)."""
-        topo, p, sign = self.topo, self.topo.index, self.topo.direction
-        t, u = divmod(step, topo.intra)
-        n, l_ = divmod(p, topo.intra)
-        send_inter = u == 0 and (t + 1) * topo.intra <= self.last
-        send_intra = u + 1 < topo.intra and step + 1 <= self.last
-        if not (send_inter or send_intra):
-            return
-        held = self._held
-        if held is not None and all(a is b for a, b in zip(payload, held.views)):
-            packed = held  # received by this ring: send on as is
-        else:
-            packed = Packed.holding(payload)  # the caller's own tensors: packed once
-        if send_inter:
-            to = topo.rank((n + sign) % topo.nodes * topo.intra + l_)
-            frm = topo.rank((n - sign) % topo.nodes * topo.intra + l_)
-            self._inter = self.comm.send_recv(packed, to, frm)
-        if send_intra:
-            slot = self._slot
-            if self._buffers[slot] is None:
-                self._buffers[slot] = Packed.like(self._like)
-            self._slot = 1 - slot
-            to = topo.rank(n * topo.intra + (l_ + sign) % topo.intra)
-            frm = topo.rank(n * topo.intra + (l_ - sign) % topo.intra)
-            self._intra = self.comm.send_recv(packed, to, frm, self._buffers[slot])
+        sends, recvs, kinds = [], [], []
+        for kind, to, n_send, frm, n_recv in payload_hops(self.topo, step, self.rows):
+            if n_send:
+                sends.append((self._pack(payload, n_send), self.topo.rank(to)))
+            if n_recv:
+                recvs.append((self.layout.packed(n_recv), self.topo.rank(frm)))
+                kinds.append(kind)
+        self.finish()  # last step's sends: done by now (their receivers posted first)
+        if sends or recvs:
+            pending = self.comm.post(sends, recvs)
+            self._pending.update(zip(kinds, pending))
+            self._outgoing = pending[0]  # holds the batch until its sends are done
 
-    def next(self, step: int) -> tuple[torch.Tensor, ...]:
-        """The payload for ``step + 1`` (waits for its transfer)."""
-        u = step % self.topo.intra
-        pending = self._intra if u + 1 < self.topo.intra else self._inter
-        views = tuple(pending.wait())
-        self._held = pending.received
-        return views
+    def finish(self) -> None:
+        """Wait until this ring's last sends are done (call after the last step)."""
+        if self._outgoing is not None:
+            self._outgoing.wait()
+            self._outgoing = None
+
+    def _pack(self, payload: Sequence[torch.Tensor], rows: int) -> Packed:
+        held = self._held
+        if (held is not None and all(a is b for a, b in zip(payload, held.views))
+                and self.layout.rows_of(held.views) == rows):
+            return held  # received by this ring, all of it still needed: send on as is
+        return Packed.holding(self.layout.cut(payload, rows))  # cut and packed: one copy
+
+    def next(self, step: int) -> tuple[torch.Tensor, ...] | None:
+        """The payload for ``step + 1`` (waits for its transfer); None when nothing of it
+        is used."""
+        kind = "intra" if step % self.topo.intra + 1 < self.topo.intra else "inter"
+        pending = self._pending.pop(kind, None)
+        views = pending.wait() if pending is not None else []
+        self._held = pending.received if pending is not None else None
+        return tuple(views) if views else None
 
 
 class AccumulatorRoute:
-    """Sends gradient accumulators one step behind the payload they belong to.
+    """Sends gradient accumulators after the payload they belong to, and home.
 
-    At ``step`` position p has added its part to the accumulator of payload
-    source(p, step); it goes to whoever holds that payload at step+1, and p receives the
-    accumulator of the payload it will hold at step+1. After ``last_step`` each
-    accumulator goes straight home to its owner.
+    Step 0's gradients of a position's own payload stay home. From step 1 the holder of
+    origin o's payload adds its part to o's accumulator (the payload's leading
+    ``rows(o, 1)`` rows: all any other position touches) and passes it to the next
+    holder that still uses o's payload, or home after the last one.
     """
 
-    def __init__(self, topo: RingTopology, comm: PeerComm, last_step: int):
-        self.topo, self.comm, self.last = topo, comm, last_step
+    def __init__(self, topo: RingTopology, comm: PeerComm, layout: RowLayout, rows: Rows):
+        self.topo, self.comm, self.layout, self.rows = topo, comm, layout, rows
 
-    def pass_on(self, step: int, tensors: Packed | Sequence[torch.Tensor]) -> Pending:
+    def used(self, origin: int, step: int) -> int:
+        return self.rows(origin, step) if step < self.topo.size else 0
+
+    def new(self, origin: int, step: int) -> Packed | None:
+        """A zero accumulator for ``origin``'s travelling rows, if this position holds that
+        payload at ``step`` (None: it does not, or the payload never travels)."""
+        rows = self.used(origin, 1)
+        return self.layout.packed(rows, zero=True) if rows and self.used(origin, step) else None
+
+    def pass_on(self, step: int, acc: Packed | None
+                ) -> tuple[Pending | None, Pending | None, Pending]:
+        """At ``step`` >= 1: send the accumulator of the origin held now on, or home.
+
+        Returns (the accumulator of the origin held at step+1, as its holder at ``step``
+        passes it; this position's own accumulator, when it comes home at ``step``; the
+        batch, to wait on before the sent accumulator may be reused).
+        """
         topo, p = self.topo, self.topo.index
-        if step < self.last:
-            to = topo.holder(topo.source(p, step), step + 1)
-            frm = topo.holder(topo.source(p, step + 1), step)
-        else:
-            to, frm = topo.source(p, step), topo.holder(p, step)
-        if to == p:
-            return Done(tensors)
-        return self.comm.send_recv(tensors, topo.rank(to), topo.rank(frm))
+        sends, recvs, kinds = [], [], []
+        if acc is not None:
+            origin = topo.source(p, step)
+            to = topo.holder(origin, step + 1) if self.used(origin, step + 1) else origin
+            sends.append((acc, topo.rank(to)))
+        nxt = topo.source(p, step + 1) if step + 1 < topo.size else None
+        if nxt is not None and self.used(nxt, step + 1):
+            recvs.append((self.layout.packed(self.used(nxt, 1)), topo.rank(topo.holder(nxt, step))))
+            kinds.append("forward")
+        if self.used(p, step) and not self.used(p, step + 1):  # the last use of our payload
+            recvs.append((self.layout.packed(self.used(p, 1)), topo.rank(topo.holder(p, step))))
+            kinds.append("home")
+        pending = self.comm.post(sends, recvs)
+        got = dict(zip(kinds, pending))
+        return got.get("forward"), got.get("home"), pending[0]
 
 
 def exchange(group: dist.ProcessGroup | None, sends: dict[int, torch.Tensor],

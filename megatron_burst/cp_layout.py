@@ -187,7 +187,9 @@ class CPLayout:
 
     def call_bytes(self, tokens_local: int, *, lse_grad: bool = False) -> tuple[int, int]:
         """(forward, backward) bytes one rank sends in one attention call over
-        ``tokens_local`` tokens (batch x local sequence): the ring and the all-to-alls."""
+        ``tokens_local`` tokens (batch x local sequence): the ring and the all-to-alls, with
+        every row travelling every hop: the plain sequence's bound (``rank_bytes`` is exact).
+        """
         h = self._need_heads()
         hq, hkv = self.ring_heads
         tokens = tokens_local * self.ulysses  # a ring member holds its Ulysses group's tokens
@@ -196,6 +198,39 @@ class CPLayout:
                                   h.elem_bytes)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, tokens_local, h.hq, h.hkv,
                                               h.head_dim, h.elem_bytes, lse_grad=lse_grad)
+        return fwd + a2a_fwd, bwd + a2a_bwd
+
+    def rank_bytes(self, rank: int, *, batch: int, s_local: int, layout: str = "zigzag",
+                   doc_lens: tuple[int, ...] | None = None, causal: bool = True,
+                   window: tuple[int, int] = (-1, -1), lse_grad: bool = False
+                   ) -> tuple[int, int]:
+        """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
+        sends them: only the rows each hop's receiver uses (``schedule.needed_rows``)."""
+        from .comm import RingTopology
+        from .schedule import Mask, RingSchedule
+
+        h = self._need_heads()
+        hq, hkv = self.ring_heads
+        d, e = h.head_dim, h.elem_bytes
+        docs = doc_lens or (s_local * self.cp,)
+        sched = RingSchedule.of(layout, self.cp, docs, Mask(causal, tuple(window)),
+                                self.ulysses)
+        fwd = bwd = 0
+        if self.ring_size > 1:
+            topo = RingTopology(list(range(self.ring_size)), rank // self.ulysses,
+                                self.inner_ring)
+            kv_row = batch * 2 * hkv * d * e
+            k_rows = sched.needed_rows(topo.source, "k")
+            fwd = cost.ring_pass_bytes(topo, k_rows, kv_row)
+            if self.backward == "ring":
+                bwd = cost.ring_pass_bytes(topo, k_rows, kv_row, batch * 2 * hkv * d * 4)
+            else:
+                rev = topo.reversed()
+                bwd = cost.ring_pass_bytes(rev, sched.needed_rows(rev.source, "q"),
+                                           batch * (2 * hq * d * e + 2 * hq * 4),
+                                           batch * hq * d * 4)
+        a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, batch * s_local, h.hq, h.hkv, d,
+                                              e, lse_grad=lse_grad)
         return fwd + a2a_fwd, bwd + a2a_bwd
 
     def hop_bytes(self, tokens_local: int) -> int:

@@ -5,6 +5,17 @@ Every backend computes attention for one ``Block`` of the ring schedule:
     forward(q, k, v, block, scale)  -> (out, lse)
     backward(dout, q, k, v, out, lse, block, scale) -> (dq, dk, dv)
 
+and for many blocks at once, packed back to back (``varlen.KernelCall``; tensors
+[total, h, d], lse [h, total]):
+
+    forward_varlen(q, k, v, call, scale) -> (out, lse)
+    backward_varlen(dout, q, k, v, out, lse, call, scale) -> (dq, dk, dv)
+
+PyTorch's flash kernel (and flash-attn's) do the varlen form in one launch; every other
+backend does it by a loop of its own dense calls (``VarlenByLoop``), which is also how the
+CPU tests exercise the packing. ``dense_min_area`` tells ``varlen.plan_calls`` from which
+block size a dense call beats the varlen kernel.
+
 Tensors are ``[b, s, h, d]`` views (bshd; sbhd inputs arrive as strided views, never
 copied). K/V may have fewer heads than Q (GQA/MQA). ``lse`` is fp32 ``[b, hq, s]``.
 ``backward`` receives the *final* (merged) ``out`` and ``lse`` of the whole ring, so each
@@ -30,6 +41,7 @@ from .schedule import Block
 
 class LocalAttention(Protocol):
     name: str
+    dense_min_area: float
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: Block,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -37,6 +49,41 @@ class LocalAttention(Protocol):
     def backward(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor, lse: torch.Tensor, block: Block,
                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def forward_varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def backward_varlen(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def _sequences(call):
+    """(query slice, key slice, the block as a local block) of each packed sequence."""
+    for i, blk in enumerate(call.blocks):
+        n, m = blk.q_stop - blk.q_start, blk.k_stop - blk.k_start
+        yield (slice(call.cu_q[i], call.cu_q[i + 1]), slice(call.cu_k[i], call.cu_k[i + 1]),
+               Block(0, n, 0, m, blk.kind, blk.lo, blk.hi))
+
+
+class VarlenByLoop:
+    """The varlen form by one dense call per packed sequence (CPU, and any fallback)."""
+
+    dense_min_area = float("inf")  # no faster varlen kernel here: pack everything
+
+    def forward_varlen(self, q, k, v, call, scale):
+        outs, lses = [], []
+        for qs, ks, blk in _sequences(call):
+            o, lse = self.forward(q[None, qs], k[None, ks], v[None, ks], blk, scale)
+            outs.append(o[0])
+            lses.append(lse[0])
+        return torch.cat(outs), torch.cat(lses, dim=1)
+
+    def backward_varlen(self, dout, q, k, v, out, lse, call, scale):
+        grads = [self.backward(dout[None, qs], q[None, qs], k[None, ks], v[None, ks],
+                               out[None, qs], lse[None, :, qs], blk, scale)
+                 for qs, ks, blk in _sequences(call)]
+        return tuple(torch.cat([g[i][0] for g in grads]) for i in range(3))
 
 
 def _lse_dtype(lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -93,7 +140,7 @@ def surrogate_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------- reference
 
 
-class ReferenceAttention:
+class ReferenceAttention(VarlenByLoop):
     """Plain PyTorch: materialises the block's scores. For tests and tiny shapes only."""
 
     name = "reference"
@@ -141,7 +188,7 @@ class ReferenceAttention:
 # ---------------------------------------------------------------------------- CPU
 
 
-class CpuFlashAttention:
+class CpuFlashAttention(VarlenByLoop):
     """PyTorch's CPU flash kernel (``_scaled_dot_product_flash_attention_for_cpu``).
 
     It handles GQA natively. For a row with no visible key it returns out = 0 and lse = 0
@@ -188,7 +235,7 @@ def _fold_kv_grad(g: torch.Tensor, hkv: int) -> torch.Tensor:
     return g if hq == hkv else g.view(b, s, hkv, hq // hkv, d).sum(3)
 
 
-class CudnnAttention:
+class CudnnAttention(VarlenByLoop):
     """cuDNN fused attention through PyTorch (fastest on Hopper: ~550 TFLOP/s fwd+bwd)."""
 
     name = "cudnn"
@@ -215,7 +262,7 @@ class CudnnAttention:
         return dq.transpose(1, 2), _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
 
 
-class TorchFlashAttention:
+class TorchFlashAttention(VarlenByLoop):
     """FlashAttention-2 as built into PyTorch (bshd-native, GQA-native)."""
 
     name = "torch-flash"
@@ -242,8 +289,30 @@ class TorchFlashAttention:
             window_size_right=right)
         return dq, dk, dv
 
+    @staticmethod
+    def _varlen_window(call):
+        return (None, None) if call.causal or call.window == (-1, -1) else call.window
 
-class FlashAttnPackage:
+    def forward_varlen(self, q, k, v, call, scale):
+        cu_q, cu_k = call.cu_tensors(q.device)
+        left, right = self._varlen_window(call)
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, call.max_q, call.max_k, 0.0, call.causal, False, scale=scale,
+            window_size_left=left, window_size_right=right)
+        return out, lse.float()
+
+    def backward_varlen(self, dout, q, k, v, out, lse, call, scale):
+        cu_q, cu_k = call.cu_tensors(q.device)
+        left, right = self._varlen_window(call)
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            dout, q, k, v, out, lse.contiguous(), cu_q, cu_k, call.max_q, call.max_k, 0.0,
+            call.causal, torch.empty(2, dtype=torch.int64, device=q.device),
+            torch.empty(0, device=q.device), scale=scale, window_size_left=left,
+            window_size_right=right)
+        return dq, dk, dv
+
+
+class FlashAttnPackage(VarlenByLoop):
     """The ``flash_attn`` package (Dao-AILab), preferred on CUDA when installed."""
 
     name = "flash-attn"
@@ -263,6 +332,26 @@ class FlashAttnPackage:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         self._fai._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale,
                                        block.causal, -1, -1, 0.0, None, False)
+        return dq, dk, dv
+
+    # flash-attn 2.x's varlen entry points; a version whose signature differs fails the
+    # probe in ``_cuda_kernel`` and the package is then not used for varlen calls.
+    def forward_varlen(self, q, k, v, call, scale):
+        cu_q, cu_k = call.cu_tensors(q.device)
+        left, right = (-1, 0) if call.causal else call.window
+        res = self._fai._flash_attn_varlen_forward(
+            q, k, v, cu_q, cu_k, call.max_q, call.max_k, 0.0, scale, call.causal,
+            window_size_left=left, window_size_right=right, softcap=0.0, alibi_slopes=None,
+            return_softmax=False)
+        return res[0], res[1].float()
+
+    def backward_varlen(self, dout, q, k, v, out, lse, call, scale):
+        cu_q, cu_k = call.cu_tensors(q.device)
+        left, right = (-1, 0) if call.causal else call.window
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self._fai._flash_attn_varlen_backward(
+            dout, q, k, v, out, lse.contiguous(), dq, dk, dv, cu_q, cu_k, call.max_q,
+            call.max_k, 0.0, scale, call.causal, left, right, 0.0, None, False)
         return dq, dk, dv
 
 
@@ -294,16 +383,24 @@ def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int
         return False
 
 
-class BandDispatch:
+class BandDispatch(VarlenByLoop):
     """Dense blocks (full, causal) to the fastest kernel; band blocks, and blocks too small
     for cuDNN (it refuses s_q = s_kv = 1, which tiny padded documents produce), to the
     kernel that takes windows and any size."""
 
     SMALL = 128
 
-    def __init__(self, dense: LocalAttention, band: LocalAttention):
+    def __init__(self, dense: LocalAttention, band: LocalAttention,
+                 varlen: LocalAttention | None = None):
         self.dense, self.band = dense, band
         self.name = dense.name if dense is band else f"{dense.name}+{band.name}"
+        # A one-launch varlen kernel (checked by the probe), else the loop of our own calls.
+        self.varlen = varlen
+        if varlen is not None:
+            self.name += f", varlen {varlen.name}"
+            # The same kernel for both: pack everything; else big blocks go dense.
+            self.dense_min_area = (float("inf") if varlen is dense
+                                   else VARLEN_DENSE_MIN_AREA)
 
     def _pick(self, block: Block) -> LocalAttention:
         small = min(block.q_stop - block.q_start, block.k_stop - block.k_start) < self.SMALL
@@ -314,6 +411,52 @@ class BandDispatch:
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         return self._pick(block).backward(dout, q, k, v, out, lse, block, scale)
+
+    def forward_varlen(self, q, k, v, call, scale):
+        if self.varlen is None:
+            return super().forward_varlen(q, k, v, call, scale)
+        return self.varlen.forward_varlen(q, k, v, call, scale)
+
+    def backward_varlen(self, dout, q, k, v, out, lse, call, scale):
+        if self.varlen is None:
+            return super().backward_varlen(dout, q, k, v, out, lse, call, scale)
+        return self.varlen.backward_varlen(dout, q, k, v, out, lse, call, scale)
+
+
+# From this many visible pairs a block runs faster alone on the dense kernel (cuDNN, ~550
+# TFLOP/s fwd+bwd on H200) than inside a varlen flash call (~325): the launch it saves
+# (~20-50 us) is worth less than the slower kernel costs above ~1.5K x 1.5K pairs.
+VARLEN_DENSE_MIN_AREA = float(2 ** 21)
+
+
+def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
+                  device: torch.device) -> bool:
+    """Its varlen form against the reference's loop, on three causal sequences of different
+    lengths, given the reference's lse (as the ring's backward gives the merged lse)."""
+    from .varlen import plan_calls
+    try:
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        lens = (37, 128, 90)
+        blocks, a = [], 0
+        for n in lens:
+            blocks.append(Block(a, a + n, a, a + n, "causal"))
+            a += n
+        (call,) = plan_calls(blocks, varlen=True, dense_min_area=float("inf"))
+        q, do = (torch.randn(a, hq, d, generator=gen).to(device, dtype) for _ in range(2))
+        k, v = (torch.randn(a, hkv, d, generator=gen).to(device, dtype) for _ in range(2))
+        scale, ref = d ** -0.5, ReferenceAttention()
+        out, lse = kernel.forward_varlen(q, k, v, call, scale)
+        r_out, r_lse = ref.forward_varlen(q, k, v, call, scale)
+        grads = kernel.backward_varlen(do, q, k, v, r_out, r_lse, call, scale)
+        r_grads = ref.backward_varlen(do, q, k, v, r_out, r_lse, call, scale)
+        ok = torch.allclose(lse, r_lse, atol=2e-2) and torch.allclose(
+            out.float(), r_out.float(), atol=3e-2)
+        for g, rg in zip(grads, r_grads):
+            ok = ok and g.shape == rg.shape and torch.allclose(g.float(), rg.float(),
+                                                               atol=5e-2, rtol=5e-2)
+        return bool(ok)
+    except Exception:  # an op missing or refusing this shape/arch: no one-launch varlen
+        return False
 
 
 @functools.lru_cache(maxsize=64)
@@ -332,7 +475,9 @@ def _cuda_kernel(dtype: torch.dtype, hq: int, hkv: int, d: int, index: int) -> L
     # Windows and padded documents need a band: only flash (PyTorch's) expresses it.
     band = next((c for c in candidates if isinstance(c, TorchFlashAttention)
                  and _probe(c, dtype, hq, hkv, d, device, band=True)), ReferenceAttention())
-    return dense if dense is band else BandDispatch(dense, band)
+    varlen = next((c for c in candidates if isinstance(c, (FlashAttnPackage, TorchFlashAttention))
+                   and _probe_varlen(c, dtype, hq, hkv, d, device)), None)
+    return BandDispatch(dense, band, varlen)
 
 
 KERNELS = {"reference": ReferenceAttention, "cpu-flash": CpuFlashAttention,

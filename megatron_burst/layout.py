@@ -1,7 +1,9 @@
 """Sharding a full sequence across the context-parallel group, and gathering it back.
 
 ``zigzag`` (rank r holds chunks r and 2G-1-r of 2G) is Megatron's
-``get_batch_on_this_cp_rank`` split; ``contiguous`` gives rank r chunk r of G.
+``get_batch_on_this_cp_rank`` split; ``contiguous`` gives rank r chunk r of G; with
+``cu_seqlens`` every document is placed as ``placement`` says (``whole_docs`` keeps short
+documents whole on one rank).
 ``shard_seq`` is a slice (differentiable, no communication). ``unshard_seq`` all-gathers
 and is differentiable too: its backward hands each rank the gradient of its own tokens,
 summed over ranks (a reduce-scatter), so it is correct whether or not the loss after it is
@@ -12,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .schedule import LAYOUTS, chunks_of
+from .documents import doc_lengths, shard_documents, unshard_documents
+from .placement import check_layout, chunks_of, chunks_per_rank, local_length
 
 
 def group_size_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
@@ -22,14 +25,21 @@ def group_size_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def _check(layout: str, length: int, world: int, what: str) -> int:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    parts = world * len(chunks_of(layout, world, 0))
+def _chunk(layout: str, length: int, world: int) -> int:
+    """Chunk length of a plain sequence in ``layout`` (zigzag or contiguous)."""
+    parts = world * chunks_per_rank(layout)
     if length % parts:
-        raise ValueError(f"{what} ({length}) must be divisible by {parts} for layout "
+        raise ValueError(f"sequence length ({length}) must be divisible by {parts} for layout "
                          f"{layout!r} with {world} ranks")
     return length // parts
+
+
+def _documents(layout: str, cu_seqlens: torch.Tensor | None, length: int) -> tuple[int, ...] | None:
+    """Document lengths to shard by, or None for the plain chunked fast path."""
+    check_layout(layout)
+    if cu_seqlens is None:
+        return (length,) if layout == "whole_docs" else None
+    return doc_lengths(cu_seqlens)
 
 
 def shard_seq(x_full: torch.Tensor, group: dist.ProcessGroup | None = None, *,
@@ -37,10 +47,14 @@ def shard_seq(x_full: torch.Tensor, group: dist.ProcessGroup | None = None, *,
               cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """This rank's part of ``x_full`` along ``seq_dim`` (same on every rank's input)."""
     world, rank = group_size_rank(group)
-    if cu_seqlens is not None:
-        from .documents import shard_documents
-        return shard_documents(x_full, cu_seqlens, world, rank, seq_dim, layout)
-    chunk = _check(layout, x_full.shape[seq_dim], world, "sequence length")
+    lens = _documents(layout, cu_seqlens, x_full.shape[seq_dim])
+    if lens is not None:
+        if sum(lens) != x_full.shape[seq_dim]:
+            raise ValueError(f"cu_seqlens covers {sum(lens)} tokens but x_full has "
+                             f"{x_full.shape[seq_dim]} along seq_dim={seq_dim}")
+        local_length(layout, world, lens)  # raises for layouts that cannot place them
+        return shard_documents(x_full, lens, world, rank, seq_dim, layout)
+    chunk = _chunk(layout, x_full.shape[seq_dim], world)
     parts = [x_full.narrow(seq_dim, c * chunk, chunk) for c in chunks_of(layout, world, rank)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=seq_dim)
 
@@ -66,14 +80,18 @@ def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *
                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """The full sequence from every rank's shard (inverse of ``shard_seq``)."""
     world, _ = group_size_rank(group)
-    if cu_seqlens is not None:
-        from .documents import unshard_documents
+    lens = _documents(layout, cu_seqlens, x_local.shape[seq_dim] * world)
+    if lens is not None:
+        if local_length(layout, world, lens) != x_local.shape[seq_dim]:
+            raise ValueError(f"cu_seqlens gives {local_length(layout, world, lens)} rows per "
+                             f"rank in layout {layout!r}, but x_local has "
+                             f"{x_local.shape[seq_dim]} along seq_dim={seq_dim}")
         stacked = _GatherSeq.apply(x_local, group, world) if world > 1 else x_local[None]
-        return unshard_documents(stacked, cu_seqlens, world, seq_dim, layout)
+        return unshard_documents(stacked, lens, world, seq_dim, layout)
     if world == 1:
         return x_local
-    n_chunks = len(chunks_of(layout, world, 0))
-    chunk = _check(layout, x_local.shape[seq_dim] * world, world, "sequence length")
+    n_chunks = chunks_per_rank(layout)
+    chunk = _chunk(layout, x_local.shape[seq_dim] * world, world)
     stacked = _GatherSeq.apply(x_local, group, world)  # [world, ...]
     pieces: list[torch.Tensor | None] = [None] * (world * n_chunks)
     for r in range(world):

@@ -1,16 +1,15 @@
-"""Which query/key blocks each rank computes at each ring step: layouts and masks as data.
+"""Which query/key blocks each ring member computes at each step, and which K/V rows travel.
 
 The ring loops in ``burst.py`` are one loop for every mask and layout. What differs is only
-*which* rectangles of (local queries) x (keys held this step) are computed, and with what
-mask inside each rectangle. This module answers that as a tuple of ``Block``s.
+*which* rectangles of (local queries) x (keys held this step) are computed, with what mask
+inside each rectangle, and how many rows of each payload a hop must carry. This module
+answers both as data: ``RingSchedule.blocks`` gives a step's ``Block``s, and
+``RingSchedule.needed_rows`` how many leading rows of a member's payload anyone still uses
+from a step on (``placement`` puts the rows other ranks need first), so a hop sends only
+that prefix and a step nobody needs is not sent at all.
 
-A rank's shard is a list of ``Segment``s: runs of consecutive positions of one document.
-- ``zigzag`` cuts each document into 2G equal chunks; rank r holds chunks r and 2G-1-r
-  (Megatron's ``get_batch_on_this_cp_rank`` split, and per document TE's THD split).
-- ``contiguous`` gives rank r chunk r of G.
-- Packed documents (``doc_lens``) are each padded to a multiple of the chunk count, as
-  Megatron's PackedSeqParams do; padding tokens see nothing and are seen by nothing.
-- With Ulysses, a ring member holds the segments of all U ranks of its group.
+Who holds which positions is ``placement``'s job. With Ulysses, a ring member holds the
+segments of all U ranks of its group.
 
 Every mask is a *band* on key-minus-query position inside a document: causal keeps
 j <= i, a window (left, right) keeps i-left <= j <= i+right. A block is trimmed to the
@@ -21,23 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import defaultdict
+from typing import Callable
 
-LAYOUTS = ("zigzag", "contiguous")
+from .placement import LAYOUTS, Segment, rank_segments  # noqa: F401  (LAYOUTS re-exported)
+
 INF = 1 << 62
-
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    """Local rows ``row:row+length`` hold positions ``pos:pos+length`` of document ``doc``.
-
-    Positions at or past ``doc_len`` are padding.
-    """
-
-    row: int
-    doc: int
-    pos: int
-    length: int
-    doc_len: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +40,7 @@ class Mask:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """One kernel call: query rows ``q_start:q_stop`` against key rows ``k_start:k_stop``.
+    """One kernel call's worth: query rows ``q_start:q_stop`` against key rows ``k_start:k_stop``.
 
     ``kind`` is 'full' (every pair visible), 'causal' (square, key j visible to query i
     iff j <= i) or 'band' (visible iff lo <= j - i <= hi). Every row and every column of a
@@ -89,61 +77,12 @@ class Block:
         return sum(max(0, min(m - 1, i + hi) - max(0, i + lo) + 1) for i in range(n))
 
 
-# ------------------------------------------------------------------------- shards
-
-
-def chunks_of(layout: str, world: int, rank: int) -> tuple[int, ...]:
-    """Chunk indices (of ``world * chunks_per_rank``) a rank holds, in local order."""
-    if layout == "zigzag":
-        return (rank, 2 * world - 1 - rank)
-    if layout == "contiguous":
-        return (rank,)
-    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-
-
-def chunks_per_rank(layout: str) -> int:
-    return len(chunks_of(layout, 1, 0))
-
-
-def padded_doc_lens(doc_lens: tuple[int, ...], world: int, layout: str) -> tuple[int, ...]:
-    """Each document's length rounded up to a multiple of the layout's chunk count."""
-    parts = world * chunks_per_rank(layout)
-    return tuple(-(-n // parts) * parts for n in doc_lens)
-
-
-@functools.lru_cache(maxsize=1024)
-def rank_segments(layout: str, world: int, rank: int, doc_lens: tuple[int, ...]
-                  ) -> tuple[Segment, ...]:
-    """The segments of ``rank``'s shard. A plain sequence is one document."""
-    segs, row = [], 0
-    for doc, (n, padded) in enumerate(zip(doc_lens, padded_doc_lens(doc_lens, world, layout))):
-        c = padded // (world * chunks_per_rank(layout))
-        for chunk in chunks_of(layout, world, rank):
-            segs.append(Segment(row, doc, chunk * c, c, n))
-            row += c
-    return tuple(segs)
-
-
-def member_segments(layout: str, world: int, members: tuple[int, ...],
-                    doc_lens: tuple[int, ...]) -> tuple[Segment, ...]:
-    """Segments of several ranks' shards concatenated in ``members`` order (Ulysses)."""
-    out, row = [], 0
-    for r in members:
-        for s in rank_segments(layout, world, r, doc_lens):
-            out.append(dataclasses.replace(s, row=row))
-            row += s.length
-    return tuple(out)
-
-
 # ------------------------------------------------------------------------- blocks
 
 
 def _pair_block(a: Segment, b: Segment, mask: Mask) -> Block | None:
-    """The trimmed block of query segment ``a`` against key segment ``b``, or None."""
-    if a.doc != b.doc:
-        return None
-    nq = max(0, min(a.length, a.doc_len - a.pos))
-    nk = max(0, min(b.length, b.doc_len - b.pos))
+    """The trimmed block of query segment ``a`` against key segment ``b`` (same document)."""
+    nq, nk = a.valid, b.valid
     if nq == 0 or nk == 0:
         return None
     # Query i sits at a.pos+i, key j at b.pos+j: key - query = j - i - off.
@@ -169,24 +108,44 @@ def _pair_block(a: Segment, b: Segment, mask: Mask) -> Block | None:
                  lo if kind == "band" else 0, hi if kind == "band" else 0)
 
 
-def _monotone(segs: tuple[Segment, ...]) -> bool:
-    """One document, positions increasing along the local rows."""
-    return all(x.doc == y.doc and x.pos + x.length <= y.pos for x, y in zip(segs, segs[1:]))
+def _diagonal_runs(segs: tuple[Segment, ...]) -> list[list[Segment]]:
+    """Consecutive local segments of one document, positions increasing, no padding."""
+    runs: list[list[Segment]] = []
+    for s in segs:
+        prev = runs[-1][-1] if runs else None
+        if (prev is not None and prev.doc == s.doc and prev.pos + prev.length <= s.pos
+                and prev.row + prev.length == s.row and prev.valid == prev.length):
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return runs
 
 
-@functools.lru_cache(maxsize=8192)
-def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...],
-                   mask: Mask) -> tuple[Block, ...]:
-    """All blocks of queries ``q_segs`` against keys ``k_segs`` under ``mask``."""
-    if q_segs == k_segs and mask.causal and mask.plain and _monotone(q_segs) and all(
-            s.pos + s.length <= s.doc_len for s in q_segs):
-        # Same positions on both sides, in increasing order, no padding: the global causal
-        # mask is the local one, so a single diagonal call covers the whole shard.
-        n = q_segs[-1].row + q_segs[-1].length - q_segs[0].row
-        return (Block(q_segs[0].row, q_segs[0].row + n, q_segs[0].row, q_segs[0].row + n,
-                      "causal"),)
-    found = [blk for a in q_segs for b in k_segs
-             if (blk := _pair_block(a, b, mask)) is not None]
+def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mask: Mask,
+                   same: bool = False) -> tuple[Block, ...]:
+    """All blocks of queries ``q_segs`` against keys ``k_segs`` under ``mask``.
+
+    ``same``: both sides are the same rows (a member against its own keys). Then, for a
+    causal mask without window, a run of one document's segments in increasing positions
+    is one causal block: the global mask is the local one there.
+    """
+    found: list[Block] = []
+    run_of: dict[int, int] = {}  # segment row -> its run, where a run is one causal block
+    if same and mask.causal and mask.plain:
+        for index, run in enumerate(_diagonal_runs(q_segs)):
+            if len(run) > 1 and run[-1].valid == run[-1].length:
+                start, stop = run[0].row, run[-1].row + run[-1].length
+                found.append(Block(start, stop, start, stop, "causal"))
+                run_of.update((seg.row, index) for seg in run)
+    by_doc: dict[int, list[Segment]] = defaultdict(list)
+    for b in k_segs:
+        by_doc[b.doc].append(b)
+    for a in q_segs:
+        for b in by_doc.get(a.doc, ()):
+            if a.row in run_of and run_of.get(b.row) == run_of[a.row]:
+                continue  # inside a run's causal block
+            if (blk := _pair_block(a, b, mask)) is not None:
+                found.append(blk)
     return _merge_full(found)
 
 
@@ -207,18 +166,23 @@ def _merge_full(found: list[Block]) -> tuple[Block, ...]:
             out.append(blk)
         return out
 
-    return tuple(merge(merge(found, rows=False), rows=True))
+    return tuple(sorted(merge(merge(found, rows=False), rows=True),
+                        key=lambda b: (b.q_start, b.k_start)))
 
 
 # ------------------------------------------------------------------------- the ring
 
+Source = Callable[[int, int], int]  # (member, step) -> whose payload member holds then
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class RingSchedule:
     """The whole schedule of one call: who holds which positions, and the mask.
 
     ``world`` ranks shard the sequence; with ``ulysses`` U > 1 they form world/U ring
     members, member g holding the shards of ranks gU .. gU+U-1 (after the all-to-all).
+    Build it with ``RingSchedule.of`` so that the layers of a model share one instance and
+    its memoised blocks (the same documents reach every layer).
     """
 
     layout: str
@@ -226,36 +190,70 @@ class RingSchedule:
     doc_lens: tuple[int, ...]
     mask: Mask
     ulysses: int = 1
+    _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=16)  # boundaries change every batch: keep only recent ones
+    def of(layout: str, world: int, doc_lens: tuple[int, ...], mask: Mask,
+           ulysses: int = 1) -> "RingSchedule":
+        return RingSchedule(layout, world, doc_lens, mask, ulysses)
 
     @property
     def ring_size(self) -> int:
         return self.world // self.ulysses
 
+    def memo(self, key, compute):
+        """``compute()`` once per key for this schedule (its blocks, rows, kernel calls)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
     def segments(self, member: int) -> tuple[Segment, ...]:
-        u = self.ulysses
-        return member_segments(self.layout, self.world, tuple(range(member * u, member * u + u)),
-                               self.doc_lens)
+        def compute():
+            u, out, row = self.ulysses, [], 0
+            for rank in range(member * u, member * u + u):
+                for s in rank_segments(self.layout, self.world, rank, self.doc_lens):
+                    out.append(dataclasses.replace(s, row=row))
+                    row += s.length
+            return tuple(out)
+        return self.memo(("segments", member), compute)
 
     def blocks(self, q_member: int, k_member: int) -> tuple[Block, ...]:
-        return blocks_between(self.segments(q_member), self.segments(k_member), self.mask)
+        return self.memo(("blocks", q_member, k_member), lambda: blocks_between(
+            self.segments(q_member), self.segments(k_member), self.mask,
+            same=q_member == k_member))
 
-    def last_step(self, source) -> int:
+    def needed_rows(self, source: Source, side: str = "k") -> tuple[tuple[int, ...], ...]:
+        """``rows[o][s]``: leading rows of member o's payload used at step s or later.
+
+        side 'k': o's keys/values, held at step s by the member m with source(m, s) == o,
+        which computes blocks(m, o). Side 'q': o's queries visiting m (the burst backward),
+        which computes blocks(o, m). A hop that hands o's payload to a member that first
+        uses it at step s carries rows[o][s] rows; zero means nothing is sent.
+        """
+        sources = tuple(tuple(source(m, s) for s in range(self.ring_size))
+                        for m in range(self.ring_size))
+        return self.memo(("needed", sources, side), lambda: self._needed(sources, side))
+
+    def _needed(self, sources, side) -> tuple[tuple[int, ...], ...]:
+        size = self.ring_size
+        used = [[0] * size for _ in range(size)]
+        for m in range(size):
+            for s, o in enumerate(sources[m]):
+                blocks = self.blocks(m, o) if side == "k" else self.blocks(o, m)
+                used[o][s] = max((b.k_stop if side == "k" else b.q_stop for b in blocks),
+                                 default=0)
+        for o in range(size):  # from a step on: the largest use at that step or later
+            for s in range(size - 2, -1, -1):
+                used[o][s] = max(used[o][s], used[o][s + 1])
+        return tuple(tuple(row) for row in used)
+
+    def last_step(self, source: Source) -> int:
         """The last ring step at which any member computes anything.
 
-        ``source(member, step)`` is the topology's answer to "whose keys does ``member``
-        hold at ``step``". Steps after this one are not run, and their payloads are never
-        sent: with a sliding window on the contiguous layout, K/V that no rank still needs
-        stay home.
+        Steps after this one are not run, and their payloads are never sent: with a sliding
+        window on the contiguous layout, or documents kept whole, K/V that no rank still
+        needs stay home.
         """
-        return _last_step(self, tuple(tuple(source(m, s) for s in range(self.ring_size))
-                                      for m in range(self.ring_size)))
-
-
-@functools.lru_cache(maxsize=1024)
-def _last_step(sched: RingSchedule, sources: tuple[tuple[int, ...], ...]) -> int:
-    last = 0
-    for member, row in enumerate(sources):
-        for step, src in enumerate(row):
-            if step > last and sched.blocks(member, src):
-                last = step
-    return last
+        rows = self.needed_rows(source)
+        return max((s for r in rows for s, n in enumerate(r) if n), default=0)

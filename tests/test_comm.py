@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron_burst.comm import Packed, PayloadRing, PeerComm, RingTopology, count_comm
+from megatron_burst.comm import Packed, PayloadRing, PeerComm, RingTopology, RowLayout, count_comm
 from tests.distributed import run_ranks
 
 
@@ -36,26 +36,39 @@ def test_packed_holding_copies_only_when_it_must() -> None:
     assert all(float(v.abs().sum()) == 0 for v in zero.views)
 
 
-def _ring_hops(rank: int, world: int) -> dict:
-    """K-like bf16 and lse-like fp32 go round a ring of `world`; one message per hop."""
+def _ring_hops(rank: int, world: int, keep: dict) -> dict:
+    """K-like bf16 and lse-like fp32 go round a ring of `world`; one message per hop, cut to
+    the rows its receiver uses (``keep[step]`` rows from that step on)."""
     ranks = list(range(world))
-    payload = (torch.full((3, 4), float(rank), dtype=torch.bfloat16),
-               torch.full((5,), 10.0 + rank))
-    ring = PayloadRing(RingTopology(ranks, rank), PeerComm(None), payload, world - 1)
+    payload = (torch.arange(3 * 4, dtype=torch.bfloat16).view(3, 4) + 100 * rank,
+               torch.arange(2 * 3, dtype=torch.float32).view(2, 3) + 100 * rank)
+    rows = lambda origin, step: keep[step]  # noqa: E731
+    ring = PayloadRing(RingTopology(ranks, rank), PeerComm(None),
+                       RowLayout.of(payload, (0, 1)), rows)
     seen, held = [], payload
     with count_comm() as stats:
         for step in range(world):
             ring.post(step, held)
-            seen.append((float(held[0][0, 0]), float(held[1][0])))
+            seen.append(None if held is None else [t.tolist() for t in held])
             if step < world - 1:
                 held = ring.next(step)
+        ring.finish()
     return dict(seen=seen, messages=stats.forward_messages, bytes=stats.forward_bytes)
 
 
-def test_payload_ring_sends_one_message_per_hop() -> None:
-    world = 3
-    for rank, out in enumerate(run_ranks(world, _ring_hops, timeout=120)):
-        assert out["seen"] == [((rank - s) % world, 10.0 + (rank - s) % world)
-                               for s in range(world)]
-        assert out["messages"] == world - 1
-        assert out["bytes"] == (world - 1) * (3 * 4 * 2 + 5 * 4)
+def test_payload_ring_sends_one_message_per_hop_cut_to_what_is_used() -> None:
+    world = 4
+    keep = {0: 3, 1: 3, 2: 2, 3: 0}  # rows used from each step on
+    for rank, out in enumerate(run_ranks(world, _ring_hops, keep, timeout=120)):
+        for step, got in enumerate(out["seen"]):
+            origin = (rank - step) % world
+            rows = 3 if step == 0 else keep[step]
+            if rows == 0:
+                assert got is None
+                continue
+            k = (torch.arange(12, dtype=torch.bfloat16).view(3, 4) + 100 * origin)[:rows]
+            lse = (torch.arange(6, dtype=torch.float32).view(2, 3) + 100 * origin)[:, :rows]
+            assert got == [k.tolist(), lse.tolist()]
+        # The hop at step 0 carries 3 rows, at step 1 two, at step 2 none (unused at 3).
+        assert out["messages"] == 2
+        assert out["bytes"] == (3 * 4 * 2 + 2 * 3 * 4) + (2 * 4 * 2 + 2 * 2 * 4)

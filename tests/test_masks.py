@@ -28,22 +28,27 @@ MASKS = {
     "causal-window40": dict(causal=True, window=(40, 0)),     # window > G chunks
     "window20+20": dict(causal=False, window=(20, 20)),
     "doc-causal": dict(causal=True, doc_lens=(5, 37, 22)),     # 5 < 2G; 37 spans all ranks
-    "doc-full": dict(causal=False, doc_lens=(13, 3, 30)),
+    "doc-full": dict(causal=False, doc_lens=(13, 3, 32)),
     "doc-causal-window": dict(causal=True, window=(6, 0), doc_lens=(5, 37, 22)),
+    # Documents of one token, one longer than a rank's shard, a pack ending in a 1-token one.
+    "doc-tiny": dict(causal=True, doc_lens=(1, 40, 1, 21, 1)),
 }
 
 
 def mask_grid(topologies):
     cases = []
     for topo, mask, layout, backward in itertools.product(
-            topologies, MASKS, ["zigzag", "contiguous"], ["burst", "ring"]):
+            topologies, MASKS, ["zigzag", "contiguous", "whole_docs"], ["burst", "ring"]):
+        if layout == "whole_docs" and "doc_lens" not in MASKS[mask] and mask != "causal":
+            continue  # whole_docs places a plain sequence as zigzag: causal covers it
         heads = (8, 2) if backward == "ring" else (4, 4)
         cases.append(dict(layout=layout, hq=heads[0], hkv=heads[1], d=32, backward=backward,
                           dtype=torch.float32, **MASKS[mask], **TOPOLOGIES[topo]))
     # bf16 and MQA (fewer K/V heads than Ulysses slots: replicated) on a few cases.
     for topo in topologies:
-        for mask in ("causal", "doc-causal", "causal-window3"):
-            cases.append(dict(layout="zigzag", hq=4, hkv=1, d=64, backward="auto",
+        for mask, layout in (("causal", "zigzag"), ("doc-causal", "zigzag"),
+                             ("causal-window3", "zigzag"), ("doc-tiny", "whole_docs")):
+            cases.append(dict(layout=layout, hq=4, hkv=1, d=64, backward="auto",
                               dtype=torch.bfloat16, **MASKS[mask], **TOPOLOGIES[topo]))
     return cases
 
@@ -89,12 +94,20 @@ def window_bytes_worker(rank, world):
 
 
 def test_skipped_window_steps_send_nothing():
+    from megatron_burst.cp_layout import CPLayout, HeadShape
+
     tokens, h, d = 8, 4, 16
-    for fwd, bwd, fwd0, bwd0 in run_ranks(4, window_bytes_worker):
-        assert fwd == cost.forward_bytes(4, tokens, h, d, 4, hops=1) < cost.forward_bytes(
-            4, tokens, h, d, 4)
-        assert bwd == cost.backward_bytes("ring", 4, tokens, h, h, d, 4, hops=1)
+    layout = CPLayout.build(4, backward="ring", heads=HeadShape(h, h, d, 4))
+    results = run_ranks(4, window_bytes_worker)
+    for rank, (fwd, bwd, fwd0, bwd0) in enumerate(results):
+        assert (fwd, bwd) == layout.rank_bytes(rank, batch=1, s_local=tokens,
+                                               layout="contiguous", window=(3, 0))
         assert (fwd0, bwd0) == (0, 0)
+    # One hop for each rank's K/V to its right neighbour (none from the last rank), and one
+    # dK/dV accumulator home for each: 3 hops in all, instead of 3 per rank.
+    assert sum(r[0] for r in results) == cost.forward_bytes(4, tokens, h, d, 4, hops=3)
+    assert sum(r[1] for r in results) == cost.backward_bytes("ring", 4, tokens, h, h, d, 4,
+                                                             hops=3)
 
 
 BAD = {

@@ -97,12 +97,12 @@ def synthetic_batch(cfg: Config, it: int) -> dict[str, torch.Tensor]:
 
 
 def predicted_ring_bytes(cfg: Config, iters: int) -> tuple[int, int]:
-    """(forward, backward) bytes one CP rank sends over ``iters`` steps, per the layout."""
+    """(forward, backward) bytes CP rank 0 sends over ``iters`` steps, per the layout."""
     m, p, tr = cfg.model, cfg.parallel, cfg.training
     if p.context == 1:
         return 0, 0
-    fwd, bwd = CPLayout.from_run_config(cfg).call_bytes(tr.micro_batch_size * m.seq_length
-                                                         // p.context)
+    fwd, bwd = CPLayout.from_run_config(cfg).rank_bytes(
+        0, batch=tr.micro_batch_size, s_local=m.seq_length // p.context)
     # Full recompute runs every layer's forward (and its ring) a second time in backward.
     forwards = 2 if tr.recompute == "full" else 1
     return iters * m.num_layers * forwards * fwd, iters * m.num_layers * bwd

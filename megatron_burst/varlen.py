@@ -1,0 +1,173 @@
+"""A ring step's blocks as few kernel calls: one varlen call per mask shape, not one per block.
+
+With packed documents a ring step holds many small blocks (a block per document, per
+segment, per band), and a kernel launch each costs more than the work. A varlen kernel
+takes them all in one launch: the blocks' query rows are packed back to back, their key
+rows likewise, and ``cu_seqlens_q/k`` say where each block starts. One call covers blocks
+that share a mask shape (full, causal, or one band) and whose query rows are disjoint.
+
+Large blocks still go to the dense kernel one by one (cuDNN is faster than the varlen
+flash kernel where launches do not matter). Packing copies only what is not already one
+contiguous run of rows; outputs are merged back run by run, as views.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+
+from .merge import merge_partial
+from .schedule import Block
+
+Runs = tuple[tuple[int, int], ...]  # contiguous local row ranges, in packed order
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KernelCall:
+    """One local kernel invocation of a ring step.
+
+    Dense (one block): ``blocks[0]`` on row slices. Varlen: the blocks' query rows packed
+    in ``q_runs`` order, key rows in ``k_runs`` order, sequence i being block i.
+    ``window`` is flash-attn's bottom-right aligned (left, right) for every sequence.
+    """
+
+    blocks: tuple[Block, ...]
+    varlen: bool
+    q_runs: Runs = ()
+    k_runs: Runs = ()
+    cu_q: tuple[int, ...] = ()
+    cu_k: tuple[int, ...] = ()
+    window: tuple[int, int] = (-1, -1)
+    causal: bool = False
+    _device_cu: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def max_q(self) -> int:
+        return max(b.q_stop - b.q_start for b in self.blocks)
+
+    @property
+    def max_k(self) -> int:
+        return max(b.k_stop - b.k_start for b in self.blocks)
+
+    def cu_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cu_seqlens_q/k as int32 tensors on ``device`` (made once per device)."""
+        key = str(device)
+        if key not in self._device_cu:
+            both = torch.tensor([self.cu_q, self.cu_k], dtype=torch.int32)
+            both = both.to(device, non_blocking=True)
+            self._device_cu[key] = (both[0], both[1])
+        return self._device_cu[key]
+
+
+def mask_shape(block: Block) -> tuple[tuple[int, int], bool]:
+    """(flash window, causal) under which a varlen kernel computes exactly ``block``."""
+    if block.kind == "full":
+        return (-1, -1), False
+    if block.kind == "causal":
+        return (-1, 0), True
+    n, m = block.q_stop - block.q_start, block.k_stop - block.k_start
+    return ((m - n) - block.lo, block.hi - (m - n)), False
+
+
+def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float
+               ) -> tuple[KernelCall, ...]:
+    """Group ``blocks`` into kernel calls.
+
+    ``varlen`` False (no varlen kernel for this batch shape): one dense call per block.
+    Otherwise blocks of at least ``dense_min_area`` visible pairs run dense, and the rest
+    are grouped by mask shape into varlen calls with disjoint query rows; a group of one
+    block runs dense too.
+    """
+    if not varlen or len(blocks) < 2:
+        return tuple(KernelCall((b,), False) for b in blocks)
+    calls = [KernelCall((b,), False) for b in blocks if b.area >= dense_min_area]
+    shapes: dict[tuple, list[list[Block]]] = {}
+    for b in sorted((b for b in blocks if b.area < dense_min_area),
+                    key=lambda b: (b.q_start, b.k_start)):
+        waves = shapes.setdefault(mask_shape(b), [])
+        wave = next((w for w in waves if w[-1].q_stop <= b.q_start), None)
+        if wave is None:
+            waves.append([b])
+        else:
+            wave.append(b)
+    for (window, causal), waves in shapes.items():
+        for wave in waves:
+            calls.append(_varlen_call(wave, window, causal) if len(wave) > 1
+                         else KernelCall((wave[0],), False))
+    return tuple(calls)
+
+
+def _varlen_call(wave: list[Block], window: tuple[int, int], causal: bool) -> KernelCall:
+    cu_q, cu_k = [0], [0]
+    for b in wave:
+        cu_q.append(cu_q[-1] + b.q_stop - b.q_start)
+        cu_k.append(cu_k[-1] + b.k_stop - b.k_start)
+    return KernelCall(tuple(wave), True, _runs([(b.q_start, b.q_stop) for b in wave]),
+                      _runs([(b.k_start, b.k_stop) for b in wave]), tuple(cu_q), tuple(cu_k),
+                      window, causal)
+
+
+def _runs(ranges: list[tuple[int, int]]) -> Runs:
+    """Ranges in order, adjacent ones joined."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------- packing
+
+
+def gather(x: torch.Tensor, runs: Runs, dim: int = 0) -> torch.Tensor:
+    """The rows of ``runs`` back to back along ``dim``: a view for one run, else a copy."""
+    parts = [x.narrow(dim, a, b - a) for a, b in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def _offsets(runs: Runs):
+    off = 0
+    for a, b in runs:
+        yield a, b, off
+        off += b - a
+
+
+def run_forward(kernel, call: KernelCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                out: torch.Tensor, lse: torch.Tensor, scale: float) -> None:
+    """Compute ``call`` and merge it into the accumulators (bshd views, lse [b, h, s])."""
+    if not call.varlen:
+        blk = call.blocks[0]
+        o, o_lse = kernel.forward(q[:, blk.q], k[:, blk.k], v[:, blk.k], blk, scale)
+        merge_partial(out[:, blk.q], lse[:, :, blk.q], o, o_lse)
+        return
+    o, o_lse = kernel.forward_varlen(gather(q[0], call.q_runs), gather(k[0], call.k_runs),
+                                     gather(v[0], call.k_runs), call, scale)
+    for a, b, off in _offsets(call.q_runs):
+        merge_partial(out[:, a:b], lse[:, :, a:b], o[None, off:off + b - a],
+                      o_lse[None, :, off:off + b - a])
+
+
+def run_backward(kernel, call: KernelCall, dout: torch.Tensor, q: torch.Tensor,
+                 k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """Gradients of ``call``'s blocks, added into the (fp32) accumulators dq, dk, dv."""
+    if not call.varlen:
+        blk = call.blocks[0]
+        gq, gk, gv = kernel.backward(dout[:, blk.q], q[:, blk.q], k[:, blk.k], v[:, blk.k],
+                                     out[:, blk.q], lse[:, :, blk.q], blk, scale)
+        dq[:, blk.q] += gq
+        dk[:, blk.k] += gk
+        dv[:, blk.k] += gv
+        return
+    qr, kr = call.q_runs, call.k_runs
+    gq, gk, gv = kernel.backward_varlen(
+        gather(dout[0], qr), gather(q[0], qr), gather(k[0], kr), gather(v[0], kr),
+        gather(out[0], qr), gather(lse[0], qr, dim=1).contiguous(), call, scale)
+    for a, b, off in _offsets(qr):
+        dq[0, a:b] += gq[off:off + b - a]
+    for a, b, off in _offsets(kr):  # a key row used by two blocks appears twice: both add
+        dk[0, a:b] += gk[off:off + b - a]
+        dv[0, a:b] += gv[off:off + b - a]
