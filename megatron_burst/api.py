@@ -2,13 +2,18 @@
 
 Every check here uses only this rank's arguments and the group's size, so a bad call
 raises ``ValueError`` on every rank before any byte is sent, instead of leaving the ranks
-that passed waiting forever on the ones that failed.
+that passed waiting forever on the ones that failed. Arguments that are fine on each rank
+but differ between ranks are caught next, by ``agree.check_agreement``; a rank whose own
+arguments fail tells its peers through the same check, so they raise too.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
 
+from . import agree
 from .burst import BurstAttentionFunction, RingSpec
 from .comm import RingTopology
 from .cp_layout import CPLayout, HeadShape
@@ -55,6 +60,8 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_fo
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"q and k must have the same head_dim, got {q.shape[3]} and "
                          f"{k.shape[3]}")
+    if q.shape[3] == 0:
+        raise ValueError("head_dim (the last dim of q, k, v) must be positive, got 0")
     hq, hkv = q.shape[2], k.shape[2]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"the number of q heads ({hq}) must be a multiple of the number of "
@@ -66,11 +73,16 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_fo
             f"sequence length {s_local * world} (local {s_local} x {world} ranks) must be "
             f"divisible by {per_rank * world} for layout {layout!r}")
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float))
+                                          and not isinstance(softmax_scale, bool)
+                                          and math.isfinite(softmax_scale)
                                           and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be a positive number or None, got "
+        raise ValueError(f"softmax_scale must be a finite positive number or None, got "
                          f"{softmax_scale!r}")
+    if not isinstance(causal, bool):  # "False" or None would silently pick a mask
+        raise ValueError(f"causal must be a bool, got {causal!r}")
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or not all(isinstance(w, int) and w >= -1 for w in window_size)):
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1
+                       for w in window_size)):
         raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), got "
                          f"{window_size!r}")
     if cu_seqlens is not None:
@@ -106,13 +118,23 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``return_lse=True`` also lse [b, hq, s_local] fp32. Differentiable in q, k and v.
     ``kernel`` forces a local attention backend by name (see ``kernels.KERNELS``).
     """
+    agree.require_member(group)  # first: a non-member's group size reads -1
     world, rank = group_size_rank(group)
-    doc_lens = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
-                         qkv_format, cu_seqlens)
-    d = q.shape[3]
-    cp = CPLayout.build(world, ulysses=ulysses_size, ranks_per_node=intra_node_size,
-                        backward=backward,
-                        heads=HeadShape(q.shape[2], k.shape[2], d, q.element_size()))
+    try:
+        doc_lens = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
+                             qkv_format, cu_seqlens)
+        d = q.shape[3]
+        cp = CPLayout.build(world, ulysses=ulysses_size, ranks_per_node=intra_node_size,
+                            backward=backward,
+                            heads=HeadShape(q.shape[2], k.shape[2], d, q.element_size()))
+        sig = agree.signature(
+            q, k, v, doc_lens, causal=causal, softmax_scale=softmax_scale,
+            window_size=window_size, layout=layout, backward=backward, qkv_format=qkv_format,
+            intra_node_size=intra_node_size, ulysses_size=ulysses_size, kernel=kernel)
+    except ValueError as err:
+        agree.check_agreement(group, agree.failed_signature(str(err)))  # peers learn of it
+        raise
+    agree.check_agreement(group, sig)
     seq_first = qkv_format == "sbhd"
     s_local = q.shape[0] if seq_first else q.shape[1]
     doc_lens = doc_lens or (s_local * world,)

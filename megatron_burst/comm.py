@@ -18,11 +18,18 @@ accumulators accordingly, so the attention loops never see the topology.
 On CUDA the transfers run on NCCL's own streams; ``Pending.wait()`` makes the current
 stream wait for them without blocking the host, so the kernels queued before it overlap
 the transfer.
+
+A peer that fails or hangs mid-ring must not leave the others waiting forever: on CPU
+(gloo) every host-blocking wait gives up after ``MEGATRON_BURST_TIMEOUT_S`` seconds
+(default 600) with an error naming the peer (``wait_bounded``).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import os
+import time
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -56,7 +63,9 @@ def count_comm() -> Iterator[CommStats]:
     try:
         yield stats
     finally:
-        _ACTIVE.remove(stats)
+        # By identity: CommStats is a dataclass, so list.remove() would compare values and
+        # could drop an enclosing counter that happens to hold the same counts.
+        _ACTIVE[:] = [s for s in _ACTIVE if s is not stats]
 
 
 def record_sent(nbytes: int, phase: str) -> None:
@@ -68,6 +77,47 @@ def record_sent(nbytes: int, phase: str) -> None:
         else:
             stats.backward_bytes += nbytes
             stats.backward_messages += 1
+
+
+# ---------------------------------------------------------------------------- timeouts
+
+TIMEOUT_ENV = "MEGATRON_BURST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def timeout_s() -> float:
+    """The bound on one host-blocking wait, in seconds (read per wait, so tests can set it)."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # also rejects nan
+        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def wait_bounded(work: dist.Work, device: torch.device, waiting_for: str,
+                 why: str = "that rank failed or is stuck") -> None:
+    """Wait for ``work``; on CPU give up after ``timeout_s()`` with an error naming the peer.
+
+    ``waiting_for`` completes "rank R waited T s ..." (e.g. "for a ring hop from rank 0
+    (forward)"). On CUDA (NCCL) nothing is bounded here, because ``wait()`` only makes the
+    current stream wait and the host never blocks: a dead peer is caught by the process
+    group's own timeout (``init_process_group(timeout=...)``), whose watchdog aborts the
+    communicator when ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is on (the default).
+    """
+    if device.type != "cpu":
+        work.wait()
+        return
+    start = time.monotonic()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=timeout_s()))
+    except RuntimeError as e:  # gloo's timeout, or the peer's connection closing
+        raise RuntimeError(f"rank {dist.get_rank()} waited {time.monotonic() - start:.1f} s "
+                           f"{waiting_for}: {why}") from e
 
 
 # ---------------------------------------------------------------------------- the ring
@@ -127,12 +177,17 @@ class Batch:
     The sent buffers are held until then: gloo cancels a send whose work is dropped.
     """
 
-    def __init__(self, works: list, sent: object = ()):
+    def __init__(self, works: list, sent: object = (), what: Sequence[str] = (),
+                 device: torch.device | None = None):
         self._works, self._sent = works, sent
+        self._what, self._device = list(what), device  # per op: whom a timeout names
 
     def wait(self) -> None:
-        for work in self._works:
-            work.wait()
+        # gloo hands back one work per op, in op order; NCCL one for the batch, and NCCL
+        # waits are never timed (see wait_bounded).
+        for i, work in enumerate(self._works):
+            what = self._what[i] if i < len(self._what) else "for a ring hop"
+            wait_bounded(work, self._device or torch.device("cpu"), what)
         self._works, self._sent = [], ()
 
 
@@ -174,13 +229,17 @@ class PeerComm:
         each other. Returns a Pending per receive (all of them the first when there is none
         to receive: it then only holds the sent buffers until the batch completes).
         """
-        ops = []
+        ops, what = [], []
         for buf, to in sends:
             ops.append(dist.P2POp(dist.isend, buf.flat, to, self.group))
+            what.append(f"for rank {to} to take a ring hop ({self.phase})")
             record_sent(buf.nbytes, self.phase)
         for buf, frm in recvs:
             ops.append(dist.P2POp(dist.irecv, buf.flat, frm, self.group))
-        batch = Batch(dist.batch_isend_irecv(ops) if ops else [], [buf for buf, _ in sends])
+            what.append(f"for a ring hop from rank {frm} ({self.phase})")
+        device = ops[0].tensor.device if ops else None
+        batch = Batch(dist.batch_isend_irecv(ops) if ops else [], [buf for buf, _ in sends],
+                      what, device)
         return [Pending(batch, buf) for buf, _ in recvs] or [Pending(batch, None)]
 
     def send_recv(self, payload: Packed | Sequence[torch.Tensor], to: int,
@@ -415,16 +474,17 @@ def exchange(group: dist.ProcessGroup | None, sends: dict[int, torch.Tensor],
     Used by the Ulysses all-to-all inside a group of U ranks, without creating a process
     group per Ulysses group (which would need every rank of the job to take part).
     """
-    ops, received, nbytes = [], {}, 0
+    ops, received, nbytes, what = [], {}, 0, []
     for peer, t in sends.items():
         t = t.contiguous()
         ops.append(dist.P2POp(dist.isend, t, peer, group))
         nbytes += t.numel() * t.element_size()
+        what.append(f"for rank {peer} to take its all-to-all piece ({phase})")
     for peer, like in recv_like.items():
         received[peer] = torch.empty_like(like, memory_format=torch.contiguous_format)
         ops.append(dist.P2POp(dist.irecv, received[peer], peer, group))
+        what.append(f"for an all-to-all piece from rank {peer} ({phase})")
     if ops:
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        Batch(dist.batch_isend_irecv(ops), what=what, device=ops[0].tensor.device).wait()
     record_sent(nbytes, phase)
     return received

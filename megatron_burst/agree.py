@@ -1,0 +1,223 @@
+"""Every rank of a ``burst_attn`` call must pass the same arguments: this checks that they do.
+
+Why: the ring trusts that all ranks run one schedule. A rank that passes ``causal=False``
+while its peers pass True, other document boundaries, or fp32 against bf16, either hangs
+the ring (its messages or step counts differ from its peers') or silently computes wrong
+attention. ``api._validate`` cannot see it, since each rank's arguments are fine on their
+own. So before the first byte of a call moves, the ranks trade a fingerprint (one 63-bit
+hash per argument, one tiny all-gather) and, if any field differs, all raise the same
+ValueError naming the fields and which ranks passed what.
+
+Cost. ``MEGATRON_BURST_AGREE`` (the same on every rank) picks when to check:
+``first`` (default) the first call per distinct signature on each group, ``always``
+every call (debugging), ``off`` never. Verified signatures are cached per group, so
+steady-state training repeats known signatures and pays nothing. With packed documents
+every batch brings new boundaries, hence a new signature: those calls are all checked
+(one all-gather of a few hundred bytes; the boundaries are already on the host).
+
+Why the cache cannot make ranks diverge: a rank skips the collective only on a cache hit,
+so all ranks of the group must always agree on hit or miss, or one would wait in the
+all-gather while another is already in the ring.
+- Each rank's cache for a group changes only when a check passes, i.e. when every rank
+  of the group passed the same signature; it is then inserted, on every rank, at the
+  same call. Eviction is first-in-first-out at a fixed size, and a hit reorders nothing.
+  So the cache is a function of the group's history of verified signatures, the same
+  on every rank, even after calls that went wrong.
+- Hence in a call where all ranks pass the same signature they all hit or all miss:
+  a correct program never diverges.
+- In a call where ranks disagree: if no rank's signature is cached (the usual case: a
+  bug is there from its first call, or comes with a new shape) all ranks check and all
+  raise the same ValueError. The residual case is a rank repeating a signature verified
+  within the last ``CACHE_SIZE`` signatures while a peer passes another one. No
+  communication-free rule can catch it: a rank that sends nothing learns nothing about
+  its peers. If every rank hits (each repeats some verified signature), the call runs
+  unchecked, as without this module. If some hit and some miss, the missing ranks wait
+  in the all-gather while the others wait in the ring: on CPU both sides raise after
+  ``MEGATRON_BURST_TIMEOUT_S`` (the check's error says why), on NCCL the process
+  group's timeout ends it. ``always`` catches both cases at one tiny collective per call.
+So ``first`` never hangs a program that passes agreeing arguments, and turns a
+disagreement into an error whenever it can; it is the default.
+
+A rank whose own arguments are invalid joins the check too, with ``failed_signature``
+(its error in place of the arguments), so its peers raise the same error naming it
+instead of waiting for it in the ring.
+
+Outside this argument: every rank must run with the same mode (a rank with ``off`` never
+joins the collective its peers run).
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import struct
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+
+from .comm import wait_bounded
+
+MODE_ENV = "MEGATRON_BURST_AGREE"
+MODES = ("first", "always", "off")
+CACHE_SIZE = 256  # verified signatures kept per group
+
+_CACHES: dict[str, collections.OrderedDict] = {}  # group name -> verified signatures
+
+
+def clear_cache() -> None:
+    """Forget every verified signature (call on all ranks together, e.g. after re-init)."""
+    _CACHES.clear()
+
+
+def require_member(group: dist.ProcessGroup | None) -> None:
+    """Raise ValueError, before any communication, if this process is not in ``group``."""
+    if group is None or not dist.is_available() or not dist.is_initialized():
+        return
+    # dist.new_group hands non-members a placeholder whose rank and size read -1.
+    if dist.get_rank(group) < 0:
+        raise ValueError(
+            f"burst_attn: this process (global rank {dist.get_rank()}) is not a member of "
+            f"the group it passed (dist.new_group returns a placeholder to the ranks it "
+            f"leaves out): pass the context-parallel group this rank belongs to")
+
+
+FIELDS = ("batch", "s_local", "hq", "hkv", "head_dim", "dtype", "device", "requires_grad",
+          "causal", "softmax_scale", "window_size", "layout", "backward", "qkv_format",
+          "intra_node_size", "ulysses_size", "kernel", "cu_seqlens", "error")
+
+
+def failed_signature(error: str) -> dict[str, object]:
+    """The signature of a rank whose arguments failed its own validation."""
+    return {**{name: None for name in FIELDS}, "error": error}
+
+
+def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              doc_lens: tuple[int, ...] | None, *, causal: bool,
+              softmax_scale: float | None, window_size: tuple[int, int], layout: str,
+              backward: str, qkv_format: str, intra_node_size: int | None,
+              ulysses_size: int, kernel: str | None) -> dict[str, object]:
+    """What every rank must agree on, as hashable values with stable reprs.
+
+    Arguments must already be validated (``api._validate``), so shapes are consistent.
+    The device index is left out on purpose: each rank has its own GPU.
+    """
+    seq_first = qkv_format == "sbhd"
+    return {
+        "batch": q.shape[1] if seq_first else q.shape[0],
+        "s_local": q.shape[0] if seq_first else q.shape[1],
+        "hq": q.shape[2], "hkv": k.shape[2], "head_dim": q.shape[3],
+        "dtype": q.dtype, "device": q.device.type,
+        # The backward ring runs only where autograd will call it: all ranks or none.
+        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+        "causal": causal,
+        "softmax_scale": None if softmax_scale is None else float(softmax_scale),
+        "window_size": tuple(window_size), "layout": layout, "backward": backward,
+        "qkv_format": qkv_format, "intra_node_size": intra_node_size,
+        "ulysses_size": ulysses_size, "kernel": kernel,
+        "cu_seqlens": None if doc_lens is None else _describe_docs(doc_lens),
+        "error": None,
+    }
+
+
+def _describe_docs(lens: tuple[int, ...]) -> str:
+    """Document lengths as a short string that still pins all of them (by digest)."""
+    digest = hashlib.blake2b(struct.pack(f"<{len(lens)}q", *lens), digest_size=8).hexdigest()
+    head = ", ".join(map(str, lens[:6])) + (", ..." if len(lens) > 6 else "")
+    return f"{len(lens)} documents [{head}] #{digest}"
+
+
+def _mode() -> str:
+    mode = os.environ.get(MODE_ENV, "first").strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) -> None:
+    """Raise the same ValueError on every rank of ``group`` if their ``sig`` differ.
+
+    Call on every rank, with the same mode, before the call's first communication.
+    """
+    mode = _mode()
+    if mode == "off" or not dist.is_available() or not dist.is_initialized():
+        return
+    pg = group if group is not None else dist.group.WORLD
+    cache = _CACHES.setdefault(pg.group_name, collections.OrderedDict())
+    key = tuple(sig.items())
+    if mode == "first" and key in cache:
+        return  # verified with every rank before; see the module docstring for why
+    if dist.get_world_size(group) < 2:
+        return  # nobody to disagree with
+    names = sorted(sig)
+    table = _exchange(group, [_field_hash(n, sig[n]) for n in names])
+    differing = [i for i, column in enumerate(zip(*table)) if len(set(column)) > 1]
+    if differing:
+        raise ValueError(_disagreement(group, sig, [names[i] for i in differing],
+                                       [[row[i] for i in differing] for row in table]))
+    cache[key] = None
+    if len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)  # the oldest: the same one on every rank
+
+
+def _field_hash(name: str, value: object) -> int:
+    """63 bits of blake2b over ``name=repr(value)``: the same in every process (unlike
+    ``hash()``, which is salted per process for strings), and fits an int64."""
+    digest = hashlib.blake2b(f"{name}={value!r}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _exchange(group: dist.ProcessGroup | None, fingerprint: list[int]) -> list[list[int]]:
+    """All ranks' fingerprints, in group rank order (one all-gather, bounded on CPU)."""
+    device = _device(group)
+    mine = torch.tensor(fingerprint, dtype=torch.int64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    work = dist.all_gather(rows, mine, group=group, async_op=True)
+    wait_bounded(work, device, "for the other ranks to join burst_attn's argument check",
+                 why="a rank failed, is stuck, or skipped the check because it repeated "
+                     "arguments the group verified earlier while this rank passed new ones "
+                     "(the ranks disagree; MEGATRON_BURST_AGREE=always pins it down)")
+    return torch.stack(rows).tolist()
+
+
+def _device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where the fingerprint must live for ``group``'s backend: CPU unless NCCL only."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and "gloo" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _disagreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
+                  names: list[str], table: list[list[int]]) -> str:
+    """The error message, built only from gathered data so every rank prints the same.
+
+    The hashes say who disagrees; one more exchange (on this error path only) fetches
+    the values to print.
+    """
+    ranks = _group_ranks(group)
+    values: list = [None] * len(ranks)
+    dist.all_gather_object(values, {n: sig[n] for n in names}, group=group)
+    if "error" in names:  # some rank's own arguments were invalid: that is the news
+        failed = [(ranks[p], v["error"]) for p, v in enumerate(values) if v["error"]]
+        return "; ".join(f"burst_attn failed on rank {r}: {msg}" for r, msg in failed) + (
+            " (every rank of the group raises this error)")
+    parts = []
+    for j, name in enumerate(names):
+        holders: dict[int, list[int]] = {}  # hash -> positions, in first-seen order
+        for pos, row in enumerate(table):
+            holders.setdefault(row[j], []).append(pos)
+        said = [f"{_ranks_text([ranks[p] for p in ps])} passed {values[ps[0]][name]!r}"
+                for ps in holders.values()]
+        parts.append(f"{name!r}: " + ", ".join(said))
+    return ("burst_attn: ranks disagree on " + "; on ".join(parts)
+            + " (every rank of the group must pass the same arguments)")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
+def _group_ranks(group: dist.ProcessGroup | None) -> list[int]:
+    """Global ranks of ``group`` in group order, for messages."""
+    return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
