@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -30,13 +32,27 @@ import megatron_burst as mb  # noqa: E402
 from megatron_burst import kernels  # noqa: E402
 from megatron_burst.schedule import Block  # noqa: E402
 
-DOC_MIX = (0.40, 0.22, 0.15, 0.10, 0.06, 0.04, 0.02, 0.01)  # a long-tailed length mix
+DOC_MIX = (0.40, 0.22, 0.15, 0.10, 0.06, 0.04, 0.02, 0.01)  # "docs": a few long documents
+DOC_MASKS = ("docs", "docs-lognormal")
 
 
-def doc_lens(total: int) -> tuple[int, ...]:
-    lens = [int(total * f) for f in DOC_MIX]
-    lens[0] += total - sum(lens)
-    return tuple(lens)
+def doc_lens(total: int, mask: str = "docs") -> tuple[int, ...]:
+    """Document lengths of the packed sequence.
+
+    ``docs``: a few long documents (40%, 22%, ... 1% of the tokens). ``docs-lognormal``:
+    lengths drawn from a lognormal with mean 2048 (sigma 1), clipped to 128..16384, seeded
+    (random.Random(0)), the last one cut to fit: Llama-3-style pretraining packs.
+    """
+    if mask == "docs":
+        lens = [int(total * f) for f in DOC_MIX]
+        lens[0] += total - sum(lens)
+        return tuple(lens)
+    rng, lens = random.Random(0), []
+    mu = math.log(2048) - 0.5  # mean of a lognormal = exp(mu + sigma^2 / 2)
+    while sum(lens) < total:
+        lens.append(min(16384, max(128, int(rng.lognormvariate(mu, 1.0)))))
+    lens[-1] -= sum(lens) - total
+    return tuple(n for n in lens if n)
 
 
 def unmasked_pairs(n: int, mask: str) -> float:
@@ -47,8 +63,8 @@ def unmasked_pairs(n: int, mask: str) -> float:
     if mask.startswith("window"):
         w = int(mask[len("window"):]) + 1
         return float(w * n - w * (w - 1) / 2) if w < n else n * (n + 1) / 2
-    if mask == "docs":
-        return sum(x * (x + 1) / 2 for x in doc_lens(n))
+    if mask in DOC_MASKS:
+        return sum(x * (x + 1) / 2 for x in doc_lens(n, mask))
     raise ValueError(mask)
 
 
@@ -72,9 +88,9 @@ def time_fwd_bwd(fwd, do, iters: int, warmup: int) -> dict:
 
 def whole_sequence_blocks(n: int, mask: str) -> list[Block]:
     """The single-GPU reference's blocks: one per document, band for windows."""
-    if mask == "docs":
+    if mask in DOC_MASKS:
         out, a = [], 0
-        for length in doc_lens(n):
+        for length in doc_lens(n, mask):
             out.append(Block(a, a + length, a, a + length, "causal"))
             a += length
         return out
@@ -97,8 +113,9 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
     causal = mask != "full"
     window = (int(mask[len("window"):]), 0) if mask.startswith("window") else (-1, -1)
     cu = None
-    if mask == "docs":
-        cu = torch.tensor([0, *torch.tensor(doc_lens(total)).cumsum(0).tolist()],
+    docs = mask in DOC_MASKS
+    if docs:
+        cu = torch.tensor([0, *torch.tensor(doc_lens(total, mask)).cumsum(0).tolist()],
                           dtype=torch.int32)
     flops_fwd = 4 * unmasked_pairs(total, mask) * hq * d
     rows = []
@@ -107,18 +124,24 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
     # where uncapped, the correctness reference for every method.
     ref = None
     n1 = min(total, args.single_cap)
+    if docs:  # the whole packed sequence in one varlen call on one GPU (never capped)
+        n1 = total
     if rank == 0 or n1 == total:
         xs = [t[:, :n1].clone().requires_grad_() for t in (q, k, v)]
-        blocks = whole_sequence_blocks(n1, mask)
-        t = time_fwd_bwd(lambda: baselines.local_attention(*xs, blocks), do[:, :n1],
-                         args.iters, args.warmup)
+        if docs:
+            single = lambda: baselines.varlen_attention(*xs, cu.to(dev))  # noqa: E731
+            kernel_name = "torch varlen_attn (flash)"
+        else:
+            blocks = whole_sequence_blocks(n1, mask)
+            single = lambda: baselines.local_attention(*xs, blocks)  # noqa: E731
+            kernel_name = kernels.select_kernel(q, k).name
+        t = time_fwd_bwd(single, do[:, :n1], args.iters, args.warmup)
         if n1 == total:
             with torch.no_grad():
-                ref = baselines.local_attention(*(x.detach() for x in xs), blocks)
+                ref = single().detach()
         f1 = 4 * unmasked_pairs(n1, mask) * hq * d
         rows.append(dict(method="single-gpu kernel", gpus=1, tokens=n1, **t,
-                         tflops_per_gpu=3.5 * f1 / t["total_ms"] / 1e9,
-                         kernel=kernels.select_kernel(q, k).name))
+                         tflops_per_gpu=3.5 * f1 / t["total_ms"] / 1e9, kernel=kernel_name))
         del xs
     torch.cuda.empty_cache()
 
@@ -127,22 +150,17 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
 
     wanted = lambda name: not args.methods or any(m in name for m in args.methods.split(","))  # noqa
 
-    def run(name, fn_of_local):
+    def run(name, fn_of_local, layout="zigzag"):
         if wanted(name):
-            local = [shard(t).requires_grad_() for t in (q, k, v)]
-            rows.append(measure(args, name, lambda: fn_of_local(local), shard(do), local,
-                                None if ref is None else shard(ref), world, flops_fwd))
+            local = [shard(t, layout).requires_grad_() for t in (q, k, v)]
+            rows.append(measure(args, name, lambda: fn_of_local(local), shard(do, layout),
+                                local, None if ref is None else shard(ref, layout), world,
+                                flops_fwd))
 
-    burst = {f"burst ({bwd} bwd)": dict(backward=bwd) for bwd in ("auto", "burst", "ring")}
-    if world >= 4:  # two simulated "nodes" of world/2 GPUs: 2x2 on 4 GPUs, 2x4 on 8
-        burst[f"burst double-ring 2x{world // 2}"] = dict(intra_node_size=world // 2)
-    if mask in ("causal", "full"):  # Ulysses inside, ring across (USP): heads permitting
-        for u in (2, 4):
-            if 1 < u < world and world % u == 0 and hkv % u == 0:
-                burst[f"burst usp {u}x{world // u} (ulysses x ring)"] = dict(ulysses_size=u)
-    for name, opts in burst.items():
-        run(name, lambda local, opts=opts: mb.burst_attn(
-            *local, causal=causal, window_size=window, cu_seqlens=cu, **opts))
+    if docs:
+        run_documents(run, cu, world, hq, hkv)
+    else:
+        run_sequence(run, causal, window, mask, world, hq, hkv)
     if mask in ("causal", "full"):
         if hq % world == 0 and hkv % world == 0:
             run("ulysses a2a (written here)",
@@ -156,6 +174,38 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
     return rows
 
 
+def run_sequence(run, causal, window, mask, world, hq, hkv) -> None:
+    """burst's layouts on a plain (causal, full or windowed) sequence."""
+    burst = {f"burst ({bwd} bwd)": dict(backward=bwd) for bwd in ("auto", "burst", "ring")}
+    if world >= 4:  # two simulated "nodes" of world/2 GPUs: 2x2 on 4 GPUs, 2x4 on 8
+        burst[f"burst double-ring 2x{world // 2}"] = dict(intra_node_size=world // 2)
+    if mask in ("causal", "full"):  # Ulysses inside, ring across (USP): heads permitting
+        for u in (2, 4):
+            if 1 < u < world and world % u == 0 and hkv % u == 0:
+                burst[f"burst usp {u}x{world // u} (ulysses x ring)"] = dict(ulysses_size=u)
+    for name, opts in burst.items():
+        run(name, lambda local, opts=opts: mb.burst_attn(
+            *local, causal=causal, window_size=window, **opts))
+
+
+def run_documents(run, cu, world, hq, hkv) -> None:
+    """Packed causal documents: burst's whole_docs layout against the TE-style per-document
+    zigzag ring and the varlen peers, all with the same varlen flash kernel."""
+    for bwd in ("auto", "burst", "ring"):
+        run(f"burst whole_docs ({bwd} bwd)", lambda local, bwd=bwd: mb.burst_attn(
+            *local, causal=True, layout="whole_docs", cu_seqlens=cu, backward=bwd),
+            layout="whole_docs")
+    if world >= 4:
+        run(f"burst whole_docs double-ring 2x{world // 2}", lambda local: mb.burst_attn(
+            *local, causal=True, layout="whole_docs", cu_seqlens=cu,
+            intra_node_size=world // 2), layout="whole_docs")
+    run("burst per-document zigzag (TE-style)", lambda local: mb.burst_attn(
+        *local, causal=True, layout="zigzag", cu_seqlens=cu))
+    run("all-gather KV + varlen (torchtitan-style)", lambda local: baselines.allgather_varlen(
+        *local, cu, "whole_docs"), layout="whole_docs")
+    if hq % world == 0 and hkv % world == 0:
+        run("ulysses + varlen", lambda local: baselines.ulysses_varlen(
+            *local, cu, "whole_docs"), layout="whole_docs")
 def measure(args, name, fn, do_local, params, ref_local, world, flops_fwd) -> dict:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -6,6 +6,9 @@
   attention of this rank's queries against every key, reduce-scatter dK/dV.
 - ``native_cp``: PyTorch's own ``context_parallel`` (torch.distributed.tensor.experimental)
   with ring rotation; not written here, only driven.
+- For packed documents, with PyTorch's varlen flash kernel (``varlen_attention``):
+  ``allgather_varlen`` (torchtitan's varlen CP: all-gather K/V, one varlen call per rank)
+  and ``ulysses_varlen`` (all-to-all heads, one varlen call over every document).
 
 The first two call the same local kernel as megatron_burst (``kernels.select_kernel``), so
 the comparison is about communication and scheduling, not about kernels.
@@ -13,6 +16,7 @@ the comparison is about communication and scheduling, not about kernels.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
@@ -20,7 +24,7 @@ import torch.nn.functional as F
 
 from megatron_burst import kernels
 from megatron_burst.merge import merge_partial
-from megatron_burst.placement import chunks_of
+from megatron_burst.placement import chunks_of, rank_segments
 from megatron_burst.schedule import Block
 
 
@@ -171,3 +175,87 @@ def native_cp(world: int, buffers: list[torch.Tensor], causal: bool):
 
 def native_sdpa(q, k, v, causal: bool):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+# ---------------------------------------------------------------------------- documents
+
+
+def varlen_attention(q, k, v, cu, cu_k=None, causal: bool = True):
+    """PyTorch's varlen flash attention (differentiable) on [1, t, h, d] tensors."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu_k = cu if cu_k is None else cu_k
+    lens_q, lens_k = cu[1:] - cu[:-1], cu_k[1:] - cu_k[:-1]
+    hq, hkv = q.shape[2], k.shape[2]
+    if hq != hkv:  # varlen_attn takes GQA with enable_gqa where it has it; else expand
+        try:
+            out = varlen_attn(q[0], k[0], v[0], cu, cu_k, int(lens_q.max()), int(lens_k.max()),
+                              window_size=(-1, 0) if causal else (-1, -1), enable_gqa=True)
+            return out[None]
+        except TypeError:
+            k, v = (t.repeat_interleave(hq // hkv, dim=2) for t in (k, v))
+    out = varlen_attn(q[0], k[0], v[0], cu, cu_k, int(lens_q.max()), int(lens_k.max()),
+                      window_size=(-1, 0) if causal else (-1, -1))
+    return out[None]
+
+
+def _doc_starts(cu: torch.Tensor) -> list[int]:
+    return cu.tolist()[:-1]
+
+
+def natural_order(layout: str, world: int, cu: torch.Tensor, device) -> torch.Tensor:
+    """Index that puts the concatenation of every rank's shard in position order."""
+    return _natural_order_cached(layout, world, tuple(cu.tolist()), str(device))
+
+
+@functools.lru_cache(maxsize=8)  # built once per document mix, not inside the timed loop
+def _natural_order_cached(layout, world, bounds, device) -> torch.Tensor:
+    lens = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    pos = [bounds[s.doc] + s.pos + i for r in range(world)
+           for s in rank_segments(layout, world, r, lens) for i in range(s.length)]
+    return torch.argsort(torch.tensor(pos)).to(device)
+
+
+def allgather_varlen(q, k, v, cu, layout: str):
+    """torchtitan's varlen CP: gather every rank's K/V into position order, then one varlen
+    call of this rank's query segments against their documents' keys (causal, aligned at
+    the bottom right: a segment at position p of its document sees keys 0..p+i)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    b, s, _, d = q.shape
+    order = natural_order(layout, world, cu, q.device)
+    lens = tuple((cu[1:] - cu[:-1]).tolist())
+    starts = _doc_starts(cu)
+
+    def gather(t):
+        g = _GatherSeq.apply(t)  # [world, b, s, h, d]
+        return g.permute(1, 0, 2, 3, 4).reshape(b, world * s, t.shape[2], d).index_select(
+            1, order)
+
+    kf, vf = gather(k), gather(v)
+    segs = rank_segments(layout, world, rank, lens)
+    spans = [(starts[g.doc], starts[g.doc] + g.pos + g.length) for g in segs]
+    kp, vp = (torch.cat([t[:, a:e] for a, e in spans], dim=1) for t in (kf, vf))
+    cu_q = torch.tensor([0, *torch.tensor([g.length for g in segs]).cumsum(0).tolist()],
+                        dtype=torch.int32, device=q.device)
+    cu_k = torch.tensor([0, *torch.tensor([e - a for a, e in spans]).cumsum(0).tolist()],
+                        dtype=torch.int32, device=q.device)
+    return varlen_attention(q, kp, vp, cu_q, cu_k)
+
+
+def ulysses_varlen(q, k, v, cu, layout: str):
+    """Ulysses for documents: all-to-all heads <-> sequence, one varlen call over every
+    document with 1/G of the heads, all-to-all back."""
+    world = dist.get_world_size()
+    b, s, hq, d = q.shape
+    order = natural_order(layout, world, cu, q.device)
+
+    def to_seq(t):  # [b, s, h, d] -> [b, world*s, h/world, d] in position order
+        h = t.shape[2]
+        x = t.reshape(b, s, world, h // world, d).permute(2, 0, 1, 3, 4)
+        x = _AllToAll.apply(x).permute(1, 0, 2, 3, 4).reshape(b, world * s, h // world, d)
+        return x.index_select(1, order)
+
+    out = varlen_attention(*(to_seq(t) for t in (q, k, v)), cu.to(q.device))
+    out = out.index_select(1, torch.argsort(order)).reshape(b, world, s, hq // world, d)
+    out = _AllToAll.apply(out.permute(1, 0, 2, 3, 4)).permute(1, 2, 0, 3, 4)
+    return out.reshape(b, s, hq, d)
