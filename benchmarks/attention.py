@@ -275,28 +275,45 @@ def measure_native(args, q, k, v, do, ref, causal, world, flops_fwd) -> dict:
         return dict(method=name, error=f"{type(e).__name__}: {str(e)[:200]}")
 
 
-def profile_burst(per_gpu: int, world: int, rank: int) -> None:
-    """Kernel time by kind for causal MHA burst fwd+bwd, and the step wall time, on rank 0."""
+def profile_burst(per_gpu: int, world: int, rank: int, mask: str = "causal",
+                  heads: tuple[int, int] = (32, 32)) -> None:
+    """Kernel time by kind for burst fwd+bwd (causal MHA, or packed documents in the
+    whole_docs layout), and the iteration's wall time against its GPU time, on rank 0."""
     from torch.profiler import ProfilerActivity, profile
 
-    q, k, v = (torch.randn(1, per_gpu, 32, 128, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=True) for _ in range(3))
+    total, (hq, hkv) = per_gpu * world, heads
+    opts: dict = dict(causal=True, backward="auto")
+    if mask in DOC_MASKS:
+        cu = torch.tensor([0, *torch.tensor(doc_lens(total, mask)).cumsum(0).tolist()],
+                          dtype=torch.int32)
+        opts.update(layout="whole_docs", cu_seqlens=cu)
+    shapes = ((1, per_gpu, hq, 128), (1, per_gpu, hkv, 128), (1, per_gpu, hkv, 128))
+    q, k, v = (torch.randn(s, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for s in shapes)
     do = torch.randn_like(q)
 
     def step():
-        mb.burst_attn(q, k, v, causal=True, backward="burst").backward(do)
+        mb.burst_attn(q, k, v, **opts).backward(do)
 
-    for _ in range(2):
+    for _ in range(3):
         step()
-    torch.cuda.synchronize()
+    wall = 0.0
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for _ in range(3):
+        for _ in range(3):  # ranks start each iteration together, so waits are real ones
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
             step()
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            wall += (time.perf_counter() - t0) / 3 * 1e3
     if rank == 0:
-        print(f"## profile: burst causal MHA {per_gpu}/GPU on {world} GPUs (3 iterations)")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,
-                                        max_name_column_width=60))
+        events = prof.key_averages()
+        gpu_ms = sum(e.self_device_time_total for e in events) / 3 / 1e3
+        print(f"## profile: burst {mask} {hq}:{hkv} {per_gpu}/GPU on {world} GPUs: "
+              f"{wall:.2f} ms per iteration (with the profiler), GPU busy {gpu_ms:.2f} ms, "
+              f"{sum(e.count for e in events if e.device_type.name == 'CUDA') // 3} kernels")
+        print(events.table(sort_by="self_cuda_time_total", row_limit=22,
+                           max_name_column_width=60))
 
 
 def main() -> None:
@@ -318,7 +335,9 @@ def main() -> None:
     torch.cuda.set_device(rank)
     if args.profile:
         for per_gpu in (int(x) for x in args.per_gpu.split(",")):
-            profile_burst(per_gpu, world, rank)
+            for mask in args.masks.split(","):
+                for heads in args.heads.split(","):
+                    profile_burst(per_gpu, world, rank, mask, tuple(map(int, heads.split(":"))))
         dist.destroy_process_group()
         return
     rows = []

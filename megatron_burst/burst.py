@@ -27,7 +27,7 @@ import torch.distributed as dist
 from .comm import AccumulatorRoute, PayloadRing, PeerComm, RingTopology, RowLayout
 from .kernels import LocalAttention, select_kernel, surrogate_out
 from .schedule import Block, RingSchedule
-from .varlen import KernelCall, plan_calls, run_backward, run_forward
+from .varlen import KernelCall, covers, plan_calls, run_backward, run_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +76,17 @@ class RingSpec:
             lambda: plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
                                dense_min_area=kernel.dense_min_area))
 
+    def fresh_at_step0(self, kernel: LocalAttention, batch: int, q_rows: int,
+                       k_rows: int) -> tuple[bool, bool]:
+        """Whether step 0 (a member against its own keys) writes every query row, and
+        every key row, exactly once: then the accumulators start uninitialised and step 0
+        writes into them (most of the work with documents kept whole, all of it on one
+        rank, and the diagonal of a plain sequence)."""
+        calls = self.calls(self.me, self.me, kernel, batch)
+        return self.sched.memo(
+            ("fresh", self.me, batch == 1, kernel.dense_min_area, q_rows, k_rows),
+            lambda: (covers(calls, q_rows, "q"), covers(calls, k_rows, "k")))
+
     def movers(self, payload, row_dims, accumulators, phase: str, reverse: bool = False
                ) -> tuple[PayloadRing | None, AccumulatorRoute | None]:
         """Payload and accumulator movers (``reverse``: the ring run the other way, moving
@@ -121,9 +132,12 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
     if whole is not None:
         o, o_lse = kernel.forward(qb, spec.bshd(k), spec.bshd(v), whole, spec.scale)
         return spec.bshd(o).contiguous(), o_lse.to(acc)
-    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    fresh, _ = spec.fresh_at_step0(kernel, b, s, spec.bshd(k).shape[1])
+    out = _accumulator(q.shape, acc, q.device, fresh)
     out_b = spec.bshd(out)
-    lse = torch.full((b, hq, s), float("-inf"), dtype=acc, device=q.device)
+    lse = torch.empty((b, hq, s), dtype=acc, device=q.device)
+    if not fresh:
+        lse.fill_(float("-inf"))
     ring, _ = spec.movers((k, v), (spec.row_dim,) * 2, None, "forward")
     kv, last = (k, v), spec.last_step
     for step in range(last + 1):
@@ -132,12 +146,18 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
         if kv is not None:  # None: nothing of this step's keys is used here
             kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
             for call in spec.calls(spec.me, spec.source(step), kernel, b):
-                run_forward(kernel, call, qb, kb, vb, out_b, lse, spec.scale)
+                run_forward(kernel, call, qb, kb, vb, out_b, lse, spec.scale,
+                            fresh=fresh and step == 0)
         if step < last:
             kv = ring.next(step)
     if ring is not None:
         ring.finish()
     return out.to(q.dtype), lse
+
+
+def _accumulator(shape, dtype, device, fresh: bool) -> torch.Tensor:
+    """Uninitialised when step 0 writes every row (``fresh``), else zeros."""
+    return (torch.empty if fresh else torch.zeros)(shape, dtype=dtype, device=device)
 
 
 def _acc_dtype(t: torch.Tensor) -> torch.dtype:
@@ -207,12 +227,13 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         grads = kernel.backward(dob, qb, spec.bshd(k), spec.bshd(v), ob, lse, whole, spec.scale)
         return tuple(spec.bshd(g) for g in grads)
     acc_dtype = _acc_dtype(q)
-    dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
+    fresh = spec.fresh_at_step0(kernel, qb.shape[0], qb.shape[1], spec.bshd(k).shape[1])
+    dq = _accumulator(q.shape, acc_dtype, q.device, fresh[0])
     dq_b = spec.bshd(dq)
     ring, route = spec.movers((k, v), (spec.row_dim,) * 2,
                               spec.accumulators((k, v), acc_dtype), "backward")
-    grads = _Travelling(route, (torch.zeros(k.shape, dtype=acc_dtype, device=k.device),
-                                torch.zeros(v.shape, dtype=acc_dtype, device=v.device)),
+    grads = _Travelling(route, (_accumulator(k.shape, acc_dtype, k.device, fresh[1]),
+                                _accumulator(v.shape, acc_dtype, v.device, fresh[1])),
                         spec.row_dim)
     kv, last = (k, v), spec.last_step
     for step in range(last + 1):
@@ -225,7 +246,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             dk_b, dv_b = (spec.bshd(t) for t in target)
             for call in spec.calls(spec.me, src, kernel, qb.shape[0]):
                 run_backward(kernel, call, dob, qb, kb, vb, ob, lse, spec.scale, dq_b, dk_b,
-                             dv_b)
+                             dv_b, fresh if step == 0 else (False, False))
         grads.pass_on(step, acc)
         if step < last:
             kv = ring.next(step)
@@ -236,13 +257,18 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
 
 def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
-                        spec: RingSpec, kernel: LocalAttention) -> Grads:
-    """BurstAttention's backward: (Q, dO, lse, delta) travel, K/V/dK/dV stay home."""
+                        v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                        delta: torch.Tensor, spec: RingSpec, kernel: LocalAttention) -> Grads:
+    """BurstAttention's backward: (Q, dO, lse, delta) travel, K/V/dK/dV stay home.
+
+    ``out`` is this rank's own output (or the surrogate that folds in a gradient on lse):
+    step 0 uses it; visitors' queries come with delta, from which their surrogate is built.
+    """
     kb, vb = spec.bshd(k), spec.bshd(v)
     acc_dtype = _acc_dtype(q)
-    dk = torch.zeros(k.shape, dtype=acc_dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=acc_dtype, device=v.device)
+    fresh = spec.fresh_at_step0(kernel, kb.shape[0], spec.bshd(q).shape[1], kb.shape[1])
+    dk = _accumulator(k.shape, acc_dtype, k.device, fresh[1])
+    dv = _accumulator(v.shape, acc_dtype, v.device, fresh[1])
     dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
     bundle = (q, dout, lse, delta)
     # Queries travel the reverse way K/V did, so at step s this rank holds the queries that
@@ -250,7 +276,7 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     # early stop when a window or whole documents leave later steps empty.
     ring, route = spec.movers(bundle, (spec.row_dim, spec.row_dim, 2, 2),
                               spec.accumulators((q,), acc_dtype), "backward", reverse=True)
-    grads = _Travelling(route, (torch.zeros(q.shape, dtype=acc_dtype, device=q.device),),
+    grads = _Travelling(route, (_accumulator(q.shape, acc_dtype, q.device, fresh[0]),),
                         spec.row_dim)
     last = spec.last_step
     for step in range(last + 1):
@@ -261,12 +287,12 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         if bundle is not None:
             qj, doj, lsej, deltaj = bundle
             qj_b, doj_b = spec.bshd(qj), spec.bshd(doj)
-            oj_b = surrogate_out(doj_b, deltaj)
+            oj_b = spec.bshd(out) if step == 0 else surrogate_out(doj_b, deltaj)
             dq_b = spec.bshd(target[0])
             # The visitor's queries against our keys: the same blocks the forward computed.
             for call in spec.calls(visitor, spec.me, kernel, qj_b.shape[0]):
                 run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, spec.scale, dq_b,
-                             dk_b, dv_b)
+                             dk_b, dv_b, fresh if step == 0 else (False, False))
         grads.pass_on(step, acc)
         if step < last:
             bundle = ring.next(step)
@@ -307,11 +333,11 @@ class BurstAttentionFunction(torch.autograd.Function):
             if dlse is not None:
                 delta = delta - dlse
             delta = delta.contiguous()
+        # bshd() is its own inverse, so this hands the surrogate back in the user layout.
+        o = out if dlse is None else spec.bshd(surrogate_out(spec.bshd(dout), delta))
         if mode == "burst":
-            dq, dk, dv = ring_backward_burst(dout, q, k, v, blse, delta, spec, kernel)
+            dq, dk, dv = ring_backward_burst(dout, q, k, v, o, blse, delta, spec, kernel)
         else:
-            # bshd() is its own inverse, so this hands the surrogate back in the user layout.
-            o = out if dlse is None else spec.bshd(surrogate_out(spec.bshd(dout), delta))
             dq, dk, dv = ring_backward_kv(dout, q, k, v, o, blse, spec, kernel)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 

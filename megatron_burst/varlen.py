@@ -135,39 +135,77 @@ def _offsets(runs: Runs):
         off += b - a
 
 
+def covers(calls: Sequence[KernelCall], rows: int, side: str) -> bool:
+    """Whether ``calls`` touch each of ``rows`` rows on ``side`` ('q' or 'k') exactly once.
+
+    Then their results can be written into uninitialised accumulators instead of being
+    merged into (or added to) zeros: no fill, and one pass less over them.
+    """
+    spans = sorted((a, b) for c in calls for a, b in _call_runs(c, side))
+    return (bool(spans) and spans[0][0] == 0 and spans[-1][1] == rows
+            and all(x[1] == y[0] for x, y in zip(spans, spans[1:])))
+
+
+def _call_runs(call: KernelCall, side: str) -> Runs:
+    if call.varlen:
+        return call.q_runs if side == "q" else call.k_runs
+    blk = call.blocks[0]
+    return ((blk.q_start, blk.q_stop),) if side == "q" else ((blk.k_start, blk.k_stop),)
+
+
 def run_forward(kernel, call: KernelCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                out: torch.Tensor, lse: torch.Tensor, scale: float) -> None:
-    """Compute ``call`` and merge it into the accumulators (bshd views, lse [b, h, s])."""
+                out: torch.Tensor, lse: torch.Tensor, scale: float, fresh: bool = False) -> None:
+    """Compute ``call`` and merge it into the accumulators (bshd views, lse [b, h, s]).
+
+    ``fresh``: nothing has been written to these rows yet: write, do not merge.
+    """
+    def fold(out_rows, lse_rows, o, o_lse):
+        if fresh:
+            out_rows.copy_(o)
+            lse_rows.copy_(o_lse)
+        else:
+            merge_partial(out_rows, lse_rows, o, o_lse)
+
     if not call.varlen:
         blk = call.blocks[0]
         o, o_lse = kernel.forward(q[:, blk.q], k[:, blk.k], v[:, blk.k], blk, scale)
-        merge_partial(out[:, blk.q], lse[:, :, blk.q], o, o_lse)
+        fold(out[:, blk.q], lse[:, :, blk.q], o, o_lse)
         return
     o, o_lse = kernel.forward_varlen(gather(q[0], call.q_runs), gather(k[0], call.k_runs),
                                      gather(v[0], call.k_runs), call, scale)
     for a, b, off in _offsets(call.q_runs):
-        merge_partial(out[:, a:b], lse[:, :, a:b], o[None, off:off + b - a],
-                      o_lse[None, :, off:off + b - a])
+        fold(out[:, a:b], lse[:, :, a:b], o[None, off:off + b - a],
+             o_lse[None, :, off:off + b - a])
 
 
 def run_backward(kernel, call: KernelCall, dout: torch.Tensor, q: torch.Tensor,
                  k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                 scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
-    """Gradients of ``call``'s blocks, added into the (fp32) accumulators dq, dk, dv."""
+                 scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                 fresh: tuple[bool, bool] = (False, False)) -> None:
+    """Gradients of ``call``'s blocks, added into the (fp32) accumulators dq, dk, dv.
+
+    ``fresh`` (queries, keys): nothing has been written to those rows yet: write, not add.
+    """
+    def fold(acc, grad, is_fresh):
+        if is_fresh:
+            acc.copy_(grad)
+        else:
+            acc += grad
+
     if not call.varlen:
         blk = call.blocks[0]
         gq, gk, gv = kernel.backward(dout[:, blk.q], q[:, blk.q], k[:, blk.k], v[:, blk.k],
                                      out[:, blk.q], lse[:, :, blk.q], blk, scale)
-        dq[:, blk.q] += gq
-        dk[:, blk.k] += gk
-        dv[:, blk.k] += gv
+        fold(dq[:, blk.q], gq, fresh[0])
+        fold(dk[:, blk.k], gk, fresh[1])
+        fold(dv[:, blk.k], gv, fresh[1])
         return
     qr, kr = call.q_runs, call.k_runs
     gq, gk, gv = kernel.backward_varlen(
         gather(dout[0], qr), gather(q[0], qr), gather(k[0], kr), gather(v[0], kr),
         gather(out[0], qr), gather(lse[0], qr, dim=1).contiguous(), call, scale)
     for a, b, off in _offsets(qr):
-        dq[0, a:b] += gq[off:off + b - a]
+        fold(dq[0, a:b], gq[off:off + b - a], fresh[0])
     for a, b, off in _offsets(kr):  # a key row used by two blocks appears twice: both add
-        dk[0, a:b] += gk[off:off + b - a]
-        dv[0, a:b] += gv[off:off + b - a]
+        fold(dk[0, a:b], gk[off:off + b - a], fresh[1])
+        fold(dv[0, a:b], gv[off:off + b - a], fresh[1])
