@@ -306,6 +306,22 @@ def profile_burst(per_gpu: int, world: int, rank: int, mask: str = "causal",
             step()
             torch.cuda.synchronize()
             wall += (time.perf_counter() - t0) / 3 * 1e3
+    if rank == 0 and os.environ.get("PYPROFILE"):  # where the host's time goes, by function
+        import cProfile
+        import pstats
+        cpu = cProfile.Profile()
+    else:
+        cpu = None
+    for _ in range(3):
+        torch.cuda.synchronize()
+        dist.barrier()
+        if cpu is not None:
+            cpu.enable()
+        step()
+        if cpu is not None:
+            cpu.disable()
+    if cpu is not None:
+        pstats.Stats(cpu).sort_stats("tottime").print_stats(18)
     if rank == 0:
         events = prof.key_averages()
         gpu_ms = sum(e.self_device_time_total for e in events) / 3 / 1e3
