@@ -9,6 +9,7 @@ arguments fail tells its peers through the same check, so they raise too.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -108,7 +109,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                group: dist.ProcessGroup | None = None, *, causal: bool = False,
                softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
                layout: str = "zigzag", backward: str = "auto", qkv_format: str = "bshd",
-               intra_node_size: int | None = None, ulysses_size: int = 1,
+               intra_node_size: int | str | None = None, ulysses_size: int | str = 1,
                cu_seqlens: torch.Tensor | None = None, return_lse: bool = False,
                kernel: str | None = None):
     """Exact attention over a sequence sharded across ``group`` (BurstAttention).
@@ -117,6 +118,9 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     first two dims). Returns out (q's shape, dtype and layout), and with
     ``return_lse=True`` also lse [b, hq, s_local] fp32. Differentiable in q, k and v.
     ``kernel`` forces a local attention backend by name (see ``kernels.KERNELS``).
+    ``ulysses_size``, ``intra_node_size`` and ``backward`` may be ``"auto"``: the time
+    model (``timing``, with the profile ``$MEGATRON_BURST_PROFILE`` or the shipped default)
+    picks the fastest for this shape; ranks per node come from torchrun's LOCAL_WORLD_SIZE.
     """
     agree.require_member(group)  # first: a non-member's group size reads -1
     world, rank = group_size_rank(group)
@@ -124,13 +128,13 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         doc_lens = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
                              qkv_format, cu_seqlens)
         d = q.shape[3]
-        cp = CPLayout.build(world, ulysses=ulysses_size, ranks_per_node=intra_node_size,
-                            backward=backward,
-                            heads=HeadShape(q.shape[2], k.shape[2], d, q.element_size()))
+        cp = _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
+                     ulysses_size)
         sig = agree.signature(
             q, k, v, doc_lens, causal=causal, softmax_scale=softmax_scale,
-            window_size=window_size, layout=layout, backward=backward, qkv_format=qkv_format,
-            intra_node_size=intra_node_size, ulysses_size=ulysses_size, kernel=kernel)
+            window_size=window_size, layout=layout, backward=cp.backward,
+            qkv_format=qkv_format, intra_node_size=cp.ranks_per_node, ulysses_size=cp.ulysses,
+            kernel=kernel)  # the resolved layout: 'auto' must have resolved alike everywhere
     except ValueError as err:
         agree.check_agreement(group, agree.failed_signature(str(err)))  # peers learn of it
         raise
@@ -157,6 +161,33 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     else:
         out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first)
     return (out, lse) if return_lse else out
+
+
+def _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
+            ulysses_size) -> CPLayout:
+    """The call's CPLayout; any 'auto' is decided by the time model for this shape."""
+    heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size())
+    for name, value in (("ulysses_size", ulysses_size), ("intra_node_size", intra_node_size)):
+        if isinstance(value, str) and value != "auto":
+            raise ValueError(f"{name} must be an int or 'auto', got {value!r}")
+    if "auto" not in (ulysses_size, intra_node_size, backward):
+        return CPLayout.build(world, ulysses=ulysses_size, ranks_per_node=intra_node_size,
+                              backward=backward, heads=heads)
+    from .timing import auto_layout  # the time model: only where something is left to choose
+
+    tokens = q.shape[0] * q.shape[1]  # bshd and sbhd alike: batch x local sequence
+    return auto_layout(world, heads, tokens, bool(causal), cp_ranks_per_node(group, world),
+                       ulysses_size, intra_node_size, backward)
+
+
+def cp_ranks_per_node(group, world: int) -> int | None:
+    """Ranks of ``group`` on this rank's node, from torchrun's LOCAL_WORLD_SIZE (nodes of
+    equal size, global ranks numbered node by node); None when it is not set."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    if local <= 0 or not dist.is_initialized():
+        return None
+    node = dist.get_rank() // local
+    return sum(1 for r in group_ranks(group, world) if r // local == node)
 
 
 def _ulysses_burst(q, k, v, spec, group, world, u, seq_first):

@@ -1,0 +1,261 @@
+"""The time model: what a context-parallel layout costs in seconds, from a measured profile.
+
+``cost.py`` counts bytes; choosing a layout needs seconds, because a byte on NVLink is not a
+byte on InfiniBand, and at short lengths the ring waits on the links or on the host, not
+on the kernel. A ``Profile`` holds what ``megatron-burst tune`` measures on a cluster:
+
+- links: time of one message of b bytes = latency + b / bandwidth, per link kind (``intra``:
+  inside a node, ``inter``: between nodes), fitted over 1-256 MB ring hops;
+- the all-to-all of the Ulysses split, fitted the same way;
+- the attention kernel: achieved fwd+bwd TFLOP/s as ``peak * n / (n + n_half)`` for a
+  block of n tokens (small blocks do not fill the GPU), dense and varlen;
+- memory bandwidth (the fp32 merges and accumulators are memory-bound passes);
+- the host's fixed cost per ring step and per call (launches, Python, NCCL bookkeeping).
+
+``predict`` turns (CPLayout, tokens per rank, mask) into seconds per attention call, fwd+bwd,
+step by step: a step costs the larger of its compute and its hop, plus the host's share.
+``choose`` ranks every layout a group allows (Ulysses sizes, flat or double ring, backward
+mode) and returns the fastest. Shipped profiles: ``h200-nvlink`` (measured on this
+project's 4x H200 machine) and ``a100-ib`` (8x A100-80GB nodes with NVLink and 200 Gb/s
+InfiniBand per GPU, from published figures, not measured here: marked so in the file).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import logging
+
+from . import cost
+from .cp_layout import CPLayout, HeadShape
+
+logger = logging.getLogger(__name__)
+
+PROFILE_ENV = "MEGATRON_BURST_PROFILE"
+DEFAULT_PROFILE = "h200-nvlink"
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One message of b bytes takes ``latency_us`` + b / bandwidth(b), per direction.
+
+    NCCL's bandwidth grows with the message size (100 GB/s at 16 MB, ~300 at 256 MB on
+    H200 NVLink), so a measured link carries ``points`` [[bytes, GB/s], ...] and the
+    bandwidth between them is interpolated on log(bytes); outside them, and for links
+    given by published figures, it is ``gbps``.
+    """
+
+    latency_us: float
+    gbps: float
+    points: tuple = ()
+
+    def bandwidth(self, nbytes: float) -> float:
+        pts = sorted(tuple(p) for p in self.points)
+        if not pts:
+            return self.gbps
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1]
+        for (b0, g0), (b1, g1) in zip(pts, pts[1:]):
+            if b0 <= nbytes <= b1:
+                f = math.log(nbytes / b0) / math.log(b1 / b0)
+                return g0 + f * (g1 - g0)
+        return self.gbps
+
+    def seconds(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return self.latency_us * 1e-6 + nbytes / (self.bandwidth(nbytes) * 1e9)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """Achieved fwd+bwd attention rate: ``peak_tflops * n / (n + half_tokens)``."""
+
+    peak_tflops: float
+    half_tokens: float
+
+    def tflops(self, tokens: float) -> float:
+        return self.peak_tflops * tokens / (tokens + self.half_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What the time model knows about a cluster (see the module docstring)."""
+
+    name: str
+    intra: Link
+    inter: Link
+    alltoall: Link
+    dense: Kernel
+    varlen: Kernel
+    memory_gbps: float
+    step_overhead_us: float
+    call_overhead_us: float
+    gpus_per_node: int = 8
+    source: str = ""  # how the numbers were obtained (measured where, or from which figures)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(raw: dict) -> "Profile":
+        links = {k: Link(**{**raw[k], "points": tuple(tuple(p) for p in raw[k].get("points", ()))})
+                 for k in ("intra", "inter", "alltoall")}
+        kernels = {k: Kernel(**raw[k]) for k in ("dense", "varlen")}
+        rest = {k: raw[k] for k in raw if k not in links and k not in kernels}
+        return Profile(**links, **kernels, **rest)
+
+
+@functools.lru_cache(maxsize=8)
+def load_profile(name_or_path: str | None = None) -> Profile:
+    """A shipped profile by name, or a JSON file ``megatron-burst tune`` wrote.
+
+    None: ``$MEGATRON_BURST_PROFILE`` if set, else the default (``h200-nvlink``).
+    """
+    name = name_or_path or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+    path = Path(name)
+    if not path.suffix:
+        path = PROFILES_DIR / f"{name}.json"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+        raise ValueError(f"profile {name!r}: no such file, and not one of the shipped "
+                         f"profiles {shipped}")
+    try:
+        return Profile.from_json(json.loads(path.read_text()))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"profile {path}: not a megatron-burst profile ({e})") from None
+
+
+# ------------------------------------------------------------------------- prediction
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Seconds of one attention call (fwd+bwd) and where they go."""
+
+    layout: CPLayout
+    total_s: float
+    compute_s: float
+    exposed_comm_s: float
+    alltoall_s: float
+    host_s: float
+
+    def describe(self) -> str:
+        ms = 1e3
+        return (f"{self.layout.describe()}: {self.total_s * ms:.2f} ms fwd+bwd predicted "
+                f"(compute {self.compute_s * ms:.2f}, exposed ring {self.exposed_comm_s * ms:.2f}, "
+                f"all-to-all {self.alltoall_s * ms:.2f}, host {self.host_s * ms:.2f})")
+
+
+def predict(layout: CPLayout, prof: Profile, *, tokens: int, causal: bool = True,
+            cp_ranks_per_node: int | None = None) -> Prediction:
+    """Seconds per call for ``tokens`` tokens per rank (batch x local sequence).
+
+    ``cp_ranks_per_node``: how many ranks of the group share a node (None: all of them);
+    with fewer, ring hops that cross nodes use the inter-node link.
+    """
+    h = layout.heads
+    hq, hkv = layout.ring_heads
+    ring, member = layout.ring_size, tokens * layout.ulysses
+    vis = 0.5 if causal else 1.0
+    per_node = cp_ranks_per_node or layout.cp
+    # Attention work of one member: its share of the whole N x N (masked) score matrix.
+    flops = 3.5 * 4 * member * member * ring * vis * hq * h.head_dim
+    compute = flops / (prof.dense.tflops(member) * 1e12)
+    # The fp32 accumulators: ~3 passes over out/lse forward, ~9 over dq/dk/dv backward.
+    elementwise = 12 * member * hq * h.head_dim * 4 / (prof.memory_gbps * 1e9)
+    host = prof.call_overhead_us * 1e-6 + 2 * ring * prof.step_overhead_us * 1e-6
+    exposed = 0.0
+    if ring > 1:
+        fwd_hop = cost.forward_bytes(2, member, hkv, h.head_dim, h.elem_bytes)
+        bwd_hop = cost.backward_bytes(layout.backward, 2, member, hq, hkv, h.head_dim,
+                                      h.elem_bytes)
+        step_fwd, step_bwd = compute / 3.5 / ring, compute * 2.5 / 3.5 / ring
+        exposed = (_ring_exposed(layout, prof, per_node, step_fwd, fwd_hop)
+                   + _ring_exposed(layout, prof, per_node, step_bwd, bwd_hop))
+    a2a_fwd, a2a_bwd = cost.ulysses_bytes(layout.ulysses, tokens, h.hq, h.hkv, h.head_dim,
+                                          h.elem_bytes)
+    # Each all-to-all spreads its bytes over U-1 peers at once: 4 in forward, 4 in backward.
+    a2a = 0.0 if layout.ulysses == 1 else (
+        8 * prof.alltoall.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (prof.alltoall.gbps * 1e9))
+    total = compute + elementwise + exposed + a2a + host
+    return Prediction(layout, total, compute + elementwise, exposed, a2a, host)
+
+
+def _ring_exposed(layout: CPLayout, prof: Profile, per_node: int, step_s: float,
+                  hop_bytes: int) -> float:
+    """Seconds the ring waits on its links over one pass of ring-1 hops."""
+    ring = layout.ring_size
+    positions_per_node = max(1, per_node // layout.ulysses)
+    if ring <= positions_per_node:  # the whole ring inside one node
+        return (ring - 1) * max(0.0, prof.intra.seconds(hop_bytes) - step_s)
+    if not layout.double:  # a flat ring across nodes: every step waits for the slowest hop
+        return (ring - 1) * max(0.0, prof.inter.seconds(hop_bytes) - step_s)
+    inner = layout.inner_ring  # the double ring: one inter-node hop per round of L steps
+    rounds = layout.outer_ring
+    intra = (inner - 1) * rounds * max(0.0, prof.intra.seconds(hop_bytes) - step_s)
+    inter = (rounds - 1) * max(0.0, prof.inter.seconds(hop_bytes) - inner * step_s)
+    return intra + inter
+
+
+# ------------------------------------------------------------------------- choice
+
+
+def candidates(cp: int, heads: HeadShape, *, cp_ranks_per_node: int | None = None,
+               ulysses: int | str = "auto", ranks_per_node: int | None | str = "auto",
+               backward: str = "auto") -> list[CPLayout]:
+    """Every layout the group allows, within what the caller fixed."""
+    per_node = cp_ranks_per_node or cp
+    sizes = [u for u in range(1, cp + 1) if cp % u == 0] if ulysses == "auto" else [ulysses]
+    modes = ("burst", "ring") if backward == "auto" else (backward,)
+    out = []
+    for u in sizes:
+        if u > 1 and (heads.hq % u or (heads.hkv % u and u % heads.hkv)):
+            continue
+        if u > per_node:  # the all-to-all stays inside a node
+            continue
+        if ranks_per_node == "auto":
+            rings: Iterable = {None, per_node if per_node < cp and per_node % u == 0 else None}
+        else:
+            rings = [ranks_per_node]
+        for r in rings:
+            for mode in modes:
+                out.append(CPLayout.build(cp, ulysses=u, ranks_per_node=r, backward=mode,
+                                          heads=heads))
+    return list(dict.fromkeys(out))
+
+
+def choose(cp: int, heads: HeadShape, *, tokens: int, causal: bool = True,
+           prof: Profile | None = None, cp_ranks_per_node: int | None = None,
+           **fixed: Any) -> list[Prediction]:
+    """All candidates ranked fastest first (ties: fewer bytes, then the plain ring)."""
+    prof = prof or load_profile()
+    preds = [predict(c, prof, tokens=tokens, causal=causal, cp_ranks_per_node=cp_ranks_per_node)
+             for c in candidates(cp, heads, cp_ranks_per_node=cp_ranks_per_node, **fixed)]
+    if not preds:
+        raise ValueError(f"no context-parallel layout fits cp={cp} with heads {heads} "
+                         f"and {fixed}")
+    return sorted(preds, key=lambda p: (round(p.total_s, 6), p.layout.ulysses,
+                                        sum(p.layout.call_bytes(tokens)), p.layout.double))
+
+
+@functools.lru_cache(maxsize=256)
+def auto_layout(cp: int, heads: HeadShape, tokens: int, causal: bool,
+                cp_ranks_per_node: int | None, ulysses: int | str,
+                ranks_per_node: int | None | str, backward: str,
+                profile: str | None = None) -> CPLayout:
+    """The fastest layout for this shape within what the caller fixed (cached, logged once)."""
+    ranked = choose(cp, heads, tokens=tokens, causal=causal, prof=load_profile(profile),
+                    cp_ranks_per_node=cp_ranks_per_node, ulysses=ulysses,
+                    ranks_per_node=ranks_per_node, backward=backward)
+    logger.info("burst auto (%d tokens per rank, %s, profile %s): %s", tokens,
+                "causal" if causal else "full", load_profile(profile).name, ranked[0].describe())
+    return ranked[0].layout

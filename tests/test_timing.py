@@ -1,0 +1,112 @@
+"""The time model and `auto`: which layout it picks for which cluster, and `tune` on CPU ranks.
+
+Synthetic profiles make each choice clear-cut: a slow inter-node link must pick the double
+ring, many heads over a short sequence must pick Ulysses, GQA must pick the ring backward,
+and no choice may break a divisibility rule. `tune` runs on gloo ranks at toy sizes and
+must write a profile the model can load.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import pytest
+import torch
+
+import megatron_burst as mb
+from megatron_burst.cp_layout import CPLayout, HeadShape
+from megatron_burst.timing import Kernel, Link, Profile, choose, load_profile, predict
+
+from .distributed import run_ranks
+
+NVLINK = Link(5.0, 300.0)
+FAST = Profile(name="synthetic", intra=NVLINK, inter=Link(5.0, 300.0), alltoall=Link(10.0, 300.0),
+               dense=Kernel(500.0, 1000.0), varlen=Kernel(300.0, 1000.0), memory_gbps=3000.0,
+               step_overhead_us=30.0, call_overhead_us=100.0)
+
+
+def test_shipped_profiles_load_and_say_where_they_come_from():
+    for name in ("h200-nvlink", "a100-ib"):
+        prof = load_profile(name)
+        assert prof.source and prof.intra.gbps > prof.inter.gbps
+    assert "NOT MEASURED" in load_profile("a100-ib").source
+    with pytest.raises(ValueError, match="no such file"):
+        load_profile("tpu-v9")
+
+
+def test_a_slow_inter_node_link_picks_the_double_ring():
+    slow = dataclasses.replace(FAST, inter=Link(10.0, 5.0))
+    best = choose(8, HeadShape(32, 8, 128, 2), tokens=16384, prof=slow, cp_ranks_per_node=4,
+                  ulysses=1)[0].layout
+    assert best.double and best.inner_ring == 4
+    # Inside one node there is no double ring to pick.
+    assert not choose(8, HeadShape(32, 8, 128, 2), tokens=16384, prof=slow,
+                      ulysses=1)[0].layout.double
+
+
+def test_many_heads_and_a_short_sequence_pick_ulysses():
+    best = choose(8, HeadShape(64, 64, 128, 2), tokens=2048, prof=FAST)[0].layout
+    assert best.ulysses > 1
+
+
+def test_gqa_picks_the_ring_backward_and_mha_the_burst_one_when_links_bind():
+    narrow = dataclasses.replace(FAST, intra=Link(5.0, 20.0))
+    gqa = choose(4, HeadShape(32, 8, 128, 2), tokens=8192, prof=narrow, ulysses=1)[0]
+    mha = choose(4, HeadShape(32, 32, 128, 2), tokens=8192, prof=narrow, ulysses=1)[0]
+    assert gqa.layout.backward == "ring" and mha.layout.backward == "burst"
+
+
+@pytest.mark.parametrize("cp, hq, hkv", [(8, 32, 8), (8, 24, 3), (6, 12, 4), (16, 8, 1),
+                                         (4, 6, 6), (12, 36, 12)])
+def test_auto_never_breaks_divisibility(cp, hq, hkv):
+    heads = HeadShape(hq, hkv, 64, 2)
+    for per_node in (None, cp // 2 if cp % 2 == 0 else None):
+        for pred in choose(cp, heads, tokens=4096, prof=FAST, cp_ranks_per_node=per_node):
+            lay = pred.layout
+            assert cp % lay.ulysses == 0 and hq % lay.ulysses == 0
+            assert hkv % lay.ulysses == 0 or lay.ulysses % hkv == 0
+            if lay.double:
+                assert cp % lay.ranks_per_node == 0 and lay.ranks_per_node <= (per_node or cp)
+
+
+def test_prediction_grows_with_work_and_exposes_slow_links():
+    heads = HeadShape(32, 32, 128, 2)
+    lay = CPLayout.build(4, heads=heads, backward="burst")
+    short, long = (predict(lay, FAST, tokens=t) for t in (4096, 32768))
+    assert long.compute_s > 8 * short.compute_s
+    slow = predict(lay, dataclasses.replace(FAST, intra=Link(5.0, 2.0)), tokens=4096)
+    assert slow.exposed_comm_s > 0 and short.exposed_comm_s == 0
+
+
+def _tune_worker(rank, world, out):
+    import os
+    os.environ["LOCAL_WORLD_SIZE"] = "2"  # two "nodes" of two ranks: both links measured
+    from megatron_burst import tune
+    tune.main(["--out", out, "--quick"])
+
+
+def test_tune_on_cpu_ranks_writes_a_profile_the_model_loads(tmp_path):
+    out = str(tmp_path / "profile.json")
+    run_ranks(4, _tune_worker, out, timeout=300)
+    prof = load_profile(out)
+    assert prof.gpus_per_node == 2 and "measured by megatron-burst tune" in prof.source
+    assert prof.intra.points and prof.inter.points and prof.dense.peak_tflops > 0
+    raw = json.loads((tmp_path / "profile.raw.json").read_text())
+    assert raw["raw"]["world"] == 4
+    # The model ranks layouts with it.
+    assert choose(4, HeadShape(4, 2, 32, 4), tokens=512, prof=prof)
+
+
+def _auto_worker(rank, world):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 32, h, 16, dtype=torch.float64) for h in (4, 2, 2))
+    local = [mb.shard_seq(t) for t in (q, k, v)]
+    auto = mb.burst_attn(*local, causal=True, ulysses_size="auto", intra_node_size="auto",
+                         backward="auto")
+    plain = mb.burst_attn(*local, causal=True, backward="burst")
+    return float((auto - plain).abs().max())
+
+
+def test_auto_layout_gives_the_same_attention():
+    assert max(run_ranks(4, _auto_worker, timeout=120)) < 1e-12
