@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import baselines  # noqa: E402
 
 import megatron_burst as mb  # noqa: E402
-from megatron_burst import kernels  # noqa: E402
+from megatron_burst import kernels, timing  # noqa: E402
+from megatron_burst.cp_layout import CPLayout, HeadShape  # noqa: E402
 from megatron_burst.schedule import Block  # noqa: E402
 
 DOC_MIX = (0.40, 0.22, 0.15, 0.10, 0.06, 0.04, 0.02, 0.01)  # "docs": a few long documents
@@ -150,17 +151,21 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
 
     wanted = lambda name: not args.methods or any(m in name for m in args.methods.split(","))  # noqa
 
-    def run(name, fn_of_local, layout="zigzag"):
+    def run(name, fn_of_local, layout="zigzag", cp_layout=None):
         if wanted(name):
             local = [shard(t, layout).requires_grad_() for t in (q, k, v)]
             rows.append(measure(args, name, lambda: fn_of_local(local), shard(do, layout),
                                 local, None if ref is None else shard(ref, layout), world,
                                 flops_fwd))
+            if cp_layout is not None and "error" not in rows[-1]:  # the time model's guess
+                pred = timing.predict(cp_layout, timing.load_profile(), tokens=per_gpu,
+                                      causal=causal)
+                rows[-1].update(layout=cp_layout.describe(), predicted_ms=pred.total_s * 1e3)
 
     if docs:
         run_documents(run, cu, world, hq, hkv)
     else:
-        run_sequence(run, causal, window, mask, world, hq, hkv)
+        run_sequence(run, causal, window, mask, world, hq, hkv, per_gpu)
     if mask in ("causal", "full"):
         if hq % world == 0 and hkv % world == 0:
             run("ulysses a2a (written here)",
@@ -174,18 +179,31 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
     return rows
 
 
-def run_sequence(run, causal, window, mask, world, hq, hkv) -> None:
-    """burst's layouts on a plain (causal, full or windowed) sequence."""
+def run_sequence(run, causal, window, mask, world, hq, hkv, per_gpu) -> None:
+    """burst's layouts on a plain (causal, full or windowed) sequence, and `auto`."""
     burst = {f"burst ({bwd} bwd)": dict(backward=bwd) for bwd in ("auto", "burst", "ring")}
     if world >= 4:  # two simulated "nodes" of world/2 GPUs: 2x2 on 4 GPUs, 2x4 on 8
         burst[f"burst double-ring 2x{world // 2}"] = dict(intra_node_size=world // 2)
     if mask in ("causal", "full"):  # Ulysses inside, ring across (USP): heads permitting
-        for u in (2, 4):
-            if 1 < u < world and world % u == 0 and hkv % u == 0:
+        for u in (2, 4, 8):
+            if 1 < u <= world and world % u == 0 and hq % u == 0 and (hkv % u == 0
+                                                                         or u % hkv == 0):
                 burst[f"burst usp {u}x{world // u} (ulysses x ring)"] = dict(ulysses_size=u)
+        burst["burst auto layout (time model)"] = dict(ulysses_size="auto",
+                                                       intra_node_size="auto", backward="auto")
+    heads = HeadShape(hq, hkv, 128, 2)
     for name, opts in burst.items():
+        if "auto" in opts.values() or opts.get("backward") == "auto":
+            lay = timing.auto_layout(world, heads, per_gpu, causal, None,
+                                     opts.get("ulysses_size", 1),
+                                     opts.get("intra_node_size"), "auto")
+        else:
+            lay = CPLayout.build(world, ulysses=opts.get("ulysses_size", 1),
+                                 ranks_per_node=opts.get("intra_node_size"),
+                                 backward=opts["backward"] if "backward" in opts else "auto",
+                                 heads=heads)
         run(name, lambda local, opts=opts: mb.burst_attn(
-            *local, causal=causal, window_size=window, **opts))
+            *local, causal=causal, window_size=window, **opts), cp_layout=lay)
 
 
 def run_documents(run, cu, world, hq, hkv) -> None:
@@ -373,7 +391,9 @@ def main() -> None:
     if rank == 0:
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                     device=torch.cuda.get_device_name(0), gpus=world,
-                    torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"))
+                    torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                    profile=timing.load_profile().name,
+                    env={k: v for k, v in os.environ.items() if k.startswith("MEGATRON_BURST")})
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
     dist.destroy_process_group()
