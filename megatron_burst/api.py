@@ -22,6 +22,7 @@ from .kernels import default_scale
 from .layout import group_size_rank
 from .documents import doc_lengths
 from .placement import LAYOUTS, chunks_per_rank, local_length
+from .remat import AttentionKeep
 from .schedule import Mask, RingSchedule
 from .ulysses import heads_to_sequence, sequence_to_heads
 
@@ -111,7 +112,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                layout: str = "zigzag", backward: str = "auto", qkv_format: str = "bshd",
                intra_node_size: int | str | None = None, ulysses_size: int | str = 1,
                cu_seqlens: torch.Tensor | None = None, return_lse: bool = False,
-               kernel: str | None = None):
+               kernel: str | None = None, keep: AttentionKeep | None = None):
     """Exact attention over a sequence sharded across ``group`` (BurstAttention).
 
     q: [b, s_local, hq, d]; k, v: [b, s_local, hkv, d] (``qkv_format="sbhd"`` swaps the
@@ -121,6 +122,8 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``ulysses_size``, ``intra_node_size`` and ``backward`` may be ``"auto"``: the time
     model (``timing``, with the profile ``$MEGATRON_BURST_PROFILE`` or the shipped default)
     picks the fastest for this shape; ranks per node come from torchrun's LOCAL_WORLD_SIZE.
+    ``keep`` (``remat.AttentionKeep``): under full recompute, a call without autograd keeps
+    its output there and the recompute (with autograd) takes it instead of running the ring.
     """
     agree.require_member(group)  # first: a non-member's group size reads -1
     world, rank = group_size_rank(group)
@@ -154,12 +157,13 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         group=group, topo=topo, sched=sched,
         scale=float(softmax_scale) if softmax_scale is not None else default_scale(d),
         backward=cp.backward, seq_first=seq_first and u == 1, kernel=kernel)
+    # Every rank of the group makes the same keep/take decision: same program, same order.
+    kept = keep.take() if keep is not None and torch.is_grad_enabled() else None
     if u == 1:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
-        out, lse = BurstAttentionFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                spec)
+        out, lse = _ring(q.contiguous(), k.contiguous(), v.contiguous(), spec, keep, kept)
     else:
-        out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first)
+        out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep, kept)
     return (out, lse) if return_lse else out
 
 
@@ -190,7 +194,15 @@ def cp_ranks_per_node(group, world: int) -> int | None:
     return sum(1 for r in group_ranks(group, world) if r // local == node)
 
 
-def _ulysses_burst(q, k, v, spec, group, world, u, seq_first):
+def _ring(q, k, v, spec, keep, kept):
+    """The ring (or its kept output), keeping the output for a recompute when asked."""
+    out, lse = BurstAttentionFunction.apply(q, k, v, spec, kept)
+    if keep is not None and not torch.is_grad_enabled():
+        keep.put(out, lse)
+    return out, lse
+
+
+def _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep=None, kept=None):
     """Heads -> sequence inside each Ulysses group, the ring across groups, and back."""
     members = group_ranks(group, world)
     me = members.index(dist.get_rank())
@@ -200,7 +212,7 @@ def _ulysses_burst(q, k, v, spec, group, world, u, seq_first):
         v = v.repeat_interleave(u // v.shape[2], dim=2)
     as_bshd = (lambda t: t.transpose(0, 1)) if seq_first else (lambda t: t)
     qs, ks, vs = (heads_to_sequence(as_bshd(t), peers, group, 1, 2) for t in (q, k, v))
-    out, lse = BurstAttentionFunction.apply(qs, ks, vs, spec)
+    out, lse = _ring(qs, ks, vs, spec, keep, kept)
     out = sequence_to_heads(out, peers, group, 1, 2)
     lse = sequence_to_heads(lse, peers, group, 2, 1)
     return (out.transpose(0, 1).contiguous() if seq_first else out), lse

@@ -303,12 +303,17 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 
 class BurstAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: ``apply(q, k, v, spec) -> (out, lse)``; differentiable in q, k, v."""
+    """Autograd wrapper: ``apply(q, k, v, spec[, kept]) -> (out, lse)``; differentiable in
+    q, k, v. ``kept``: (out, lse) of this very call from an earlier forward (remat.py): the
+    ring forward is skipped and the backward runs from them."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec: RingSpec):
+    def forward(ctx, q, k, v, spec: RingSpec, kept=None):
         kernel = select_kernel(spec.bshd(q), spec.bshd(k), spec.kernel)
-        out, lse = ring_forward(q, k, v, spec, kernel)
+        if kept is None:
+            out, lse = ring_forward(q, k, v, spec, kernel)
+        else:  # a recompute: this call's output was kept from its first forward (remat.py)
+            out, lse = (t.view_as(t) for t in kept)
         # An unused lse then arrives as None, not a tensor of zeros, so the ring backward
         # can use the real O instead of rebuilding one that folds in dlse.
         ctx.set_materialize_grads(False)
@@ -339,5 +344,5 @@ class BurstAttentionFunction(torch.autograd.Function):
             dq, dk, dv = ring_backward_burst(dout, q, k, v, o, blse, delta, spec, kernel)
         else:
             dq, dk, dv = ring_backward_kv(dout, q, k, v, o, blse, spec, kernel)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
