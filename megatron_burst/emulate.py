@@ -1,0 +1,215 @@
+"""A two-tier network on one host, for benchmarks: slow down what crosses a virtual node.
+
+Every GPU this project can borrow sits on one NVLink host, where a flat ring and a double
+ring measure the same. Multi-node clusters have a ~10x slower link between nodes. This
+module makes one host behave like ``nodes`` x ``node_size`` GPUs: a message between ranks
+of different virtual nodes arrives no earlier than ``latency_us + bytes / gbps`` after it
+was posted. It is NEVER on by default: ``MEGATRON_BURST_EMULATE="node_size=2,gbps=25,
+latency_us=5"`` turns it on in ``install_from_env()``, which benchmarks and the pretraining
+entry point call, and which logs that every timing is emulated.
+
+How, so that compute and overlap behave as on a real cluster: the torch.distributed calls
+the ring, Ulysses, all-gather and Megatron's TP collectives use are wrapped. When a message
+that crosses a virtual node is posted, a GPU sleep of the emulated transfer time is queued
+on a side stream of its own (one per direction, so successive transfers queue as on one
+link), and whoever waits for the message also waits for that sleep. The real transfer runs
+at NVLink speed in parallel, so arrival is max(real, emulated). The compute stream never
+runs the sleep. On CPU (gloo) the wait sleeps the remaining time instead.
+
+PyTorch's native context parallelism calls functional collectives that are not wrapped:
+its cross-node traffic is not slowed, so benchmarks leave it out under emulation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+ENV = "MEGATRON_BURST_EMULATE"
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualNodes:
+    """``node_size`` consecutive global ranks per virtual node, joined by a slow link."""
+
+    node_size: int
+    gbps: float
+    latency_us: float = 5.0
+
+    @staticmethod
+    def parse(text: str) -> "VirtualNodes":
+        """'node_size=2,gbps=25,latency_us=5' (latency optional)."""
+        try:
+            fields = dict(item.split("=", 1) for item in text.replace(" ", "").split(","))
+            nodes = VirtualNodes(int(fields.pop("node_size")), float(fields.pop("gbps")),
+                                 float(fields.pop("latency_us", 5.0)))
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{ENV}={text!r}: expected 'node_size=N,gbps=G[,latency_us=L]' "
+                             f"({e})") from None
+        if fields or nodes.node_size < 1 or nodes.gbps <= 0 or nodes.latency_us < 0:
+            raise ValueError(f"{ENV}={text!r}: unknown fields {sorted(fields)} or values out "
+                             f"of range")
+        return nodes
+
+    def crosses(self, a: int, b: int) -> bool:
+        return a // self.node_size != b // self.node_size
+
+    def seconds(self, nbytes: int) -> float:
+        """Emulated time of one message of ``nbytes`` across the slow link."""
+        return self.latency_us * 1e-6 + nbytes / (self.gbps * 1e9)
+
+    def cross_bytes_alltoall(self, me: int, ranks: Sequence[int], per_peer: int) -> int:
+        """Bytes ``me`` receives from other virtual nodes in an all-to-all of equal pieces."""
+        return per_peer * sum(1 for r in ranks if self.crosses(me, r))
+
+    def cross_bytes_ring_gather(self, me: int, ranks: Sequence[int], piece: int) -> int:
+        """All-gather / reduce-scatter as NCCL runs them, a ring: each of the world-1 steps
+        moves one piece in from the ring neighbour, slow when the neighbour is remote."""
+        pos = ranks.index(me)
+        prev = ranks[pos - 1]
+        return piece * (len(ranks) - 1) if self.crosses(me, prev) else 0
+
+
+class _Link:
+    """The side stream (or, on CPU, the clock) that models one direction of the slow link."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.free_at = 0.0  # CPU: when the link's last transfer ends
+        self._cycles_per_s = _clock_rate(device) if device.type == "cuda" else 0.0
+
+    def occupy(self, seconds: float) -> Any:
+        """Queue a transfer of ``seconds``; returns what a waiter must wait for."""
+        if self.stream is None:
+            self.free_at = max(self.free_at, time.monotonic()) + seconds
+            return self.free_at
+        with torch.cuda.stream(self.stream):
+            torch.cuda._sleep(max(1, int(seconds * self._cycles_per_s)))
+            done = torch.cuda.Event()
+            done.record()
+        return done
+
+    @staticmethod
+    def wait(token: Any) -> None:
+        if isinstance(token, float):
+            time.sleep(max(0.0, token - time.monotonic()))
+        else:
+            torch.cuda.current_stream().wait_event(token)
+
+
+def _clock_rate(device: torch.device) -> float:
+    """Cycles per second of ``torch.cuda._sleep``, measured once (clocks vary by GPU)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)  # warm
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / (start.elapsed_time(end) / 1e3)
+
+
+class _DelayedWork:
+    """A work whose wait() also waits for the emulated transfer."""
+
+    def __init__(self, work: Any, token: Any):
+        self._work, self._token = work, token
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        _Link.wait(self._token)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+class Emulation:
+    """The wrappers around torch.distributed, installed by ``install``."""
+
+    def __init__(self, nodes: VirtualNodes):
+        self.nodes = nodes
+        self._links: dict = {}
+        self._originals: dict[str, Callable] = {}
+
+    def _link(self, device: torch.device) -> _Link:
+        if str(device) not in self._links:
+            self._links[str(device)] = _Link(device)
+        return self._links[str(device)]
+
+    def batch_isend_irecv(self, ops: list) -> list:
+        works = self._originals["batch_isend_irecv"](ops)
+        me = dist.get_rank()
+        slow = [op for op in ops if op.op is dist.irecv and self.nodes.crosses(me, op.peer)]
+        if not slow:
+            return works
+        nbytes = sum(op.tensor.numel() * op.tensor.element_size() for op in slow)
+        token = self._link(slow[0].tensor.device).occupy(self.nodes.seconds(nbytes))
+        return [_DelayedWork(w, token) for w in works]
+
+    def _collective(self, name: str, cross_bytes: Callable[..., int]) -> Callable:
+        original = self._originals[name]
+
+        def wrapped(out, inp, *args, group=None, async_op=False, **kwargs):
+            work = original(out, inp, *args, group=group, async_op=async_op, **kwargs)
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            nbytes = cross_bytes(dist.get_rank(), ranks, out, inp)
+            if not nbytes:
+                return work
+            token = self._link(out.device).occupy(self.nodes.seconds(nbytes))
+            if async_op:
+                return _DelayedWork(work, token)
+            _Link.wait(token)
+            return work
+        return wrapped
+
+    def install(self) -> None:
+        n = self.nodes
+        for name in ("batch_isend_irecv", "all_to_all_single", "all_gather_into_tensor",
+                     "reduce_scatter_tensor"):
+            self._originals[name] = getattr(dist, name)
+        self._rebind("batch_isend_irecv", self.batch_isend_irecv)
+        self._rebind("all_to_all_single", self._collective(
+            "all_to_all_single", lambda me, rk, o, i: n.cross_bytes_alltoall(
+                me, rk, o.numel() * o.element_size() // len(rk))))
+        self._rebind("all_gather_into_tensor", self._collective(
+            "all_gather_into_tensor", lambda me, rk, o, i: n.cross_bytes_ring_gather(
+                me, rk, i.numel() * i.element_size())))
+        self._rebind("reduce_scatter_tensor", self._collective(
+            "reduce_scatter_tensor", lambda me, rk, o, i: n.cross_bytes_ring_gather(
+                me, rk, o.numel() * o.element_size())))
+
+    def _rebind(self, name: str, replacement: Callable) -> None:
+        """Replace torch.distributed's ``name`` wherever it was imported by name too
+        (Megatron keeps ``dist_all_gather_func = torch.distributed.all_gather_into_tensor``)."""
+        original = self._originals[name]
+        self._undo = getattr(self, "_undo", [])
+        for module in list(sys.modules.values()):
+            for attr, value in list(getattr(module, "__dict__", {}).items()):
+                if value is original:
+                    setattr(module, attr, replacement)
+                    self._undo.append((module, attr, original))
+
+    def uninstall(self) -> None:
+        for module, attr, original in getattr(self, "_undo", []):
+            setattr(module, attr, original)
+
+
+def install_from_env() -> Emulation | None:
+    """Install the emulated network if ``$MEGATRON_BURST_EMULATE`` is set; say so loudly."""
+    text = os.environ.get(ENV)
+    if not text:
+        return None
+    emulation = Emulation(VirtualNodes.parse(text))
+    emulation.install()
+    logger.warning("EMULATED NETWORK (%s=%s): messages between virtual nodes of %d ranks are "
+                   "slowed to %.1f GB/s; every timing of this process is emulated",
+                   ENV, text, emulation.nodes.node_size, emulation.nodes.gbps)
+    return emulation
