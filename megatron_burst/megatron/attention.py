@@ -135,6 +135,10 @@ class BurstDotProductAttention(MegatronModule):
             self.window_size: Tuple[int, int] = tuple(config.window_size)
         else:
             self.window_size = (-1, -1)
+        # DocumentParams put documents anywhere on any rank (whole_docs); GPTModel's own RoPE
+        # assumes zigzag positions 0..s-1. `document_model.as_document_model` sets this once
+        # the model's positions follow the batch's position_ids instead.
+        self.positions_follow_documents = False
 
         if self.layer_number == 1 and torch.distributed.get_rank() == 0:
             logger.info("BurstAttention layer 1: %s, tp=%d", self.layout.describe(), tp_size)
@@ -161,6 +165,12 @@ class BurstDotProductAttention(MegatronModule):
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         causal = masks.is_causal(mask_type)
         docs = masks.documents_of(packed_seq_params, causal, self.cp_group)
+        if docs is not None and docs.qkv_format == "sbhd" and not self.positions_follow_documents:
+            raise ValueError(
+                "DocumentParams need a model whose positions follow the documents: convert it "
+                "with megatron_burst.megatron.document_model.as_document_model (GPTModel's "
+                "RoPE ignores position_ids)"
+            )
         thd = docs is not None and docs.qkv_format == "thd"
         if thd:
             # [t, h, d] -> [1, t, h, d]: a packed sequence is one batch row of documents.

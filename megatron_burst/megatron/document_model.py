@@ -76,13 +76,15 @@ def as_document_model(model: GPTModel) -> DocumentGPTModel:
     if getattr(config, "mtp_num_layers", None):
         raise ValueError("document masks do not support multi-token prediction "
                          "(--mtp-num-layers): its token roll assumes Megatron's layouts")
-    others = sorted({type(m).__name__ for name, m in model.named_modules()
-                     if name.endswith("core_attention")
-                     and not isinstance(m, BurstDotProductAttention)})
+    cores = [m for name, m in model.named_modules() if name.endswith("core_attention")]
+    others = sorted({type(m).__name__ for m in cores
+                     if not isinstance(m, BurstDotProductAttention)})
     if others:
         raise ValueError(f"document masks need BurstDotProductAttention as every layer's "
                          f"core attention (the burst layer spec), found {', '.join(others)}")
     model.__class__ = DocumentGPTModel
+    for core in cores:  # from now on RoPE follows position_ids: the layers may take documents
+        core.positions_follow_documents = True
     return model
 
 

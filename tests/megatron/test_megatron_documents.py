@@ -95,6 +95,7 @@ def _two_rank_cases(rank: int, world: int) -> dict:
     out["gathers_back"] = all(_shards_gather_back(full, layout)
                               for layout in ("whole_docs", "zigzag"))
     out["masks"] = _mask_refusals()
+    out["models"] = _model_refusals(weights)
     return out
 
 
@@ -109,8 +110,9 @@ def _four_rank_cases(rank: int, world: int) -> dict:
 
 
 def _collect(reports: list) -> dict:
-    cases = {"reference": reports[0]["reference"], "gathers_back": [
-        r.get("gathers_back") for r in reports], "masks": [r.get("masks") for r in reports]}
+    cases = {"reference": reports[0]["reference"]}
+    for name in ("gathers_back", "masks", "models"):
+        cases[name] = [r.get(name) for r in reports]
     for name in reports[0]:
         if name not in cases:
             cases[name] = harness.merge_stage_reports([r[name] for r in reports])
@@ -182,8 +184,9 @@ def _mask_refusals() -> dict:
     cu = torch.tensor([0, 8, 16], dtype=torch.int32)
     outcomes = {}
 
-    def attempt(name, mask_type, mask, params=None, qkv=(q, k, v)):
+    def attempt(name, mask_type, mask, params=None, qkv=(q, k, v), converted=True):
         layer = BurstDotProductAttention(config, layer_number=1, attn_mask_type=mask_type)
+        layer.positions_follow_documents = converted  # as in a DocumentGPTModel, or not
         try:
             out = layer(*qkv, mask, packed_seq_params=params)
         except ValueError as err:
@@ -205,6 +208,8 @@ def _mask_refusals() -> dict:
     attempt("sbhd_params", AttnMaskType.causal, None,
             PackedSeqParams(qkv_format="sbhd", cu_seqlens_q=cu, cu_seqlens_kv=cu))
     attempt("mask_and_documents", AttnMaskType.causal, causal, document_params(cu))
+    attempt("documents_in_a_plain_model", AttnMaskType.causal, None, document_params(cu),
+            converted=False)
     attempt("thd_without_cu_seqlens", AttnMaskType.causal, None,
             PackedSeqParams(qkv_format="thd", cu_seqlens_q=None, cu_seqlens_kv=None),
             qkv=(q[:, 0], k[:, 0], v[:, 0]))
@@ -219,6 +224,7 @@ def _mask_refusals() -> dict:
     ("full_masking", "masks entries of a full"),
     ("sbhd_params", "DocumentParams"),
     ("mask_and_documents", "already define the mask"),
+    ("documents_in_a_plain_model", "as_document_model"),
     ("thd_without_cu_seqlens", "needs cu_seqlens_q"),
 ])
 def test_masks_the_adapter_cannot_honour_are_refused(two_rank: dict, case: str,
@@ -231,3 +237,36 @@ def test_masks_the_adapter_cannot_honour_are_refused(two_rank: dict, case: str,
 def test_masks_that_add_nothing_are_accepted(two_rank: dict, case: str) -> None:
     for outcomes in two_rank["masks"]:
         assert outcomes[case] == "accepted, same output: True"
+
+
+def _model_refusals(weights: dict) -> dict:
+    """Models `as_document_model` must refuse: the ValueError each raised."""
+    from megatron_burst.megatron.document_model import as_document_model
+
+    def attempt(change):
+        model = harness.burst_model(1, 1, 2, weights)
+        change(model)
+        try:
+            as_document_model(model)
+        except ValueError as err:
+            return str(err)
+        return "<accepted>"
+
+    return {
+        "local_attention": attempt(lambda m: m.decoder.layers[0].self_attention.__setattr__(
+            "core_attention", harness.reference_model().decoder.layers[0]
+            .self_attention.core_attention)),
+        "yarn": attempt(lambda m: setattr(m, "position_embedding_type", "yarn")),
+        "mtp": attempt(lambda m: setattr(m.config, "mtp_num_layers", 1)),
+    }
+
+
+@pytest.mark.parametrize("case, message", [
+    ("local_attention", "found DotProductAttention"),
+    ("yarn", "--position-embedding-type"),
+    ("mtp", "--mtp-num-layers"),
+])
+def test_models_that_cannot_follow_documents_are_refused(two_rank: dict, case: str,
+                                                         message: str) -> None:
+    for outcomes in two_rank["models"]:
+        assert message in outcomes[case], outcomes[case]
