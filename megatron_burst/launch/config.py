@@ -159,13 +159,15 @@ class TrainingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Dataset and tokenizer. mock: synthetic tokens (no files needed)."""
+    """Dataset and tokenizer. mock: synthetic tokens (no files needed). document_mask: each
+    sample is a pack of documents ending at EOD tokens (--burst-document-mask)."""
 
     mock: bool = False
     data_path: str | None = None
     split: str = "99,1,0"
     tokenizer_type: str = "HuggingFaceTokenizer"
     tokenizer_model: str | None = None
+    document_mask: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import shlex
 import typing
 
 from ..cp_layout import CPLayout
-from .config import Config, expand_vars
+from .config import Config, ConfigError, expand_vars
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
 
@@ -115,6 +115,12 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
         f += ["--tokenizer-model", path(d.tokenizer_model, "data.tokenizer_model")]
     if d.tokenizer_type == "NullTokenizer":
         f += ["--vocab-size", str(m.vocab_size)]
+    if d.document_mask:
+        if tr.micro_batch_size != 1:  # refused by the adapter too; here before a job queues
+            raise ConfigError(f"'data.document_mask' packs documents into one sequence per "
+                              f"micro batch: 'training.micro_batch_size' must be 1, got "
+                              f"{tr.micro_batch_size}")
+        f += ["--burst-document-mask"]
 
     # Logging and checkpoints.
     f += ["--log-interval", str(tr.log_interval), "--log-throughput",

@@ -2,10 +2,13 @@
 
 `add_burst_args` is an `extra_args_provider` for megatron.training: it adds --burst-backward,
 --burst-intra-node-size and --burst-ulysses-size (Megatron's own --cp-comm-type already takes
-any string, so `--cp-comm-type burst` / `a2a+burst` parse as they are).
+any string, so `--cp-comm-type burst` / `a2a+burst` parse as they are), and the document
+mask options --burst-document-mask and --burst-document-layout.
 `burst_layout_from_args` validates the command line on every rank before any communication
 and builds the run's one `CPLayout`; `apply_burst_args` puts it on the TransformerConfig,
-where every `BurstDotProductAttention` layer reads it.
+where every `BurstDotProductAttention` layer reads it. `document_layout_from_args` checks the
+document options (and refuses Megatron's --reset-* flags, which the entry point would
+otherwise ignore).
 """
 from __future__ import annotations
 
@@ -14,6 +17,10 @@ from typing import Any, Optional
 
 from megatron_burst.cp_layout import BACKWARD_MODES, COMM_TYPE_ALIASES, CPLayout
 from megatron_burst.megatron.layout import comm_types
+
+# How a document batch may be sharded over the CP group: `whole_docs` keeps short documents
+# on one rank; `zigzag` splits every document over all ranks, padded to 2*cp.
+DOCUMENT_LAYOUTS = ("whole_docs", "zigzag")
 
 # What a user writes to ask for BurstAttention (the aliases p2p / a2a+p2p also run it when
 # the burst layer spec is in place, but do not by themselves select it).
@@ -34,6 +41,14 @@ def add_burst_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="Ranks that split heads by all-to-all before the ring "
                             "(default 1; with --cp-comm-type a2a+burst the first "
                             "hierarchical size).")
+    group.add_argument("--burst-document-mask", action="store_true",
+                       help="Packed documents: a document ends after each EOD token; "
+                            "attention stays inside documents and positions restart in each "
+                            "(needs --micro-batch-size 1).")
+    group.add_argument("--burst-document-layout", choices=DOCUMENT_LAYOUTS, default=None,
+                       help="How --burst-document-mask shards the documents over the CP "
+                            "group (default whole_docs; zigzag pads every document to 2*cp "
+                            "and needs pipeline size 1 and no sequence parallelism).")
     return parser
 
 
@@ -68,3 +83,41 @@ def apply_burst_args(args: argparse.Namespace, config: Any,
     layout = layout or burst_layout_from_args(args)
     config.burst_layout = layout
     return layout
+
+
+def document_layout_from_args(args: argparse.Namespace) -> Optional[str]:
+    """The layout of document batches, or None without --burst-document-mask.
+
+    Raises ValueError for settings the document path cannot honour, and for Megatron's
+    --reset-attention-mask / --reset-position-ids without it: the entry point builds no
+    dense mask, and GPTModel's RoPE ignores position_ids, so they would do nothing.
+    """
+    if not args.burst_document_mask:
+        _refuse_ignored_document_flags(args)
+        return None
+    layout = args.burst_document_layout or DOCUMENT_LAYOUTS[0]
+    if not uses_burst(args):
+        raise ValueError(f"--burst-document-mask needs BurstAttention (--cp-comm-type burst "
+                         f"or a2a+burst), got --cp-comm-type {args.cp_comm_type}")
+    if args.micro_batch_size != 1:
+        raise ValueError(f"--burst-document-mask packs documents into one sequence per micro "
+                         f"batch: it needs --micro-batch-size 1, got {args.micro_batch_size}")
+    if layout == "zigzag" and (args.pipeline_model_parallel_size > 1 or args.sequence_parallel):
+        # Zigzag pads each document to a multiple of 2*cp, so a rank's length changes from
+        # batch to batch; pipeline sends and sequence-parallel splits need a fixed s/cp.
+        raise ValueError("--burst-document-layout zigzag needs --pipeline-model-parallel-size "
+                         "1 and no --sequence-parallel; use whole_docs (every rank holds s/cp)")
+    return layout
+
+
+def _refuse_ignored_document_flags(args: argparse.Namespace) -> None:
+    if getattr(args, "burst_document_layout", None) is not None:
+        raise ValueError("--burst-document-layout needs --burst-document-mask")
+    if getattr(args, "reset_attention_mask", False):
+        raise ValueError("--reset-attention-mask: this entry point builds no dense [s, s] "
+                         "mask; use --burst-document-mask for documents split at EOD")
+    if (getattr(args, "reset_position_ids", False)
+            and getattr(args, "position_embedding_type", "rope") == "rope"):
+        raise ValueError("--reset-position-ids: megatron-core's GPTModel ignores position_ids "
+                         "for RoPE; use --burst-document-mask, which restarts RoPE positions "
+                         "in every document")

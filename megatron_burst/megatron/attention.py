@@ -8,7 +8,10 @@ and returns the attention output in the same layout:
     query [s/cp, b, hq/tp, d], key/value [s/cp, b, hkv/tp, d] (GQA not expanded)
     -> [s/cp, b, hq/tp * d]
 
-or, for packed sequences (THD, `PackedSeqParams`), [t, h, d] -> [t, h * d].
+or, for packed sequences (THD, `PackedSeqParams`), [t, h, d] -> [t, h * d]. Packed
+documents in the [s, b, h, d] layout come with `DocumentParams` (batch 1, sharded with the
+layout it names, `whole_docs` by default); see `megatron_burst.megatron.documents`. Which
+masks are honoured, and which refused, is `megatron_burst.megatron.masks`.
 
 Everything that cannot work raises `ValueError` at construction or before any communication,
 never a silent fallback (compare Megatron-Bridge #2667, a silently disabled CP).
@@ -30,14 +33,10 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 
+from megatron_burst.megatron import masks
 from megatron_burst.megatron.layout import layer_heads, layer_layout
 
 logger = logging.getLogger(__name__)
-
-_CAUSAL_MASKS = (AttnMaskType.causal, AttnMaskType.padding_causal)
-# Masks with no structure beyond "full": for these Megatron's attention_mask carries nothing
-# BurstAttention needs (TE ignores it the same way).
-_FULL_MASKS = (AttnMaskType.no_mask, AttnMaskType.padding)
 
 
 def _groups_from(pg_collection: Any) -> Tuple[Any, Any]:
@@ -136,20 +135,13 @@ class BurstDotProductAttention(MegatronModule):
             self.window_size: Tuple[int, int] = tuple(config.window_size)
         else:
             self.window_size = (-1, -1)
+        # DocumentParams put documents anywhere on any rank (whole_docs); GPTModel's own RoPE
+        # assumes zigzag positions 0..s-1. `document_model.as_document_model` sets this once
+        # the model's positions follow the batch's position_ids instead.
+        self.positions_follow_documents = False
 
         if self.layer_number == 1 and torch.distributed.get_rank() == 0:
             logger.info("BurstAttention layer 1: %s, tp=%d", self.layout.describe(), tp_size)
-
-    def _is_causal(self, attn_mask_type: Optional[AttnMaskType]) -> bool:
-        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-        if mask_type in _CAUSAL_MASKS:
-            return True
-        if mask_type in _FULL_MASKS:
-            return False
-        raise ValueError(
-            f"BurstAttention supports causal and full masks (plus sliding window and packed "
-            f"documents), not attn_mask_type={mask_type}"
-        )
 
     def forward(
         self,
@@ -164,23 +156,29 @@ class BurstDotProductAttention(MegatronModule):
     ) -> Tensor:
         """Attention over the whole sequence; returns [s/cp, b, hq*dv] (THD: [t, hq*dv]).
 
-        `attention_mask` is not read: for causal and full masks the mask type says everything
-        (as in TransformerEngine), and other masks are refused in `_is_causal`.
+        The mask comes from the mask type and `packed_seq_params` (`masks.documents_of`);
+        `attention_mask` is not read, and is refused where it says more than they do
+        (`masks.check_attention_mask`).
         """
         if attention_bias is not None:
             raise ValueError("BurstAttention does not support attention_bias")
-        causal = self._is_causal(attn_mask_type)
-        cu_seqlens = None
-        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
-            cu_seqlens = self._document_boundaries(packed_seq_params, causal)
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        causal = masks.is_causal(mask_type)
+        docs = masks.documents_of(packed_seq_params, causal, self.cp_group)
+        if docs is not None and docs.qkv_format == "sbhd" and not self.positions_follow_documents:
+            raise ValueError(
+                "DocumentParams need a model whose positions follow the documents: convert it "
+                "with megatron_burst.megatron.document_model.as_document_model (GPTModel's "
+                "RoPE ignores position_ids)"
+            )
+        thd = docs is not None and docs.qkv_format == "thd"
+        if thd:
             # [t, h, d] -> [1, t, h, d]: a packed sequence is one batch row of documents.
             query, key, value = (x.unsqueeze(0) for x in (query, key, value))
-            qkv_format = "bshd"
-            seq_dim = 1
-        else:
-            qkv_format = "sbhd"
-            seq_dim = 0
-        if query.size(seq_dim) % 2:
+        seq_dim = 1 if thd else 0
+        masks.check_attention_mask(attention_mask, mask_type, docs, query.size(seq_dim),
+                                   self.cp_group)
+        if docs is None and query.size(seq_dim) % 2:
             raise ValueError(
                 f"sequence length {query.size(seq_dim) * self.layout.cp} is not divisible "
                 f"by 2*cp = {2 * self.layout.cp} (zigzag layout)"
@@ -193,36 +191,13 @@ class BurstDotProductAttention(MegatronModule):
             causal=causal,
             softmax_scale=self.softmax_scale,
             window_size=self.window_size,
-            layout="zigzag",
+            layout="zigzag" if docs is None else docs.layout,
             backward=self.layout.backward,
-            qkv_format=qkv_format,
+            qkv_format="bshd" if thd else "sbhd",
             intra_node_size=self.layout.ranks_per_node,
             ulysses_size=self.layout.ulysses,
-            cu_seqlens=cu_seqlens,
+            cu_seqlens=None if docs is None else docs.cu_seqlens,
         )
-        if cu_seqlens is not None:
+        if thd:
             return out.reshape(out.size(1), -1)
         return out.reshape(out.size(0), out.size(1), -1)
-
-    def _document_boundaries(self, params: PackedSeqParams, causal: bool) -> Tensor:
-        """cu_seqlens of the full packed sequence that BurstAttention splits per document."""
-        if getattr(params, "cp_group", None) not in (None, self.cp_group):
-            raise ValueError("BurstAttention does not support hybrid (per-batch) CP groups")
-        cu_q = params.cu_seqlens_q if params.cu_seqlens_q_padded is None else params.cu_seqlens_q_padded
-        cu_kv = (
-            params.cu_seqlens_kv if params.cu_seqlens_kv_padded is None else params.cu_seqlens_kv_padded
-        )
-        if cu_kv is not None and not torch.equal(cu_q, cu_kv):
-            raise ValueError("BurstAttention packed sequences need cu_seqlens_q == cu_seqlens_kv")
-        if (
-            not causal
-            and params.cu_seqlens_q_padded is not None
-            and not torch.equal(params.cu_seqlens_q, params.cu_seqlens_q_padded)
-        ):
-            # Causal attention never looks past a document's end, so the padding Megatron adds
-            # to make each document divisible by 2*cp is invisible; full attention would see it.
-            raise ValueError(
-                "BurstAttention packed full (non-causal) attention needs documents that are "
-                "already divisible by 2*cp (cu_seqlens_q == cu_seqlens_q_padded)"
-            )
-        return cu_q.to(torch.int32)

@@ -10,6 +10,13 @@ releases put Megatron-LM on PYTHONPATH). With `--cp-comm-type burst` (or `a2a+bu
 `--spec`, the layers use `megatron_burst.megatron.spec.get_gpt_layer_burst_spec`. Batches are
 split across CP ranks by megatron-core's `get_batch_on_this_cp_rank` (zigzag), which is the
 layout BurstAttention expects; the CP layout chosen is logged at start-up.
+
+With `--burst-document-mask` (and `--micro-batch-size 1`) every sample is a pack of
+documents that end at EOD tokens: attention stays inside each document and RoPE positions
+restart in each. The batch is sharded with `--burst-document-layout` (`whole_docs` by
+default) and carries a `DocumentParams` to the attention (`megatron_burst.megatron.documents`);
+the model is `document_model.DocumentGPTModel`. Every pipeline stage reads the data then,
+because middle stages need the boundaries and positions too.
 """
 from __future__ import annotations
 
@@ -27,15 +34,27 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 from megatron.training import get_args, get_tokenizer, pretrain, print_rank_0
 from megatron.training.arguments import core_transformer_config_from_args
 
-from megatron_burst.megatron.arguments import add_burst_args, apply_burst_args, burst_layout_from_args, uses_burst
+from megatron_burst.megatron.arguments import (
+    DOCUMENT_LAYOUTS,
+    add_burst_args,
+    apply_burst_args,
+    burst_layout_from_args,
+    document_layout_from_args,
+    uses_burst,
+)
+from megatron_burst.megatron.document_model import as_document_model, document_models
+from megatron_burst.megatron.documents import BATCH_KEYS, shard_document_batch
 from megatron_burst.megatron.spec import get_gpt_layer_burst_spec
 
-_BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 _NEW_PRETRAIN = "cfg_container" in inspect.signature(pretrain).parameters  # megatron-core 0.17+
 
 
 def configure_cp(args: Any, config: Any) -> None:
-    """Build the run's CPLayout once, put it on the TransformerConfig, and log it (rank 0)."""
+    """Build the run's CPLayout once, put it on the TransformerConfig, and log it (rank 0);
+    check the document mask options."""
+    documents = document_layout_from_args(args)
+    if documents is not None:
+        print_rank_0(f"> document masks: documents end at EOD, sharded {documents} over CP")
     if not uses_burst(args):
         print_rank_0(f"> context parallelism: cp={args.context_parallel_size} with "
                      f"--cp-comm-type {args.cp_comm_type} (not BurstAttention)")
@@ -45,18 +64,41 @@ def configure_cp(args: Any, config: Any) -> None:
                  f"tp={args.tensor_model_parallel_size}, pp={args.pipeline_model_parallel_size}")
 
 
-def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Optional[torch.Tensor], ...]:
-    """This rank's part of the next batch: every TP rank reads it (datasets are built on every
-    rank, see `is_dataset_built_on_rank`), then CP ranks keep their zigzag chunks."""
+def _document_layout(args: Any) -> Optional[str]:
+    """The document batch layout, or None without --burst-document-mask (checked at start)."""
+    return (args.burst_document_layout or DOCUMENT_LAYOUTS[0]) if args.burst_document_mask else None
+
+
+def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Any, ...]:
+    """This rank's part of the next batch, and its packed_seq_params (None without documents).
+
+    Every TP rank reads it (datasets are built on every rank, see
+    `is_dataset_built_on_rank`), then CP ranks keep their zigzag chunks.
+    """
+    layout = _document_layout(get_args())
+    if layout is not None:
+        return _get_document_batch(data_iterator, layout)
     if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
-        return None, None, None, None
+        return None, None, None, None, None
     data = next(data_iterator)
-    batch: Dict[str, Any] = {key: data[key].cuda(non_blocking=True) for key in _BATCH_KEYS}
+    batch: Dict[str, Any] = {key: data[key].cuda(non_blocking=True) for key in BATCH_KEYS}
     kwargs: Dict[str, Any] = {"cp_group": mpu.get_context_parallel_group()}
     if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters:
         kwargs["is_hybrid_cp"] = False  # 0.19 made it a required argument
     batch = get_batch_on_this_cp_rank(batch, **kwargs)
-    return tuple(batch[key] for key in _BATCH_KEYS)
+    return (*(batch[key] for key in BATCH_KEYS), None)
+
+
+def _get_document_batch(data_iterator: Iterator, layout: str) -> Tuple[Any, ...]:
+    """A document batch on every pipeline stage: boundaries from EOD, sharded in `layout`.
+
+    Sharded on the host, where the dataloader leaves the sample, so only this rank's rows
+    go to the GPU and the boundaries never need a device read.
+    """
+    data = next(data_iterator)
+    local, params = shard_document_batch(data, get_tokenizer().eod,
+                                         mpu.get_context_parallel_group(), layout)
+    return (*(local[key].cuda(non_blocking=True) for key in BATCH_KEYS), params)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -69,14 +111,19 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator: Iterator, model: torch.nn.Module):
-    """Megatron forward step: the attention mask is not needed (causal is in the spec)."""
-    tokens, labels, loss_mask, position_ids = get_batch(data_iterator)
-    output_tensor = model(tokens, position_ids, None, labels=labels)
+    """Megatron forward step: the attention mask is not needed (causal is in the spec, and
+    documents travel as packed_seq_params)."""
+    tokens, labels, loss_mask, position_ids, packed_seq_params = get_batch(data_iterator)
+    output_tensor = model(tokens, position_ids, None, labels=labels,
+                          packed_seq_params=packed_seq_params)
     return output_tensor, partial(loss_func, loss_mask)
 
 
 def is_dataset_built_on_rank(vp_stage: Optional[int] = None) -> bool:
-    """Build on first/last pipeline stages of every TP rank, so no TP broadcast is needed."""
+    """Build on first/last pipeline stages of every TP rank, so no TP broadcast is needed;
+    with document masks on every stage (middle stages need the boundaries and positions)."""
+    if _document_layout(get_args()) is not None:
+        return True
     return mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()
 
 
@@ -126,7 +173,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     configure_cp(args, config)
     spec = _layer_spec(args, config)
     spec = spec(config) if callable(spec) and not isinstance(spec, type) else spec
-    return GPTModel(
+    model = GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
         post_process=post_process, fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
@@ -135,6 +182,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling,
     )
+    return as_document_model(model) if _document_layout(args) is not None else model
 
 
 def use_prebuilt_dataset_helpers() -> None:
@@ -172,6 +220,9 @@ def main() -> None:
     if uses_burst(args):
         if model_cfg.transformer_layer_spec is None:
             model_cfg.transformer_layer_spec = get_gpt_layer_burst_spec
+    if _document_layout(args) is not None:
+        # GPTModelBuilder constructs GPTModel itself: make each chunk a DocumentGPTModel.
+        model_cfg.pre_wrap_hooks.append(document_models)
     pretrain(pretrain_cfg_container_from_args(args, model_cfg), train_valid_test_datasets_provider,
              ModelType.encoder_or_decoder, forward_step)
 

@@ -1,0 +1,132 @@
+"""Packed documents in a Megatron run: how a batch says where its documents are.
+
+Long-context pretraining packs many documents into one sequence. Megatron's own ways to
+keep them apart do not fit a context-parallel run at 128K tokens: `--reset-attention-mask`
+builds a dense [s, s] mask, and its packed-sequence path wants THD data. Here a batch of
+ordinary [1, s] samples (GPTDataset, MockGPTDataset) becomes a document batch:
+
+- boundaries from the EOD token: a document ends after each EOD (`document_boundaries`);
+- positions that restart at 0 in every document (`document_positions`), which RoPE reads
+  (see `megatron_burst.megatron.document_model`);
+- tokens, labels, loss mask and positions sharded over the CP group with the layout the
+  attention will use (`shard_document_batch`), `whole_docs` by default;
+- a `DocumentParams` that travels to core attention as Megatron's `packed_seq_params`
+  and tells `BurstDotProductAttention` the boundaries and the layout.
+
+The boundaries stay on the host: every reader (the layouts, `burst_attn`'s checks) wants
+host integers, so a CPU tensor costs no device synchronisation per layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from megatron.core.packed_seq_params import PackedSeqParams
+
+import megatron_burst as mb
+from megatron_burst.placement import LAYOUTS
+
+# What a document batch holds, in the order forward_step unpacks it.
+BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+
+
+@dataclasses.dataclass
+class DocumentParams(PackedSeqParams):
+    """`packed_seq_params` for packed documents in Megatron's [s, b, h, d] layout.
+
+    `cu_seqlens_q` (= `cu_seqlens_kv`) are the boundaries of the whole packed sequence
+    [0, n0, n0+n1, ..., s], the same on every CP rank; `layout` is how the batch was
+    sharded over the CP group (`megatron_burst.placement.LAYOUTS`). `max_seqlen_q/kv` hold
+    the packed sequence's length, not the longest document's: GPTModel sizes its RoPE
+    table from them, and a table that long holds every position of every document.
+    Megatron's THD-only fields (padded boundaries, per-batch CP groups) must stay unset.
+    """
+
+    qkv_format: str = "sbhd"
+    layout: str = "whole_docs"
+
+    def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)  # megatron-core 0.19 has one
+        if parent is not None:
+            parent()
+        _check_params(self)
+
+
+def _check_params(params: DocumentParams) -> None:
+    """Raise ValueError naming the first field the adapter could not honour."""
+    if params.qkv_format != "sbhd":
+        raise ValueError(f"DocumentParams.qkv_format must be 'sbhd' (Megatron's [s, b, h, d] "
+                         f"attention inputs), got {params.qkv_format!r}")
+    if params.layout not in LAYOUTS:
+        raise ValueError(f"DocumentParams.layout must be one of {LAYOUTS}, got "
+                         f"{params.layout!r}")
+    cu = params.cu_seqlens_q
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError("DocumentParams.cu_seqlens_q must be a 1-D tensor of document "
+                         "boundaries [0, n0, n0+n1, ..., s]")
+    kv = params.cu_seqlens_kv
+    if kv is not None and kv is not cu and not torch.equal(kv.cpu(), cu.cpu()):
+        raise ValueError("DocumentParams: self-attention needs cu_seqlens_kv == cu_seqlens_q")
+    for name in ("cu_seqlens_q_padded", "cu_seqlens_kv_padded", "cp_group", "local_cp_size"):
+        if getattr(params, name, None) is not None:
+            raise ValueError(f"DocumentParams.{name} must be None: the layout places the "
+                             f"documents (padding included), on the model's CP group")
+
+
+def document_params(cu_seqlens: torch.Tensor, layout: str = "whole_docs") -> DocumentParams:
+    """The DocumentParams of a packed sequence with boundaries `cu_seqlens`."""
+    total = int(cu_seqlens[-1])
+    return DocumentParams(cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                          max_seqlen_q=total, max_seqlen_kv=total, layout=layout)
+
+
+def document_boundaries(tokens: torch.Tensor, eod: int) -> torch.Tensor:
+    """int32 boundaries [0, ..., len] of the documents in a 1-D token sequence.
+
+    A document ends after each EOD token; tokens after the last EOD are one more
+    document (a pack usually ends mid-document). Computed on the host.
+    """
+    if tokens.dim() != 1:
+        raise ValueError(f"document_boundaries takes one sequence [s], got shape "
+                         f"{tuple(tokens.shape)}")
+    length = tokens.numel()
+    ends = (torch.nonzero(tokens.cpu() == eod).flatten() + 1).tolist()
+    bounds = [0] + [e for e in ends if e < length] + [length]
+    return torch.tensor(bounds, dtype=torch.int32)
+
+
+def document_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Position of every token inside its own document (int64, restarts at 0)."""
+    cu = cu_seqlens.to(torch.int64)
+    index = torch.arange(int(cu[-1]), device=cu.device)
+    doc = torch.bucketize(index, cu[1:], right=True)  # boundaries at or before the token
+    return index - cu[doc]
+
+
+def shard_document_batch(data: Mapping[str, torch.Tensor], eod: int,
+                         cp_group: Optional[dist.ProcessGroup],
+                         layout: str = "whole_docs"
+                         ) -> Tuple[Dict[str, torch.Tensor], DocumentParams]:
+    """This CP rank's part of a packed [1, s] batch, and the DocumentParams of its documents.
+
+    `data` holds tokens, labels and loss_mask (Megatron's GPTDataset keys); positions are
+    rebuilt per document whatever the dataset put there, and the loss mask is kept as it
+    is (so `--eod-mask-loss` still masks EOD). Every tensor is sharded with `layout`, the
+    same one the attention uses, so row i of every shard is the same token.
+    """
+    tokens = data["tokens"]
+    if tokens.dim() != 2 or tokens.shape[0] != 1:
+        raise ValueError(f"document masks need one packed sequence per micro batch "
+                         f"(--micro-batch-size 1), got tokens of shape {tuple(tokens.shape)}")
+    cu = document_boundaries(tokens[0], eod)
+    full: Dict[str, Any] = {key: data[key] for key in BATCH_KEYS if key != "position_ids"}
+    full["position_ids"] = document_positions(cu).to(tokens.device)[None]
+    for key, value in full.items():
+        if value.shape != tokens.shape:
+            raise ValueError(f"batch[{key!r}] has shape {tuple(value.shape)}, tokens "
+                             f"{tuple(tokens.shape)}")
+    local = {key: mb.shard_seq(value, cp_group, layout=layout, seq_dim=1, cu_seqlens=cu)
+             for key, value in full.items()}
+    return local, document_params(cu, layout)
