@@ -33,14 +33,24 @@ def add_burst_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--burst-backward", choices=BACKWARD_MODES, default="auto",
                        help="Backward ring: 'burst' moves Q/dO/dQ, 'ring' moves K/V/dK/dV; "
                             "'auto' picks the one with fewer bytes for the layer shape.")
-    group.add_argument("--burst-intra-node-size", type=int, default=None,
+    group.add_argument("--burst-intra-node-size", type=_int_or_auto, default=None,
                        help="CP ranks per node for the topology-aware double ring, counted "
-                            "in ranks (Ulysses ranks included); default: from "
-                            "--hierarchical-context-parallel-sizes, else a flat ring.")
-    group.add_argument("--burst-ulysses-size", type=int, default=None,
-                       help="Ranks that split heads by all-to-all before the ring "
-                            "(default 1; with --cp-comm-type a2a+burst the first "
-                            "hierarchical size).")
+                            "in ranks (Ulysses ranks included), or 'auto' (the time model "
+                            "decides); default: from --hierarchical-context-parallel-sizes, "
+                            "else a flat ring.")
+    group.add_argument("--burst-ulysses-size", type=_int_or_auto, default=None,
+                       help="Ranks that split heads by all-to-all before the ring, or 'auto' "
+                            "(the time model picks the fastest split); default 1 (with "
+                            "--cp-comm-type a2a+burst the first hierarchical size).")
+    group.add_argument("--burst-profile", default=None,
+                       help="The cluster profile the time model reads for 'auto': a file "
+                            "written by `megatron-burst tune`, or a shipped name "
+                            "(h200-nvlink, a100-ib); default $MEGATRON_BURST_PROFILE, else "
+                            "h200-nvlink.")
+    group.add_argument("--burst-remat-aware", action="store_true",
+                       help="With --recompute-granularity full: keep each layer's attention "
+                            "output and lse from the first forward, so the recompute skips "
+                            "the attention ring (costs that output per layer in memory).")
     group.add_argument("--burst-document-mask", action="store_true",
                        help="Packed documents: a document ends after each EOD token; "
                             "attention stays inside documents and positions restart in each "
@@ -50,6 +60,16 @@ def add_burst_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "group (default whole_docs; zigzag pads every document to 2*cp "
                             "and needs pipeline size 1 and no sequence parallelism).")
     return parser
+
+
+def _int_or_auto(text: str):
+    """argparse type: a positive count, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def uses_burst(args: argparse.Namespace) -> bool:
@@ -74,6 +94,10 @@ def burst_layout_from_args(args: argparse.Namespace) -> CPLayout:
     if args.attention_dropout:
         raise ValueError(f"BurstAttention has no attention dropout; pass --attention-dropout 0 "
                          f"(got {args.attention_dropout})")
+    if getattr(args, "burst_remat_aware", False) and getattr(
+            args, "recompute_granularity", None) != "full":
+        raise ValueError("--burst-remat-aware keeps attention's output for the full recompute; "
+                         "it does nothing without --recompute-granularity full")
     return layout
 
 
@@ -82,6 +106,7 @@ def apply_burst_args(args: argparse.Namespace, config: Any,
     """Put the run's layout on `config` (a TransformerConfig, or one that proxies it)."""
     layout = layout or burst_layout_from_args(args)
     config.burst_layout = layout
+    config.burst_remat_aware = bool(getattr(args, "burst_remat_aware", False))
     return layout
 
 

@@ -35,6 +35,7 @@ from megatron.core.transformer.utils import is_layer_window_attention
 
 from megatron_burst.megatron import masks
 from megatron_burst.megatron.layout import layer_heads, layer_layout
+from megatron_burst.remat import AttentionKeep
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class BurstDotProductAttention(MegatronModule):
         burst_backward: Optional[str] = None,
         burst_intra_node_size: Optional[int] = None,
         burst_ulysses_size: Optional[int] = None,
+        burst_remat_aware: Optional[bool] = None,
         **kwargs: Any,
     ) -> None:
         # **kwargs: later megatron-core versions add builder arguments (as 0.16 added
@@ -123,6 +125,13 @@ class BurstDotProductAttention(MegatronModule):
             backward=burst_backward, intra_node_size=burst_intra_node_size,
             ulysses_size=burst_ulysses_size,
         )
+        # Remat-aware recompute (--burst-remat-aware): this layer's kept attention outputs.
+        remat = burst_remat_aware if burst_remat_aware is not None else getattr(
+            config, "burst_remat_aware", False)
+        if remat and getattr(config, "recompute_granularity", None) != "full":
+            raise ValueError("burst_remat_aware keeps attention's output for the full "
+                             "recompute; it needs config.recompute_granularity='full'")
+        self.keep = AttentionKeep() if remat else None
         # apply_query_key_layer_scaling divides the scale by layer_number and multiplies the
         # fp32 scores back by it (an fp16 overflow guard): the net softmax scale is unchanged,
         # and BurstAttention's kernels already merge in fp32, so the base scale is the answer.
@@ -197,6 +206,9 @@ class BurstDotProductAttention(MegatronModule):
             intra_node_size=self.layout.ranks_per_node,
             ulysses_size=self.layout.ulysses,
             cu_seqlens=None if docs is None else docs.cu_seqlens,
+            # Remat-aware recompute: the checkpoint's first forward keeps the output, the
+            # recompute takes it (never outside training, so evaluation keeps nothing).
+            keep=self.keep if self.training else None,
         )
         if thd:
             return out.reshape(out.size(1), -1)
