@@ -36,14 +36,7 @@ def validate(cfg: Config) -> list[str]:
     """Raise ConfigError naming the field if ``cfg`` cannot run; return warnings."""
     m, p, tr, b, c = cfg.model, cfg.parallel, cfg.training, cfg.burst, cfg.cluster
     warnings: list[str] = []
-    for key, value in [("parallel.tensor", p.tensor), ("parallel.context", p.context),
-                       ("parallel.pipeline", p.pipeline), ("parallel.data", p.data),
-                       ("cluster.nodes", c.nodes), ("cluster.gpus_per_node", c.gpus_per_node),
-                       ("burst.intra_node_size", b.intra_node_size),
-                       ("burst.ulysses_size", b.ulysses_size),
-                       ("training.micro_batch_size", tr.micro_batch_size)]:
-        _require(value >= 1, key, f"must be at least 1, got {value}")
-
+    # Each number is already in its range (the loader's BOUNDS); here, how they combine.
     world = p.tensor * p.context * p.pipeline * p.data
     _require(world == c.world_size, "parallel.data",
              f"tensor x context x pipeline x data = {p.tensor} x {p.context} x {p.pipeline} x "
@@ -108,6 +101,12 @@ def validate(cfg: Config) -> list[str]:
              "training.global_batch_size",
              f"{tr.global_batch_size} is not a multiple of micro_batch_size x data = "
              f"{tr.micro_batch_size} x {p.data}")
+    # Megatron's scheduler asserts warmup < decay iterations (= train_iters by default).
+    _require(tr.lr_warmup_iters < tr.train_iters, "training.lr_warmup_iters",
+             f"{tr.lr_warmup_iters} warmup iterations must be fewer than train_iters "
+             f"{tr.train_iters}")
+    _require(tr.min_lr <= tr.lr, "training.min_lr",
+             f"{tr.min_lr:g} is above lr {tr.lr:g}: the schedule decays from lr to min_lr")
     if tr.recompute == "full":
         _require(1 <= tr.recompute_num_layers <= m.num_layers // p.pipeline,
                  "training.recompute_num_layers",
