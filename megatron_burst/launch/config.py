@@ -255,7 +255,7 @@ BOUNDS: dict[str, Bound] = {
     "training.adam_beta2": MOMENT_DECAY,
 }
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def load_config(path: str | os.PathLike) -> Config:
@@ -264,7 +264,10 @@ def load_config(path: str | os.PathLike) -> Config:
     try:
         raw = yaml.safe_load(_read_config_file(path))
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: "
+                          f"{getattr(e, 'problem', None) or e}") from None
     try:
         return config_from_dict(raw)
     except ConfigError as e:
@@ -340,7 +343,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"'{key}' must be a string, got {value!r}")
-        if "$" in _VAR.sub("", value):
+        if "$" in VARIABLE.sub("", value):
             raise ConfigError(f"'{key}': a '$' outside a ${{NAME}} variable in {value!r}")
     if key in CHOICES and value not in CHOICES[key]:
         raise ConfigError(f"'{key}' must be one of {', '.join(CHOICES[key])}; got {value!r}")
@@ -359,14 +362,14 @@ def expand_vars(text: str, key: str, env: typing.Mapping[str, str] | None = None
                               f"environment")
         return env[m.group(1)]
 
-    return _VAR.sub(sub, text)
+    return VARIABLE.sub(sub, text)
 
 
 def variables(cfg: Config) -> list[str]:
     """Names of the ${VAR} variables a config uses, in order of first use."""
     seen: list[str] = []
     for text in [cfg.data.data_path, cfg.data.tokenizer_model, *cfg.megatron_args]:
-        for name in _VAR.findall(text or ""):
+        for name in VARIABLE.findall(text or ""):
             if name not in seen:
                 seen.append(name)
     return seen
