@@ -43,6 +43,8 @@ __all__ = ["SUCCESSORS", "RunResult", "check_cpu_config", "describe_cpu_run", "l
 
 # Exit status of a rank that stopped on a ConfigError it already reported to the parent.
 CONFIG_ERROR_EXIT = 3
+# Iterations over which the CP run must equal the CP = 1 run to rounding (see compare_losses).
+EARLY_ITERATIONS = 10
 
 
 @dataclasses.dataclass
@@ -388,8 +390,23 @@ def run_cpu(cfg: Config, *, iters: int | None = None, compare: bool = True,
     ref = launch(_reference_config(cfg), iters,
                  Progress("  CP=1 ", every=max(1, iters // 4), detailed=False))
     echo(f"reference done: {_timing(ref, iters)}")
-    diffs = [abs(a - b) for a, b in zip(main.losses, ref.losses)]
-    worst = max(range(len(diffs)), key=diffs.__getitem__)
-    echo(f"loss vs CP=1: max |difference| {diffs[worst]:.2e} at iteration {worst + 1} "
-         f"(final {main.losses[-1]:.6f} vs {ref.losses[-1]:.6f})")
+    echo(compare_losses(main.losses, ref.losses))
     return main, ref
+
+
+def compare_losses(losses: list[float], reference: list[float]) -> str:
+    """The CP run's losses against the CP = 1 run's, early on and over the whole run.
+
+    One step of the two is the same computation up to fp32 rounding (the ring merges partial
+    results in another order), so early losses agree to ~1e-6. Training feeds each step's
+    rounding into the next, and at a high learning rate Adam amplifies it, so over a long run
+    the curves drift apart by far more while following the same course: both are reported.
+    """
+    diffs = [abs(a - b) for a, b in zip(losses, reference)]
+    early = min(len(diffs), EARLY_ITERATIONS)
+    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    line = (f"loss vs CP=1: max |difference| {max(diffs[:early]):.2e} over the first {early} "
+            f"iteration(s)")
+    if len(diffs) > early:
+        line += f", {diffs[worst]:.2e} over all {len(diffs)} (at iteration {worst + 1})"
+    return line + f"; final {losses[-1]:.6f} vs {reference[-1]:.6f}"

@@ -10,8 +10,9 @@ import pytest
 from megatron_burst.launch import environment
 from megatron_burst.launch.cli import BROKEN_PIPE_STATUS, main
 from megatron_burst.launch.config import load_config
-from megatron_burst.launch.cpu_run import (RankFailure, _raise_rank_failure, lr_at,
-                                           predicted_ring_bytes, run_cpu, with_train_iters)
+from megatron_burst.launch.cpu_run import (RankFailure, _raise_rank_failure, compare_losses,
+                                           lr_at, predicted_ring_bytes, run_cpu,
+                                           with_train_iters)
 from megatron_burst.launch.config import ConfigError
 from megatron_burst.launch.flags import format_flags, megatron_flags
 
@@ -171,6 +172,13 @@ def test_a_rank_config_error_surfaces_as_one():
 
     with pytest.raises(ConfigError, match="too short"):
         _raise_rank_failure(Queue(), 1, 3)
+
+
+def test_loss_comparison_reports_early_and_whole_run():
+    line = compare_losses([5.0] * 10 + [4.0, 3.0], [5.0] * 10 + [4.0, 3.5])
+    assert line.startswith("loss vs CP=1: max |difference| 0.00e+00 over the first 10")
+    assert "5.00e-01 over all 12 (at iteration 12)" in line
+    assert "over all" not in compare_losses([1.0, 0.5], [1.0, 0.5])
 
 
 def test_cpu_run_matches_cp1_and_counts_ring_bytes():

@@ -188,7 +188,8 @@ def test_dataset_of_another_tokenizer_is_refused(sample, tmp_path):
 
 def test_cpu_run_on_real_text_learns_and_matches_cp1(sample):
     """End to end on 2 + 1 ranks: the sample's text, CP=2 against CP=1, loss falling."""
-    raw = _text_config(sample, lr_warmup_iters=2, micro_batch_size=4, global_batch_size=4)
+    raw = _text_config(sample, lr_warmup_iters=2, micro_batch_size=4, global_batch_size=4,
+                       lr=1e-2, min_lr=1e-3)  # a fast start: six steps must show learning
     raw["parallel"].update(tensor=1, context=2)
     raw["cluster"].update(gpus_per_node=2)
     cfg = config_from_dict(raw)
