@@ -212,8 +212,8 @@ def _train(rank: int, cfg: Config, iters: int, progress: Progress, launched_at: 
     from .cpu_model import init_parallel, split_batch_for_cp, train_step
 
     p, tr = cfg.parallel, cfg.training
-    _say(rank, progress, f"ranks up after {time.time() - launched_at:.1f} s; reading the data "
-                         f"and building the model ...")
+    _say(rank, progress, f"ranks up after {time.time() - launched_at:.1f} s (started, torch "
+                         f"and megatron-core imported); reading the data, building the model ...")
     source = open_batch_source(cfg)
     _say(rank, progress, f"data: {source.describe()}")
     init_parallel(tp=p.tensor, pp=p.pipeline, cp=p.context,
