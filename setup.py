@@ -9,9 +9,17 @@ setup(
     package_data={"megatron_burst": ["profiles/*.json"]},
     python_requires=">=3.11",
     # torch first and pinned by range: a bare "torch" would pull a CUDA build on CPU hosts.
-    install_requires=["torch>=2.5,<2.14", "pyyaml>=6"],
+    install_requires=["torch>=2.5,<2.14", "pyyaml>=6", "numpy"],
     extras_require={
+        # The layer spec, the adapter and the CPU run: 0.16.1 on Python 3.11 is enough.
         "megatron": ["megatron-core>=0.16", "triton"],
+        # The GPU entry point (python -m megatron_burst.megatron.pretrain_gpt) is built on
+        # megatron.training, which megatron-core ships from 0.17 on, and those wheels need
+        # Python >= 3.12; on 3.11 put Megatron-LM on PYTHONPATH instead. transformers is what
+        # Megatron's HuggingFaceTokenizer loads the configs' tokenizers with.
+        "train": ['megatron-core>=0.17; python_version >= "3.12"', "transformers>=4.40"],
+        # `megatron-burst data`: read a tokenizer.json, train the sample corpus's BPE.
+        "data": ["tokenizers>=0.15"],
         "test": ["pytest>=8", "pytest-timeout"],
     },
     entry_points={"console_scripts": ["megatron-burst=megatron_burst.launch.cli:main"]},

@@ -13,6 +13,7 @@ import dataclasses
 from .. import cost
 from ..cp_layout import CPLayout
 from .config import Config
+from .units import format_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,18 +55,18 @@ class AttentionPlan:
         lines = [
             self.layout.describe(),
             f"per ring step: compute fwd {self.step_compute_fwd_s * ms:.2f} ms, "
-            f"send fwd {self.step_bytes_fwd / 2**20:.1f} MiB ({self.step_comm_fwd_s * ms:.2f} ms), "
-            f"bwd {self.step_bytes_bwd / 2**20:.1f} MiB ({self.step_comm_bwd_s * ms:.2f} ms)",
+            f"send fwd {format_bytes(self.step_bytes_fwd)} ({self.step_comm_fwd_s * ms:.2f} ms), "
+            f"bwd {format_bytes(self.step_bytes_bwd)} ({self.step_comm_bwd_s * ms:.2f} ms)",
         ]
         if self.inter_comm_fwd_s:
             lines.append(f"inter-node hop: {self.inter_comm_fwd_s * ms:.2f} ms against "
                          f"{self.round_compute_fwd_s * ms:.2f} ms of compute per round")
         if self.layout.ulysses > 1:
-            lines.append(f"Ulysses all-to-all: {self.a2a_bytes / 2**20:.1f} MiB "
+            lines.append(f"Ulysses all-to-all: {format_bytes(self.a2a_bytes)} "
                          f"({self.a2a_s * ms:.2f} ms)")
         lines.append(f"communication hidden under compute: {'yes' if self.comm_hidden else 'NO'}")
         lines.append(f"attention layer fwd+bwd ~{self.layer_time_s * ms:.1f} ms; ring buffers "
-                     f"and accumulators {self.memory_bytes / 2**30:.2f} GiB per rank")
+                     f"and accumulators {format_bytes(self.memory_bytes)} per rank")
         return lines + list(self.notes)
 
 

@@ -2,8 +2,9 @@
 
 A config file has five sections (model, parallel, burst, cluster, training) and an
 optional data section. Loading is strict: an unknown or misspelt key, a value of the wrong
-type or a choice outside its list fails with a ConfigError that names the key as a dotted
-path (``model.hidden_size``), so a typo never silently falls back to a default.
+type, a choice outside its list or a number outside its range (a count below 1, a negative
+rate) fails with a ConfigError that names the key as a dotted path (``model.hidden_size``),
+so a typo never silently falls back to a default and no later step sees a negative size.
 
 Strings may hold ``${NAME}`` variables (data and tokenizer paths, output folders). They are
 kept as written when loading, and expanded from the environment only where a real path is
@@ -15,6 +16,7 @@ memory fits) is checked by ``plan.validate``, not here: this file knows shapes, 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -198,20 +200,94 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.tokenizer_type": ("HuggingFaceTokenizer", "Llama2Tokenizer", "NullTokenizer"),
 }
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The range a number in the config may take: from ``low`` up to ``high``.
+
+    ``low_open``/``high_open`` exclude the end itself, so (0, inf) is "greater than 0".
+    """
+
+    low: float
+    low_open: bool = False
+    high: float = math.inf
+    high_open: bool = True
+
+    def admits(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self) -> str:
+        if self.high == math.inf:
+            return f"{'greater than' if self.low_open else 'at least'} {self.low:g}"
+        return (f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+                f"{')' if self.high_open else ']'}")
+
+
+COUNT = Bound(1)  # sizes, counts, parallel degrees, intervals
+NON_NEGATIVE = Bound(0)  # where 0 means "none" or "off": min_lr, warmup, clip_grad, eval_iters
+POSITIVE = Bound(0, low_open=True)  # scales that 0 would break: lr, epsilon, init std
+MOMENT_DECAY = Bound(0, high=1)  # Adam's betas: 1 would never forget, above 1 diverges
+
+# Every int and float field of the schema has a range here (a test checks that none is
+# missing): a value outside it fails at load time, naming the key.
+BOUNDS: dict[str, Bound] = {
+    **{f"model.{name}": COUNT for name in (
+        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+        "num_query_groups", "vocab_size", "seq_length", "max_position_embeddings",
+        "rotary_base", "make_vocab_size_divisible_by")},
+    "model.norm_epsilon": POSITIVE,
+    "model.init_method_std": POSITIVE,
+    **{f"parallel.{name}": COUNT for name in ("tensor", "context", "pipeline", "data")},
+    "burst.intra_node_size": COUNT,
+    "burst.ulysses_size": COUNT,
+    "cluster.nodes": COUNT,
+    "cluster.gpus_per_node": COUNT,
+    **{f"training.{name}": COUNT for name in (
+        "micro_batch_size", "global_batch_size", "train_iters", "recompute_num_layers",
+        "log_interval", "save_interval", "eval_interval")},
+    **{f"training.{name}": NON_NEGATIVE for name in (
+        "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eval_iters",
+        # numpy, which Megatron seeds too, takes seeds in [0, 2**32).
+        "seed")},
+    "training.lr": POSITIVE,
+    "training.adam_beta1": MOMENT_DECAY,
+    "training.adam_beta2": MOMENT_DECAY,
+}
+
+VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def load_config(path: str | os.PathLike) -> Config:
     """Read and check a YAML config file (variables are left unexpanded)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(_read_config_file(path))
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: "
+                          f"{getattr(e, 'problem', None) or e}") from None
     try:
         return config_from_dict(raw)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def _read_config_file(path: Path) -> str:
+    """The file's text; a directory, a missing file or an unreadable one is a ConfigError."""
+    if path.is_dir():
+        examples = sorted(path.glob("*.yaml"))
+        hint = f", e.g. {examples[0]}" if examples else ""
+        raise ConfigError(f"{path}: is a directory; give one YAML config file{hint}")
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read it ({e})") from None
 
 
 def config_from_dict(raw: Any) -> Config:
@@ -269,10 +345,12 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"'{key}' must be a string, got {value!r}")
-        if "$" in _VAR.sub("", value):
+        if "$" in VARIABLE.sub("", value):
             raise ConfigError(f"'{key}': a '$' outside a ${{NAME}} variable in {value!r}")
     if key in CHOICES and value not in CHOICES[key]:
         raise ConfigError(f"'{key}' must be one of {', '.join(CHOICES[key])}; got {value!r}")
+    if key in BOUNDS and not BOUNDS[key].admits(value):
+        raise ConfigError(f"'{key}' must be {BOUNDS[key].describe()}, got {value!r}")
     return value
 
 
@@ -286,14 +364,14 @@ def expand_vars(text: str, key: str, env: typing.Mapping[str, str] | None = None
                               f"environment")
         return env[m.group(1)]
 
-    return _VAR.sub(sub, text)
+    return VARIABLE.sub(sub, text)
 
 
 def variables(cfg: Config) -> list[str]:
     """Names of the ${VAR} variables a config uses, in order of first use."""
     seen: list[str] = []
     for text in [cfg.data.data_path, cfg.data.tokenizer_model, *cfg.megatron_args]:
-        for name in _VAR.findall(text or ""):
+        for name in VARIABLE.findall(text or ""):
             if name not in seen:
                 seen.append(name)
     return seen

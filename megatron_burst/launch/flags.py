@@ -9,11 +9,12 @@ local transformer implementation and turn off the fusions that need those librar
 """
 from __future__ import annotations
 
+import re
 import shlex
 import typing
 
 from ..cp_layout import CPLayout
-from .config import Config, ConfigError, expand_vars
+from .config import VARIABLE, Config, ConfigError, expand_vars
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
 
@@ -133,12 +134,27 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     return f
 
 
+def double_quoted(token: str) -> str:
+    """``token`` for bash: bare when plainly safe, else in double quotes, so that a ${VAR} in
+    it expands (the config loader refuses any other '$') and nothing else does."""
+    if re.fullmatch(r"[A-Za-z0-9_.:/=+@%-]+", token):
+        return token
+    return '"' + re.sub(r'(["\\`])', r"\\\1", token) + '"'
+
+
+def shell_word(token: str) -> str:
+    """``token`` quoted for a pasted command line: an unexpanded ${VAR} in double quotes, so
+    the shell it is pasted into fills it in; anything else in single quotes, taken literally
+    (an expanded path may hold any character)."""
+    return double_quoted(token) if VARIABLE.search(token) else shlex.quote(token)
+
+
 def format_flags(flags: list[str]) -> str:
     """One flag (with its values) per line, shell-continued, for printing."""
     lines: list[str] = []
     for a in flags:
         if a.startswith("--") or not lines:
-            lines.append(shlex.quote(a))
+            lines.append(shell_word(a))
         else:
-            lines[-1] += " " + shlex.quote(a)
+            lines[-1] += " " + shell_word(a)
     return " \\\n    ".join(lines)

@@ -15,6 +15,7 @@ from ..cp_layout import CPLayout
 from .attention_plan import attention_plan
 from .config import Config, ConfigError
 from .memory import GIB, estimate_memory, padded_vocab
+from .units import UNITS_NOTE, format_bytes, format_count
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -36,14 +37,7 @@ def validate(cfg: Config) -> list[str]:
     """Raise ConfigError naming the field if ``cfg`` cannot run; return warnings."""
     m, p, tr, b, c = cfg.model, cfg.parallel, cfg.training, cfg.burst, cfg.cluster
     warnings: list[str] = []
-    for key, value in [("parallel.tensor", p.tensor), ("parallel.context", p.context),
-                       ("parallel.pipeline", p.pipeline), ("parallel.data", p.data),
-                       ("cluster.nodes", c.nodes), ("cluster.gpus_per_node", c.gpus_per_node),
-                       ("burst.intra_node_size", b.intra_node_size),
-                       ("burst.ulysses_size", b.ulysses_size),
-                       ("training.micro_batch_size", tr.micro_batch_size)]:
-        _require(value >= 1, key, f"must be at least 1, got {value}")
-
+    # Each number is already in its range (the loader's BOUNDS); here, how they combine.
     world = p.tensor * p.context * p.pipeline * p.data
     _require(world == c.world_size, "parallel.data",
              f"tensor x context x pipeline x data = {p.tensor} x {p.context} x {p.pipeline} x "
@@ -108,6 +102,12 @@ def validate(cfg: Config) -> list[str]:
              "training.global_batch_size",
              f"{tr.global_batch_size} is not a multiple of micro_batch_size x data = "
              f"{tr.micro_batch_size} x {p.data}")
+    # Megatron's scheduler asserts warmup < decay iterations (= train_iters by default).
+    _require(tr.lr_warmup_iters < tr.train_iters, "training.lr_warmup_iters",
+             f"{tr.lr_warmup_iters} warmup iterations must be fewer than train_iters "
+             f"{tr.train_iters}")
+    _require(tr.min_lr <= tr.lr, "training.min_lr",
+             f"{tr.min_lr:g} is above lr {tr.lr:g}: the schedule decays from lr to min_lr")
     if tr.recompute == "full":
         _require(1 <= tr.recompute_num_layers <= m.num_layers // p.pipeline,
                  "training.recompute_num_layers",
@@ -136,17 +136,6 @@ def validate(cfg: Config) -> list[str]:
     return warnings
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:8.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:8.2f} MiB"
-
-
-def _bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def ring_traffic(cfg: Config) -> dict[str, object]:
     """What one CP rank sends per attention layer and microbatch, from the run's layout."""
     layout = CPLayout.from_run_config(cfg)
@@ -162,11 +151,12 @@ def report(cfg: Config, warnings: list[str] | None = None) -> str:
     m, p, tr, b, c = cfg.model, cfg.parallel, cfg.training, cfg.burst, cfg.cluster
     hw = c.hardware
     mem = estimate_memory(cfg)
-    gqa = (f"GQA {m.num_attention_heads}:{m.num_query_groups}"
+    gqa = (f"GQA {m.num_attention_heads}:{m.num_query_groups} in the whole model, "
+           f"{m.num_attention_heads // p.tensor}:{m.num_query_groups // p.tensor} per TP rank"
            if m.num_query_groups != m.num_attention_heads else "MHA")
     out = [
         f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, ffn {m.ffn_hidden_size}, "
-        f"{m.num_attention_heads} heads ({gqa}, d={m.head_dim}), vocab {m.vocab_size} "
+        f"{m.num_attention_heads} heads ({gqa}; d={m.head_dim}), vocab {m.vocab_size} "
         f"(padded {padded_vocab(cfg)}), {m.seq_length:,} tokens",
         f"cluster: {c.nodes} node(s) x {c.gpus_per_node} {c.gpu} "
         f"({hw.memory_gib:g} GiB, intra {hw.intra_node_gbps:g} GB/s, "
@@ -176,9 +166,10 @@ def report(cfg: Config, warnings: list[str] | None = None) -> str:
         f"{m.seq_length // p.context:,} tokens per CP rank; micro batch "
         f"{tr.micro_batch_size}, global batch {tr.global_batch_size}; recompute {tr.recompute}",
         "",
-        f"memory per GPU ({mem.stage} pipeline stage, {mem.params / 1e9:.2f} B parameters):",
+        f"memory per GPU ({mem.stage} pipeline stage; {format_count(mem.params)} parameters "
+        f"on each GPU):",
     ]
-    out += [f"  {label:<12}{_gib(n)}" for label, n in mem.rows()]
+    out += [f"  {label:<12}{format_bytes(n, width=8)}" for label, n in mem.rows()]
     out.append(f"  {'device':<12}{hw.memory_gib:8.2f} GiB  -> fits, "
                f"{100 * mem.total / (hw.memory_gib * GIB):.0f}% used")
     if p.context > 1:
@@ -197,15 +188,16 @@ def report(cfg: Config, warnings: list[str] | None = None) -> str:
             "",
             f"burst attention: {topo}"
             + (f", Ulysses all-to-all over {layout.ulysses}" if layout.ulysses > 1 else ""),
-            f"  per layer and microbatch, each rank sends: forward {_bytes(t['forward'])} "
-            f"({layout.ring_size - 1} hop(s) of {_bytes(t['forward_hop'])} K/V)",
-            f"  backward '{layout.backward}' {_bytes(t['backward'])} "
-            f"(the '{other}' backward would send {_bytes(t['other_backward'])})"
+            f"  per layer and microbatch, each rank sends: forward {format_bytes(t['forward'])} "
+            f"({layout.ring_size - 1} hop(s) of {format_bytes(t['forward_hop'])} K/V)",
+            f"  backward '{layout.backward}' {format_bytes(t['backward'])} "
+            f"(the '{other}' backward would send {format_bytes(t['other_backward'])})"
             + (" [chosen by auto]" if b.backward == "auto" else ""),
         ]
         out += [f"  {line}" for line in attention_plan(cfg).explain()]
     for w in warnings or []:
         out.append(f"warning: {w}")
+    out.append(f"units: {UNITS_NOTE}")
     return "\n".join(out)
 
 

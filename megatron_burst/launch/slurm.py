@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 
 from .config import Config, variables
-from .flags import megatron_flags
+from .environment import TRAINING_NEEDS
+from .flags import double_quoted, megatron_flags
 
 # Minutes before the SLURM time limit at which Megatron checkpoints and exits, so the save
 # finishes before SLURM kills the job (a 70B distributed checkpoint takes minutes).
@@ -34,14 +35,6 @@ def _time_minutes(limit: str) -> int:
     else:
         hours, minutes = a, b
     return (days or 0) * 1440 + hours * 60 + minutes
-
-
-def _dq(token: str) -> str:
-    """``token`` for bash: bare when plainly safe, else double-quoted so that only ${VAR}
-    expands (the config forbids any other '$')."""
-    if re.fullmatch(r"[A-Za-z0-9_.:/=+@%-]+", token):
-        return token
-    return '"' + re.sub(r'(["\\`])', r"\\\1", token) + '"'
 
 
 def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None,
@@ -78,6 +71,12 @@ def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None
         "",
         "set -euo pipefail",
         "",
+        "# The entry point's training loop: megatron-core >= 0.17 (Python >= 3.12) or Megatron-LM.",
+        "python3 -c 'import megatron.training' 2>/dev/null || {",
+        f'    echo "error: {TRAINING_NEEDS}" >&2',
+        "    exit 2",
+        "}",
+        "",
         "# Paths the config leaves to the cluster.",
     ]
     lines += [f': "${{{v}:?set {v} before sbatch (see {config_path})}}"' for v in variables(cfg)]
@@ -109,7 +108,7 @@ def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None
     data_idx = flags.index("--data-path") + 1 if "--data-path" in flags else None
     if data_idx is not None:
         # A data path may be a blend ("0.7 a 0.3 b"): split it into words for Megatron.
-        lines.append(f"read -r -a DATA_PATH_WORDS <<< {_dq(flags[data_idx])}")
+        lines.append(f"read -r -a DATA_PATH_WORDS <<< {double_quoted(flags[data_idx])}")
         lines.append("")
     lines.append("FLAGS=(")
     i = 0
@@ -120,7 +119,7 @@ def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None
             group.append(flags[i])
             i += 1
         words = ['"${DATA_PATH_WORDS[@]}"' if data_idx is not None and j == data_idx
-                 else _dq(w) for j, w in enumerate(group, start=i - len(group))]
+                 else double_quoted(w) for j, w in enumerate(group, start=i - len(group))]
         lines.append("    " + " ".join(words))
     lines += [
         ")",

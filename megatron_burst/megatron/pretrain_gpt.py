@@ -31,8 +31,18 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.enums import ModelType
 from megatron.core.utils import get_batch_on_this_cp_rank
-from megatron.training import get_args, get_tokenizer, pretrain, print_rank_0
-from megatron.training.arguments import core_transformer_config_from_args
+try:
+    from megatron.training import get_args, get_tokenizer, pretrain, print_rank_0
+    from megatron.training.arguments import core_transformer_config_from_args
+except ImportError as _missing:  # megatron-core < 0.17, which is all Python 3.11 gets
+    from megatron_burst.launch.environment import missing_training_message
+
+    if __name__ == "__main__":  # `python -m` / torchrun: one line per rank, no traceback
+        import sys
+
+        print(f"error: {missing_training_message(_missing)}", file=sys.stderr)
+        sys.exit(2)
+    raise ImportError(missing_training_message(_missing)) from _missing
 
 from megatron_burst.megatron.arguments import (
     DOCUMENT_LAYOUTS,

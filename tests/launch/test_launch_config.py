@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
+import types
+import typing
 
 import pytest
 
-from megatron_burst.launch.config import (ConfigError, config_from_dict, expand_vars, load_config,
-                                          variables, with_nodes)
+from megatron_burst.launch.config import (BOUNDS, Config, ConfigError, config_from_dict,
+                                          expand_vars, load_config, variables, with_nodes)
 from megatron_burst.launch.plan import validate
 
 from .conftest import CONFIGS, TINY
@@ -58,6 +62,50 @@ def test_bad_value_is_named(tiny_raw, section, field, value, message):
         config_from_dict(tiny_raw)
 
 
+@pytest.mark.parametrize("section, field, value, message", [
+    ("model", "num_layers", -2, "'model.num_layers' must be at least 1, got -2"),
+    ("model", "hidden_size", 0, "'model.hidden_size' must be at least 1, got 0"),
+    ("model", "norm_epsilon", 0, "'model.norm_epsilon' must be greater than 0, got 0.0"),
+    ("parallel", "context", 0, "'parallel.context' must be at least 1, got 0"),
+    ("training", "lr", -1, "'training.lr' must be greater than 0, got -1.0"),
+    ("training", "min_lr", -1e-5, "'training.min_lr' must be at least 0"),
+    ("training", "lr_warmup_iters", -1, "'training.lr_warmup_iters' must be at least 0"),
+    ("training", "adam_beta2", 1, "'training.adam_beta2' must be in [0, 1), got 1.0"),
+    ("training", "train_iters", 0, "'training.train_iters' must be at least 1, got 0"),
+])
+def test_out_of_range_number_is_named(tiny_raw, section, field, value, message):
+    tiny_raw[section][field] = value
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_dict(tiny_raw)
+
+
+def _numeric_keys(cls: type, prefix: str = "") -> list[str]:
+    """Dotted keys of every int or float field of the schema (optional ones included)."""
+    keys = []
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            keys += _numeric_keys(hint, f"{prefix}{name}.")
+            continue
+        is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        kinds = set(typing.get_args(hint)) if is_union else {hint}
+        if kinds & {int, float}:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def test_every_number_has_a_range():
+    # A new numeric field without a range would let `plan` compute with negative sizes.
+    assert sorted(_numeric_keys(Config)) == sorted(BOUNDS)
+
+
+def test_directory_or_missing_file_is_named(tmp_path):
+    (tmp_path / "a.yaml").write_text("{}")
+    with pytest.raises(ConfigError, match="is a directory; give one YAML config file, e.g."):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+
+
 def test_missing_required_key_is_named(tiny_raw):
     del tiny_raw["model"]["seq_length"]
     with pytest.raises(ConfigError, match="missing required key 'model.seq_length'"):
@@ -98,6 +146,8 @@ def test_variables_expand_from_env_and_unset_ones_are_named():
     ({"burst": {"intra_node_size": 4}}, "burst.intra_node_size"),  # does not divide ring 2
     ({"burst": {"ulysses_size": 3}}, "burst.ulysses_size"),
     ({"training": {"global_batch_size": 3}}, "training.global_batch_size"),
+    ({"training": {"min_lr": 0.01}}, "training.min_lr"),  # above lr 3e-3
+    ({"training": {"lr_warmup_iters": 40}}, "training.lr_warmup_iters"),  # = train_iters
     ({"training": {"micro_batch_size": 4096, "global_batch_size": 4096},
       "model": {"seq_length": 65536}}, "cluster.gpu"),  # far beyond 4 GiB
 ])

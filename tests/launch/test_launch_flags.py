@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from megatron_burst.launch.config import ConfigError, load_config
+from megatron_burst.launch.config import ConfigError, expand_vars, load_config
 from megatron_burst.launch.flags import megatron_flags
 
 from .conftest import CONFIGS, REPO as REPO_ROOT
@@ -43,8 +43,8 @@ def test_flags_carry_the_config(path):
     else:
         assert "--burst-intra-node-size" not in f
     if not cfg.data.mock:
-        assert _value(f, "--data-path") == ENV["DATA_PATH"]
-        assert _value(f, "--tokenizer-model") == ENV["TOKENIZER_MODEL"]
+        assert _value(f, "--data-path") == expand_vars(cfg.data.data_path, "", ENV)
+        assert _value(f, "--tokenizer-model") == expand_vars(cfg.data.tokenizer_model, "", ENV)
 
 
 def test_unset_variable_fails_naming_key_and_variable():

@@ -111,3 +111,25 @@ def test_ring_traffic_comes_from_the_cost_model():
     assert t["layout"].backward == "ring" and t["backward"] < t["other_backward"]
     mha = ring_traffic(_cfg("llama2-7b-128k"))
     assert mha["layout"].backward == "burst" and mha["backward"] < mha["other_backward"]
+
+
+def test_plan_speaks_one_unit_family_and_counts_in_words():
+    text = make_plan(_cfg("llama3-8b-128k"))
+    assert "4.02 billion parameters on each GPU" in text
+    assert "GQA 32:8 in the whole model, 16:4 per TP rank" in text
+    assert "GQA 16:4 per TP rank" in text.split("burst attention")[1]
+    sizes = [word for word in text.replace("(", " ").replace(",", " ").split()
+             if word in ("KB", "MB", "GB", "KiB", "MiB", "GiB")]
+    assert sizes and set(sizes) <= {"KiB", "MiB", "GiB"}  # GB/s (a rate) is said apart
+    assert "units: sizes in binary units" in text
+    tiny = make_plan(load_config(TINY))
+    assert "62.78 thousand parameters" in tiny and "0.00" not in tiny.split("memory")[1][:60]
+
+
+def test_format_bytes_and_counts():
+    from megatron_burst.launch.units import format_bytes, format_count
+
+    assert format_bytes(64 * 2**20) == "64.00 MiB" and format_bytes(3 * 2**30) == "3.00 GiB"
+    assert format_bytes(512) == "512 B" and format_bytes(2048, width=8) == "    2.00 KiB"
+    assert format_count(8_030_000_000) == "8.03 billion"
+    assert format_count(1_240_000) == "1.24 million" and format_count(999) == "999"

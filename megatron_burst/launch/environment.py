@@ -1,0 +1,55 @@
+"""What this Python environment can run: megatron-core for the CPU run and the dataset writer,
+megatron.training for the GPU entry point.
+
+`python -m megatron_burst.megatron.pretrain_gpt` is built on ``megatron.training``, which
+ships in the megatron-core wheel only from 0.17 on, and those wheels declare Python >= 3.12;
+on Python 3.11 pip resolves ``megatron-core`` to 0.16.1, which lacks it. Both `megatron-burst
+run` (before it starts torchrun) and the entry point itself (when the import fails) say so in
+one line, with the same words from here, instead of a bare ModuleNotFoundError from every rank.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+
+TRAINING_NEEDS = ("megatron_burst.megatron.pretrain_gpt needs megatron.training, which ships "
+                  "in megatron-core >= 0.17 (Python >= 3.12: pip install -e '.[megatron,train]') "
+                  "or with a Megatron-LM checkout on PYTHONPATH")
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be found, without importing it (a missing parent is False)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+def installed_megatron_core() -> str:
+    """'megatron-core X on Python Y', or that megatron-core is missing, for messages."""
+    try:
+        core = f"megatron-core {importlib.metadata.version('megatron-core')}"
+    except importlib.metadata.PackageNotFoundError:
+        core = "no megatron-core"
+    return f"{core} on Python {sys.version_info.major}.{sys.version_info.minor}"
+
+
+def missing_training_message(error: BaseException | None = None) -> str:
+    """One line: what the entry point needs and what this environment has."""
+    why = f"; import failed: {error}" if error is not None else ""
+    return f"{TRAINING_NEEDS}; this environment has {installed_megatron_core()}{why}"
+
+
+def training_entry_point_problem() -> str | None:
+    """None if the Megatron entry point can import its training loop, else why not."""
+    if _importable("megatron.training"):
+        return None
+    return missing_training_message()
+
+
+def megatron_core_problem(purpose: str) -> str | None:
+    """None if megatron-core is installed, else one line: ``purpose`` needs it, and how."""
+    if _importable("megatron.core"):
+        return None
+    return f"{purpose} needs megatron-core, which is not installed: pip install -e '.[megatron]'"

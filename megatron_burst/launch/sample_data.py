@@ -1,0 +1,162 @@
+"""`megatron-burst data --sample-corpus DIR`: real text and a real tokenizer, made offline.
+
+The real-text path (`megatron-burst data`, then a CPU or GPU run on the result) needs a corpus
+and a tokenizer, and neither may come from the network at run time. Real English that every
+Python installation carries is the documentation of its standard library, so the sample is
+the docstrings of a fixed list of standard modules (their classes, functions and methods),
+in a fixed order: the same files on every machine with the same Python version. About 700
+documents, 0.4 MB of text.
+
+On it a small byte-level BPE tokenizer is trained with the `tokenizers` package (1024 tokens
+by default, so a tiny model's embedding stays small and its loss falls within seconds) and
+saved as a Hugging Face tokenizer folder: ``tokenizer.json`` plus ``tokenizer_config.json``
+naming ``<|endoftext|>`` as eos, which Megatron's HuggingFaceTokenizer (through
+transformers' AutoTokenizer) reads as the end-of-document token. Finally the corpus goes
+through the same `megatron-burst data` step a user's corpus takes.
+
+    DIR/corpus.jsonl                     one {"text": ...} per docstring
+    DIR/tokenizer/                       tokenizer.json, tokenizer_config.json
+    DIR/text_document.bin, .idx          Megatron's indexed dataset
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator
+
+from .data import DataError, DatasetSummary, tokenize_jsonl
+
+# Present on CPython 3.11 to 3.13 alike, pure Python or always built (no sqlite3, tkinter).
+SAMPLE_MODULES = (
+    "abc", "argparse", "ast", "asyncio", "base64", "bisect", "calendar", "collections",
+    "configparser", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal",
+    "difflib", "email", "enum", "fractions", "functools", "gettext", "glob", "gzip",
+    "hashlib", "heapq", "hmac", "html", "http.client", "imaplib", "inspect", "io",
+    "ipaddress", "json", "locale", "logging", "mailbox", "mimetypes", "optparse", "os",
+    "pathlib", "pickle", "pprint", "queue", "random", "re", "sched", "secrets", "selectors",
+    "shlex", "shutil", "signal", "smtplib", "socket", "statistics", "string", "struct",
+    "subprocess", "tarfile", "tempfile", "textwrap", "threading", "timeit", "tokenize",
+    "traceback", "typing", "unittest", "urllib.parse", "urllib.request", "uuid", "warnings",
+    "weakref", "xml.dom.minidom", "zipfile", "zoneinfo",
+)
+MIN_DOCUMENT_CHARS = 200  # one-line docstrings ("Return self.") teach a model little
+EOD_TOKEN = "<|endoftext|>"
+DEFAULT_VOCAB_SIZE = 1024
+CORPUS_FILE = "corpus.jsonl"
+TOKENIZER_DIR = "tokenizer"
+DATASET_PREFIX = "text_document"
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSummary:
+    """What `write_sample` made."""
+
+    corpus: Path
+    characters: int
+    dataset: DatasetSummary
+
+    def describe(self) -> str:
+        tokenizer = self.dataset.tokenizer
+        return (f"wrote {self.corpus}: {self.dataset.documents:,} standard-library docstrings, "
+                f"{self.characters:,} characters\n"
+                f"wrote {tokenizer.path}: a byte-level BPE of {tokenizer.vocab_size} tokens, "
+                f"eos {tokenizer.eod_token!r}\n{self.dataset.describe()}")
+
+
+def _public_docstrings(module: ModuleType) -> Iterator[str]:
+    """The module's docstring, then its own public classes' and functions' (and methods')."""
+    yield inspect.getdoc(module) or ""
+    for name in sorted(vars(module)):
+        obj = getattr(module, name)
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue  # private, or imported from elsewhere (documented there)
+        if inspect.isfunction(obj):
+            yield inspect.getdoc(obj) or ""
+        elif inspect.isclass(obj):
+            yield inspect.getdoc(obj) or ""
+            for method_name, method in sorted(vars(obj).items()):
+                if not method_name.startswith("_") and inspect.isfunction(method):
+                    yield inspect.getdoc(method) or ""
+
+
+def stdlib_docstrings(modules: tuple[str, ...] = SAMPLE_MODULES) -> list[str]:
+    """Distinct docstrings of at least MIN_DOCUMENT_CHARS, in module order."""
+    seen: set[str] = set()
+    documents: list[str] = []
+    for module_name in modules:
+        # Some modules warn about their own deprecated parts when imported or looked into.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:  # a Python built without it: the sample is a little smaller
+                continue
+            texts = list(_public_docstrings(module))
+        for text in texts:
+            if len(text) >= MIN_DOCUMENT_CHARS and text not in seen:
+                seen.add(text)
+                documents.append(text)
+    return documents
+
+
+def write_corpus(texts: list[str], path: Path) -> None:
+    """One {"text": ...} JSON object per line: the format `megatron-burst data` reads."""
+    with path.open("w", encoding="utf-8") as out:
+        for text in texts:
+            out.write(json.dumps({"text": text}) + "\n")
+
+
+def train_bpe(texts: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE `tokenizers.Tokenizer` of ``vocab_size`` tokens, EOD token id 0."""
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise DataError("--sample-corpus trains a tokenizer with the `tokenizers` package: "
+                        "pip install -e '.[data]'") from None
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel()
+    # The 256 byte symbols come first, so any text encodes (no unknown token is needed).
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def save_hf_tokenizer(tokenizer: Any, folder: Path) -> None:
+    """A folder that transformers' AutoTokenizer (and so Megatron) loads, offline."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        # GPT-2's convention: one special token begins and ends documents.
+        "bos_token": EOD_TOKEN,
+        "eos_token": EOD_TOKEN,
+        "model_max_length": 1 << 20,
+        "clean_up_tokenization_spaces": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -> SampleSummary:
+    """Corpus, tokenizer and indexed dataset under ``out_dir`` (see the module docstring)."""
+    if vocab_size < 257:
+        raise DataError(f"--vocab-size {vocab_size}: a byte-level BPE needs the 256 bytes "
+                        f"and the EOD token, so at least 257")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"--sample-corpus {out_dir}: exists and is not a folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    texts = stdlib_docstrings()
+    corpus = out_dir / CORPUS_FILE
+    write_corpus(texts, corpus)
+    save_hf_tokenizer(train_bpe(texts, vocab_size), out_dir / TOKENIZER_DIR)
+    dataset = tokenize_jsonl(corpus, out_dir / TOKENIZER_DIR, str(out_dir / DATASET_PREFIX))
+    return SampleSummary(corpus, sum(map(len, texts)), dataset)

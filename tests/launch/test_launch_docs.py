@@ -1,0 +1,108 @@
+"""The README and docs/configs.md say what the code does: every config listed, every key
+documented, the README's commands run as written (here, or by .ci/run)."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import shlex
+import typing
+
+import pytest
+
+from megatron_burst.launch.cli import main
+from megatron_burst.launch.config import Config, load_config
+
+from .conftest import CONFIGS, REPO
+
+README = (REPO / "README.md").read_text()
+CI_BLOCKS = ("install", "text", "test")
+
+
+def _readme_block_function():
+    """.ci/readme_block.py's parser: CI and this test read the README the same way."""
+    spec = importlib.util.spec_from_file_location("readme_block", REPO / ".ci" / "readme_block.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.readme_block
+
+
+def _schema_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    keys = []
+    for field in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[field.name]
+        if dataclasses.is_dataclass(hint):
+            keys += _schema_keys(hint, f"{prefix}{field.name}.")
+        else:
+            keys.append(f"{prefix}{field.name}")
+    return keys
+
+
+def test_docs_describe_every_config_key():
+    reference = (REPO / "docs" / "configs.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z0-9_.]+)` \|", reference, re.MULTILINE))
+    assert documented == set(_schema_keys())
+
+
+def _readme_config_rows() -> dict[str, str]:
+    """config file name -> its row of the README's config table."""
+    rows = {}
+    for line in README.splitlines():
+        if line.startswith("| `") and ".yaml`" in line.split("|")[1]:
+            for name in re.findall(r"`([^`]+\.yaml)`", line.split("|")[1]):
+                rows[name] = line
+    return rows
+
+
+def test_readme_lists_every_config_as_it_is():
+    rows = _readme_config_rows()
+    assert sorted(rows) == sorted(p.name for p in CONFIGS)
+    for path in CONFIGS:
+        cfg, row = load_config(path), rows[path.name]
+        cells = [cell.strip() for cell in row.split("|")]
+        p, c = cfg.parallel, cfg.cluster
+        assert cells[5].startswith(f"{p.tensor}/{p.context}/{p.pipeline}/{p.data}"), row
+        hardware = "CPU ranks" if c.gpu == "cpu" else f"{c.nodes} x {c.gpus_per_node} "
+        assert hardware in cells[4] and (c.gpu == "cpu" or c.gpu[:4].upper() in cells[4]), row
+        assert ("synthetic" in cells[6]) == cfg.data.mock, row
+
+
+def test_ci_runs_the_readme_blocks():
+    readme_block = _readme_block_function()
+    ci = (REPO / ".ci" / "run").read_text()
+    for name in CI_BLOCKS:
+        assert readme_block(README, name), f"README has no block marked <!-- ci: {name} -->"
+        assert f"run_readme_block {name}" in ci
+    assert "configs/tiny-llama-cpu.yaml" in readme_block(README, "install")
+    assert readme_block(README, "test") == "python -m pytest tests -q"
+
+
+def _tested_block() -> list[list[str]]:
+    """The commands of the README block marked as run by this test, continuations joined."""
+    text = README.split("<!-- tested: tests/launch/test_launch_docs.py")[1]
+    body = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in body.replace("\\\n", " ").splitlines()
+            if line.strip()]
+
+
+def test_readme_config_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the README's `run` line would start torchrun on this GPU host")
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    monkeypatch.chdir(tmp_path)  # `slurm -o job.sbatch` writes here
+    commands = _tested_block()
+    assert [words[0] for words in commands if "=" not in words[0]] and len(commands) == 5
+    for words in commands:
+        while "=" in words[0]:  # VAR=value before the command, as the shell reads it
+            name, value = words.pop(0).split("=", 1)
+            monkeypatch.setenv(name, value)
+        assert words[0] == "megatron-burst"
+        status = main(words[1:])
+        out, err = capsys.readouterr()
+        if words[1] == "run":  # no GPU here: the run refuses the GPU config, naming the key
+            assert status == 2 and "'cluster.gpu'" in err
+        else:
+            assert status == 0, (words, err)
+    assert (tmp_path / "job.sbatch").is_file()
