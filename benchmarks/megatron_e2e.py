@@ -55,8 +55,9 @@ def _last_value(flags: list[str], flag: str) -> int:
 
 
 def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
-        config: str = CONFIG) -> dict:
-    flags = megatron_flags(load_config(config)) + extra + ["--train-iters", str(iters)]
+        config: str = CONFIG, cfg=None) -> dict:
+    cfg = cfg or load_config(config)
+    flags = megatron_flags(cfg) + extra + ["--train-iters", str(iters)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "megatron_burst.megatron.pretrain_gpt", *flags]
     env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
@@ -132,6 +133,54 @@ def suite_h200x8(args: argparse.Namespace, save) -> dict:
     return dict(runs=runs, memory_checks=checks)
 
 
+def suite_features(args: argparse.Namespace, save) -> dict:
+    """Issues 12, 15, 16 (--part train): the Llama-3.2 1B shape at 128K, CP=4, on real text
+    (the offline sample of `megatron-burst data --sample-corpus`): without and with document
+    masks, and with document masks under full recompute, with and without remat-aware
+    recompute. Issue 14 (--part ckpt): a distributed checkpoint saved at CP=4 and resumed at
+    CP=4 (requeue-style, optimizer too), TP2xCP2 and CP=1 (weights: the next loss)."""
+    runs = []
+    if args.part == "train":
+        base = load_config(CONFIG)
+        data = dataclasses.replace(base.data, mock=False, data_path=args.data + "/text_document",
+                                   tokenizer_type="HuggingFaceTokenizer",
+                                   tokenizer_model=args.data + "/tokenizer", split="100,0,0")
+        cases = [("128K real text", {}, {}, {}),
+                 ("128K real text, document masks", {"document_mask": True}, {}, {}),
+                 ("128K document masks, full recompute", {"document_mask": True},
+                  {"recompute": "full"}, {}),
+                 ("128K document masks, full recompute + remat-aware", {"document_mask": True},
+                  {"recompute": "full"}, {"remat_aware": True})]
+        for name, d, tr, b in cases:
+            cfg = dataclasses.replace(
+                base, data=dataclasses.replace(data, **d),
+                training=dataclasses.replace(base.training, global_batch_size=1,
+                                             train_iters=args.iters, **tr),
+                burst=dataclasses.replace(base.burst, **b))
+            runs.append(run(name, 4, [], args.iters, args.timeout, cfg=cfg))
+            runs[-1]["memory_check"] = memory_check(cfg, runs[-1])
+            save(dict(runs=runs))
+        return dict(runs=runs)
+    ckpt = os.path.join(args.workdir, "ckpt")
+    small = SMALL + ["--global-batch-size", "1", "--micro-batch-size", "1"]
+    save_flags = ["--save", ckpt, "--save-interval", "4", "--ckpt-format", "torch_dist"]
+    load_flags = ["--load", ckpt, "--ckpt-format", "torch_dist"]
+    plans = [("cp4: 6 iterations, saves at 4", 4, ["--context-parallel-size", "4"] + save_flags),
+             ("cp4 resumed at 4 (requeue)", 4, ["--context-parallel-size", "4"] + load_flags),
+             ("tp2xcp2 resumed at 4", 4, ["--context-parallel-size", "2",
+                                          "--tensor-model-parallel-size", "2",
+                                          "--no-load-optim", "--no-load-rng"] + load_flags),
+             ("cp1 resumed at 4 (one GPU)", 1, ["--context-parallel-size", "1",
+                                                 "--no-load-optim", "--no-load-rng"] + load_flags)]
+    for i, (name, nproc, extra) in enumerate(plans):
+        runs.append(run(name, nproc, small + extra, 6, args.timeout))
+        if i == 0:  # resume from iteration 4, as a requeued job would from its last save
+            with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
+                f.write("4")
+        save(dict(runs=runs))
+    return dict(runs=runs)
+
+
 def memory_check(cfg, mem_run: dict) -> dict:
     """`megatron-burst plan`'s memory estimate for `cfg` against a run's measured peak.
 
@@ -150,7 +199,12 @@ def memory_check(cfg, mem_run: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("h200x4", "h200x8"), default="h200x4")
+    parser.add_argument("--suite", choices=("h200x4", "h200x8", "features"), default="h200x4")
+    parser.add_argument("--part", choices=("train", "ckpt"), default="train",
+                        help="features: the training runs or the checkpoint runs")
+    parser.add_argument("--data", default="data/sample",
+                        help="features: folder of `megatron-burst data --sample-corpus`")
+    parser.add_argument("--workdir", default="/tmp/megatron_e2e", help="features: checkpoints")
     parser.add_argument("--out", required=True)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seqs", default="131072,262144", help="h200x8: sequence lengths")
@@ -163,7 +217,10 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({**head, **result}, f, indent=1)
 
-    save(suite_h200x4(args) if args.suite == "h200x4" else suite_h200x8(args, save))
+    if args.suite == "features":
+        save(suite_features(args, save))
+    else:
+        save(suite_h200x4(args) if args.suite == "h200x4" else suite_h200x8(args, save))
 
 
 def _device() -> str:

@@ -103,7 +103,9 @@ class CPLayout:
     @staticmethod
     def from_megatron_args(args: Any) -> "CPLayout":
         """From a Megatron argparse namespace (with ``--burst-*`` added by
-        ``megatron_burst.megatron.arguments``)."""
+        ``megatron_burst.megatron.arguments``). Anything left 'auto' is decided by the time
+        model for the run's shape (tokens per rank from --seq-length and the micro batch),
+        the profile of ``--burst-profile`` and torchrun's LOCAL_WORLD_SIZE."""
         comm = args.cp_comm_type[0] if isinstance(args.cp_comm_type, list) else args.cp_comm_type
         tp = args.tensor_model_parallel_size
         heads = args.num_attention_heads
@@ -114,26 +116,50 @@ class CPLayout:
             if count % tp:
                 raise ValueError(f"{name} {count} is not divisible by the tensor parallel "
                                  f"size {tp}")
-        return CPLayout.from_megatron(
-            args.context_parallel_size, comm, args.hierarchical_context_parallel_sizes,
-            backward=getattr(args, "burst_backward", None),
-            intra_node_size=getattr(args, "burst_intra_node_size", None),
-            ulysses_size=getattr(args, "burst_ulysses_size", None),
-            heads=HeadShape(heads // tp, kv // tp, head_dim, elem))
+        shape = HeadShape(heads // tp, kv // tp, head_dim, elem)
+        cp = args.context_parallel_size
+        options = dict(backward=getattr(args, "burst_backward", None),
+                       intra_node_size=getattr(args, "burst_intra_node_size", None),
+                       ulysses_size=getattr(args, "burst_ulysses_size", None))
+        if "auto" not in options.values():
+            return CPLayout.from_megatron(cp, comm, args.hierarchical_context_parallel_sizes,
+                                          heads=shape, **options)
+        import os
+
+        from .timing import auto_layout
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) // tp
+        tokens = getattr(args, "micro_batch_size", 1) * args.seq_length // cp
+        fixed = CPLayout.from_megatron(cp, comm, args.hierarchical_context_parallel_sizes,
+                                       heads=shape, backward="burst", **{
+                                           k: (None if v == "auto" else v)
+                                           for k, v in options.items() if k != "backward"})
+        return auto_layout(
+            cp, shape, tokens, True, min(local, cp) if local > 0 else None,
+            "auto" if options["ulysses_size"] == "auto" else fixed.ulysses,
+            "auto" if options["intra_node_size"] == "auto" else fixed.ranks_per_node,
+            options["backward"] or "auto", getattr(args, "burst_profile", None))
 
     @staticmethod
     def from_run_config(cfg: Any) -> "CPLayout":
         """From a ``megatron_burst.launch.config.Config`` (a YAML run config).
 
         ``burst.intra_node_size`` counts CP ranks per node; 1 is the flat ring.
+        ``burst.backward`` or ``burst.ulysses_size`` 'auto' is decided by the time model
+        with the cluster's profile, for the config's tokens per rank.
         """
         m, p, b = cfg.model, cfg.parallel, cfg.burst
         elem = 2 if cfg.training.precision == "bf16" else 4
         heads = HeadShape(m.num_attention_heads // p.tensor, m.num_query_groups // p.tensor,
                           m.hidden_size // m.num_attention_heads, elem)
         per_node = None if b.intra_node_size == 1 else b.intra_node_size
-        return CPLayout.build(p.context, ulysses=b.ulysses_size, ranks_per_node=per_node,
-                              backward=b.backward, heads=heads)
+        if "auto" not in (b.backward, b.ulysses_size):
+            return CPLayout.build(p.context, ulysses=b.ulysses_size, ranks_per_node=per_node,
+                                  backward=b.backward, heads=heads)
+        from .timing import auto_layout
+        tokens = cfg.training.micro_batch_size * m.seq_length // p.context
+        cp_per_node = max(1, min(p.context, cfg.cluster.gpus_per_node // p.tensor))
+        return auto_layout(p.context, heads, tokens, True, cp_per_node, b.ulysses_size,
+                           per_node, b.backward, cfg.cluster.profile_name)
 
     # ------------------------------------------------------------------ topology
 

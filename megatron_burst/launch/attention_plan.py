@@ -89,7 +89,9 @@ def plan_attention(layout: CPLayout, *, seq_len: int, batch: int, cluster: Clust
     tokens = batch * seq_len // ring
     vis = _visible_fraction(seq_len, causal, window)
     step_flops = 4 * tokens * tokens * hq_r * h.head_dim * vis
-    rate = cluster.kernel_tflops * 1e12 / 3.5  # fwd rate; fwd+bwd = 3.5x fwd FLOPs
+    # The kernel's fwd+bwd rate counts 3.5x the forward's FLOPs in 3.5x its time: the same
+    # TFLOP/s serves the forward alone.
+    rate = cluster.kernel_tflops * 1e12
     step_fwd_s = step_flops / rate
     nodes = max(1, layout.cp // cluster.cp_ranks_per_node)
     double = layout.double and nodes > 1

@@ -1,4 +1,4 @@
-"""The `megatron-burst` command: plan, flags, run, slurm and data.
+"""The `megatron-burst` command: plan, flags, run, slurm, data and tune.
 
     megatron-burst plan  CONFIG [--nodes N]          check it fits; memory and ring traffic
     megatron-burst flags CONFIG [--nodes N] [--keep-vars]   the Megatron command line
@@ -6,6 +6,7 @@
     megatron-burst slurm CONFIG --nodes N [--partition P] [--time T] [--account A] [-o FILE]
     megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--json-key K]
     megatron-burst data  --sample-corpus DIR          an offline corpus, tokenizer and dataset
+    megatron-burst tune  --out PROFILE.json [--nproc N] [--quick]   measure this host for 'auto'
 
 Every error, in a config or on the command line, is one line on stderr naming the key or
 the argument, with exit status 2; nothing is launched.
@@ -244,12 +245,42 @@ def _add_data_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_data)
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Measure this host with `megatron_burst.tune` on its GPUs (or on CPU gloo ranks)."""
+    import torch
+
+    nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nproc), "-m", "megatron_burst.tune", "--out", args.out]
+    if args.quick:
+        command.append("--quick")
+    print(" ".join(shlex.quote(c) for c in command), flush=True)
+    env = {**os.environ, "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
+    return subprocess.call(command, env=env)
+
+
+def _add_tune_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune", help="measure links, kernels and overheads into a profile for 'auto'",
+        description="Measure this host's links, attention kernel and host overheads (under a "
+                    "minute on GPUs) into a profile the time model reads (config "
+                    "cluster.profile, --burst-profile, or $MEGATRON_BURST_PROFILE). For "
+                    "several nodes run `srun ... torchrun --nnodes N ... -m megatron_burst.tune "
+                    "--out FILE` instead: that measures the inter-node link too.")
+    p.add_argument("--out", required=True, help="the profile to write (JSON)")
+    p.add_argument("--nproc", type=positive_int,
+                   help="ranks to measure with (default: every GPU, or 2 CPU ranks)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats")
+    p.set_defaults(func=cmd_tune)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree of the five subcommands."""
+    """The argparse tree of the six subcommands."""
     parser = OneLineParser(prog="megatron-burst", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_config_commands(sub)
     _add_data_command(sub)
+    _add_tune_command(sub)
     return parser
 
 

@@ -45,6 +45,8 @@ class Hardware:
     # Point-to-point bandwidth per direction between ring neighbours (GB/s).
     intra_node_gbps: float
     inter_node_gbps: float
+    # The time model's profile for `auto` (megatron_burst/profiles/NAME.json).
+    profile: str = "a100-ib"
 
 
 # Rates are what the kernels and links achieve, not peaks: A100 figures are FlashAttention-2
@@ -59,10 +61,10 @@ HARDWARE: dict[str, Hardware] = {
     # Measured here (benchmarks/results): cuDNN causal fwd+bwd ~530 TFLOP/s on one H200;
     # ring send/recv 151 GB/s at 64 MB per direction.
     "h200-141gb": Hardware(memory_gib=141, reserved_gib=8, attention_tflops=530,
-                           intra_node_gbps=150, inter_node_gbps=40),
+                           intra_node_gbps=150, inter_node_gbps=40, profile="h200-nvlink"),
     # CPU ranks over gloo: only used by the tiny config; numbers are order-of-magnitude.
     "cpu": Hardware(memory_gib=4, reserved_gib=0.5, attention_tflops=0.05,
-                    intra_node_gbps=2, inter_node_gbps=1),
+                    intra_node_gbps=2, inter_node_gbps=1, profile="h200-nvlink"),
 }
 
 
@@ -112,7 +114,11 @@ class BurstConfig:
     # CP ranks of one group that share a node (Ulysses ranks included): the double ring's
     # fast inner ring. 1 is the flat ring.
     intra_node_size: int = 1
-    ulysses_size: int = 1
+    # Ranks that split heads by all-to-all before the ring, or "auto": the time model picks
+    # the fastest split for this shape and cluster (and the backward mode with it).
+    ulysses_size: int | str = 1
+    # Full recompute without re-running the attention ring (needs training.recompute: full).
+    remat_aware: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +128,18 @@ class ClusterConfig:
     nodes: int = 1
     gpus_per_node: int = 8
     gpu: str = "a100-80gb"
+    # The time model's profile: a file `megatron-burst tune` wrote, or a shipped name; by
+    # default the one named for the GPU (a100-ib, h200-nvlink).
+    profile: str | None = None
 
     @property
     def hardware(self) -> Hardware:
         return HARDWARE[self.gpu]
+
+    @property
+    def profile_name(self) -> str:
+        """The time model's profile for this cluster."""
+        return self.profile or self.hardware.profile
 
     @property
     def world_size(self) -> int:
@@ -327,8 +341,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, key)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) > 1:  # a count or "auto" (burst.ulysses_size)
+            return value if value == "auto" else _convert(int, value, key)
+        return _convert(inner[0], value, key)
     if typing.get_origin(hint) is list:
         if not isinstance(value, list):
             raise ConfigError(f"'{key}' must be a list, got {value!r}")

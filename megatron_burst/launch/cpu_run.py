@@ -97,6 +97,10 @@ def check_cpu_config(cfg: Config) -> Any:
                           "parallel.data on CPU (one microbatch per step)")
     if cfg.parallel.pipeline != 1:
         raise ConfigError("'parallel.pipeline' must be 1 for a CPU run")
+    if cfg.data.document_mask:
+        raise ConfigError("'data.document_mask': the CPU run trains on whole windows of text; "
+                          "document masks run on GPUs with python -m "
+                          "megatron_burst.megatron.pretrain_gpt (the CPU tests cover them)")
     problem = megatron_core_problem("the CPU run (megatron-core's GPTModel)")
     if problem:
         raise ConfigError(problem)

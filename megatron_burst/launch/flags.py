@@ -66,11 +66,11 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     if p.sequence_parallel and p.tensor > 1:
         f += ["--sequence-parallel"]
     if p.context > 1:
-        # The config's request, not the resolved mode: 'auto' is decided by the adapter for
-        # the shape it sees (the same rule, so `plan` reports what runs).
+        # The layout `plan` reports, resolved once here ('auto' by the time model with the
+        # cluster's profile), so the adapter runs exactly it and decides nothing again.
         layout = CPLayout.from_run_config(cfg)
         f += ["--cp-comm-type", layout.cp_comm_type,
-              "--burst-backward", b.backward,
+              "--burst-backward", layout.backward,
               "--burst-ulysses-size", str(layout.ulysses)]
         if layout.double:
             f += ["--burst-intra-node-size", str(layout.ranks_per_node)]
@@ -103,6 +103,8 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     if tr.recompute == "full":
         f += ["--recompute-granularity", "full", "--recompute-method", tr.recompute_method,
               "--recompute-num-layers", str(tr.recompute_num_layers)]
+        if b.remat_aware:
+            f += ["--burst-remat-aware"]
     elif tr.recompute == "selective":
         f += ["--recompute-granularity", "selective"]
 

@@ -129,6 +129,15 @@ def layer_activation_bytes(cfg: Config, recompute: str) -> int:
     return norms_and_linear_inputs + qkv + attn_out + mlp + core_attention_internal
 
 
+def remat_kept_bytes(cfg: Config) -> int:
+    """What remat-aware recompute keeps per layer and microbatch: the attention output
+    (e bytes per element) and its fp32 lse, this rank's tokens and heads."""
+    m, p = cfg.model, cfg.parallel
+    tokens = cfg.training.micro_batch_size * m.seq_length // p.context
+    heads = m.num_attention_heads // p.tensor
+    return tokens * heads * (m.head_dim * _elem_bytes(cfg) + 4)
+
+
 def _microbatches(cfg: Config) -> int:
     tr, p = cfg.training, cfg.parallel
     return max(1, tr.global_batch_size // (tr.micro_batch_size * p.data))
@@ -153,6 +162,8 @@ def _stage_activations(cfg: Config, stage: str) -> tuple[int, int]:
     else:
         per_mb = layers * layer_activation_bytes(cfg, tr.recompute)
         workspace = 0
+    if tr.recompute == "full" and cfg.burst.remat_aware and p.context > 1:
+        per_mb += layers * remat_kept_bytes(cfg)  # each layer's kept attention output
     in_flight = min(p.pipeline, _microbatches(cfg)) if stage == "first" else 1
     # Layer-gradient transient: one layer's input-sized gradients live at a time. The ring's
     # K/V double buffers and fp32 accumulators (the cost model's figure) live one layer at

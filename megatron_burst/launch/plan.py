@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 
 from ..cp_layout import CPLayout
+from ..timing import choose, load_profile
 from .attention_plan import attention_plan
 from .config import Config, ConfigError
-from .memory import GIB, estimate_memory, padded_vocab
+from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes
 from .units import UNITS_NOTE, format_bytes, format_count
 
 
@@ -75,20 +76,23 @@ def validate(cfg: Config) -> list[str]:
 
     # BurstAttention: Ulysses splits heads, the double ring's inner ring must stay in a node.
     hq_local, hkv_local = m.num_attention_heads // p.tensor, m.num_query_groups // p.tensor
-    _require(p.context % b.ulysses_size == 0, "burst.ulysses_size",
-             f"{b.ulysses_size} does not divide parallel.context {p.context}")
-    _require(hq_local % b.ulysses_size == 0, "burst.ulysses_size",
-             f"{b.ulysses_size} does not divide the {hq_local} query heads per TP rank")
-    _require(hkv_local % b.ulysses_size == 0 or b.ulysses_size % hkv_local == 0,
-             "burst.ulysses_size",
-             f"{b.ulysses_size} and the {hkv_local} KV heads per TP rank: one must divide "
-             f"the other")
+    # 'auto' picks a split that divides all of these (timing.candidates).
+    u = 1 if b.ulysses_size == "auto" else b.ulysses_size
+    _require(p.context % u == 0, "burst.ulysses_size",
+             f"{u} does not divide parallel.context {p.context}")
+    _require(hq_local % u == 0, "burst.ulysses_size",
+             f"{u} does not divide the {hq_local} query heads per TP rank")
+    _require(hkv_local % u == 0 or u % hkv_local == 0, "burst.ulysses_size",
+             f"{u} and the {hkv_local} KV heads per TP rank: one must divide the other")
+    _require(not b.remat_aware or tr.recompute == "full", "burst.remat_aware",
+             "keeps attention's output for the full recompute: it needs training.recompute: "
+             "full")
     per_node = cp_ranks_per_node(cfg)
     _require(b.intra_node_size == 1 or (p.context % b.intra_node_size == 0
-                                        and b.intra_node_size % b.ulysses_size == 0),
+                                        and b.intra_node_size % u == 0),
              "burst.intra_node_size",
              f"{b.intra_node_size} CP ranks per node must divide parallel.context {p.context} "
-             f"and be a multiple of burst.ulysses_size {b.ulysses_size}")
+             f"and be a multiple of burst.ulysses_size {u}")
     _require(b.intra_node_size <= per_node, "burst.intra_node_size",
              f"{b.intra_node_size} CP ranks per node, but only {per_node} ranks of a CP group "
              f"share a node (gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner "
@@ -146,6 +150,27 @@ def ring_traffic(cfg: Config) -> dict[str, object]:
             "backward": bwd, "other_backward": other.call_bytes(tokens)[1]}
 
 
+def _ranked_layouts(cfg: Config, chosen: CPLayout) -> list[str]:
+    """The time model's ranking of the layouts this run allows (the chosen one starred),
+    and what remat-aware recompute keeps and saves."""
+    m, p, b = cfg.model, cfg.parallel, cfg.burst
+    tokens = cfg.training.micro_batch_size * m.seq_length // p.context
+    prof = load_profile(cfg.cluster.profile_name)
+    fixed = {} if b.ulysses_size == "auto" else dict(ulysses=b.ulysses_size)
+    if b.intra_node_size != 1:
+        fixed["ranks_per_node"] = b.intra_node_size
+    ranked = choose(p.context, chosen.heads, tokens=tokens, causal=True, prof=prof,
+                    cp_ranks_per_node=cp_ranks_per_node(cfg), **fixed)
+    lines = [f"  time model (profile {prof.name}), per layer and microbatch, fastest first:"]
+    lines += [f"    {'*' if r.layout == chosen else ' '} {r.describe()}" for r in ranked[:6]]
+    if b.remat_aware:
+        pred = next((r for r in ranked if r.layout == chosen), ranked[0])
+        lines.append(f"  remat-aware recompute: keeps {format_bytes(remat_kept_bytes(cfg))} per "
+                     f"layer and microbatch; saves the recomputed attention forward, "
+                     f"~{pred.compute_s / 3.5 * 1e3:.1f} ms per layer and microbatch")
+    return lines
+
+
 def report(cfg: Config, warnings: list[str] | None = None) -> str:
     """The human-readable plan: shape, parallel layout, memory per GPU, ring traffic."""
     m, p, tr, b, c = cfg.model, cfg.parallel, cfg.training, cfg.burst, cfg.cluster
@@ -195,6 +220,7 @@ def report(cfg: Config, warnings: list[str] | None = None) -> str:
             + (" [chosen by auto]" if b.backward == "auto" else ""),
         ]
         out += [f"  {line}" for line in attention_plan(cfg).explain()]
+        out += _ranked_layouts(cfg, layout)
     for w in warnings or []:
         out.append(f"warning: {w}")
     out.append(f"units: {UNITS_NOTE}")
