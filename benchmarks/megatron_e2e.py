@@ -90,10 +90,14 @@ def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
 
 
 def _first_traceback(log: str) -> list[str]:
-    """The first Python traceback in a failed run's log (what the JSON keeps of it)."""
+    """A failed run's first rank traceback (not torchrun's own report), else its tail."""
     lines = log.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("Traceback")), None)
-    return lines[start:start + 40] if start is not None else lines[-40:]
+    starts = [i for i, line in enumerate(lines) if "Traceback" in line]
+    for i in starts:
+        chunk = lines[i:i + 60]
+        if not any("torch/distributed/run.py" in line for line in chunk[:8]):
+            return chunk
+    return [line for line in lines if "Error" in line][-20:] + lines[-20:]
 
 
 def suite_h200x4(args: argparse.Namespace) -> dict:
@@ -139,17 +143,31 @@ def suite_features(args: argparse.Namespace, save) -> dict:
     masks, and with document masks under full recompute, with and without remat-aware
     recompute. Issue 14 (--part ckpt): a distributed checkpoint saved at CP=4 and resumed at
     CP=4 (requeue-style, optimizer too), TP2xCP2 and CP=1 (weights: the next loss)."""
-    runs = []
+    runs, g = [], args.gpus
     if args.part == "train":
         base = load_config(CONFIG)
+        if g != 4:  # the config's 32K tokens per GPU on g GPUs: CP=g, 32K x g tokens
+            seq = 32768 * g
+            base = dataclasses.replace(
+                base, model=dataclasses.replace(base.model, seq_length=seq,
+                                                max_position_embeddings=seq),
+                parallel=dataclasses.replace(base.parallel, context=g),
+                cluster=dataclasses.replace(base.cluster, gpus_per_node=g))
         data = dataclasses.replace(base.data, mock=False, data_path=args.data + "/text_document",
                                    tokenizer_type="HuggingFaceTokenizer",
                                    tokenizer_model=args.data + "/tokenizer", split="100,0,0")
-        cases = [("128K real text", {}, {}, {}),
-                 ("128K real text, document masks", {"document_mask": True}, {}, {}),
-                 ("128K document masks, full recompute", {"document_mask": True},
+        k = f"{base.model.seq_length // 1024}K CP={g}"
+        if args.remat_only:  # full recompute, with and without remat, on the whole sequence
+            cases = [(f"{k} real text, full recompute", {}, {"recompute": "full"}, {}),
+                     (f"{k} real text, full recompute + remat-aware", {},
+                      {"recompute": "full"}, {"remat_aware": True})]
+        else:
+            cases = []
+        cases = cases or [(f"{k} real text", {}, {}, {}),
+                 (f"{k} real text, document masks", {"document_mask": True}, {}, {}),
+                 (f"{k} document masks, full recompute", {"document_mask": True},
                   {"recompute": "full"}, {}),
-                 ("128K document masks, full recompute + remat-aware", {"document_mask": True},
+                 (f"{k} document masks, full recompute + remat-aware", {"document_mask": True},
                   {"recompute": "full"}, {"remat_aware": True})]
         for name, d, tr, b in cases:
             cfg = dataclasses.replace(
@@ -157,7 +175,7 @@ def suite_features(args: argparse.Namespace, save) -> dict:
                 training=dataclasses.replace(base.training, global_batch_size=1,
                                              train_iters=args.iters, **tr),
                 burst=dataclasses.replace(base.burst, **b))
-            runs.append(run(name, 4, [], args.iters, args.timeout, cfg=cfg))
+            runs.append(run(name, g, [], args.iters, args.timeout, cfg=cfg))
             runs[-1]["memory_check"] = memory_check(cfg, runs[-1])
             save(dict(runs=runs))
         return dict(runs=runs)
@@ -165,14 +183,15 @@ def suite_features(args: argparse.Namespace, save) -> dict:
     small = SMALL + ["--global-batch-size", "1", "--micro-batch-size", "1"]
     save_flags = ["--save", ckpt, "--save-interval", "4", "--ckpt-format", "torch_dist"]
     load_flags = ["--load", ckpt, "--ckpt-format", "torch_dist"]
-    plans = [("cp4: 6 iterations, saves at 4", 4, ["--context-parallel-size", "4"] + save_flags),
-             ("cp4 resumed at 4 (requeue)", 4, ["--context-parallel-size", "4"] + load_flags),
-             ("tp2xcp2 resumed at 4", 4, ["--context-parallel-size", "2",
-                                          "--tensor-model-parallel-size", "2",
-                                          "--no-load-optim", "--no-load-rng"] + load_flags),
+    cp = ["--context-parallel-size", str(g)]
+    other = ["--context-parallel-size", str(g // 2), "--tensor-model-parallel-size", "2"]
+    plans = [(f"cp{g}: 6 iterations, saves at 4", g, cp + save_flags),
+             (f"cp{g} resumed at 4 (requeue)", g, cp + load_flags),
+             (f"tp2xcp{g // 2} resumed at 4", g, other + ["--no-load-optim", "--no-load-rng"]
+              + load_flags),
              ("cp1 resumed at 4 (one GPU)", 1, ["--context-parallel-size", "1",
                                                  "--no-load-optim", "--no-load-rng"] + load_flags)]
-    for i, (name, nproc, extra) in enumerate(plans):
+    for i, (name, nproc, extra) in enumerate(plans[:2] if args.resume_only else plans):
         runs.append(run(name, nproc, small + extra, 6, args.timeout))
         if i == 0:  # resume from iteration 4, as a requeued job would from its last save
             with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -205,6 +224,11 @@ def main() -> None:
     parser.add_argument("--data", default="data/sample",
                         help="features: folder of `megatron-burst data --sample-corpus`")
     parser.add_argument("--workdir", default="/tmp/megatron_e2e", help="features: checkpoints")
+    parser.add_argument("--gpus", type=int, default=4, help="features: GPUs (CP size)")
+    parser.add_argument("--remat-only", action="store_true",
+                        help="features --part train: only full recompute with/without remat")
+    parser.add_argument("--resume-only", action="store_true",
+                        help="features --part ckpt: save, then only the same-layout resume")
     parser.add_argument("--out", required=True)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seqs", default="131072,262144", help="h200x8: sequence lengths")
