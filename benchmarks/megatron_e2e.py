@@ -181,8 +181,8 @@ def suite_features(args: argparse.Namespace, save) -> dict:
         return dict(runs=runs)
     ckpt = os.path.join(args.workdir, "ckpt")
     small = SMALL + ["--global-batch-size", "1", "--micro-batch-size", "1"]
-    save_flags = ["--save", ckpt, "--save-interval", "4", "--ckpt-format", "torch_dist"]
-    load_flags = ["--load", ckpt, "--ckpt-format", "torch_dist"]
+    save_flags = ["--save", ckpt, "--save-interval", "4", "--ckpt-format", args.ckpt_format]
+    load_flags = ["--load", ckpt, "--ckpt-format", args.ckpt_format]
     cp = ["--context-parallel-size", str(g)]
     other = ["--context-parallel-size", str(g // 2), "--tensor-model-parallel-size", "2"]
     plans = [(f"cp{g}: 6 iterations, saves at 4", g, cp + save_flags),
@@ -225,6 +225,7 @@ def main() -> None:
                         help="features: folder of `megatron-burst data --sample-corpus`")
     parser.add_argument("--workdir", default="/tmp/megatron_e2e", help="features: checkpoints")
     parser.add_argument("--gpus", type=int, default=4, help="features: GPUs (CP size)")
+    parser.add_argument("--ckpt-format", default="torch_dist", help="features --part ckpt")
     parser.add_argument("--remat-only", action="store_true",
                         help="features --part train: only full recompute with/without remat")
     parser.add_argument("--resume-only", action="store_true",
