@@ -174,14 +174,19 @@ def _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
     for name, value in (("ulysses_size", ulysses_size), ("intra_node_size", intra_node_size)):
         if isinstance(value, str) and value != "auto":
             raise ValueError(f"{name} must be an int or 'auto', got {value!r}")
+    # What the caller fixed is checked first, so a bad value is named even under 'auto'.
+    fixed = CPLayout.build(
+        world, ulysses=1 if ulysses_size == "auto" else ulysses_size,
+        ranks_per_node=None if intra_node_size == "auto" else intra_node_size,
+        backward="burst" if backward == "auto" else backward, heads=heads)
     if "auto" not in (ulysses_size, intra_node_size, backward):
-        return CPLayout.build(world, ulysses=ulysses_size, ranks_per_node=intra_node_size,
-                              backward=backward, heads=heads)
+        return fixed
     from .timing import auto_layout  # the time model: only where something is left to choose
 
     tokens = q.shape[0] * q.shape[1]  # bshd and sbhd alike: batch x local sequence
     return auto_layout(world, heads, tokens, bool(causal), cp_ranks_per_node(group, world),
-                       ulysses_size, intra_node_size, backward)
+                       "auto" if ulysses_size == "auto" else fixed.ulysses,
+                       "auto" if intra_node_size == "auto" else fixed.ranks_per_node, backward)
 
 
 def cp_ranks_per_node(group, world: int) -> int | None:
