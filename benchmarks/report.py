@@ -37,9 +37,13 @@ def with_efficiency(rows):
 
 def table(meta, rows) -> str:
     head = ("| GPUs | tok/GPU | heads | mask | method | fwd ms | bwd ms | fwd+bwd ms | "
-            "TFLOP/s/GPU | efficiency | fwd MiB | bwd MiB | peak GiB | rel err |")
+            "TFLOP/s/GPU | efficiency | fwd MiB | bwd MiB | peak GiB | rel err | "
+            "time model ms |")
     lines = [f"{meta['device']} x{meta['gpus']}, torch {meta['torch']}, {meta['date']}",
-             f"command: `{meta['command']}`", "", head, "|" + "---|" * 14]
+             f"command: `{meta['command']}`"]
+    if meta.get("profile"):
+        lines.append(f"time model profile: {meta['profile']}; environment: {meta.get('env')}")
+    lines += ["", head, "|" + "---|" * 15]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r.get('world', '')} | {r.get('per_gpu', '')} | {r.get('heads', '')}"
@@ -52,7 +56,8 @@ def table(meta, rows) -> str:
                      f"{f('fwd_ms')} | {f('bwd_ms')} | {f('total_ms')} | "
                      f"{f('tflops_per_gpu', '{:.0f}')} | {f('efficiency', '{:.2f}')} | "
                      f"{f('fwd_MiB', '{:.0f}')} | {f('bwd_MiB', '{:.0f}')} | "
-                     f"{f('peak_GiB', '{:.1f}')} | {f('rel_err_vs_single', '{:.1e}')} |")
+                     f"{f('peak_GiB', '{:.1f}')} | {f('rel_err_vs_single', '{:.1e}')} | "
+                     f"{f('predicted_ms')} |")
     return "\n".join(lines)
 
 
@@ -171,6 +176,38 @@ def main(paths):
         all_rows += rows
     if all_rows:  # attention results only: an e2e file alone leaves these plots alone
         plots(all_rows, os.path.dirname(paths[0]) or ".")
+        documents_plot(all_rows, os.path.dirname(paths[0]) or ".")
+
+
+DOC_METHODS = ("burst whole_docs (auto bwd)", "burst per-document zigzag (TE-style)",
+               "all-gather KV + varlen (torchtitan-style)", "ulysses + varlen")
+
+
+def documents_plot(all_rows, outdir):
+    """Packed documents: each method's efficiency against the single-GPU varlen kernel."""
+    rows = [r for r in all_rows if r.get("mask", "").startswith("docs") and "efficiency" in r
+            and r["method"] in DOC_METHODS]
+    if not rows:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({(r["mask"], r["per_gpu"], r["heads"]) for r in rows})
+    eff = {(r["mask"], r["per_gpu"], r["heads"], r["method"]): r["efficiency"] for r in rows}
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / len(DOC_METHODS)
+    for i, method in enumerate(DOC_METHODS):
+        ax.bar([c + i * width for c in range(len(cases))],
+               [eff.get((*case, method), 0) for case in cases], width, label=method)
+    ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))])
+    ax.set_xticklabels([f"{m}\n{p // 1024}K/GPU {h}" for m, p, h in cases], fontsize=7)
+    ax.set_ylabel("efficiency vs the single-GPU varlen kernel")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.legend(fontsize=7)
+    fig.suptitle("packed causal documents, 4 H200, bf16, d=128, fwd+bwd", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(outdir, "documents.png"), dpi=120)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ case $what in
       h200x4_attention.json h200x4_causal_final.json h200x4_window128k.json \
       h200x8_causal.json h200x8_attention_unpacked.json h200x8_8k_nccl_default.json \
       h200x8_8k_nccl_p2p32.json h200x1_packed_on_x8.json h200x2_packed_on_x8.json \
-      h200x4_packed_on_x8.json h200x8_attention.json megatron_h200x8.json > /dev/null ;;
+      h200x4_packed_on_x8.json h200x8_attention.json megatron_h200x8.json \
+      h200x4_documents_first.json h200x4_documents_lognormal_fresh.json h200x4_auto.json \
+      h200x4_documents.json megatron_features_h200x2.json megatron_remat_h200x2.json \
+      megatron_ckpt_h200x2.json > /dev/null ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac
