@@ -358,6 +358,18 @@ class FlashAttnPackage(VarlenByLoop):
 # ---------------------------------------------------------------------------- selection
 
 
+def _agrees(got: tuple, ref: tuple) -> bool:
+    """(out, lse, dq, dk, dv) against the reference's, at bf16-level tolerances."""
+    out, lse, *grads = got
+    r_out, r_lse, *r_grads = ref
+    ok = torch.allclose(lse, r_lse, atol=2e-2) and torch.allclose(
+        out.float(), r_out.float(), atol=3e-2)
+    for g, rg in zip(grads, r_grads):
+        ok = ok and g.shape == rg.shape and torch.allclose(g.float(), rg.float(),
+                                                           atol=5e-2, rtol=5e-2)
+    return bool(ok)
+
+
 def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
            device: torch.device, band: bool = False) -> bool:
     """Run a tiny causal (or band) fwd+bwd against the reference; False if anything fails."""
@@ -373,12 +385,7 @@ def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int
         r_out, r_lse = ref.forward(q, k, v, blk, scale)
         grads = kernel.backward(do, q, k, v, r_out, r_lse, blk, scale)
         r_grads = ref.backward(do, q, k, v, r_out, r_lse, blk, scale)
-        ok = torch.allclose(lse, r_lse, atol=2e-2) and torch.allclose(
-            out.float(), r_out.float(), atol=3e-2)
-        for g, rg in zip(grads, r_grads):
-            ok = ok and g.shape == rg.shape and torch.allclose(g.float(), rg.float(),
-                                                               atol=5e-2, rtol=5e-2)
-        return bool(ok)
+        return _agrees((out, lse, *grads), (r_out, r_lse, *r_grads))
     except Exception:  # an op missing or refusing this shape/arch: try the next backend
         return False
 
@@ -449,12 +456,7 @@ def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int,
         r_out, r_lse = ref.forward_varlen(q, k, v, call, scale)
         grads = kernel.backward_varlen(do, q, k, v, r_out, r_lse, call, scale)
         r_grads = ref.backward_varlen(do, q, k, v, r_out, r_lse, call, scale)
-        ok = torch.allclose(lse, r_lse, atol=2e-2) and torch.allclose(
-            out.float(), r_out.float(), atol=3e-2)
-        for g, rg in zip(grads, r_grads):
-            ok = ok and g.shape == rg.shape and torch.allclose(g.float(), rg.float(),
-                                                               atol=5e-2, rtol=5e-2)
-        return bool(ok)
+        return _agrees((out, lse, *grads), (r_out, r_lse, *r_grads))
     except Exception:  # an op missing or refusing this shape/arch: no one-launch varlen
         return False
 
