@@ -84,7 +84,7 @@ def require_member(group: dist.ProcessGroup | None) -> None:
 
 FIELDS = ("batch", "s_local", "hq", "hkv", "head_dim", "dtype", "device", "requires_grad",
           "causal", "softmax_scale", "window_size", "layout", "backward", "qkv_format",
-          "intra_node_size", "ulysses_size", "kernel", "cu_seqlens", "error")
+          "intra_node_size", "ulysses_size", "kernel", "cu_seqlens", "reuse_kept", "error")
 
 
 def failed_signature(error: str) -> dict[str, object]:
@@ -96,7 +96,8 @@ def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               doc_lens: tuple[int, ...] | None, *, causal: bool,
               softmax_scale: float | None, window_size: tuple[int, int], layout: str,
               backward: str, qkv_format: str, intra_node_size: int | None,
-              ulysses_size: int, kernel: str | None) -> dict[str, object]:
+              ulysses_size: int, kernel: str | None,
+              reuse_kept: bool = False) -> dict[str, object]:
     """What every rank must agree on, as hashable values with stable reprs.
 
     Arguments must already be validated (``api._validate``), so shapes are consistent.
@@ -116,6 +117,8 @@ def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         "qkv_format": qkv_format, "intra_node_size": intra_node_size,
         "ulysses_size": ulysses_size, "kernel": kernel,
         "cu_seqlens": None if doc_lens is None else _describe_docs(doc_lens),
+        # A rank that rebuilds attention from a kept output runs no ring: all or none.
+        "reuse_kept": reuse_kept,
         "error": None,
     }
 

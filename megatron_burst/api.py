@@ -133,11 +133,15 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         d = q.shape[3]
         cp = _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
                      ulysses_size)
+        if keep is not None and not isinstance(keep, AttentionKeep):
+            raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
+                             f"{type(keep).__name__}")
         sig = agree.signature(
             q, k, v, doc_lens, causal=causal, softmax_scale=softmax_scale,
             window_size=window_size, layout=layout, backward=cp.backward,
             qkv_format=qkv_format, intra_node_size=cp.ranks_per_node, ulysses_size=cp.ulysses,
-            kernel=kernel)  # the resolved layout: 'auto' must have resolved alike everywhere
+            kernel=kernel,  # the resolved layout: 'auto' must have resolved alike everywhere
+            reuse_kept=keep is not None and torch.is_grad_enabled() and len(keep) > 0)
     except ValueError as err:
         agree.check_agreement(group, agree.failed_signature(str(err)))  # peers learn of it
         raise
