@@ -14,12 +14,12 @@ from tests.megatron import harness  # noqa: E402
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
-def _step(weights, batch, cp: int, tp: int, remat: bool) -> dict:
+def _step(weights, batch, cp: int, tp: int, remat: bool, pp: int = 1) -> dict:
     import megatron_burst as mb
     from megatron_burst.megatron.spec import get_llama_layer_burst_spec
     from tests.megatron import cpu_llama as cm
 
-    cm.init_parallel(tp=tp, cp=cp)
+    cm.init_parallel(tp=tp, cp=cp, pp=pp)
     config = cm.tiny_llama_config(harness.SHAPE, recompute="full",
                                   sequence_parallel=tp > 1)
     config.burst_remat_aware = remat
@@ -30,11 +30,13 @@ def _step(weights, batch, cp: int, tp: int, remat: bool) -> dict:
                              num_tokens=int(batch["loss_mask"].sum()))
     kept = sum(len(layer.self_attention.core_attention.keep or ())
                for layer in model.decoder.layers)
-    return dict(loss=float(loss), grads=harness.gather_full_grads(model), kept=kept,
-                fwd=stats.forward_bytes, bwd=stats.backward_bytes)
+    grads = harness.gather_full_grads(model)  # a TP collective: every rank takes part
+    grads = grads if harness.reports_here() else None
+    return dict(loss=float(loss), grads=grads, kept=kept, fwd=stats.forward_bytes,
+                bwd=stats.backward_bytes)
 
 
-def _remat_worker(rank: int, world: int) -> dict:
+def _remat_worker(rank: int, world: int, tp: int, pp: int) -> dict:
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -42,16 +44,17 @@ def _remat_worker(rank: int, world: int) -> dict:
 
     batch = cm.random_batch(harness.SHAPE)
     weights, _, _ = harness.reference_step(batch)
-    tp = world // 2
-    return {remat: _step(weights, batch, cp=2, tp=tp, remat=remat) for remat in (False, True)}
+    return {remat: _step(weights, batch, cp=2, tp=tp, remat=remat, pp=pp)
+            for remat in (False, True)}
 
 
-@pytest.mark.parametrize("world", [2, 4])  # CP=2, and TP2 x CP2 with sequence parallelism
-def test_remat_aware_recompute_keeps_the_numbers_and_halves_the_forward_ring(world):
-    for out in run_ranks(world, _remat_worker, timeout=600):
+# CP=2; TP2 x CP2 with sequence parallelism; PP2 x CP2 (1F1B: recomputes in forward order).
+@pytest.mark.parametrize("world, tp, pp", [(2, 1, 1), (4, 2, 1), (4, 1, 2)])
+def test_remat_aware_recompute_keeps_the_numbers_and_halves_the_forward_ring(world, tp, pp):
+    for out in run_ranks(world, _remat_worker, tp, pp, timeout=600):
         plain, remat = out[False], out[True]
         torch.testing.assert_close(remat["loss"], plain["loss"], **TOL)
-        for name, grad in plain["grads"].items():
+        for name, grad in (plain["grads"] or {}).items():
             torch.testing.assert_close(remat["grads"][name], grad, **TOL,
                                        msg=lambda m: f"{name}: {m}")
         # Full recompute ran every layer's forward twice: the ring's forward bytes twice.
