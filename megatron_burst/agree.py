@@ -65,11 +65,6 @@ CACHE_SIZE = 256  # verified signatures kept per group
 _CACHES: dict[str, collections.OrderedDict] = {}  # group name -> verified signatures
 
 
-def clear_cache() -> None:
-    """Forget every verified signature (call on all ranks together, e.g. after re-init)."""
-    _CACHES.clear()
-
-
 def require_member(group: dist.ProcessGroup | None) -> None:
     """Raise ValueError, before any communication, if this process is not in ``group``."""
     if group is None or not dist.is_available() or not dist.is_initialized():

@@ -242,19 +242,6 @@ class PeerComm:
                       what, device)
         return [Pending(batch, buf) for buf, _ in recvs] or [Pending(batch, None)]
 
-    def send_recv(self, payload: Packed | Sequence[torch.Tensor], to: int,
-                  frm: int) -> Pending:
-        """Send ``payload`` to ``to`` and receive the same layout from ``frm``."""
-        send = Packed.holding(payload)
-        return self.hop(send, to, Packed.like(send.views), frm)
-
-
-class Done(Pending):
-    """A hop to oneself: nothing is sent, the tensors are simply handed back."""
-
-    def __init__(self, tensors: Packed | Sequence[torch.Tensor]):
-        super().__init__(Batch([]), tensors)
-
 
 @dataclasses.dataclass(frozen=True)
 class RowLayout:

@@ -33,10 +33,5 @@ class AttentionKeep:
     def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         return self._queue.popleft() if self._queue else None
 
-    @property
-    def kept_bytes(self) -> int:
-        """Bytes held now: the extra memory this mode costs."""
-        return sum(t.numel() * t.element_size() for pair in self._queue for t in pair)
-
     def __len__(self) -> int:
         return len(self._queue)
