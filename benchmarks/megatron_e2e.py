@@ -55,7 +55,7 @@ def _last_value(flags: list[str], flag: str) -> int:
 
 
 def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
-        config: str = CONFIG, cfg=None) -> dict:
+        config: str = CONFIG, cfg=None, keep_log: bool = False) -> dict:
     cfg = cfg or load_config(config)
     flags = megatron_flags(cfg) + extra + ["--train-iters", str(iters)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -86,7 +86,7 @@ def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
                 losses=[loss for _, _, loss in iters_seen],
                 ms_per_iter=[ms for _, ms, _ in iters_seen], tokens_per_s=tokens_s,
                 max_allocated_MiB=max(mem) if mem else None,
-                error=_first_traceback(log) if rc != 0 else [])
+                error=_first_traceback(log) if rc != 0 else [], **({"log": log} if keep_log else {}))
 
 
 def _first_traceback(log: str) -> list[str]:

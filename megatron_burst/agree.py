@@ -50,7 +50,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
-import struct
 from typing import Mapping
 
 import torch
@@ -88,7 +87,7 @@ def failed_signature(error: str) -> dict[str, object]:
 
 
 def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              doc_lens: tuple[int, ...] | None, *, causal: bool,
+              documents: str | None, *, causal: bool,
               softmax_scale: float | None, window_size: tuple[int, int], layout: str,
               backward: str, qkv_format: str, intra_node_size: int | None,
               ulysses_size: int, kernel: str | None,
@@ -111,18 +110,11 @@ def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         "window_size": tuple(window_size), "layout": layout, "backward": backward,
         "qkv_format": qkv_format, "intra_node_size": intra_node_size,
         "ulysses_size": ulysses_size, "kernel": kernel,
-        "cu_seqlens": None if doc_lens is None else _describe_docs(doc_lens),
+        "cu_seqlens": documents,  # documents.describe_lengths: lengths and their digest
         # A rank that rebuilds attention from a kept output runs no ring: all or none.
         "reuse_kept": reuse_kept,
         "error": None,
     }
-
-
-def _describe_docs(lens: tuple[int, ...]) -> str:
-    """Document lengths as a short string that still pins all of them (by digest)."""
-    digest = hashlib.blake2b(struct.pack(f"<{len(lens)}q", *lens), digest_size=8).hexdigest()
-    head = ", ".join(map(str, lens[:6])) + (", ..." if len(lens) > 6 else "")
-    return f"{len(lens)} documents [{head}] #{digest}"
 
 
 def _mode() -> str:

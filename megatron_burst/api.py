@@ -20,7 +20,7 @@ from .comm import RingTopology
 from .cp_layout import CPLayout, HeadShape
 from .kernels import default_scale
 from .layout import group_size_rank
-from .documents import doc_lengths
+from .documents import DocumentPack, pack_documents
 from .placement import LAYOUTS, chunks_per_rank, local_length
 from .remat import AttentionKeep
 from .schedule import Mask, RingSchedule
@@ -30,8 +30,8 @@ QKV_FORMATS = ("bshd", "sbhd")
 
 
 def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_format,
-              cu_seqlens) -> tuple[int, ...] | None:
-    """Raise ValueError for any bad argument; return the document lengths, if any.
+              cu_seqlens) -> DocumentPack | None:
+    """Raise ValueError for any bad argument; return the pack of documents, if any.
 
     The ring's shape (Ulysses size, ranks per node, backward mode) is checked by
     ``CPLayout.build``.
@@ -93,9 +93,10 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_fo
     return None
 
 
-def _validate_documents(cu_seqlens, batch, s_local, world, layout) -> tuple[int, ...]:
-    """Check the document boundaries against this rank's shard; return the lengths."""
-    lens = doc_lengths(cu_seqlens)  # the one device->host read of the boundaries per call
+def _validate_documents(cu_seqlens, batch, s_local, world, layout) -> DocumentPack:
+    """Check the document boundaries against this rank's shard; return their pack."""
+    pack = pack_documents(cu_seqlens)  # read to the host once per boundaries tensor
+    lens = pack.lens
     if batch != 1:
         raise ValueError(f"cu_seqlens needs batch size 1 (one packed sequence), got {batch}")
     need = local_length(layout, world, lens)
@@ -103,7 +104,7 @@ def _validate_documents(cu_seqlens, batch, s_local, world, layout) -> tuple[int,
         raise ValueError(
             f"cu_seqlens describes documents whose shard in layout {layout!r} is {need} tokens "
             f"per rank, but q holds {s_local}: shard with shard_seq(..., cu_seqlens=cu_seqlens)")
-    return lens
+    return pack
 
 
 def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -111,7 +112,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
                layout: str = "zigzag", backward: str = "auto", qkv_format: str = "bshd",
                intra_node_size: int | str | None = None, ulysses_size: int | str = 1,
-               cu_seqlens: torch.Tensor | None = None, return_lse: bool = False,
+               cu_seqlens: torch.Tensor | DocumentPack | None = None, return_lse: bool = False,
                kernel: str | None = None, keep: AttentionKeep | None = None):
     """Exact attention over a sequence sharded across ``group`` (BurstAttention).
 
@@ -119,6 +120,8 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     first two dims). Returns out (q's shape, dtype and layout), and with
     ``return_lse=True`` also lse [b, hq, s_local] fp32. Differentiable in q, k and v.
     ``kernel`` forces a local attention backend by name (see ``kernels.KERNELS``).
+    ``cu_seqlens`` may be a ``DocumentPack`` (``pack_documents``), made once per batch: its
+    plans are then made once for all the layers that attend over the pack.
     ``ulysses_size``, ``intra_node_size`` and ``backward`` may be ``"auto"``: the time
     model (``timing``, with the profile ``$MEGATRON_BURST_PROFILE`` or the shipped default)
     picks the fastest for this shape; ranks per node come from torchrun's LOCAL_WORLD_SIZE.
@@ -128,39 +131,31 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     agree.require_member(group)  # first: a non-member's group size reads -1
     world, rank = group_size_rank(group)
     try:
-        doc_lens = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
-                             qkv_format, cu_seqlens)
-        d = q.shape[3]
+        pack = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
+                         qkv_format, cu_seqlens)
         cp = _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
                      ulysses_size)
         if keep is not None and not isinstance(keep, AttentionKeep):
             raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
                              f"{type(keep).__name__}")
         sig = agree.signature(
-            q, k, v, doc_lens, causal=causal, softmax_scale=softmax_scale,
-            window_size=window_size, layout=layout, backward=cp.backward,
-            qkv_format=qkv_format, intra_node_size=cp.ranks_per_node, ulysses_size=cp.ulysses,
+            q, k, v, None if pack is None else pack.described, causal=causal,
+            softmax_scale=softmax_scale, window_size=window_size, layout=layout,
+            backward=cp.backward, qkv_format=qkv_format, intra_node_size=cp.ranks_per_node,
+            ulysses_size=cp.ulysses,
             kernel=kernel,  # the resolved layout: 'auto' must have resolved alike everywhere
             reuse_kept=keep is not None and torch.is_grad_enabled() and len(keep) > 0)
-    except ValueError as err:
-        agree.check_agreement(group, agree.failed_signature(str(err)))  # peers learn of it
+        spec = _ring_spec(q, group, world, cp, pack, causal, softmax_scale, window_size,
+                          layout, qkv_format, kernel)
+        # A new pack is planned here, before the check's collective: host work that then
+        # overlaps what the GPU still has queued instead of following a synchronisation.
+        spec.prepare(q.device, backward=bool(sig["requires_grad"]))
+    except Exception as err:  # whatever failed, the peers learn of it instead of waiting
+        said = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        agree.check_agreement(group, agree.failed_signature(said))
         raise
     agree.check_agreement(group, sig)
-    seq_first = qkv_format == "sbhd"
-    s_local = q.shape[0] if seq_first else q.shape[1]
-    doc_lens = doc_lens or (s_local * world,)
-    u = cp.ulysses
-    sched = RingSchedule.of(layout, world, doc_lens, Mask(bool(causal), tuple(window_size)), u)
-    topo = None
-    if cp.ring_size > 1:
-        members = group_ranks(group, world)
-        me = members.index(dist.get_rank())
-        ring_ranks = members[me % u::u]  # the same Ulysses slot of every group
-        topo = RingTopology(ring_ranks, members[me], cp.inner_ring)
-    spec = RingSpec(
-        group=group, topo=topo, sched=sched,
-        scale=float(softmax_scale) if softmax_scale is not None else default_scale(d),
-        backward=cp.backward, seq_first=seq_first and u == 1, kernel=kernel)
+    u, seq_first = cp.ulysses, qkv_format == "sbhd"
     # Every rank of the group makes the same keep/take decision: same program, same order.
     kept = keep.take() if keep is not None and torch.is_grad_enabled() else None
     if u == 1:
@@ -169,6 +164,39 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     else:
         out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep, kept)
     return (out, lse) if return_lse else out
+
+
+def _ring_spec(q, group, world, cp: CPLayout, pack: DocumentPack | None, causal: bool,
+               softmax_scale, window_size, layout: str, qkv_format: str,
+               kernel: str | None) -> RingSpec:
+    """Everything the ring loops need besides tensors, for this call (no communication)."""
+    u, seq_first = cp.ulysses, qkv_format == "sbhd"
+    s_local = q.shape[0] if seq_first else q.shape[1]
+    sched = _schedule(pack, s_local * world, layout, world,
+                      Mask(bool(causal), tuple(window_size)), u)
+    topo = None
+    if cp.ring_size > 1:
+        members = group_ranks(group, world)
+        me = members.index(dist.get_rank())
+        ring_ranks = members[me % u::u]  # the same Ulysses slot of every group
+        topo = RingTopology(ring_ranks, members[me], cp.inner_ring)
+    return RingSpec(
+        group=group, topo=topo, sched=sched,
+        scale=float(softmax_scale) if softmax_scale is not None else default_scale(q.shape[3]),
+        backward=cp.backward, seq_first=seq_first and u == 1, kernel=kernel,
+        fixed_shapes=pack is None)
+
+
+def _schedule(pack: DocumentPack | None, total: int, layout: str, world: int, mask: Mask,
+              ulysses: int) -> RingSchedule:
+    """The call's schedule: a plain sequence's from a small cache (its shape repeats every
+    step), a pack's from the pack, so every layer and the backward share its plans."""
+    if pack is None:
+        return RingSchedule.of(layout, world, (total,), mask, ulysses)
+    key = (layout, world, mask, ulysses)
+    if key not in pack.schedules:
+        pack.schedules[key] = RingSchedule.of(layout, world, pack.lens, mask, ulysses)
+    return pack.schedules[key]
 
 
 def _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,

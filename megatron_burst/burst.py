@@ -27,7 +27,8 @@ import torch.distributed as dist
 from .comm import AccumulatorRoute, PayloadRing, PeerComm, RingTopology, RowLayout
 from .kernels import LocalAttention, select_kernel, surrogate_out
 from .schedule import Block, RingSchedule
-from .varlen import KernelCall, covers, plan_calls, run_backward, run_forward
+from .varlen import (KernelCall, covers, plan_calls, run_backward, run_forward,
+                     upload_boundaries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,9 @@ class RingSpec:
     backward: str  # 'burst' or 'ring' (auto already resolved)
     seq_first: bool  # tensors are [s, b, h, d]
     kernel: str | None = None  # force a LocalAttention backend by name (tests, benchmarks)
+    # False for document packs: their block sizes change with every batch, so every block
+    # goes to a kernel that builds nothing per shape (varlen.plan_calls, ``shape_free``).
+    fixed_shapes: bool = True
 
     @property
     def me(self) -> int:
@@ -68,23 +72,48 @@ class RingSpec:
         return t.transpose(0, 1) if self.seq_first else t
 
     def calls(self, q_member: int, k_member: int, kernel: LocalAttention,
-              batch: int) -> tuple[KernelCall, ...]:
-        """The kernel calls of ``q_member``'s queries against ``k_member``'s keys."""
+              batch: int, device: torch.device) -> tuple[KernelCall, ...]:
+        """The kernel calls of ``q_member``'s queries against ``k_member``'s keys, with their
+        boundaries already on ``device`` (planned and copied once per schedule)."""
         varlen = batch == 1  # packed documents are one row; a batch runs block by block
-        return self.sched.memo(
-            ("calls", q_member, k_member, varlen, kernel.dense_min_area),
-            lambda: plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
-                               dense_min_area=kernel.dense_min_area))
+        area = self._dense_min_area(kernel)
+        key = ("calls", q_member, k_member, varlen, area)
+
+        def plan():
+            calls = plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
+                               dense_min_area=area, shape_free=not self.fixed_shapes)
+            upload_boundaries(calls, device)
+            return calls
+        return self.sched.memo(key, plan)
+
+    def _dense_min_area(self, kernel: LocalAttention | None) -> float | None:
+        """The kernel's dense threshold; None for a pack's shape-free plans, which do not
+        depend on the kernel (so ``prepare`` can make them before it is chosen)."""
+        return None if not self.fixed_shapes else kernel.dense_min_area
+
+    def prepare(self, device: torch.device, backward: bool) -> None:
+        """Plan a document pack's kernel calls now, for the forward and (``backward``) the
+        backward pass: pure host work, done before the call's first collective so that it
+        overlaps the GPU's queued work instead of following a synchronisation. A plain
+        sequence's plans are made at its first call and cached with its shape."""
+        if self.fixed_shapes:
+            return
+        pairs = {(self.me, self.source(step)) for step in range(self.last_step + 1)}
+        if backward and self.backward == "burst" and self.topo is not None:
+            pairs |= {(self.source(step, reverse=True), self.me)
+                      for step in range(self.last_step + 1)}
+        for q_member, k_member in sorted(pairs):
+            self.calls(q_member, k_member, None, 1, device)
 
     def fresh_at_step0(self, kernel: LocalAttention, batch: int, q_rows: int,
-                       k_rows: int) -> tuple[bool, bool]:
+                       k_rows: int, device: torch.device) -> tuple[bool, bool]:
         """Whether step 0 (a member against its own keys) writes every query row, and
         every key row, exactly once: then the accumulators start uninitialised and step 0
         writes into them (most of the work with documents kept whole, all of it on one
         rank, and the diagonal of a plain sequence)."""
-        calls = self.calls(self.me, self.me, kernel, batch)
+        calls = self.calls(self.me, self.me, kernel, batch, device)
         return self.sched.memo(
-            ("fresh", self.me, batch == 1, kernel.dense_min_area, q_rows, k_rows),
+            ("fresh", self.me, batch == 1, self._dense_min_area(kernel), q_rows, k_rows),
             lambda: (covers(calls, q_rows, "q"), covers(calls, k_rows, "k")))
 
     def movers(self, payload, row_dims, accumulators, phase: str, reverse: bool = False
@@ -132,7 +161,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
     if whole is not None:
         o, o_lse = kernel.forward(qb, spec.bshd(k), spec.bshd(v), whole, spec.scale)
         return spec.bshd(o).contiguous(), o_lse.to(acc)
-    fresh, _ = spec.fresh_at_step0(kernel, b, s, spec.bshd(k).shape[1])
+    fresh, _ = spec.fresh_at_step0(kernel, b, s, spec.bshd(k).shape[1], q.device)
     out = _accumulator(q.shape, acc, q.device, fresh)
     out_b = spec.bshd(out)
     lse = torch.empty((b, hq, s), dtype=acc, device=q.device)
@@ -145,7 +174,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
             ring.post(step, kv)
         if kv is not None:  # None: nothing of this step's keys is used here
             kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-            for call in spec.calls(spec.me, spec.source(step), kernel, b):
+            for call in spec.calls(spec.me, spec.source(step), kernel, b, q.device):
                 run_forward(kernel, call, qb, kb, vb, out_b, lse, spec.scale,
                             fresh=fresh and step == 0)
         if step < last:
@@ -227,7 +256,8 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         grads = kernel.backward(dob, qb, spec.bshd(k), spec.bshd(v), ob, lse, whole, spec.scale)
         return tuple(spec.bshd(g) for g in grads)
     acc_dtype = _acc_dtype(q)
-    fresh = spec.fresh_at_step0(kernel, qb.shape[0], qb.shape[1], spec.bshd(k).shape[1])
+    fresh = spec.fresh_at_step0(kernel, qb.shape[0], qb.shape[1], spec.bshd(k).shape[1],
+                                 q.device)
     dq = _accumulator(q.shape, acc_dtype, q.device, fresh[0])
     dq_b = spec.bshd(dq)
     ring, route = spec.movers((k, v), (spec.row_dim,) * 2,
@@ -244,7 +274,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         if kv is not None:
             kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
             dk_b, dv_b = (spec.bshd(t) for t in target)
-            for call in spec.calls(spec.me, src, kernel, qb.shape[0]):
+            for call in spec.calls(spec.me, src, kernel, qb.shape[0], q.device):
                 run_backward(kernel, call, dob, qb, kb, vb, ob, lse, spec.scale, dq_b, dk_b,
                              dv_b, fresh if step == 0 else (False, False))
         grads.pass_on(step, acc)
@@ -266,7 +296,8 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     """
     kb, vb = spec.bshd(k), spec.bshd(v)
     acc_dtype = _acc_dtype(q)
-    fresh = spec.fresh_at_step0(kernel, kb.shape[0], spec.bshd(q).shape[1], kb.shape[1])
+    fresh = spec.fresh_at_step0(kernel, kb.shape[0], spec.bshd(q).shape[1], kb.shape[1],
+                                 q.device)
     dk = _accumulator(k.shape, acc_dtype, k.device, fresh[1])
     dv = _accumulator(v.shape, acc_dtype, v.device, fresh[1])
     dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
@@ -290,7 +321,7 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             oj_b = spec.bshd(out) if step == 0 else surrogate_out(doj_b, deltaj)
             dq_b = spec.bshd(target[0])
             # The visitor's queries against our keys: the same blocks the forward computed.
-            for call in spec.calls(visitor, spec.me, kernel, qj_b.shape[0]):
+            for call in spec.calls(visitor, spec.me, kernel, qj_b.shape[0], q.device):
                 run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, spec.scale, dq_b,
                              dk_b, dv_b, fresh if step == 0 else (False, False))
         grads.pass_on(step, acc)

@@ -38,8 +38,14 @@ def merge_partial_torch(out: torch.Tensor, lse: torch.Tensor, block_out: torch.T
     lse.copy_(new_lse)
 
 
+# Triton compiles a variant per combination of integer arguments that are 1 or divisible by
+# 16. A document pack's blocks have new row counts and offsets every batch, which made new
+# packs compile new variants (~0.1 s each); none of these integers is worth specialising.
+_NOT_SPECIALISED = ["rows", "S", "H", "o_sb", "o_ss", "o_sh", "l_sb", "l_sh", "l_ss",
+                    "b_sb", "b_ss", "b_sh", "bl_sb", "bl_sh", "bl_ss"]
+
 if triton is not None:
-    @triton.jit
+    @triton.jit(do_not_specialize=_NOT_SPECIALISED)
     def _merge_kernel(out_ptr, lse_ptr, blk_ptr, blse_ptr, rows, S, H,
                       o_sb, o_ss, o_sh, l_sb, l_sh, l_ss, b_sb, b_ss, b_sh,
                       bl_sb, bl_sh, bl_ss, D: tl.constexpr, ROWS: tl.constexpr):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 
 LAYOUTS = ("zigzag", "contiguous", "whole_docs")
 
@@ -131,15 +132,24 @@ def _whole_docs(world: int, doc_lens: tuple[int, ...]) -> tuple[tuple[Segment, .
     whole: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
     kept = set(range(len(doc_lens))) - set(split)
     rest = sorted((d for d in kept if doc_lens[d]), key=lambda d: (-doc_lens[d], d))
+    lightest = [(work[r], r) for r in range(world)]  # a heap: the least loaded rank first
+    heapq.heapify(lightest)
     for d in rest:
         n = doc_lens[d]
-        fits = [r for r in range(world) if cap - held[r] >= n]
-        if fits:  # longest first onto the least loaded rank with room: balance by work
-            r = min(fits, key=lambda r: (work[r], r))
+        full: list[tuple[float, int]] = []  # popped ranks without room for this document
+        while lightest and cap - held[lightest[0][1]] < n:
+            full.append(heapq.heappop(lightest))
+        if lightest:  # longest first onto the least loaded rank with room: balance by work
+            _, r = heapq.heappop(lightest)
             whole[r].append((d, 0, n))
             held[r] += n
             work[r] += n * n
+            heapq.heappush(lightest, (work[r], r))
+            for entry in full:
+                heapq.heappush(lightest, entry)
             continue
+        for entry in full:
+            heapq.heappush(lightest, entry)
         pos = 0  # no rank has room: cut it into contiguous pieces, roomiest ranks first
         for r in sorted(range(world), key=lambda r: (held[r] - cap, r)):
             take = min(cap - held[r], n - pos)
@@ -150,6 +160,8 @@ def _whole_docs(world: int, doc_lens: tuple[int, ...]) -> tuple[tuple[Segment, .
                 pos += take
             if pos == n:
                 break
+        lightest = [(work[r], r) for r in range(world)]
+        heapq.heapify(lightest)
     return tuple(_segments(runs[r] + pieces[r] + sorted(whole[r]), doc_lens)
                  for r in range(world))
 

@@ -74,7 +74,16 @@ class Block:
         if self.kind == "full":
             return n * m
         lo, hi = (-(n - 1), 0) if self.kind == "causal" else (self.lo, self.hi)
-        return sum(max(0, min(m - 1, i + hi) - max(0, i + lo) + 1) for i in range(n))
+        return _pairs_up_to(n, m, hi) - _pairs_up_to(n, m, lo - 1)
+
+
+def _pairs_up_to(n: int, m: int, x: int) -> int:
+    """Pairs (i, j), 0 <= i < n, 0 <= j < m, with j - i <= x: sum_i clamp(i + x + 1, 0, m),
+    in closed form (a per-row loop cost 30-130 ms per new document pack at 32K-128K rows)."""
+    a = x + 1
+    first = min(max(1 - a, 0), n)  # first row that sees a key
+    full = min(max(m - a, 0), n)  # first row that sees all m keys
+    return (full - first) * (first + full - 1) // 2 + (full - first) * a + (n - full) * m
 
 
 # ------------------------------------------------------------------------- blocks
@@ -140,7 +149,13 @@ def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mas
     by_doc: dict[int, list[Segment]] = defaultdict(list)
     for b in k_segs:
         by_doc[b.doc].append(b)
+    whole_kind = ("causal" if mask.causal else "full") if same and mask.plain else None
     for a in q_segs:
+        if whole_kind is not None and a.pos == 0 and a.length == a.doc_len:
+            # A whole document (no padding) lives in this one segment and nowhere else: its
+            # block is the plain mask on the diagonal. Most packs are mostly these.
+            found.append(Block(a.row, a.row + a.length, a.row, a.row + a.length, whole_kind))
+            continue
         for b in by_doc.get(a.doc, ()):
             if a.row in run_of and run_of.get(b.row) == run_of[a.row]:
                 continue  # inside a run's causal block
@@ -151,6 +166,10 @@ def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mas
 
 def _merge_full(found: list[Block]) -> tuple[Block, ...]:
     """Merge full blocks that touch: same rows and adjacent columns, then the reverse."""
+    order = lambda b: (b.q_start, b.k_start)  # noqa: E731
+    if sum(b.kind == "full" for b in found) < 2:
+        return tuple(sorted(found, key=order))
+
     def merge(blocks: list[Block], rows: bool) -> list[Block]:
         out: list[Block] = []
         key = (lambda b: (b.k_start, b.q_start)) if rows else (lambda b: (b.q_start, b.k_start))
@@ -166,8 +185,7 @@ def _merge_full(found: list[Block]) -> tuple[Block, ...]:
             out.append(blk)
         return out
 
-    return tuple(sorted(merge(merge(found, rows=False), rows=True),
-                        key=lambda b: (b.q_start, b.k_start)))
+    return tuple(sorted(merge(merge(found, rows=False), rows=True), key=order))
 
 
 # ------------------------------------------------------------------------- the ring
@@ -212,8 +230,11 @@ class RingSchedule:
         def compute():
             u, out, row = self.ulysses, [], 0
             for rank in range(member * u, member * u + u):
-                for s in rank_segments(self.layout, self.world, rank, self.doc_lens):
-                    out.append(dataclasses.replace(s, row=row))
+                segs = rank_segments(self.layout, self.world, rank, self.doc_lens)
+                if u == 1:
+                    return segs  # rows already count from 0
+                for s in segs:
+                    out.append(Segment(row, s.doc, s.pos, s.length, s.doc_len))
                     row += s.length
             return tuple(out)
         return self.memo(("segments", member), compute)

@@ -6,13 +6,18 @@ takes them all in one launch: the blocks' query rows are packed back to back, th
 rows likewise, and ``cu_seqlens_q/k`` say where each block starts. One call covers blocks
 that share a mask shape (full, causal, or one band) and whose query rows are disjoint.
 
-Large blocks still go to the dense kernel one by one (cuDNN is faster than the varlen
-flash kernel where launches do not matter). Packing copies only what is not already one
-contiguous run of rows; outputs are merged back run by run, as views.
+Large blocks of a plain sequence still go to the dense kernel one by one (cuDNN is faster
+than the varlen flash kernel where launches do not matter, and a sequence's block shapes
+repeat every step). A document pack's blocks change size with every batch, and cuDNN builds
+an execution graph for every new shape (82-91 ms fwd+bwd on H200, against 0.5-1.3 ms to
+run one once built), so there every block goes varlen (``shape_free``): the flash kernel
+builds nothing per shape. Packing copies only what is not already one contiguous run of
+rows; outputs are merged back run by run, as views.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import torch
@@ -42,22 +47,41 @@ class KernelCall:
     causal: bool = False
     _device_cu: dict = dataclasses.field(default_factory=dict, repr=False)
 
-    @property
+    @functools.cached_property  # read at every launch, by every layer
     def max_q(self) -> int:
         return max(b.q_stop - b.q_start for b in self.blocks)
 
-    @property
+    @functools.cached_property
     def max_k(self) -> int:
         return max(b.k_stop - b.k_start for b in self.blocks)
 
     def cu_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cu_seqlens_q/k as int32 tensors on ``device`` (made once per device)."""
+        """cu_seqlens_q/k as int32 tensors on ``device`` (``upload_boundaries`` put them
+        there with the other calls' when the calls were planned)."""
         key = str(device)
         if key not in self._device_cu:
-            both = torch.tensor([self.cu_q, self.cu_k], dtype=torch.int32)
-            both = both.to(device, non_blocking=True)
-            self._device_cu[key] = (both[0], both[1])
+            upload_boundaries((self,), device)
         return self._device_cu[key]
+
+
+def upload_boundaries(calls: Sequence[KernelCall], device: torch.device) -> None:
+    """Put the cu_seqlens of every varlen call on ``device``: one host buffer, one copy.
+
+    The buffer is pinned, so the copy is asynchronous: a copy from pageable memory makes
+    the host wait for the stream, which once per call stalled every new pack's first layer.
+    """
+    varlen = [c for c in calls if c.varlen and str(device) not in c._device_cu]
+    if not varlen:
+        return
+    host = torch.tensor([x for c in varlen for x in (*c.cu_q, *c.cu_k)], dtype=torch.int32)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    flat = host.to(device, non_blocking=True)
+    offset = 0
+    for c in varlen:
+        n = len(c.cu_q)
+        c._device_cu[str(device)] = (flat[offset:offset + n], flat[offset + n:offset + 2 * n])
+        offset += 2 * n
 
 
 def mask_shape(block: Block) -> tuple[tuple[int, int], bool]:
@@ -70,21 +94,26 @@ def mask_shape(block: Block) -> tuple[tuple[int, int], bool]:
     return ((m - n) - block.lo, block.hi - (m - n)), False
 
 
-def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float
-               ) -> tuple[KernelCall, ...]:
+def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
+               shape_free: bool = False) -> tuple[KernelCall, ...]:
     """Group ``blocks`` into kernel calls.
 
     ``varlen`` False (no varlen kernel for this batch shape): one dense call per block.
     Otherwise blocks of at least ``dense_min_area`` visible pairs run dense, and the rest
     are grouped by mask shape into varlen calls with disjoint query rows; a group of one
-    block runs dense too.
+    block runs dense too. ``shape_free`` (document packs, see the module docstring): every
+    block goes into a varlen call, a lone one too.
     """
-    if not varlen or len(blocks) < 2:
+    if not varlen or (len(blocks) < 2 and not shape_free):
         return tuple(KernelCall((b,), False) for b in blocks)
-    calls = [KernelCall((b,), False) for b in blocks if b.area >= dense_min_area]
+    if shape_free:
+        dense_min_area = float("inf")
+    small = blocks if dense_min_area == float("inf") else [
+        b for b in blocks if b.area < dense_min_area]
+    calls = [] if small is blocks else [KernelCall((b,), False) for b in blocks
+                                        if b.area >= dense_min_area]
     shapes: dict[tuple, list[list[Block]]] = {}
-    for b in sorted((b for b in blocks if b.area < dense_min_area),
-                    key=lambda b: (b.q_start, b.k_start)):
+    for b in sorted(small, key=lambda b: (b.q_start, b.k_start)):
         waves = shapes.setdefault(mask_shape(b), [])
         wave = next((w for w in waves if w[-1].q_stop <= b.q_start), None)
         if wave is None:
@@ -93,7 +122,7 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float
             wave.append(b)
     for (window, causal), waves in shapes.items():
         for wave in waves:
-            calls.append(_varlen_call(wave, window, causal) if len(wave) > 1
+            calls.append(_varlen_call(wave, window, causal) if len(wave) > 1 or shape_free
                          else KernelCall((wave[0],), False))
     return tuple(calls)
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from megatron.core.packed_seq_params import PackedSeqParams
 
 import megatron_burst as mb
+from megatron_burst.documents import DocumentPack, pack_documents
 from megatron_burst.placement import LAYOUTS
 
 # What a document batch holds, in the order forward_step unpacks it.
@@ -46,6 +47,9 @@ class DocumentParams(PackedSeqParams):
 
     qkv_format: str = "sbhd"
     layout: str = "whole_docs"
+    # The pack described once (lengths, digest, and the plans every layer and the backward
+    # reuse); `document_params` makes it from cu_seqlens_q.
+    pack: Optional[DocumentPack] = None
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)  # megatron-core 0.19 has one
@@ -69,6 +73,8 @@ def _check_params(params: DocumentParams) -> None:
     kv = params.cu_seqlens_kv
     if kv is not None and kv is not cu and not torch.equal(kv.cpu(), cu.cpu()):
         raise ValueError("DocumentParams: self-attention needs cu_seqlens_kv == cu_seqlens_q")
+    if params.pack is not None and params.pack.lens != pack_documents(cu).lens:
+        raise ValueError("DocumentParams.pack describes other documents than cu_seqlens_q")
     for name in ("cu_seqlens_q_padded", "cu_seqlens_kv_padded", "cp_group", "local_cp_size"):
         if getattr(params, name, None) is not None:
             raise ValueError(f"DocumentParams.{name} must be None: the layout places the "
@@ -77,9 +83,10 @@ def _check_params(params: DocumentParams) -> None:
 
 def document_params(cu_seqlens: torch.Tensor, layout: str = "whole_docs") -> DocumentParams:
     """The DocumentParams of a packed sequence with boundaries `cu_seqlens`."""
-    total = int(cu_seqlens[-1])
+    pack = pack_documents(cu_seqlens)
+    total = sum(pack.lens)
     return DocumentParams(cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
-                          max_seqlen_q=total, max_seqlen_kv=total, layout=layout)
+                          max_seqlen_q=total, max_seqlen_kv=total, layout=layout, pack=pack)
 
 
 def document_boundaries(tokens: torch.Tensor, eod: int) -> torch.Tensor:
@@ -121,12 +128,14 @@ def shard_document_batch(data: Mapping[str, torch.Tensor], eod: int,
         raise ValueError(f"document masks need one packed sequence per micro batch "
                          f"(--micro-batch-size 1), got tokens of shape {tuple(tokens.shape)}")
     cu = document_boundaries(tokens[0], eod)
+    params = document_params(cu, layout)
     full: Dict[str, Any] = {key: data[key] for key in BATCH_KEYS if key != "position_ids"}
     full["position_ids"] = document_positions(cu).to(tokens.device)[None]
     for key, value in full.items():
         if value.shape != tokens.shape:
             raise ValueError(f"batch[{key!r}] has shape {tuple(value.shape)}, tokens "
                              f"{tuple(tokens.shape)}")
-    local = {key: mb.shard_seq(value, cp_group, layout=layout, seq_dim=1, cu_seqlens=cu)
+    local = {key: mb.shard_seq(value, cp_group, layout=layout, seq_dim=1,
+                               cu_seqlens=params.pack)
              for key, value in full.items()}
-    return local, document_params(cu, layout)
+    return local, params

@@ -38,7 +38,7 @@ PADDING_MASKS = (AttnMaskType.padding, AttnMaskType.padding_causal)
 class Documents:
     """Packed documents for `burst_attn`: boundaries, layout, and the tensors' format."""
 
-    cu_seqlens: torch.Tensor
+    cu_seqlens: Any  # boundaries: a tensor, or the batch's megatron_burst DocumentPack
     layout: str
     qkv_format: str  # "sbhd" ([s, 1, h, d]) or "thd" ([t, h, d])
 
@@ -60,7 +60,8 @@ def documents_of(params: Optional[PackedSeqParams], causal: bool, cp_group: Any
     if params is None:
         return None
     if isinstance(params, DocumentParams):
-        return Documents(params.cu_seqlens_q, params.layout, "sbhd")
+        pack = params.pack if params.pack is not None else params.cu_seqlens_q
+        return Documents(pack, params.layout, "sbhd")
     if params.qkv_format == "thd":
         return Documents(thd_boundaries(params, causal, cp_group), "zigzag", "thd")
     bounds = (params.cu_seqlens_q, params.cu_seqlens_kv, params.cu_seqlens_q_padded,

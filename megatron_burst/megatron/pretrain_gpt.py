@@ -108,7 +108,43 @@ def _get_document_batch(data_iterator: Iterator, layout: str) -> Tuple[Any, ...]
     data = next(data_iterator)
     local, params = shard_document_batch(data, get_tokenizer().eod,
                                          mpu.get_context_parallel_group(), layout)
-    return (*(local[key].cuda(non_blocking=True) for key in BATCH_KEYS), params)
+    PACKS.add(params.pack.lens)
+    # Pinned, so the copies are asynchronous: from pageable memory the host would wait for
+    # the GPU to finish the previous micro-batch, and could no longer plan ahead of it.
+    return (*(_pinned(local[key]).cuda(non_blocking=True) for key in BATCH_KEYS), params)
+
+
+class PackStats:
+    """What the document masks leave of causal attention's work, over the packs read here.
+
+    Megatron's logged TFLOP/s counts full causal attention over the whole sequence; with
+    document masks the attention does only the pairs inside documents. Printed every
+    `EVERY` packs (rank 0), so a benchmark can count the FLOPs actually done.
+    """
+
+    EVERY = 8
+
+    def __init__(self) -> None:
+        self.packs, self.documents, self.pairs, self.full_pairs = 0, 0, 0, 0
+
+    def add(self, lens: Tuple[int, ...]) -> None:
+        total = sum(lens)
+        self.packs += 1
+        self.documents += len(lens)
+        self.pairs += sum(n * (n + 1) // 2 for n in lens)
+        self.full_pairs += total * (total + 1) // 2
+        if self.packs % self.EVERY == 0:
+            print_rank_0(f"> document masks: {self.packs} packs of {total} tokens, "
+                         f"{self.documents / self.packs:.1f} documents per pack; causal "
+                         f"attention pairs done: {self.pairs / self.full_pairs:.5f} of full "
+                         f"causal")
+
+
+PACKS = PackStats()
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_cuda or t.is_pinned() else t.pin_memory()
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):

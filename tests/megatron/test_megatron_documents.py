@@ -86,8 +86,56 @@ def _shards_gather_back(full: dict, layout: str) -> bool:
             and params.cu_seqlens_q.tolist() == starts + [64])
 
 
+def _plans_per_micro_batch(weights: dict) -> list[dict]:
+    """How often the per-pack planning ran, per micro-batch: two packs, then the first again.
+
+    Counts the placement of the documents, the blocks of a (query, key) member pair, and
+    the grouping of a pair's blocks into kernel calls, over a whole forward and backward
+    of the 2-layer model at CP=2.
+    """
+    from unittest import mock
+
+    from megatron.core import parallel_state
+
+    import megatron_burst.burst as burst
+    import megatron_burst.placement as placement
+    import megatron_burst.schedule as schedule
+    from megatron_burst.megatron.document_model import as_document_model
+    from megatron_burst.megatron.documents import shard_document_batch
+    from tests.megatron import cpu_llama as cm
+
+    model = as_document_model(harness.burst_model(1, 1, 2, weights))
+    assert len(model.decoder.layers) >= 2  # the count must cover layers after the first
+    group = parallel_state.get_context_parallel_group()
+    counts = []
+    batches = [shard_document_batch(packed_batch(lens, seed), EOD, group)
+               for lens, seed in ((DOCS, 3), ((9, 30, 6, 19), 4))]
+    for local, params in (*batches, batches[0]):
+        seen = {"placements": 0, "pair_blocks": 0, "call_plans": 0}
+
+        def counting(name, fn):
+            def wrapped(*args, **kwargs):
+                seen[name] += 1
+                return fn(*args, **kwargs)
+            return wrapped
+
+        with mock.patch.object(placement, "_whole_docs",
+                               counting("placements", placement._whole_docs)), \
+                mock.patch.object(schedule, "blocks_between",
+                                  counting("pair_blocks", schedule.blocks_between)), \
+                mock.patch.object(burst, "plan_calls", counting("call_plans", burst.plan_calls)):
+            placement.placement.cache_clear()  # so a pack placed while sharding counts too
+            schedule.RingSchedule.of.cache_clear()
+            cm.train_step(model, {**local, "packed_seq_params": params},
+                          num_tokens=int(local["loss_mask"].sum()))
+        counts.append(seen)
+    mode = model.decoder.layers[0].self_attention.core_attention.layout.backward
+    return [mode, *counts]
+
+
 def _two_rank_cases(rank: int, world: int) -> dict:
     full, weights, out = _start(rank)
+    out["plans"] = _plans_per_micro_batch(weights)
     out["cp1"] = _document_step(full, weights, cp=1)
     out["cp2"] = _document_step(full, weights, cp=2)
     out["cp2_zigzag"] = _document_step(full, weights, cp=2, layout="zigzag")
@@ -111,7 +159,7 @@ def _four_rank_cases(rank: int, world: int) -> dict:
 
 def _collect(reports: list) -> dict:
     cases = {"reference": reports[0]["reference"]}
-    for name in ("gathers_back", "masks", "models"):
+    for name in ("gathers_back", "masks", "models", "plans"):
         cases[name] = [r.get(name) for r in reports]
     for name in reports[0]:
         if name not in cases:
@@ -152,6 +200,22 @@ def test_two_rank_document_masks_match_cp1(two_rank: dict, name: str) -> None:
 def test_four_rank_document_masks_match_cp1(four_rank: dict, name: str) -> None:
     _assert_close(four_rank[name], four_rank["cp1"])
     _assert_close(four_rank[name], four_rank["reference"])
+
+
+def test_a_pack_is_planned_once_per_micro_batch(two_rank: dict) -> None:
+    """Every layer and the backward reuse the plans of the batch's pack: placing the
+    documents once, the blocks of each of the 2x2 member pairs once, and the kernel calls
+    of this rank's 2 forward and (burst backward) 2 reverse pairs once, whatever the number
+    of layers; a new pack is planned anew, and the first pack again (its DocumentParams
+    kept) costs nothing."""
+    for mode, *rank_counts in two_rank["plans"]:
+        first, second, again = rank_counts
+        # The ring backward computes the forward's pairs again; the burst backward the
+        # reverse pairs (the visitors' queries against this rank's keys).
+        pairs = 2 if mode == "ring" else 4
+        assert first == second == {"placements": 1, "pair_blocks": 4, "call_plans": pairs}, \
+            rank_counts
+        assert again == {"placements": 0, "pair_blocks": 0, "call_plans": 0}, rank_counts
 
 
 def test_document_shards_gather_back_to_the_pack(two_rank: dict) -> None:
