@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="small,1b")
     parser.add_argument("--data", default=None, help="folder of `megatron-burst data "
                         "--sample-corpus` (real text instead of mock data)")
+    parser.add_argument("--only", default="", help="run only the runs whose name has this")
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--timeout", type=int, default=240)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
@@ -121,6 +122,8 @@ def main() -> None:
         for cp, masks in plans:
             name = f"{shape} {SHAPES[shape]['seq_length'] // 1024}K CP={cp}" + (
                 ", document masks" if masks else "") + (", real text" if args.data else "")
+            if args.only and args.only not in name:
+                continue
             cfg = case_config(base, shape, cp, masks, args.iters, args.data)
             runs.append(measure(name, cfg, cp, masks, args))
             with open(args.out, "w") as f:

@@ -92,6 +92,9 @@ def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
 def _first_traceback(log: str) -> list[str]:
     """A failed run's first rank traceback (not torchrun's own report), else its tail."""
     lines = log.splitlines()
+    said = [line for line in lines if line.startswith("error:")]  # the entry point's one line
+    if said:
+        return said[:4]
     starts = [i for i, line in enumerate(lines) if "Traceback" in line]
     for i in starts:
         chunk = lines[i:i + 60]

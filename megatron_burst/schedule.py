@@ -130,6 +130,11 @@ def _diagonal_runs(segs: tuple[Segment, ...]) -> list[list[Segment]]:
     return runs
 
 
+def _whole(s: Segment) -> bool:
+    """A document held whole (no padding) in this one segment: it pairs with nothing else."""
+    return s.pos == 0 and s.length == s.doc_len
+
+
 def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mask: Mask,
                    same: bool = False) -> tuple[Block, ...]:
     """All blocks of queries ``q_segs`` against keys ``k_segs`` under ``mask``.
@@ -137,25 +142,31 @@ def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mas
     ``same``: both sides are the same rows (a member against its own keys). Then, for a
     causal mask without window, a run of one document's segments in increasing positions
     is one causal block: the global mask is the local one there.
+
+    A document held whole by one segment (most documents of most packs) pairs only with
+    itself: under a plain mask its block is the mask on the diagonal, made directly; the
+    pairing below only sees the other segments, so a pack's planning cost follows the
+    documents that are split, not all of them.
     """
     found: list[Block] = []
+    if same and mask.plain:
+        kind = "causal" if mask.causal else "full"
+        found += [Block(a.row, a.row + a.length, a.row, a.row + a.length, kind)
+                  for a in q_segs if _whole(a)]
+    keep_whole = same and not mask.plain  # a window: a whole document's band block
+    q_rest = [a for a in q_segs if keep_whole or not _whole(a)]
     run_of: dict[int, int] = {}  # segment row -> its run, where a run is one causal block
     if same and mask.causal and mask.plain:
-        for index, run in enumerate(_diagonal_runs(q_segs)):
+        for index, run in enumerate(_diagonal_runs(q_rest)):
             if len(run) > 1 and run[-1].valid == run[-1].length:
                 start, stop = run[0].row, run[-1].row + run[-1].length
                 found.append(Block(start, stop, start, stop, "causal"))
                 run_of.update((seg.row, index) for seg in run)
     by_doc: dict[int, list[Segment]] = defaultdict(list)
-    for b in k_segs:
-        by_doc[b.doc].append(b)
-    whole_kind = ("causal" if mask.causal else "full") if same and mask.plain else None
-    for a in q_segs:
-        if whole_kind is not None and a.pos == 0 and a.length == a.doc_len:
-            # A whole document (no padding) lives in this one segment and nowhere else: its
-            # block is the plain mask on the diagonal. Most packs are mostly these.
-            found.append(Block(a.row, a.row + a.length, a.row, a.row + a.length, whole_kind))
-            continue
+    for b in (q_rest if same else k_segs):
+        if keep_whole or not _whole(b):
+            by_doc[b.doc].append(b)
+    for a in q_rest:
         for b in by_doc.get(a.doc, ()):
             if a.row in run_of and run_of.get(b.row) == run_of[a.row]:
                 continue  # inside a run's causal block

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Sequence
 
 import torch
@@ -113,13 +114,19 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     calls = [] if small is blocks else [KernelCall((b,), False) for b in blocks
                                         if b.area >= dense_min_area]
     shapes: dict[tuple, list[list[Block]]] = {}
-    for b in sorted(small, key=lambda b: (b.q_start, b.k_start)):
-        waves = shapes.setdefault(mask_shape(b), [])
-        wave = next((w for w in waves if w[-1].q_stop <= b.q_start), None)
-        if wave is None:
-            waves.append([b])
+    for b in sorted(small, key=_by_rows):
+        shape = _CAUSAL if b.kind == "causal" else mask_shape(b)
+        waves = shapes.get(shape)
+        if waves is None:
+            shapes[shape] = [[b]]
+        elif waves[0][-1].q_stop <= b.q_start:  # the usual case: the first wave has room
+            waves[0].append(b)
         else:
-            wave.append(b)
+            wave = next((w for w in waves[1:] if w[-1].q_stop <= b.q_start), None)
+            if wave is None:
+                waves.append([b])
+            else:
+                wave.append(b)
     for (window, causal), waves in shapes.items():
         for wave in waves:
             calls.append(_varlen_call(wave, window, causal) if len(wave) > 1 or shape_free
@@ -127,13 +134,19 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     return tuple(calls)
 
 
+_CAUSAL = ((-1, 0), True)  # mask_shape of every 'causal' block
+
+
+def _by_rows(b: Block) -> tuple[int, int]:
+    return b.q_start, b.k_start
+
+
 def _varlen_call(wave: list[Block], window: tuple[int, int], causal: bool) -> KernelCall:
-    cu_q, cu_k = [0], [0]
-    for b in wave:
-        cu_q.append(cu_q[-1] + b.q_stop - b.q_start)
-        cu_k.append(cu_k[-1] + b.k_stop - b.k_start)
-    return KernelCall(tuple(wave), True, _runs([(b.q_start, b.q_stop) for b in wave]),
-                      _runs([(b.k_start, b.k_stop) for b in wave]), tuple(cu_q), tuple(cu_k),
+    q_ranges = [(b.q_start, b.q_stop) for b in wave]
+    k_ranges = [(b.k_start, b.k_stop) for b in wave]
+    cu_q = (0, *itertools.accumulate(b - a for a, b in q_ranges))
+    cu_k = (0, *itertools.accumulate(b - a for a, b in k_ranges))
+    return KernelCall(tuple(wave), True, _runs(q_ranges), _runs(k_ranges), cu_q, cu_k,
                       window, causal)
 
 

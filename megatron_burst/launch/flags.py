@@ -13,7 +13,7 @@ import re
 import shlex
 import typing
 
-from ..cp_layout import CPLayout
+from ..cp_layout import RING_COMM_TYPE, CPLayout
 from .config import VARIABLE, Config, ConfigError, expand_vars
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
@@ -65,7 +65,11 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     ]
     if p.sequence_parallel and p.tensor > 1:
         f += ["--sequence-parallel"]
-    if p.context > 1:
+    if p.context == 1:
+        # The spec's layers are BurstAttention at CP=1 too (one kernel call, no ring); the
+        # entry point's document masks need --cp-comm-type to say so.
+        f += ["--cp-comm-type", RING_COMM_TYPE]
+    else:
         # The layout `plan` reports, resolved once here ('auto' by the time model with the
         # cluster's profile), so the adapter runs exactly it and decides nothing again.
         layout = CPLayout.from_run_config(cfg)
