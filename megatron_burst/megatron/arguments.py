@@ -62,6 +62,32 @@ def add_burst_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+# Each --burst-* option's default: a value other than this is the user asking for something.
+OPTION_DEFAULTS = {"burst_backward": "auto", "burst_intra_node_size": None,
+                   "burst_ulysses_size": None, "burst_profile": None,
+                   "burst_remat_aware": False, "burst_document_mask": False,
+                   "burst_document_layout": None}
+
+
+def refuse_ignored_options(args: argparse.Namespace) -> None:
+    """Raise ValueError for a --burst-* option that would change nothing in this run.
+
+    Without BurstAttention no --burst-* option does anything; --burst-profile is read only
+    by 'auto' choices. (Each option's own misuse is checked where it is applied.)
+    """
+    given = [name for name, default in OPTION_DEFAULTS.items()
+             if getattr(args, name, default) != default]
+    flags = ", ".join("--" + name.replace("_", "-") for name in given)
+    if given and not uses_burst(args):
+        raise ValueError(f"{flags} need BurstAttention (--cp-comm-type burst or a2a+burst), "
+                         f"got --cp-comm-type {args.cp_comm_type}")
+    autos = [getattr(args, name, None) for name in
+             ("burst_backward", "burst_intra_node_size", "burst_ulysses_size")]
+    if getattr(args, "burst_profile", None) and "auto" not in autos:
+        raise ValueError("--burst-profile is read only by 'auto' choices; --burst-backward, "
+                         "--burst-intra-node-size and --burst-ulysses-size are all fixed here")
+
+
 def _int_or_auto(text: str):
     """argparse type: a positive count, or 'auto'."""
     if text == "auto":

@@ -44,50 +44,25 @@ except ImportError as _missing:  # megatron-core < 0.17, which is all Python 3.1
         sys.exit(2)
     raise ImportError(missing_training_message(_missing)) from _missing
 
-from megatron_burst.megatron.arguments import (
-    DOCUMENT_LAYOUTS,
-    add_burst_args,
-    apply_burst_args,
-    burst_layout_from_args,
-    document_layout_from_args,
-    uses_burst,
-)
-from megatron_burst.megatron.document_model import as_document_model, document_models
-from megatron_burst.megatron.documents import BATCH_KEYS, shard_document_batch
+from megatron_burst.megatron import entry
+from megatron_burst.megatron.arguments import add_burst_args
+from megatron_burst.megatron.document_model import as_document_model
+from megatron_burst.megatron.documents import BATCH_KEYS
 from megatron_burst.megatron.spec import get_gpt_layer_burst_spec
 
 _NEW_PRETRAIN = "cfg_container" in inspect.signature(pretrain).parameters  # megatron-core 0.17+
-
-
-def configure_cp(args: Any, config: Any) -> None:
-    """Build the run's CPLayout once, put it on the TransformerConfig, and log it (rank 0);
-    check the document mask options."""
-    documents = document_layout_from_args(args)
-    if documents is not None:
-        print_rank_0(f"> document masks: documents end at EOD, sharded {documents} over CP")
-    if not uses_burst(args):
-        print_rank_0(f"> context parallelism: cp={args.context_parallel_size} with "
-                     f"--cp-comm-type {args.cp_comm_type} (not BurstAttention)")
-        return
-    layout = apply_burst_args(args, config, burst_layout_from_args(args))
-    print_rank_0(f"> BurstAttention context parallelism: {layout.describe()}, "
-                 f"tp={args.tensor_model_parallel_size}, pp={args.pipeline_model_parallel_size}")
-
-
-def _document_layout(args: Any) -> Optional[str]:
-    """The document batch layout, or None without --burst-document-mask (checked at start)."""
-    return (args.burst_document_layout or DOCUMENT_LAYOUTS[0]) if args.burst_document_mask else None
 
 
 def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Any, ...]:
     """This rank's part of the next batch, and its packed_seq_params (None without documents).
 
     Every TP rank reads it (datasets are built on every rank, see
-    `is_dataset_built_on_rank`), then CP ranks keep their zigzag chunks.
+    `is_dataset_built_on_rank`), then CP ranks keep their zigzag chunks. Document batches
+    are `entry.document_batch`'s, the same as through Megatron-LM's pretrain_gpt.py.
     """
-    layout = _document_layout(get_args())
-    if layout is not None:
-        return _get_document_batch(data_iterator, layout)
+    args = get_args()
+    if args.burst_document_mask:
+        return entry.document_batch(data_iterator, args)
     if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
         return None, None, None, None, None
     data = next(data_iterator)
@@ -97,54 +72,6 @@ def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Any, ...]:
         kwargs["is_hybrid_cp"] = False  # 0.19 made it a required argument
     batch = get_batch_on_this_cp_rank(batch, **kwargs)
     return (*(batch[key] for key in BATCH_KEYS), None)
-
-
-def _get_document_batch(data_iterator: Iterator, layout: str) -> Tuple[Any, ...]:
-    """A document batch on every pipeline stage: boundaries from EOD, sharded in `layout`.
-
-    Sharded on the host, where the dataloader leaves the sample, so only this rank's rows
-    go to the GPU and the boundaries never need a device read.
-    """
-    data = next(data_iterator)
-    local, params = shard_document_batch(data, get_tokenizer().eod,
-                                         mpu.get_context_parallel_group(), layout)
-    PACKS.add(params.pack.lens)
-    # Pinned, so the copies are asynchronous: from pageable memory the host would wait for
-    # the GPU to finish the previous micro-batch, and could no longer plan ahead of it.
-    return (*(_pinned(local[key]).cuda(non_blocking=True) for key in BATCH_KEYS), params)
-
-
-class PackStats:
-    """What the document masks leave of causal attention's work, over the packs read here.
-
-    Megatron's logged TFLOP/s counts full causal attention over the whole sequence; with
-    document masks the attention does only the pairs inside documents. Printed every
-    `EVERY` packs (rank 0), so a benchmark can count the FLOPs actually done.
-    """
-
-    EVERY = 8
-
-    def __init__(self) -> None:
-        self.packs, self.documents, self.pairs, self.full_pairs = 0, 0, 0, 0
-
-    def add(self, lens: Tuple[int, ...]) -> None:
-        total = sum(lens)
-        self.packs += 1
-        self.documents += len(lens)
-        self.pairs += sum(n * (n + 1) // 2 for n in lens)
-        self.full_pairs += total * (total + 1) // 2
-        if self.packs % self.EVERY == 0:
-            print_rank_0(f"> document masks: {self.packs} packs of {total} tokens, "
-                         f"{self.documents / self.packs:.1f} documents per pack; causal "
-                         f"attention pairs done: {self.pairs / self.full_pairs:.5f} of full "
-                         f"causal")
-
-
-PACKS = PackStats()
-
-
-def _pinned(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_cuda or t.is_pinned() else t.pin_memory()
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -168,7 +95,7 @@ def forward_step(data_iterator: Iterator, model: torch.nn.Module):
 def is_dataset_built_on_rank(vp_stage: Optional[int] = None) -> bool:
     """Build on first/last pipeline stages of every TP rank, so no TP broadcast is needed;
     with document masks on every stage (middle stages need the boundaries and positions)."""
-    if _document_layout(get_args()) is not None:
+    if entry.dataset_on_every_rank(get_args()):
         return True
     return mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()
 
@@ -216,7 +143,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 
     args = get_args()
     config = core_transformer_config_from_args(args)
-    configure_cp(args, config)
+    run = entry.configure_run(args, config)
     spec = _layer_spec(args, config)
     spec = spec(config) if callable(spec) and not isinstance(spec, type) else spec
     model = GPTModel(
@@ -228,7 +155,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling,
     )
-    return as_document_model(model) if _document_layout(args) is not None else model
+    return as_document_model(model) if run.documents else model
 
 
 def use_prebuilt_dataset_helpers() -> None:
@@ -262,13 +189,7 @@ def main() -> None:
 
     args = parse_and_validate_args(extra_args_provider=add_burst_args, args_defaults=defaults)
     model_cfg = gpt_config_from_args(args)
-    configure_cp(args, model_cfg.transformer)
-    if uses_burst(args):
-        if model_cfg.transformer_layer_spec is None:
-            model_cfg.transformer_layer_spec = get_gpt_layer_burst_spec
-    if _document_layout(args) is not None:
-        # GPTModelBuilder constructs GPTModel itself: make each chunk a DocumentGPTModel.
-        model_cfg.pre_wrap_hooks.append(document_models)
+    entry.configure_run(args, model_cfg.transformer, model_cfg)
     pretrain(pretrain_cfg_container_from_args(args, model_cfg), train_valid_test_datasets_provider,
              ModelType.encoder_or_decoder, forward_step)
 

@@ -1,0 +1,185 @@
+"""What both ways into Megatron's training loop share, so that they cannot diverge.
+
+This package's entry point (`megatron_burst.megatron.pretrain_gpt`) and Megatron-LM's own
+`pretrain_gpt.py` with `patches/` applied make every BurstAttention choice here:
+
+- `configure_run` checks the --burst-* options against Megatron's (refusing what the run
+  could not honour), turns off the dataloader's dense [s, s] attention mask (BurstAttention
+  never reads it; building it cost 2.5 s per iteration at 16K), picks the burst layer spec
+  where no --spec is given, puts the run's CP layout and remat choice on the
+  TransformerConfig, makes every model chunk a `DocumentGPTModel` for document masks, and
+  prints one line per choice;
+- with document masks every rank reads the data (`dataset_on_every_rank`) and
+  `document_batch` makes each micro-batch: boundaries from EOD, positions restarted per
+  document, tokens, labels, loss mask and positions sharded with the attention's layout, and
+  the `DocumentParams` the layers read.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from megatron_burst.cp_layout import CPLayout
+from megatron_burst.megatron.arguments import (
+    DOCUMENT_LAYOUTS,
+    apply_burst_args,
+    burst_layout_from_args,
+    document_layout_from_args,
+    refuse_ignored_options,
+    uses_burst,
+)
+from megatron_burst.megatron.documents import BATCH_KEYS, shard_document_batch
+
+# Megatron options whose batches the document path cannot build: each would be dropped.
+_DOCUMENT_CONFLICTS = (
+    ("sft", "--sft (its THD batches carry their own boundaries)"),
+    ("fim_data", "--fim-data"),
+    ("mtp_num_layers", "--mtp-num-layers"),
+    ("dataloader_inter_document_masking", "--dataloader-inter-document-masking"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BurstRun:
+    """What a run does with BurstAttention (layout None: it does not use it)."""
+
+    layout: Optional[CPLayout]
+    documents: Optional[str]  # the document batch layout, None without document masks
+    remat_aware: bool = False
+    dense_mask_off: bool = False  # --create-attention-mask-in-dataloader turned off here
+
+    def describe(self) -> List[str]:
+        if self.layout is None:
+            return []
+        lines = [f"BurstAttention context parallelism: {self.layout.describe()}"]
+        if self.documents:
+            lines.append(f"document masks: documents end after each EOD token, attention "
+                         f"stays inside them, RoPE positions restart in each; sharded "
+                         f"{self.documents} over the CP group")
+        if self.remat_aware:
+            lines.append("remat-aware recompute: each layer keeps its attention output from "
+                         "the first forward; the recompute rebuilds attention from it, no ring")
+        if self.dense_mask_off:
+            lines.append("the dataloader builds no dense [s, s] attention mask (BurstAttention "
+                         "never reads it): --create-attention-mask-in-dataloader turned off")
+        return lines
+
+
+def configure_run(args: Any, config: Any, model_cfg: Any = None) -> BurstRun:
+    """Check and apply the --burst-* options (see the module docstring).
+
+    `config` is the run's TransformerConfig; `model_cfg` megatron-core 0.17+'s model config
+    (its layer spec and pre-wrap hooks), None where the caller builds the model itself.
+    Raises ValueError naming the option for anything the run could not honour.
+    """
+    refuse_ignored_options(args)
+    documents = document_layout_from_args(args)
+    if not uses_burst(args):
+        return BurstRun(None, None)
+    if getattr(args, "hybrid_context_parallel", False):
+        raise ValueError("--hybrid-context-parallel gives each sample its own CP group; "
+                         "BurstAttention runs one ring over the model's CP group")
+    if getattr(args, "dataloader_inter_document_masking", False) and not documents:
+        raise ValueError("--dataloader-inter-document-masking with BurstAttention: use "
+                         "--burst-document-mask (documents from EOD, sharded whole_docs)")
+    if documents:
+        for name, flag in _DOCUMENT_CONFLICTS:
+            if getattr(args, name, None):
+                raise ValueError(f"--burst-document-mask cannot be combined with {flag}")
+    layout = apply_burst_args(args, config, burst_layout_from_args(args))
+    dense_off = bool(getattr(args, "create_attention_mask_in_dataloader", False))
+    if dense_off:
+        args.create_attention_mask_in_dataloader = False
+    if model_cfg is not None:
+        from megatron_burst.megatron.spec import get_gpt_layer_burst_spec
+
+        if model_cfg.transformer_layer_spec is None:
+            model_cfg.transformer_layer_spec = get_gpt_layer_burst_spec
+        if documents:
+            from megatron_burst.megatron.document_model import document_models
+
+            # GPTModelBuilder constructs GPTModel itself: make each chunk a DocumentGPTModel.
+            model_cfg.pre_wrap_hooks.append(document_models)
+    run = BurstRun(layout, documents, bool(getattr(args, "burst_remat_aware", False)),
+                   dense_off)
+    for line in run.describe():
+        say(f"> {line}")
+    return run
+
+
+def dataset_on_every_rank(args: Any) -> bool:
+    """Whether every rank needs the dataset: document batches are made on every tensor and
+    pipeline rank (middle stages need the boundaries and positions too)."""
+    return bool(getattr(args, "burst_document_mask", False))
+
+
+def document_batch(data_iterator: Iterator, args: Any) -> Tuple[Any, ...]:
+    """(tokens, labels, loss_mask, position_ids, packed_seq_params) of the next micro-batch.
+
+    Sharded on the host, where the dataloader leaves the sample, so only this rank's rows go
+    to the GPU and the boundaries never need a device read. The documents' lengths also go
+    to Megatron's FLOPs count where it keeps one (0.19+), so its logged TFLOP/s count the
+    attention actually done rather than full causal attention over the whole sequence.
+    """
+    from megatron.core import parallel_state
+    from megatron.training import get_tokenizer
+
+    layout = args.burst_document_layout or DOCUMENT_LAYOUTS[0]
+    data = next(data_iterator)
+    local, params = shard_document_batch(data, get_tokenizer().eod,
+                                         parallel_state.get_context_parallel_group(), layout)
+    PACKS.add(params.pack.lens)
+    _count_flops(params.pack.cu_seqlens)
+    # Pinned, so the copies are asynchronous: from pageable memory the host would wait for
+    # the GPU to finish the previous micro-batch, and could no longer plan ahead of it.
+    return (*(_pinned(local[key]).cuda(non_blocking=True) for key in BATCH_KEYS), params)
+
+
+def _count_flops(cu_seqlens: torch.Tensor) -> None:
+    """Megatron's per-iteration sum of L and L^2 (on the device, no synchronisation)."""
+    try:
+        from megatron.training.training import update_seqlen_stats_from_cu_seqlens
+    except ImportError:  # before 0.19 Megatron counts full causal attention regardless
+        return
+    update_seqlen_stats_from_cu_seqlens(_pinned(cu_seqlens).cuda(non_blocking=True))
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_cuda or t.is_pinned() else t.pin_memory()
+
+
+def say(message: str) -> None:
+    """Print on global rank 0 (or without torch.distributed)."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+class PackStats:
+    """What the document masks leave of causal attention's work, over the packs read here.
+
+    Megatron's logged TFLOP/s counts full causal attention over the whole sequence; with
+    document masks the attention does only the pairs inside documents. Printed every
+    `EVERY` packs (rank 0), so a benchmark can count the FLOPs actually done.
+    """
+
+    EVERY = 8
+
+    def __init__(self) -> None:
+        self.packs, self.documents, self.pairs, self.full_pairs = 0, 0, 0, 0
+
+    def add(self, lens: Tuple[int, ...]) -> None:
+        total = sum(lens)
+        self.packs += 1
+        self.documents += len(lens)
+        self.pairs += sum(n * (n + 1) // 2 for n in lens)
+        self.full_pairs += total * (total + 1) // 2
+        if self.packs % self.EVERY == 0:
+            say(f"> document masks: {self.packs} packs of {total} tokens, "
+                f"{self.documents / self.packs:.1f} documents per pack; causal attention "
+                f"pairs done: {self.pairs / self.full_pairs:.5f} of full causal")
+
+
+PACKS = PackStats()

@@ -1,0 +1,134 @@
+"""Every --burst-* option either changes what a Megatron run does or stops it: none is ignored.
+
+Both ways into Megatron's training loop (this package's entry point and Megatron-LM's own
+pretrain_gpt.py with patches/ applied) hand the parsed options to
+`megatron_burst.megatron.entry.configure_run` and make document batches with
+`entry.document_batch`; the patch and the entry point are checked to call exactly those.
+The walk takes the options from the parser itself, so an option added later without a case
+here fails the test. What a run does is everything `configure_run` decides: the layout, the
+layer spec, the model hooks, remat, the document layout, and the dataloader's dense mask.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+from megatron_burst.megatron import entry  # noqa: E402
+from megatron_burst.megatron.arguments import add_burst_args  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# The Megatron options configure_run reads, with Megatron's defaults (megatron.training is
+# not importable on Python 3.11, where CI runs; tests/launch checks the real parser).
+MEGATRON_DEFAULTS = dict(
+    cp_comm_type=["p2p"], context_parallel_size=4, tensor_model_parallel_size=1,
+    pipeline_model_parallel_size=1, sequence_parallel=False, num_attention_heads=16,
+    num_query_groups=4, group_query_attention=True, kv_channels=None, hidden_size=1024,
+    bf16=True, fp16=False, hierarchical_context_parallel_sizes=None, seq_length=16384,
+    attention_dropout=0.0, recompute_granularity=None, micro_batch_size=1,
+    reset_attention_mask=False, reset_position_ids=False, position_embedding_type="rope",
+    create_attention_mask_in_dataloader=True, hybrid_context_parallel=False,
+    dataloader_inter_document_masking=False, sft=False, fim_data=False, mtp_num_layers=None)
+BURST = ["--cp-comm-type", "burst"]
+FULL = ["--recompute-granularity", "full"]
+# For each option: command lines with it (after BURST), and what must happen: a list (a
+# run without the option, or with another value, which must do something else) or the text
+# of the ValueError the line must raise.
+CASES = {
+    "--burst-backward": [(["--burst-backward", "burst"], ["--burst-backward", "ring"]),
+                         (["--burst-backward", "auto"], ["--burst-backward", "burst"])],
+    "--burst-intra-node-size": [(["--burst-intra-node-size", "2"], []),
+                                (["--burst-intra-node-size", "3"], "divide")],
+    "--burst-ulysses-size": [(["--burst-ulysses-size", "2"], []),
+                             (["--burst-ulysses-size", "3"], "dividing")],
+    "--burst-profile": [(["--burst-profile", "/no/such/profile.json"], "no such file"),
+                        (["--burst-profile", "a100-ib", "--burst-backward", "ring",
+                          "--burst-intra-node-size", "4", "--burst-ulysses-size", "1"],
+                         "read only by 'auto'")],
+    "--burst-remat-aware": [(["--burst-remat-aware"] + FULL, FULL),
+                            (["--burst-remat-aware"], "recompute-granularity full")],
+    "--burst-document-mask": [(["--burst-document-mask"], []),
+                              (["--burst-document-mask", "--micro-batch-size", "2"],
+                               "micro-batch-size 1"),
+                              (["--burst-document-mask", "--sft"], "--sft")],
+    "--burst-document-layout": [(["--burst-document-mask", "--burst-document-layout",
+                                  "zigzag"], ["--burst-document-mask"]),
+                                (["--burst-document-layout", "zigzag"],
+                                 "needs --burst-document-mask")],
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    p.set_defaults(**MEGATRON_DEFAULTS)
+    p.add_argument("--cp-comm-type", nargs="+")
+    p.add_argument("--micro-batch-size", type=int)
+    p.add_argument("--recompute-granularity")
+    p.add_argument("--sft", action="store_true")
+    return add_burst_args(p)
+
+
+def burst_options() -> list[str]:
+    return sorted(a.option_strings[0] for a in parser()._actions
+                  if a.option_strings and a.option_strings[0].startswith("--burst-"))
+
+
+def what_runs(argv: list[str]) -> dict:
+    """Everything configure_run decides for `argv` (raises what it raises)."""
+    args = parser().parse_args(argv)
+    config = SimpleNamespace()
+    model_cfg = SimpleNamespace(transformer_layer_spec=None, pre_wrap_hooks=[], transformer=config)
+    run = entry.configure_run(args, config, model_cfg)
+    return dict(run=run, layout=getattr(config, "burst_layout", None),
+                remat=getattr(config, "burst_remat_aware", None),
+                spec=getattr(model_cfg.transformer_layer_spec, "__name__", None),
+                hooks=[getattr(h, "__name__", h) for h in model_cfg.pre_wrap_hooks],
+                dense_mask=args.create_attention_mask_in_dataloader)
+
+
+def test_every_option_has_a_case() -> None:
+    assert burst_options() == sorted(CASES), "say what each --burst-* option changes"
+
+
+@pytest.mark.parametrize("option", sorted(CASES))
+def test_option_changes_what_runs_or_raises(option: str) -> None:
+    for extra, expected in CASES[option]:
+        if isinstance(expected, list):
+            assert what_runs(BURST + extra) != what_runs(BURST + expected), (option, extra)
+        else:
+            with pytest.raises(ValueError, match=expected):
+                what_runs(BURST + extra)
+
+
+@pytest.mark.parametrize("option", sorted(CASES))
+def test_option_without_burst_attention_is_refused(option: str) -> None:
+    """With another --cp-comm-type the layers are not BurstAttention: the option would do
+    nothing, so the run stops naming it."""
+    extra, _ = CASES[option][0]
+    with pytest.raises(ValueError, match="need BurstAttention"):
+        what_runs(["--cp-comm-type", "p2p"] + extra)
+
+
+def test_burst_runs_build_no_dense_mask() -> None:
+    """Upstream's dataloader builds a dense [s, s] mask by default; a burst run turns it off
+    and says so, a run without BurstAttention is left alone."""
+    ran = what_runs(BURST)
+    assert ran["dense_mask"] is False and ran["run"].dense_mask_off
+    assert any("no dense" in line for line in ran["run"].describe())
+    assert what_runs(["--cp-comm-type", "p2p"])["dense_mask"] is True
+
+
+def test_both_entry_points_call_the_shared_entry() -> None:
+    """The patch and this package's entry point hand everything to the same functions."""
+    patch = (REPO / "patches" / "megatron-lm-core_v0.19.0-burst.patch").read_text()
+    own = (REPO / "megatron_burst" / "megatron" / "pretrain_gpt.py").read_text()
+    for call in ("configure_run(", "document_batch(", "dataset_on_every_rank("):
+        assert f"burst_entry.{call}" in patch, call
+        assert f"entry.{call}" in own, call
+    added = [line[1:] for line in patch.splitlines() if line.startswith("+")
+             and not line.startswith("+++")]
+    assert len(added) < 60, "keep the patch small: the logic lives in the package"
