@@ -206,7 +206,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         if given:
             raise DataError(f"--sample-corpus makes its own corpus, tokenizer and prefix; "
                             f"drop {', '.join(given)}")
-        print(write_sample(args.sample_corpus, args.vocab_size or DEFAULT_VOCAB_SIZE).describe())
+        print(write_sample(args.sample_corpus, args.vocab_size or DEFAULT_VOCAB_SIZE,
+                           force=args.force).describe())
         return 0
     if args.vocab_size is not None:
         raise DataError("--vocab-size sizes the tokenizer --sample-corpus trains; a corpus of "
@@ -216,8 +217,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         if not value:
             raise DataError(f"{name} is required (or use --sample-corpus DIR for the "
                             f"offline sample)")
-    print(tokenize_jsonl(args.corpus, args.tokenizer, args.output_prefix,
-                         args.json_key).describe())
+    print(tokenize_jsonl(args.corpus, args.tokenizer, args.output_prefix, args.json_key,
+                         force=args.force).describe())
     return 0
 
 
@@ -242,6 +243,9 @@ def _add_data_command(sub: argparse._SubParsersAction) -> None:
                         "DIR/text_document.bin/.idx; no network needed")
     p.add_argument("--vocab-size", type=positive_int,
                    help="--sample-corpus: tokens in the BPE vocabulary (default 1024)")
+    p.add_argument("--force", action="store_true",
+                   help="replace outputs that exist already (they stay as they were until the "
+                        "new ones are complete)")
     p.set_defaults(func=cmd_data)
 
 
