@@ -16,7 +16,6 @@ memory fits) is checked by ``plan.validate``, not here: this file knows shapes, 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import types
@@ -27,10 +26,7 @@ from typing import Any
 import yaml
 
 from ..cp_layout import BACKWARD_MODES
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the offending key."""
+from .config_values import BOUNDS, VARIABLE, ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,62 +212,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 
 
-@dataclasses.dataclass(frozen=True)
-class Bound:
-    """The range a number in the config may take: from ``low`` up to ``high``.
-
-    ``low_open``/``high_open`` exclude the end itself, so (0, inf) is "greater than 0".
-    """
-
-    low: float
-    low_open: bool = False
-    high: float = math.inf
-    high_open: bool = True
-
-    def admits(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def describe(self) -> str:
-        if self.high == math.inf:
-            return f"{'greater than' if self.low_open else 'at least'} {self.low:g}"
-        return (f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-                f"{')' if self.high_open else ']'}")
-
-
-COUNT = Bound(1)  # sizes, counts, parallel degrees, intervals
-NON_NEGATIVE = Bound(0)  # where 0 means "none" or "off": min_lr, warmup, clip_grad, eval_iters
-POSITIVE = Bound(0, low_open=True)  # scales that 0 would break: lr, epsilon, init std
-MOMENT_DECAY = Bound(0, high=1)  # Adam's betas: 1 would never forget, above 1 diverges
-
-# Every int and float field of the schema has a range here (a test checks that none is
-# missing): a value outside it fails at load time, naming the key.
-BOUNDS: dict[str, Bound] = {
-    **{f"model.{name}": COUNT for name in (
-        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-        "num_query_groups", "vocab_size", "seq_length", "max_position_embeddings",
-        "rotary_base", "make_vocab_size_divisible_by")},
-    "model.norm_epsilon": POSITIVE,
-    "model.init_method_std": POSITIVE,
-    **{f"parallel.{name}": COUNT for name in ("tensor", "context", "pipeline", "data")},
-    "burst.intra_node_size": COUNT,
-    "burst.ulysses_size": COUNT,
-    "cluster.nodes": COUNT,
-    "cluster.gpus_per_node": COUNT,
-    **{f"training.{name}": COUNT for name in (
-        "micro_batch_size", "global_batch_size", "train_iters", "recompute_num_layers",
-        "log_interval", "save_interval", "eval_interval")},
-    **{f"training.{name}": NON_NEGATIVE for name in (
-        "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eval_iters",
-        # numpy, which Megatron seeds too, takes seeds in [0, 2**32).
-        "seed")},
-    "training.lr": POSITIVE,
-    "training.adam_beta1": MOMENT_DECAY,
-    "training.adam_beta2": MOMENT_DECAY,
-}
-
-VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def load_config(path: str | os.PathLike) -> Config:
