@@ -149,7 +149,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     cfg = _load(args)
     validate(cfg)
     text = sbatch_script(cfg, args.config, partition=args.partition, time=args.time,
-                         account=args.account)
+                         account=args.account, job_name=args.job_name)
     out = Path(args.output or f"{Path(args.config).stem}-{cfg.cluster.nodes}n.sbatch")
     out.write_text(text)
     out.chmod(0o755)
@@ -191,6 +191,8 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition")
     p.add_argument("--account")
     p.add_argument("--time", default="04:00:00", help="SLURM time limit (default 04:00:00)")
+    p.add_argument("--job-name", help="SLURM job name (default: the config file's name); "
+                                      "letters, digits and . _ + - only")
     p.add_argument("-o", "--output", help="script path (default CONFIG-<N>n.sbatch)")
     p.set_defaults(func=cmd_slurm)
 

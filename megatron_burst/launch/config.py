@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from ..cp_layout import BACKWARD_MODES
-from .config_values import BOUNDS, VARIABLE, ConfigError
+from .config_values import BOUNDS, VARIABLE, ConfigError, check_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,8 +301,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"'{key}' must be a string, got {value!r}")
-        if "$" in VARIABLE.sub("", value):
-            raise ConfigError(f"'{key}': a '$' outside a ${{NAME}} variable in {value!r}")
+        check_text(value, key)
     if key in CHOICES and value not in CHOICES[key]:
         raise ConfigError(f"'{key}' must be one of {', '.join(CHOICES[key])}; got {value!r}")
     if key in BOUNDS and not BOUNDS[key].admits(value):

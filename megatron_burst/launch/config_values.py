@@ -72,3 +72,28 @@ BOUNDS: dict[str, Bound] = {
 }
 
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def control_character(text: str) -> tuple[int, str] | None:
+    """The first control character of ``text`` (C0, DEL or C1) and its position, or None."""
+    for position, char in enumerate(text):
+        if ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0:
+            return position, char
+    return None
+
+
+def check_text(value: str, key: str) -> str:
+    """Refuse text that a later step could not use safely, naming ``key``.
+
+    Names and paths end up in plans, Megatron flags and sbatch scripts: a newline there
+    would start a new shell command or end an #SBATCH block, so no control character
+    (newline, tab, escape, ...) is admitted anywhere; and '$' only as a ${NAME} variable,
+    so nothing but those variables is ever expanded by a shell.
+    """
+    found = control_character(value)
+    if found is not None:
+        raise ConfigError(f"'{key}' holds a control character ({found[1]!r} at position "
+                          f"{found[0]}); names, paths and flags are one line of text")
+    if "$" in VARIABLE.sub("", value):
+        raise ConfigError(f"'{key}': a '$' outside a ${{NAME}} variable in {value!r}")
+    return value

@@ -138,10 +138,14 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
 
 def double_quoted(token: str) -> str:
     """``token`` for bash: bare when plainly safe, else in double quotes, so that a ${VAR} in
-    it expands (the config loader refuses any other '$') and nothing else does."""
+    it expands and nothing else does: '"', '\\', '`' and any '$' that does not begin a
+    ${NAME} are escaped (the loader refuses such a '$' already; a Config built in Python
+    has not been through it)."""
     if re.fullmatch(r"[A-Za-z0-9_.:/=+@%-]+", token):
         return token
-    return '"' + re.sub(r'(["\\`])', r"\\\1", token) + '"'
+    escaped = re.sub(r'(["\\`])', r"\\\1", token)
+    escaped = re.sub(r"\$(?!\{[A-Za-z_][A-Za-z0-9_]*\})", r"\\$", escaped)
+    return '"' + escaped + '"'
 
 
 def shell_word(token: str) -> str:
