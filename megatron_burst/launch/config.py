@@ -23,10 +23,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..cp_layout import BACKWARD_MODES
-from .config_values import BOUNDS, VARIABLE, ConfigError, check_text
+from .config_file import read_config_yaml
+from .config_values import BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text
+from .owned_flags import check_megatron_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,36 +217,19 @@ CHOICES: dict[str, tuple[str, ...]] = {
 def load_config(path: str | os.PathLike) -> Config:
     """Read and check a YAML config file (variables are left unexpanded)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(_read_config_file(path))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: "
-                          f"{getattr(e, 'problem', None) or e}") from None
+    raw = read_config_yaml(path)
     try:
         return config_from_dict(raw)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _read_config_file(path: Path) -> str:
-    """The file's text; a directory, a missing file or an unreadable one is a ConfigError."""
-    if path.is_dir():
-        examples = sorted(path.glob("*.yaml"))
-        hint = f", e.g. {examples[0]}" if examples else ""
-        raise ConfigError(f"{path}: is a directory; give one YAML config file{hint}")
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read it ({e})") from None
-
-
 def config_from_dict(raw: Any) -> Config:
-    """Build a Config from parsed YAML, failing on unknown keys, bad types and choices."""
-    return _build(Config, raw, "")
+    """Build a Config from parsed YAML, failing on unknown keys, bad types and choices, and
+    on megatron_args that would set again what the config's keys decide."""
+    cfg = _build(Config, raw, "")
+    check_megatron_args(cfg.megatron_args)
+    return cfg
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:
@@ -302,6 +285,8 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"'{key}' must be a string, got {value!r}")
         check_text(value, key)
+        if key in TEXT_RULES:
+            TEXT_RULES[key](value, key)
     if key in CHOICES and value not in CHOICES[key]:
         raise ConfigError(f"'{key}' must be one of {', '.join(CHOICES[key])}; got {value!r}")
     if key in BOUNDS and not BOUNDS[key].admits(value):

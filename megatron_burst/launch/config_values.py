@@ -97,3 +97,24 @@ def check_text(value: str, key: str) -> str:
     if "$" in VARIABLE.sub("", value):
         raise ConfigError(f"'{key}': a '$' outside a ${{NAME}} variable in {value!r}")
     return value
+
+
+# Megatron reads data.split as up to three weights (train, validation, test), normalised to
+# their sum; it finds numbers with a regular expression and would take "abc" for no weights
+# at all, then fail at start-up dividing by zero. Held here to the format it documents.
+SPLIT_WEIGHT = r"\s*(\d+(\.\d*)?|\.\d+)\s*"
+SPLIT = re.compile(rf"{SPLIT_WEIGHT}([,/]{SPLIT_WEIGHT}){{0,2}}")
+
+
+def check_split(value: str, key: str) -> None:
+    """'data.split': 1 to 3 non-negative weights separated by ',' or '/', training's above 0."""
+    if not SPLIT.fullmatch(value):
+        raise ConfigError(f"'{key}' must be 1 to 3 non-negative weights for train, validation "
+                          f"and test, separated by ',' or '/' (e.g. \"969,30,1\"); got {value!r}")
+    if float(re.split(r"[,/]", value)[0]) <= 0:
+        raise ConfigError(f"'{key}' gives training no share ({value!r}): its first weight "
+                          f"must be above 0")
+
+
+# Checks of particular text keys, beyond the rules every text follows (check_text).
+TEXT_RULES = {"data.split": check_split}

@@ -19,6 +19,12 @@ from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes
 from .units import UNITS_NOTE, format_bytes, format_count
 
 
+# Head dims PyTorch's flash and cuDNN SDPA kernels (the GPU local kernels) run: a multiple
+# of 8, at most 256. Anything else would fail at the first attention call, after queueing.
+HEAD_DIM_MULTIPLE = 8
+MAX_HEAD_DIM = 256
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"'{key}': {message}")
@@ -50,6 +56,12 @@ def validate(cfg: Config) -> list[str]:
     # Model shape against the parallel sizes.
     _require(m.hidden_size % m.num_attention_heads == 0, "model.num_attention_heads",
              f"{m.num_attention_heads} does not divide hidden_size {m.hidden_size}")
+    if c.gpu != "cpu":  # the CPU kernel takes any head dim
+        d = m.hidden_size // m.num_attention_heads
+        _require(d % HEAD_DIM_MULTIPLE == 0 and d <= MAX_HEAD_DIM, "model.num_attention_heads",
+                 f"head dim hidden_size / num_attention_heads = {m.hidden_size} / "
+                 f"{m.num_attention_heads} = {d}: PyTorch's flash and cuDNN attention kernels "
+                 f"take a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}")
     _require(m.num_attention_heads % m.num_query_groups == 0, "model.num_query_groups",
              f"{m.num_query_groups} does not divide num_attention_heads "
              f"{m.num_attention_heads}")
