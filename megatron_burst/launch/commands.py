@@ -10,21 +10,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .config import Config, load_config, with_nodes
+from .config import Config, load_config, resize_note, with_nodes
 
 
-def load_for_command(args: argparse.Namespace) -> Config:
-    """The config of ``args.config``, resized to ``--nodes`` where the command takes it."""
+def load_for_command(args: argparse.Namespace) -> tuple[Config, list[str]]:
+    """The config of ``args.config``, resized to ``--nodes`` where the command takes it, and
+    a note saying what that changed (none if nothing did)."""
     cfg = load_config(args.config)
-    if getattr(args, "nodes", None) is not None:
-        cfg = with_nodes(cfg, args.nodes)
-    return cfg
+    if getattr(args, "nodes", None) is None:
+        return cfg, []
+    resized = with_nodes(cfg, args.nodes)
+    note = resize_note(cfg, resized)
+    return resized, [note] if note else []
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .plan import make_plan
 
-    print(make_plan(load_for_command(args)))
+    cfg, notes = load_for_command(args)
+    print(make_plan(cfg, notes))
     return 0
 
 
@@ -32,8 +36,10 @@ def cmd_flags(args: argparse.Namespace) -> int:
     from .flags import format_flags, megatron_flags
     from .plan import validate
 
-    cfg = load_for_command(args)
+    cfg, notes = load_for_command(args)
     validate(cfg)
+    for note in notes:  # on stderr: stdout stays a command to paste
+        print(f"note: {note}", file=sys.stderr)
     print(format_flags(megatron_flags(cfg, expand=not args.keep_vars)))
     return 0
 
@@ -42,8 +48,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     from .plan import validate
     from .slurm import sbatch_script
 
-    cfg = load_for_command(args)
+    cfg, notes = load_for_command(args)
     validate(cfg)
+    for note in notes:
+        print(f"note: {note}")
     text = sbatch_script(cfg, args.config, partition=args.partition, time=args.time,
                          account=args.account, job_name=args.job_name)
     out = Path(args.output or f"{Path(args.config).stem}-{cfg.cluster.nodes}n.sbatch")

@@ -25,43 +25,9 @@ from typing import Any
 
 from ..cp_layout import BACKWARD_MODES
 from .config_file import read_config_yaml
+from .hardware import HARDWARE, Hardware
 from .config_values import BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text
 from .owned_flags import check_megatron_args
-
-
-@dataclasses.dataclass(frozen=True)
-class Hardware:
-    """What the planner needs to know about one accelerator and its links."""
-
-    memory_gib: float
-    # Memory no tensor can use: CUDA context, NCCL buffers, allocator fragmentation.
-    reserved_gib: float
-    # Achieved fwd+bwd rate of the local attention kernel (TFLOP/s), not the datasheet peak.
-    attention_tflops: float
-    # Point-to-point bandwidth per direction between ring neighbours (GB/s).
-    intra_node_gbps: float
-    inter_node_gbps: float
-    # The time model's profile for `auto` (megatron_burst/profiles/NAME.json).
-    profile: str = "a100-ib"
-
-
-# Rates are what the kernels and links achieve, not peaks: A100 figures are FlashAttention-2
-# and NCCL p2p numbers commonly reported for DGX A100 (NVLink 3, one HDR 200 Gb/s HCA per
-# GPU); H200 figures were measured on the project's device (shared/ENVIRONMENT.md:
-# cuDNN attention fwd+bwd ~550, PyTorch flash ~325 TFLOP/s; ring p2p 100-297 GB/s).
-HARDWARE: dict[str, Hardware] = {
-    "a100-80gb": Hardware(memory_gib=80, reserved_gib=6, attention_tflops=150,
-                          intra_node_gbps=150, inter_node_gbps=20),
-    "h100-80gb": Hardware(memory_gib=80, reserved_gib=6, attention_tflops=320,
-                          intra_node_gbps=150, inter_node_gbps=40),
-    # Measured here (benchmarks/results): cuDNN causal fwd+bwd ~530 TFLOP/s on one H200;
-    # ring send/recv 151 GB/s at 64 MB per direction.
-    "h200-141gb": Hardware(memory_gib=141, reserved_gib=8, attention_tflops=530,
-                           intra_node_gbps=150, inter_node_gbps=40, profile="h200-nvlink"),
-    # CPU ranks over gloo: only used by the tiny config; numbers are order-of-magnitude.
-    "cpu": Hardware(memory_gib=4, reserved_gib=0.5, attention_tflops=0.05,
-                    intra_node_gbps=2, inter_node_gbps=1, profile="h200-nvlink"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,3 +298,18 @@ def with_nodes(cfg: Config, nodes: int) -> Config:
     return dataclasses.replace(
         cfg, cluster=dataclasses.replace(cfg.cluster, nodes=nodes),
         parallel=dataclasses.replace(p, data=world // model_parallel))
+
+
+def resize_note(before: Config, after: Config) -> str | None:
+    """What ``with_nodes`` changed, in one line (None if nothing): the data parallelism that
+    absorbed the new node count, and the microbatches per step that follow from it."""
+    if before.cluster.nodes == after.cluster.nodes:
+        return None
+    p, tr = after.parallel, after.training
+    per_step = [tr.global_batch_size // (tr.micro_batch_size * c.parallel.data)
+                for c in (before, after)]
+    return (f"--nodes {after.cluster.nodes} instead of cluster.nodes {before.cluster.nodes}: "
+            f"data parallelism {before.parallel.data} -> {p.data} ({after.cluster.world_size} "
+            f"GPUs; TP={p.tensor} CP={p.context} PP={p.pipeline} unchanged); global batch "
+            f"{tr.global_batch_size} unchanged: {per_step[0]} -> {per_step[1]} microbatch(es) "
+            f"per step on each data-parallel rank")

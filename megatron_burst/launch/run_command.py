@@ -34,7 +34,7 @@ def check_run_iters(cfg: Config, iters: int | None) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_for_command(args)
+    cfg, _ = load_for_command(args)  # `run` takes no --nodes
     validate(cfg)
     check_run_iters(cfg, args.iters)
     import torch  # only now: the checks above answer without it

@@ -9,7 +9,8 @@ from megatron_burst import cost
 from megatron_burst.launch.config import load_config
 from megatron_burst.launch.memory import (GIB, estimate_memory, estimate_stage,
                                           layer_activation_bytes, stage_params)
-from megatron_burst.launch.plan import make_plan, ring_traffic, validate
+from megatron_burst.launch.plan import make_plan, validate
+from megatron_burst.launch.plan_report import ring_traffic
 
 from tests.distributed import run_ranks
 
