@@ -3,7 +3,7 @@
     megatron-burst plan  CONFIG [--nodes N]          does it fit, what it costs, how long it takes
     megatron-burst flags CONFIG [--nodes N] [--keep-vars]   the Megatron command line
     megatron-burst run   CONFIG [--cpu] [--iters N] [--no-compare] [--dry-run]
-    megatron-burst slurm CONFIG --nodes N [--partition P] [--time T] [--account A] [-o FILE]
+    megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--account A] [-o FILE]
     megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--force]
     megatron-burst data  --sample-corpus DIR          an offline corpus, tokenizer and dataset
     megatron-burst tune  --out PROFILE.json [--nproc N] [--quick]   measure this host for 'auto'
@@ -94,15 +94,16 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
                  "Write an sbatch script: one torchrun per node under srun, c10d rendezvous, "
                  "a folder per job, save before the time limit and requeue until done.")
     p.add_argument("config", help=CONFIG_HELP)
-    p.add_argument("--nodes", type=positive_int, required=True, help=NODES_HELP)
+    p.add_argument("--nodes", type=positive_int, help=NODES_HELP + " (default cluster.nodes)")
     p.add_argument("--partition", help="SLURM partition (or a comma-separated list)")
     p.add_argument("--account", help="SLURM account to charge")
-    p.add_argument("--time", default="04:00:00",
-                   help="SLURM time limit, e.g. 04:00:00 or 2-00:00:00 (default 04:00:00)")
+    p.add_argument("--time", help="SLURM time limit, e.g. 04:00:00 or 2-00:00:00 (default: the "
+                                  "job time plan predicts, with margins; the output says how)")
     p.add_argument("--job-name", help="SLURM job name (default: the config file's name); "
                                       "letters, digits and . _ + - only")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="where to write the script (default CONFIG-<N>n.sbatch)")
+                   help="where to write the script (default runs/CONFIG-<N>n.sbatch under the "
+                        "current folder; the repository's .gitignore covers runs/)")
 
 
 def _add_data_command(sub: argparse._SubParsersAction) -> None:

@@ -46,18 +46,27 @@ def cmd_flags(args: argparse.Namespace) -> int:
 
 def cmd_slurm(args: argparse.Namespace) -> int:
     from .plan import validate
-    from .slurm import sbatch_script
+    from .slurm import predicted_time_limit, sbatch_script
 
     cfg, notes = load_for_command(args)
     validate(cfg)
-    for note in notes:
-        print(f"note: {note}")
-    text = sbatch_script(cfg, args.config, partition=args.partition, time=args.time,
+    time = args.time
+    if time is None:
+        predicted = predicted_time_limit(cfg)
+        time, notes = predicted.limit, [*notes, predicted.explanation]
+    text = sbatch_script(cfg, args.config, partition=args.partition, time=time,
                          account=args.account, job_name=args.job_name)
-    out = Path(args.output or f"{Path(args.config).stem}-{cfg.cluster.nodes}n.sbatch")
+    if args.output:
+        out, where = Path(args.output), ""
+    else:  # never beside the sources: runs/ is where jobs write, and git ignores it
+        out = Path("runs") / f"{Path(args.config).stem}-{cfg.cluster.nodes}n.sbatch"
+        where = " (the default place, under the current folder; -o FILE to choose)"
+        out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     out.chmod(0o755)
-    print(f"wrote {out}: sbatch {out}")
+    for note in notes:
+        print(f"note: {note}")
+    print(f"wrote {out}{where}: sbatch {out}")
     return 0
 
 

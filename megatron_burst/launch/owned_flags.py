@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from .config_values import ConfigError
 
-FIXED = "set by megatron-burst for the BurstAttention layer spec; a config cannot change it"
+FIXED = "is set by megatron-burst for the BurstAttention layer spec; a config cannot change it"
 
-# flag -> the config key that decides it (or why nothing may change it).
+# flag -> the config key that decides it, or (starting "is ") why nothing may change it.
 OWNED_FLAGS: dict[str, str] = {
     # Model shape.
     "--num-layers": "model.num_layers",
@@ -79,7 +79,7 @@ OWNED_FLAGS: dict[str, str] = {
     # What the burst layer needs, whatever the config says.
     "--spec": FIXED,
     "--transformer-impl": FIXED,
-    "--attention-dropout": "nothing: BurstAttention runs without attention dropout (0.0)",
+    "--attention-dropout": "is fixed at 0.0: BurstAttention runs without attention dropout",
     "--hidden-dropout": FIXED,
     "--disable-bias-linear": FIXED,
     "--no-gradient-accumulation-fusion": FIXED,
@@ -106,7 +106,8 @@ def owner_of(flag: str) -> str | None:
 
 def check_megatron_args(args: list[str], owned: dict[str, str] | None = None,
                         key: str = "megatron_args") -> None:
-    """Refuse any entry of ``args`` that sets a flag a config key (or ``owned``) decides.
+    """Refuse any entry of ``args`` that sets a flag a config key decides, or one of
+    ``owned`` (flag -> why, starting "is ": what a caller such as `slurm` sets itself).
 
     Both ``--flag value`` and ``--flag=value`` are caught; the error names the entry and the
     key to set instead.
@@ -116,7 +117,9 @@ def check_megatron_args(args: list[str], owned: dict[str, str] | None = None,
             continue
         flag = word.split("=", 1)[0]
         owner = (owned or {}).get(flag) or owner_of(flag)
-        if owner is not None:
-            instead = owner if owner.startswith(("set by", "nothing")) else f"set {owner}"
-            raise ConfigError(f"'{key}[{index}]': {flag} is what the plan decides; {instead} "
-                              f"instead of passing it in megatron_args")
+        if owner is None:
+            continue
+        if owner.startswith("is "):
+            raise ConfigError(f"'{key}[{index}]': {flag} {owner}")
+        raise ConfigError(f"'{key}[{index}]': {flag} is what the plan decides; set {owner} "
+                          f"instead of passing it in megatron_args")

@@ -18,18 +18,65 @@ refused everywhere, naming the key or option.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import shlex
 from pathlib import Path
 
 from .config import Config, variables
 from .config_values import control_character
-from .environment import TRAINING_NEEDS
+from .environment import FUSED_ADAM_IMPORTS, RESUME_WAY_OUT, TRAINING_NEEDS
 from .flags import double_quoted, megatron_flags, shell_word
+from .owned_flags import check_megatron_args
+from .step_time import format_duration, predict_step
 
 # Minutes before the SLURM time limit at which Megatron checkpoints and exits, so the save
 # finishes before SLURM kills the job (a 70B distributed checkpoint takes minutes).
 SAVE_MARGIN_MIN = 15
+# The default --time: the predicted training time, this much more for what the time model
+# leaves out, and minutes for start-up (imports, rendezvous, data indexing) and the last save.
+TIME_MARGIN = 1.2
+STARTUP_MIN = 10
+# Flags the script sets itself, after the config's: megatron_args may not set them too.
+SCRIPT_FLAGS = {
+    "--save": "is set by the sbatch script to its run folder ($RUN_ROOT/<job>-<id>/checkpoints)"
+              "; set RUN_ROOT to move it",
+    "--load": "is set by the sbatch script to its run folder, so a requeued job resumes; set "
+              "RUN_ROOT to move it",
+    "--exit-duration-in-mins": "is set by the sbatch script from --time",
+    "--tensorboard-dir": "is set by the sbatch script to its run folder's logs/tensorboard",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeLimit:
+    """A SLURM --time and how it was arrived at."""
+
+    limit: str
+    explanation: str
+
+
+def predicted_time_limit(cfg: Config) -> TimeLimit:
+    """--time from the plan's predicted job time, with margins; ValueError where no time is
+    predicted (CPU ranks)."""
+    step = predict_step(cfg)
+    if step is None:
+        raise ValueError(f"--time is required: plan predicts no step time for "
+                         f"{cfg.cluster.gpu} ranks")
+    iters = cfg.training.train_iters
+    job_s = iters * step.step_s
+    minutes = math.ceil(job_s * TIME_MARGIN / 60) + STARTUP_MIN + SAVE_MARGIN_MIN
+    minutes = math.ceil(minutes / 15) * 15
+    days, rest = divmod(minutes, 1440)
+    limit = f"{days}-{rest // 60:02d}:{rest % 60:02d}:00" if days else (
+        f"{rest // 60:02d}:{rest % 60:02d}:00")
+    return TimeLimit(limit, (
+        f"--time {limit}: plan predicts {format_duration(job_s)} for training.train_iters "
+        f"{iters:,} ({format_duration(step.step_s)} per step), +{TIME_MARGIN - 1:.0%} for what "
+        f"the time model leaves out, +{STARTUP_MIN} min start-up, +{SAVE_MARGIN_MIN} min for "
+        f"the last save; pass --time to choose (a shorter limit is fine: the job saves and "
+        f"requeues itself until done)"))
 
 
 # What SLURM reads after "#SBATCH --option=": no quoting is possible there, so the values
@@ -99,15 +146,41 @@ def _flag_lines(flags: list[str]) -> list[str]:
     return lines
 
 
+def _resume_check(cfg: Config, config_path: str) -> list[str]:
+    """Lines that stop the job before training if a requeue could not resume it."""
+    if not cfg.training.distributed_optimizer:
+        return []
+    imports = " || ".join(f"python3 -c {shlex.quote(f'from {module} import FusedAdam')} "
+                          f"2>/dev/null" for module, _ in FUSED_ADAM_IMPORTS)
+    message = (f"error: a requeued job resumes with --use-distributed-optimizer, which needs "
+               f"TransformerEngine or apex (neither imports here; with torch.optim.Adam "
+               f"megatron-core cannot load the distributed optimizer state): "
+               f"{RESUME_WAY_OUT.replace('config ', f'{config_path}: ')}, then regenerate "
+               f"this script")
+    return [
+        "",
+        "# A requeue resumes the optimizer state: with the distributed optimizer that needs",
+        "# Megatron's fused Adam (TransformerEngine or apex), checked before training starts.",
+        f"{imports} || {{",
+        f"    echo {shlex.quote(message)} >&2",
+        "    exit 2",
+        "}",
+    ]
+
+
 def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None,
-                  time: str = "04:00:00", account: str | None = None,
+                  time: str | None = None, account: str | None = None,
                   job_name: str | None = None) -> str:
     """The sbatch script text for ``cfg`` (already resized to the wanted node count).
 
-    ``job_name`` defaults to the config file's name. Raises ValueError naming the option or
-    key whose value cannot be put safely into the script.
+    ``time`` defaults to the predicted job time with margins (``predicted_time_limit``);
+    ``job_name`` to the config file's name. Raises ValueError naming the option or key whose
+    value cannot be put safely into the script, or a megatron_args flag the script sets.
     """
     c = cfg.cluster
+    check_megatron_args(cfg.megatron_args, owned=SCRIPT_FLAGS)
+    if time is None:
+        time = predicted_time_limit(cfg).limit
     one_line(config_path, f"the config path {config_path!r}")
     one_line(cfg.model.name, "'model.name'")
     if job_name is None:
@@ -154,6 +227,9 @@ def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None
         f"    echo {double_quoted('error: ' + TRAINING_NEEDS)} >&2",
         "    exit 2",
         "}",
+    ]
+    lines += _resume_check(cfg, config_path)
+    lines += [
         "",
         "# Paths the config leaves to the cluster.",
     ]

@@ -91,7 +91,7 @@ def test_readme_config_commands_run_as_written(tmp_path, monkeypatch, capsys):
     if torch.cuda.is_available():
         pytest.skip("the README's `run` line would start torchrun on this GPU host")
     (tmp_path / "configs").symlink_to(REPO / "configs")
-    monkeypatch.chdir(tmp_path)  # `slurm -o job.sbatch` writes here
+    monkeypatch.chdir(tmp_path)  # `slurm` writes runs/ here
     commands = _tested_block()
     assert [words[0] for words in commands if "=" not in words[0]] and len(commands) == 5
     for words in commands:
@@ -105,4 +105,4 @@ def test_readme_config_commands_run_as_written(tmp_path, monkeypatch, capsys):
             assert status == 2 and "'cluster.gpu'" in err
         else:
             assert status == 0, (words, err)
-    assert (tmp_path / "job.sbatch").is_file()
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["llama2-70b-128k-4n.sbatch"]
