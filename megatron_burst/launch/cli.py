@@ -1,7 +1,7 @@
 """The `megatron-burst` command: plan, flags, run, slurm, data and tune.
 
     megatron-burst plan  CONFIG [--nodes N]          does it fit, what it costs, how long it takes
-    megatron-burst flags CONFIG [--nodes N] [--keep-vars]   the Megatron command line
+    megatron-burst flags CONFIG [--nodes N] [--keep-vars] [--launcher torchrun]   the command line
     megatron-burst run   CONFIG [--cpu] [--iters N] [--no-compare] [--dry-run]
     megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--account A] [-o FILE]
     megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--force]
@@ -75,6 +75,11 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-vars", action="store_true",
                    help='print ${VARIABLES} unexpanded, in double quotes ("${DATA_PATH}"), '
                         "for the shell the command is pasted into to fill in")
+    p.add_argument("--launcher", choices=("none", "torchrun"), default="none",
+                   help="torchrun: print the whole launch line (environment, torchrun with "
+                        "--standalone, or the c10d rendezvous at ${MASTER_ADDR}:${MASTER_PORT} "
+                        "for several nodes, and the entry point) before the flags; none (the "
+                        "default): the flags only")
 
     p = _command(sub, "run", "train: torchrun on a GPU host, gloo ranks on CPU",
                  "Train a config on this host: torchrun over its GPUs, or, without CUDA (or "

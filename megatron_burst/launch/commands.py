@@ -33,14 +33,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
-    from .flags import format_flags, megatron_flags
+    from .flags import format_flags, launch_line, megatron_flags
     from .plan import validate
 
     cfg, notes = load_for_command(args)
     validate(cfg)
+    launcher = launch_line(cfg, args.launcher, Path(args.config).stem)
+    if launcher and cfg.cluster.nodes > 1:
+        notes.append(f"run the same line on each of the {cfg.cluster.nodes} nodes, with "
+                     f"MASTER_ADDR (the first node's address) and MASTER_PORT set")
     for note in notes:  # on stderr: stdout stays a command to paste
         print(f"note: {note}", file=sys.stderr)
-    print(format_flags(megatron_flags(cfg, expand=not args.keep_vars)))
+    print(format_flags([*launcher, *megatron_flags(cfg, expand=not args.keep_vars)]))
     return 0
 
 

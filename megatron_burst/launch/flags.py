@@ -17,6 +17,38 @@ from ..cp_layout import CPLayout
 from .config import VARIABLE, Config, ConfigError, expand_vars
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
+ENTRY_POINT = "megatron_burst.megatron.pretrain_gpt"
+LAUNCHERS = ("none", "torchrun")
+# Megatron requires it with TP or CP on pre-Blackwell GPUs (ordered comm kernels).
+LAUNCH_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def torchrun_words(cfg: Config, program: list[str], rdzv_id: str) -> list[str]:
+    """``program`` (torchrun, or ``python -m torch.distributed.run``) with the options that
+    start ``cfg``'s ranks on one node, up to the entry point's module.
+
+    One node: --standalone. Several: the c10d rendezvous at ${MASTER_ADDR}:${MASTER_PORT},
+    left for the shell of each node to fill in (the same command runs on every node).
+    """
+    c = cfg.cluster
+    words = [*program]
+    if c.nodes == 1:
+        words.append("--standalone")
+    else:
+        words += ["--nnodes", str(c.nodes), "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", "${MASTER_ADDR}:${MASTER_PORT}", "--rdzv-id", rdzv_id]
+    return words + ["--nproc-per-node", str(c.gpus_per_node), "-m", ENTRY_POINT]
+
+
+def launch_line(cfg: Config, launcher: str, rdzv_id: str) -> list[str]:
+    """The words before the flags for `flags --launcher`: nothing, or the environment and
+    torchrun command that start the entry point."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    if launcher == "none":
+        return []
+    return [*(f"{k}={v}" for k, v in LAUNCH_ENV.items()),
+            *torchrun_words(cfg, ["torchrun"], rdzv_id)]
 
 
 def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,

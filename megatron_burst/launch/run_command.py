@@ -10,7 +10,7 @@ import sys
 
 from .commands import load_for_command
 from .config import Config, ConfigError
-from .flags import megatron_flags
+from .flags import LAUNCH_ENV, megatron_flags, torchrun_words
 from .plan import validate
 
 
@@ -19,10 +19,9 @@ class LaunchError(ValueError):
 
 
 def torchrun_command(cfg: Config) -> list[str]:
-    """The single-node torchrun command of `run` on a GPU host."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(cfg.cluster.gpus_per_node),
-            "-m", "megatron_burst.megatron.pretrain_gpt", *megatron_flags(cfg)]
+    """The single-node torchrun command of `run` on a GPU host (this interpreter's torch)."""
+    program = [sys.executable, "-m", "torch.distributed.run"]
+    return [*torchrun_words(cfg, program, "run"), *megatron_flags(cfg)]
 
 
 def check_run_iters(cfg: Config, iters: int | None) -> None:
@@ -85,6 +84,5 @@ def _run_on_gpus(cfg: Config, args: argparse.Namespace, gpus_here: int) -> int:
     print(" ".join(shlex.quote(c) for c in command), flush=True)
     if args.dry_run:
         return 0
-    # Megatron requires it with TP or CP on pre-Blackwell GPUs (ordered comm kernels).
-    env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    env = {**os.environ, **LAUNCH_ENV}
     return subprocess.call(command, env=env)
