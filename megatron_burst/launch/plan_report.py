@@ -97,8 +97,8 @@ def _attention_lines(cfg: Config) -> list[str]:
         return out + [f"  layouts: not ranked for {cfg.cluster.gpu} ranks (the time model's "
                       f"profiles describe GPU clusters)"]
     rows = layout_rows(cfg)
-    out.append(f"  layouts of the CP group, per layer and microbatch (fwd+bwd, time model; "
-               f"* chosen, x excluded):")
+    out.append("  layouts of the CP group, per layer and microbatch (fwd+bwd, time model; "
+               "* chosen, x excluded):")
     out += [f"    {row.describe()}" for row in rows]
     tie = tie_note(rows)
     if tie:
@@ -121,7 +121,7 @@ def _step_lines(cfg: Config, step: StepTime | None) -> list[str]:
              ("TP collectives", step.tp_comm_s), ("recompute", step.recompute_s),
              ("logits", step.logits_s)]
     out = ["", f"step time (time model; {step.layers} layers on the busiest stage):",
-           f"  one microbatch: " + ", ".join(f"{name} {format_duration(s)}"
+           "  one microbatch: " + ", ".join(f"{name} {format_duration(s)}"
                                               for name, s in parts if s)
            + f" = {format_duration(step.stage_s)}"]
     bubble = (f" + pipeline fill and drain {format_duration(step.bubble_s)}"

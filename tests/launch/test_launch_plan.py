@@ -52,11 +52,11 @@ def test_parameter_count_matches_the_published_model(name, billions):
 
 
 def _count_gptmodel_params(rank: int, world: int, cfg) -> int:
-    from megatron_burst.launch import cpu_run
+    from megatron_burst.launch import cpu_rank
     from tests.megatron.cpu_llama import init_parallel
 
     init_parallel(tp=cfg.parallel.tensor, seed=1)
-    return sum(p.numel() for p in cpu_run._build_model(cfg).parameters())
+    return sum(p.numel() for p in cpu_rank.build_model(cfg).parameters())
 
 
 @pytest.mark.parametrize("tensor", [2])
