@@ -1,10 +1,15 @@
 """Launch layer: YAML configs -> validated plans, Megatron flags, CPU runs, SLURM scripts, data.
 
-`config` is the schema, `memory`, `attention_plan` and `plan` check a config fits and say
-what it costs (in `units`), `flags` turns it into Megatron's command line, `slurm` into an
-sbatch script, `cpu_run` trains it on CPU ranks (with `cpu_model`, `cpu_shims` and the
-batches of `cpu_data`), `data` and `sample_data` write Megatron's indexed datasets from JSONL
-text, `environment` says what the installed packages can run, and `cli` is the
-`megatron-burst` command over all of them. The run's context-parallel layout is
+The schema is `config` (with `config_values`, `config_file`, `hardware` and `owned_flags`:
+value rules, the YAML reader, the accelerators, and the Megatron flags the keys decide).
+`plan` checks a config can run; `plan_report` says what it costs: `memory` per GPU, the
+layouts of the CP group ranked by the time model (`layout_candidates`) and the step and job
+time built on them (`step_time`), sizes in `units`; `config_header` writes the plan's
+numbers into the shipped configs. `flags` turns a config into Megatron's command line,
+`slurm` into an sbatch script, `cpu_run` trains it on CPU ranks (each running `cpu_rank`,
+with `cpu_model`, `cpu_shims` and the batches of `cpu_data`), `data` and `sample_data` write
+Megatron's indexed datasets from JSONL text (whole or not at all: `staging`), and
+`environment` says what the installed packages can run. `cli` parses the `megatron-burst`
+command and hands it to `commands` or `run_command`. The run's context-parallel layout is
 `megatron_burst.cp_layout.CPLayout.from_run_config(cfg)`, read by all of them.
 """

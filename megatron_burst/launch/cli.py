@@ -1,37 +1,33 @@
 """The `megatron-burst` command: plan, flags, run, slurm, data and tune.
 
-    megatron-burst plan  CONFIG [--nodes N]          check it fits; memory and ring traffic
-    megatron-burst flags CONFIG [--nodes N] [--keep-vars]   the Megatron command line
+    megatron-burst plan  CONFIG [--nodes N]          does it fit, what it costs, how long it takes
+    megatron-burst flags CONFIG [--nodes N] [--keep-vars] [--launcher torchrun]   the command line
     megatron-burst run   CONFIG [--cpu] [--iters N] [--no-compare] [--dry-run]
-    megatron-burst slurm CONFIG --nodes N [--partition P] [--time T] [--account A] [-o FILE]
-    megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--json-key K]
+    megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--account A] [-o FILE]
+    megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--force]
     megatron-burst data  --sample-corpus DIR          an offline corpus, tokenizer and dataset
     megatron-burst tune  --out PROFILE.json [--nproc N] [--quick]   measure this host for 'auto'
 
 Every error, in a config or on the command line, is one line on stderr naming the key or
 the argument, with exit status 2; nothing is launched.
+
+This module only parses: the commands live in ``commands`` and ``run_command`` and are
+imported once the arguments are known, so `--help`, a bare call and a usage error answer at
+once, and torch is imported only by the commands that run something (run, data, tune).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import subprocess
 import sys
-from pathlib import Path
 from typing import NoReturn
-
-from .config import Config, ConfigError, load_config, with_nodes
-from .flags import format_flags, megatron_flags
-from .plan import make_plan, validate
 
 # What a shell reports for a process that SIGPIPE ended (128 + 13), so a `set -o pipefail`
 # script sees from `megatron-burst flags ... | head` what it would see from `cat ... | head`.
 BROKEN_PIPE_STATUS = 141
-
-
-class LaunchError(ValueError):
-    """This host or environment cannot run the command; the message says what is missing."""
+CONFIG_HELP = "a YAML run config, e.g. configs/llama3-8b-128k.yaml (docs/configs.md lists the keys)"
+NODES_HELP = ("plan for this many nodes instead of cluster.nodes; data parallelism absorbs the "
+              "change (the output says what changed)")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,128 +48,43 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _load(args: argparse.Namespace) -> Config:
-    cfg = load_config(args.config)
-    if getattr(args, "nodes", None) is not None:
-        cfg = with_nodes(cfg, args.nodes)
-    return cfg
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    print(make_plan(_load(args)))
-    return 0
-
-
-def cmd_flags(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    validate(cfg)
-    print(format_flags(megatron_flags(cfg, expand=not args.keep_vars)))
-    return 0
-
-
-def torchrun_command(cfg: Config) -> list[str]:
-    """The single-node torchrun command of `run` on a GPU host."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(cfg.cluster.gpus_per_node),
-            "-m", "megatron_burst.megatron.pretrain_gpt", *megatron_flags(cfg)]
-
-
-def check_run_iters(cfg: Config, iters: int | None) -> None:
-    """``run --iters N`` replaces train_iters, so it must outlast the warmup as that must."""
-    warmup = cfg.training.lr_warmup_iters
-    if iters is not None and iters <= warmup:
-        raise LaunchError(f"--iters {iters} must be more than training.lr_warmup_iters = "
-                          f"{warmup} (Megatron's scheduler refuses a run that ends in warmup)")
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    validate(cfg)
-    check_run_iters(cfg, args.iters)
-    import torch
-
-    if args.cpu or not torch.cuda.is_available():
-        return _run_on_cpu(cfg, args)
-    return _run_on_gpus(cfg, args, torch.cuda.device_count())
-
-
-def _run_on_cpu(cfg: Config, args: argparse.Namespace) -> int:
-    """Gloo ranks on this host; --dry-run makes every check the real run makes first."""
-    from .cpu_data import open_batch_source
-    from .cpu_run import check_cpu_config, describe_cpu_run, run_cpu
-
-    tokenizer = check_cpu_config(cfg)
-    if args.dry_run:
-        source = open_batch_source(cfg)  # what each rank opens, with the checks it makes
-        print(f"would run: {describe_cpu_run(cfg, args.iters, tokenizer)}; "
-              f"data: {source.describe()}")
-        return 0
-    run_cpu(cfg, iters=args.iters, compare=not args.no_compare)
-    return 0
-
-
-def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:
-    """Raise naming the key or requirement if `run` cannot start ``cfg`` on this GPU host."""
-    from .environment import training_entry_point_problem
-
-    c = cfg.cluster
-    if c.nodes > 1:
-        raise ConfigError(f"'cluster.nodes' is {c.nodes}: `run` starts one node; use "
-                          f"`megatron-burst slurm {config_path} --nodes {c.nodes}` for a "
-                          f"multi-node job")
-    if c.gpus_per_node > gpus_here:
-        raise ConfigError(f"'cluster.gpus_per_node' is {c.gpus_per_node}, but this host has "
-                          f"{gpus_here} GPU(s)")
-    problem = training_entry_point_problem()
-    if problem:
-        raise LaunchError(problem)
-
-
-def _run_on_gpus(cfg: Config, args: argparse.Namespace, gpus_here: int) -> int:
-    """torchrun on this host; --dry-run makes the same checks, then prints the command."""
-    check_gpu_host(cfg, args.config, gpus_here)
-    command = torchrun_command(cfg)
-    if args.iters is not None:
-        command += ["--train-iters", str(args.iters)]
-    print(" ".join(shlex.quote(c) for c in command), flush=True)
-    if args.dry_run:
-        return 0
-    # Megatron requires it with TP or CP on pre-Blackwell GPUs (ordered comm kernels).
-    env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    return subprocess.call(command, env=env)
-
-
-def cmd_slurm(args: argparse.Namespace) -> int:
-    from .slurm import sbatch_script
-
-    cfg = _load(args)
-    validate(cfg)
-    text = sbatch_script(cfg, args.config, partition=args.partition, time=args.time,
-                         account=args.account)
-    out = Path(args.output or f"{Path(args.config).stem}-{cfg.cluster.nodes}n.sbatch")
-    out.write_text(text)
-    out.chmod(0o755)
-    print(f"wrote {out}: sbatch {out}")
-    return 0
+def _command(sub: argparse._SubParsersAction, name: str, summary: str,
+             description: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=summary, description=description)
+    parser.set_defaults(command_name=name)
+    return parser
 
 
 def _add_config_commands(sub: argparse._SubParsersAction) -> None:
     """plan, flags, run and slurm: the commands that read a YAML config."""
-    p = sub.add_parser("plan", help="validate a config; print memory and ring traffic")
-    p.add_argument("config")
-    p.add_argument("--nodes", type=positive_int, help="plan for this many nodes (DP absorbs it)")
-    p.set_defaults(func=cmd_plan)
+    p = _command(sub, "plan", "check a config fits; memory, ring traffic, step and job time",
+                 "Check that a config can run (sizes that divide, memory per GPU), and print "
+                 "what it costs: memory per GPU, the ring's traffic, the context-parallel "
+                 "layouts the time model considered (and those the config excludes, with why), "
+                 "the predicted step time, tokens/s per GPU, MFU and the time to train "
+                 "training.train_iters iterations.")
+    p.add_argument("config", help=CONFIG_HELP)
+    p.add_argument("--nodes", type=positive_int, help=NODES_HELP)
 
-    p = sub.add_parser("flags", help="print the Megatron command-line flags")
-    p.add_argument("config")
-    p.add_argument("--nodes", type=positive_int)
+    p = _command(sub, "flags", "print the Megatron command-line flags (or a whole launch line)",
+                 "Print the flags of `python -m megatron_burst.megatron.pretrain_gpt` for a "
+                 "config, one per line, ready to paste; ${VARIABLES} are expanded from the "
+                 "environment unless --keep-vars.")
+    p.add_argument("config", help=CONFIG_HELP)
+    p.add_argument("--nodes", type=positive_int, help=NODES_HELP)
     p.add_argument("--keep-vars", action="store_true",
                    help='print ${VARIABLES} unexpanded, in double quotes ("${DATA_PATH}"), '
                         "for the shell the command is pasted into to fill in")
-    p.set_defaults(func=cmd_flags)
+    p.add_argument("--launcher", choices=("none", "torchrun"), default="none",
+                   help="torchrun: print the whole launch line (environment, torchrun with "
+                        "--standalone, or the c10d rendezvous at ${MASTER_ADDR}:${MASTER_PORT} "
+                        "for several nodes, and the entry point) before the flags; none (the "
+                        "default): the flags only")
 
-    p = sub.add_parser("run", help="train: torchrun on a GPU host, gloo ranks on CPU")
-    p.add_argument("config")
+    p = _command(sub, "run", "train: torchrun on a GPU host, gloo ranks on CPU",
+                 "Train a config on this host: torchrun over its GPUs, or, without CUDA (or "
+                 "with --cpu), on CPU gloo ranks followed by a CP=1 reference run.")
+    p.add_argument("config", help=CONFIG_HELP)
     p.add_argument("--cpu", action="store_true",
                    help="train on CPU gloo ranks even where CUDA exists (a config for cpu)")
     p.add_argument("--iters", type=positive_int,
@@ -183,51 +94,30 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
                    help="CPU: skip the CP=1 reference run")
     p.add_argument("--dry-run", action="store_true",
                    help="make every check the run makes, print what would run, start nothing")
-    p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("slurm", help="write an sbatch script")
-    p.add_argument("config")
-    p.add_argument("--nodes", type=positive_int, required=True)
-    p.add_argument("--partition")
-    p.add_argument("--account")
-    p.add_argument("--time", default="04:00:00", help="SLURM time limit (default 04:00:00)")
-    p.add_argument("-o", "--output", help="script path (default CONFIG-<N>n.sbatch)")
-    p.set_defaults(func=cmd_slurm)
-
-
-def cmd_data(args: argparse.Namespace) -> int:
-    from .data import DataError, tokenize_jsonl
-
-    if args.sample_corpus is not None:
-        from .sample_data import DEFAULT_VOCAB_SIZE, write_sample
-
-        given = [name for name, value in (("CORPUS", args.corpus), ("--tokenizer", args.tokenizer),
-                                          ("--output-prefix", args.output_prefix)) if value]
-        if given:
-            raise DataError(f"--sample-corpus makes its own corpus, tokenizer and prefix; "
-                            f"drop {', '.join(given)}")
-        print(write_sample(args.sample_corpus, args.vocab_size or DEFAULT_VOCAB_SIZE).describe())
-        return 0
-    if args.vocab_size is not None:
-        raise DataError("--vocab-size sizes the tokenizer --sample-corpus trains; a corpus of "
-                        "your own takes the vocabulary of --tokenizer")
-    for name, value in (("CORPUS", args.corpus), ("--tokenizer", args.tokenizer),
-                        ("--output-prefix", args.output_prefix)):
-        if not value:
-            raise DataError(f"{name} is required (or use --sample-corpus DIR for the "
-                            f"offline sample)")
-    print(tokenize_jsonl(args.corpus, args.tokenizer, args.output_prefix,
-                         args.json_key).describe())
-    return 0
+    p = _command(sub, "slurm", "write an sbatch script for a multi-node job",
+                 "Write an sbatch script: one torchrun per node under srun, c10d rendezvous, "
+                 "a folder per job, save before the time limit and requeue until done.")
+    p.add_argument("config", help=CONFIG_HELP)
+    p.add_argument("--nodes", type=positive_int, help=NODES_HELP + " (default cluster.nodes)")
+    p.add_argument("--partition", help="SLURM partition (or a comma-separated list)")
+    p.add_argument("--account", help="SLURM account to charge")
+    p.add_argument("--time", help="SLURM time limit, e.g. 04:00:00 or 2-00:00:00 (default: the "
+                                  "job time plan predicts, with margins; the output says how)")
+    p.add_argument("--job-name", help="SLURM job name (default: the config file's name); "
+                                      "letters, digits and . _ + - only")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write the script (default runs/CONFIG-<N>n.sbatch under the "
+                        "current folder; the repository's .gitignore covers runs/)")
 
 
 def _add_data_command(sub: argparse._SubParsersAction) -> None:
     """data: a JSONL corpus to Megatron's indexed dataset, or the offline sample."""
-    p = sub.add_parser("data", help="tokenize a JSONL corpus into Megatron's .bin/.idx files",
-                       description="Tokenize a JSONL corpus (one JSON object per line) into "
-                                   "Megatron's indexed dataset PREFIX.bin/PREFIX.idx, one "
-                                   "document per line with the tokenizer's EOD after each; or, "
-                                   "with --sample-corpus, make an offline sample to train on.")
+    p = _command(sub, "data", "tokenize a JSONL corpus into Megatron's .bin/.idx files",
+                 "Tokenize a JSONL corpus (one JSON object per line) into Megatron's indexed "
+                 "dataset PREFIX.bin/PREFIX.idx, one document per line with the tokenizer's "
+                 "EOD after each; or, with --sample-corpus, make an offline sample to train on. "
+                 "Outputs are written under temporary names and renamed when complete.")
     p.add_argument("corpus", nargs="?", metavar="CORPUS", help="a .jsonl file")
     p.add_argument("--tokenizer", metavar="PATH",
                    help="a local Hugging Face tokenizer: a folder with tokenizer.json and "
@@ -242,42 +132,31 @@ def _add_data_command(sub: argparse._SubParsersAction) -> None:
                         "DIR/text_document.bin/.idx; no network needed")
     p.add_argument("--vocab-size", type=positive_int,
                    help="--sample-corpus: tokens in the BPE vocabulary (default 1024)")
-    p.set_defaults(func=cmd_data)
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    """Measure this host with `megatron_burst.tune` on its GPUs (or on CPU gloo ranks)."""
-    import torch
-
-    nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), "-m", "megatron_burst.tune", "--out", args.out]
-    if args.quick:
-        command.append("--quick")
-    print(" ".join(shlex.quote(c) for c in command), flush=True)
-    env = {**os.environ, "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
-    return subprocess.call(command, env=env)
+    p.add_argument("--force", action="store_true",
+                   help="replace outputs that exist already (they stay as they were until the "
+                        "new ones are complete)")
 
 
 def _add_tune_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "tune", help="measure links, kernels and overheads into a profile for 'auto'",
-        description="Measure this host's links, attention kernel and host overheads (under a "
-                    "minute on GPUs) into a profile the time model reads (config "
-                    "cluster.profile, --burst-profile, or $MEGATRON_BURST_PROFILE). For "
-                    "several nodes run `srun ... torchrun --nnodes N ... -m megatron_burst.tune "
-                    "--out FILE` instead: that measures the inter-node link too.")
+    p = _command(sub, "tune", "measure links, kernels and overheads into a profile for 'auto'",
+                 "Measure this host's links, attention kernel and host overheads (under a "
+                 "minute on GPUs) into a profile the time model reads (config "
+                 "cluster.profile, --burst-profile, or $MEGATRON_BURST_PROFILE). For "
+                 "several nodes run `srun ... torchrun --nnodes N ... -m megatron_burst.tune "
+                 "--out FILE` instead: that measures the inter-node link too.")
     p.add_argument("--out", required=True, help="the profile to write (JSON)")
     p.add_argument("--nproc", type=positive_int,
                    help="ranks to measure with (default: every GPU, or 2 CPU ranks)")
     p.add_argument("--quick", action="store_true", help="fewer repeats")
-    p.set_defaults(func=cmd_tune)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree of the six subcommands."""
-    parser = OneLineParser(prog="megatron-burst", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The argparse tree of the six commands."""
+    parser = OneLineParser(
+        prog="megatron-burst", description=__doc__.split("\n")[0],
+        epilog="`megatron-burst COMMAND --help` describes a command's options. Every error is "
+               "one line naming the key or argument, with exit status 2.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_config_commands(sub)
     _add_data_command(sub)
     _add_tune_command(sub)
@@ -294,14 +173,27 @@ def _silence_stdout() -> None:
         pass
 
 
+def _run_command(args: argparse.Namespace) -> int:
+    """Import the command's module (only now) and run it."""
+    if args.command_name == "run":
+        from .run_command import cmd_run
+        return cmd_run(args)
+    from . import commands
+    return getattr(commands, f"cmd_{args.command_name}")(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `megatron-burst` console script; returns the exit status."""
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as e:  # a usage error (already printed, one line) or --help
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    if args.command is None:  # a bare `megatron-burst`: say what it can do
+        parser.print_help()
+        return 0
     try:
-        status = args.func(args)
+        status = _run_command(args)
         sys.stdout.flush()  # a reader that went away (`| head`) shows up here, not at exit
         return status
     except BrokenPipeError:

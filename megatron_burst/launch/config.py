@@ -16,7 +16,6 @@ memory fits) is checked by ``plan.validate``, not here: this file knows shapes, 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import types
@@ -24,48 +23,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..cp_layout import BACKWARD_MODES
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the offending key."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Hardware:
-    """What the planner needs to know about one accelerator and its links."""
-
-    memory_gib: float
-    # Memory no tensor can use: CUDA context, NCCL buffers, allocator fragmentation.
-    reserved_gib: float
-    # Achieved fwd+bwd rate of the local attention kernel (TFLOP/s), not the datasheet peak.
-    attention_tflops: float
-    # Point-to-point bandwidth per direction between ring neighbours (GB/s).
-    intra_node_gbps: float
-    inter_node_gbps: float
-    # The time model's profile for `auto` (megatron_burst/profiles/NAME.json).
-    profile: str = "a100-ib"
-
-
-# Rates are what the kernels and links achieve, not peaks: A100 figures are FlashAttention-2
-# and NCCL p2p numbers commonly reported for DGX A100 (NVLink 3, one HDR 200 Gb/s HCA per
-# GPU); H200 figures were measured on the project's device (shared/ENVIRONMENT.md:
-# cuDNN attention fwd+bwd ~550, PyTorch flash ~325 TFLOP/s; ring p2p 100-297 GB/s).
-HARDWARE: dict[str, Hardware] = {
-    "a100-80gb": Hardware(memory_gib=80, reserved_gib=6, attention_tflops=150,
-                          intra_node_gbps=150, inter_node_gbps=20),
-    "h100-80gb": Hardware(memory_gib=80, reserved_gib=6, attention_tflops=320,
-                          intra_node_gbps=150, inter_node_gbps=40),
-    # Measured here (benchmarks/results): cuDNN causal fwd+bwd ~530 TFLOP/s on one H200;
-    # ring send/recv 151 GB/s at 64 MB per direction.
-    "h200-141gb": Hardware(memory_gib=141, reserved_gib=8, attention_tflops=530,
-                           intra_node_gbps=150, inter_node_gbps=40, profile="h200-nvlink"),
-    # CPU ranks over gloo: only used by the tiny config; numbers are order-of-magnitude.
-    "cpu": Hardware(memory_gib=4, reserved_gib=0.5, attention_tflops=0.05,
-                    intra_node_gbps=2, inter_node_gbps=1, profile="h200-nvlink"),
-}
+from .config_file import read_config_yaml
+from .hardware import HARDWARE, Hardware
+from .config_values import BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text
+from .owned_flags import check_megatron_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,97 +178,24 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 
 
-@dataclasses.dataclass(frozen=True)
-class Bound:
-    """The range a number in the config may take: from ``low`` up to ``high``.
-
-    ``low_open``/``high_open`` exclude the end itself, so (0, inf) is "greater than 0".
-    """
-
-    low: float
-    low_open: bool = False
-    high: float = math.inf
-    high_open: bool = True
-
-    def admits(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def describe(self) -> str:
-        if self.high == math.inf:
-            return f"{'greater than' if self.low_open else 'at least'} {self.low:g}"
-        return (f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-                f"{')' if self.high_open else ']'}")
-
-
-COUNT = Bound(1)  # sizes, counts, parallel degrees, intervals
-NON_NEGATIVE = Bound(0)  # where 0 means "none" or "off": min_lr, warmup, clip_grad, eval_iters
-POSITIVE = Bound(0, low_open=True)  # scales that 0 would break: lr, epsilon, init std
-MOMENT_DECAY = Bound(0, high=1)  # Adam's betas: 1 would never forget, above 1 diverges
-
-# Every int and float field of the schema has a range here (a test checks that none is
-# missing): a value outside it fails at load time, naming the key.
-BOUNDS: dict[str, Bound] = {
-    **{f"model.{name}": COUNT for name in (
-        "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-        "num_query_groups", "vocab_size", "seq_length", "max_position_embeddings",
-        "rotary_base", "make_vocab_size_divisible_by")},
-    "model.norm_epsilon": POSITIVE,
-    "model.init_method_std": POSITIVE,
-    **{f"parallel.{name}": COUNT for name in ("tensor", "context", "pipeline", "data")},
-    "burst.intra_node_size": COUNT,
-    "burst.ulysses_size": COUNT,
-    "cluster.nodes": COUNT,
-    "cluster.gpus_per_node": COUNT,
-    **{f"training.{name}": COUNT for name in (
-        "micro_batch_size", "global_batch_size", "train_iters", "recompute_num_layers",
-        "log_interval", "save_interval", "eval_interval")},
-    **{f"training.{name}": NON_NEGATIVE for name in (
-        "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eval_iters",
-        # numpy, which Megatron seeds too, takes seeds in [0, 2**32).
-        "seed")},
-    "training.lr": POSITIVE,
-    "training.adam_beta1": MOMENT_DECAY,
-    "training.adam_beta2": MOMENT_DECAY,
-}
-
-VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def load_config(path: str | os.PathLike) -> Config:
     """Read and check a YAML config file (variables are left unexpanded)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(_read_config_file(path))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: "
-                          f"{getattr(e, 'problem', None) or e}") from None
+    raw = read_config_yaml(path)
     try:
         return config_from_dict(raw)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _read_config_file(path: Path) -> str:
-    """The file's text; a directory, a missing file or an unreadable one is a ConfigError."""
-    if path.is_dir():
-        examples = sorted(path.glob("*.yaml"))
-        hint = f", e.g. {examples[0]}" if examples else ""
-        raise ConfigError(f"{path}: is a directory; give one YAML config file{hint}")
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read it ({e})") from None
-
-
 def config_from_dict(raw: Any) -> Config:
-    """Build a Config from parsed YAML, failing on unknown keys, bad types and choices."""
-    return _build(Config, raw, "")
+    """Build a Config from parsed YAML, failing on unknown keys, bad types and choices, and
+    on megatron_args that would set again what the config's keys decide."""
+    cfg = _build(Config, raw, "")
+    check_megatron_args(cfg.megatron_args)
+    return cfg
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:
@@ -361,8 +250,9 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"'{key}' must be a string, got {value!r}")
-        if "$" in VARIABLE.sub("", value):
-            raise ConfigError(f"'{key}': a '$' outside a ${{NAME}} variable in {value!r}")
+        check_text(value, key)
+        if key in TEXT_RULES:
+            TEXT_RULES[key](value, key)
     if key in CHOICES and value not in CHOICES[key]:
         raise ConfigError(f"'{key}' must be one of {', '.join(CHOICES[key])}; got {value!r}")
     if key in BOUNDS and not BOUNDS[key].admits(value):
@@ -408,3 +298,18 @@ def with_nodes(cfg: Config, nodes: int) -> Config:
     return dataclasses.replace(
         cfg, cluster=dataclasses.replace(cfg.cluster, nodes=nodes),
         parallel=dataclasses.replace(p, data=world // model_parallel))
+
+
+def resize_note(before: Config, after: Config) -> str | None:
+    """What ``with_nodes`` changed, in one line (None if nothing): the data parallelism that
+    absorbed the new node count, and the microbatches per step that follow from it."""
+    if before.cluster.nodes == after.cluster.nodes:
+        return None
+    p, tr = after.parallel, after.training
+    per_step = [tr.global_batch_size // (tr.micro_batch_size * c.parallel.data)
+                for c in (before, after)]
+    return (f"--nodes {after.cluster.nodes} instead of cluster.nodes {before.cluster.nodes}: "
+            f"data parallelism {before.parallel.data} -> {p.data} ({after.cluster.world_size} "
+            f"GPUs; TP={p.tensor} CP={p.context} PP={p.pipeline} unchanged); global batch "
+            f"{tr.global_batch_size} unchanged: {per_step[0]} -> {per_step[1]} microbatch(es) "
+            f"per step on each data-parallel rank")

@@ -16,6 +16,9 @@ included (a tokenizer that adds a BOS puts one at the start of every document).
 The tokenizer is read with the small `tokenizers` package from a ``tokenizer.json`` (the
 ``data`` extra), or with `transformers.AutoTokenizer` where that is installed and the folder
 holds another format. Both load from the local path only: nothing is downloaded.
+
+The two files appear together or not at all (``staging``): a run that fails or is stopped
+leaves an earlier dataset at the prefix readable, and replacing one needs ``--force``.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ import itertools
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+
+from .staging import StagedOutputs, staged_outputs
 
 ENCODE_CHUNK = 1000  # documents per tokenizer call: batched for speed, bounded for memory
 
@@ -53,11 +58,13 @@ class DatasetSummary:
     skipped_empty: int
     tokenizer: TextTokenizer
     dtype: str
+    replaced: bool = False  # an earlier dataset was at the prefix (--force)
 
     def describe(self) -> str:
         skipped = (f"; skipped {self.skipped_empty} empty document(s)"
                    if self.skipped_empty else "")
-        return (f"wrote {self.prefix}.bin and {self.prefix}.idx: {self.documents:,} documents, "
+        verb = "replaced" if self.replaced else "wrote"
+        return (f"{verb} {self.prefix}.bin and {self.prefix}.idx: {self.documents:,} documents, "
                 f"{self.tokens:,} tokens ({self.dtype}), EOD {self.tokenizer.eod_token!r} = "
                 f"{self.tokenizer.eod_id} after each document{skipped}\n"
                 f"train on it with  data.data_path: {self.prefix}  and  "
@@ -147,21 +154,42 @@ def _with_transformers(path: Path) -> TextTokenizer:
 # ---------------------------------------------------------------------------- corpus
 
 def read_jsonl(path: str | Path, key: str = "text") -> Iterator[str]:
-    """The text under ``key`` of each line of a JSONL file (blank lines skipped)."""
+    """The text under ``key`` of each line of a JSONL file (blank lines skipped).
+
+    A line that is not UTF-8 or not JSON, or lacks the key, raises DataError naming the
+    file, the line (and column) and the whole reason.
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"corpus {path}: no such file")
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    # Read bytes and decode per line: a decoding error then knows its line number.
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            where = f"corpus {path} line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                                f"{e.start + 1}: {e.reason})") from None
             if line.strip():
-                yield _text_of_line(line, key, f"corpus {path} line {number}")
+                yield _text_of_line(line, key, where)
+
+
+def _json_error(line: str, error: json.JSONDecodeError, where: str) -> DataError:
+    """The whole reason json gives, with the column, and what to do about a raw control
+    character (json's own message stops at "Invalid control character at")."""
+    reason = error.msg.removesuffix(" at")
+    if error.msg.startswith("Invalid control character") and error.pos < len(line):
+        char = line[error.pos]
+        reason += f" {char!r} inside a string (escape it, as \\u{ord(char):04x})"
+    return DataError(f"{where} column {error.colno}: not JSON: {reason}")
 
 
 def _text_of_line(line: str, key: str, where: str) -> str:
     try:
         record: Any = json.loads(line)
     except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not JSON ({e.msg})") from None
+        raise _json_error(line, e, where) from None
     if not isinstance(record, dict) or key not in record:
         raise DataError(f"{where}: no {key!r} key (choose the key with --json-key)")
     if not isinstance(record[key], str):
@@ -184,12 +212,27 @@ def check_output_prefix(prefix: str) -> None:
                         f"(it writes PREFIX.bin and PREFIX.idx)")
 
 
-def write_dataset(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str
-                  ) -> DatasetSummary:
+def dataset_files(prefix: str) -> list[Path]:
+    """The two files of the indexed dataset at ``prefix``."""
+    return [Path(prefix + ".bin"), Path(prefix + ".idx")]
+
+
+def refuse_overwrite(outputs: Iterable[Path], force: bool) -> None:
+    """Without ``force``, refuse outputs that exist already, naming the first and --force."""
+    existing = [p for p in outputs if p.exists() or p.is_symlink()]
+    if existing and not force:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise DataError(f"{existing[0]} exists{more}; pass --force to replace it")
+
+
+def write_dataset(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str, *,
+                  force: bool = False, stage: StagedOutputs | None = None) -> DatasetSummary:
     """Tokenize ``texts`` into PREFIX.bin/.idx with megatron-core's IndexedDatasetBuilder.
 
     One document per text, the tokenizer's EOD after each; texts with no tokens are skipped.
-    On an error the partial files are removed.
+    The files are written under temporary names and renamed over PREFIX.bin/.idx only when
+    both are complete (``staging``); an existing dataset needs ``force``. With ``stage`` the
+    files join that set of outputs, and its owner commits them.
     """
     from .environment import megatron_core_problem
 
@@ -197,51 +240,61 @@ def write_dataset(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str
     if problem:
         raise DataError(problem)
     check_output_prefix(prefix)
-    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return _build(texts, tokenizer, prefix)
-    except BaseException:
-        for suffix in (".bin", ".idx"):
-            Path(prefix + suffix).unlink(missing_ok=True)
-        raise
+    refuse_overwrite(dataset_files(prefix), force)
+    if stage is not None:
+        return _build(texts, tokenizer, prefix, stage)
+    with staged_outputs() as own:
+        summary = _build(texts, tokenizer, prefix, own)
+        summary = dataclasses.replace(summary, replaced=bool(own.replaced()))
+        own.commit()
+    return summary
 
 
-def _build(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str) -> DatasetSummary:
+def _build(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str,
+           stage: StagedOutputs) -> DatasetSummary:
     import warnings
 
     import torch
 
     with warnings.catch_warnings():  # megatron-core warns at import that TE and Apex are absent
         warnings.simplefilter("ignore", UserWarning)
-        from megatron.core.datasets.indexed_dataset import (DType, IndexedDatasetBuilder,
-                                                            get_bin_path, get_idx_path)
+        from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
+    bin_final, idx_final = dataset_files(prefix)
+    bin_path, idx_path = stage.file(bin_final), stage.file(idx_final)
     # uint16 below 65,500 token ids, as Megatron's preprocessing picks it.
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
-    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=dtype)
+    builder = IndexedDatasetBuilder(str(bin_path), dtype=dtype)
     documents = tokens = skipped = 0
-    for chunk in _chunks(texts, ENCODE_CHUNK):
-        for ids in tokenizer.encode_batch(chunk):
-            if not ids:
-                skipped += 1
-                continue
-            builder.add_item(torch.tensor(ids + [tokenizer.eod_id], dtype=torch.int64))
-            builder.end_document()
-            documents += 1
-            tokens += len(ids) + 1
-    builder.finalize(get_idx_path(prefix))
-    if documents == 0:
-        raise DataError(f"the corpus for {prefix} has no document with any token")
+    try:
+        for chunk in _chunks(texts, ENCODE_CHUNK):
+            for ids in tokenizer.encode_batch(chunk):
+                if not ids:
+                    skipped += 1
+                    continue
+                builder.add_item(torch.tensor(ids + [tokenizer.eod_id], dtype=torch.int64))
+                builder.end_document()
+                documents += 1
+                tokens += len(ids) + 1
+        if documents == 0:
+            raise DataError(f"the corpus for {prefix} has no document with any token")
+        builder.finalize(str(idx_path))
+    finally:
+        builder.data_file.close()  # finalize closes it too; an error must not leave it open
     return DatasetSummary(prefix, documents, tokens, skipped, tokenizer, dtype.__name__)
 
 
 def tokenize_jsonl(corpus: str | Path, tokenizer_path: str | Path, prefix: str,
-                   key: str = "text") -> DatasetSummary:
-    """`megatron-burst data CORPUS --tokenizer T --output-prefix PREFIX`."""
+                   key: str = "text", *, force: bool = False,
+                   stage: StagedOutputs | None = None) -> DatasetSummary:
+    """`megatron-burst data CORPUS --tokenizer T --output-prefix PREFIX [--force]`."""
+    check_output_prefix(prefix)
+    refuse_overwrite(dataset_files(prefix), force)  # before the tokenizer takes its time
     tokenizer = load_tokenizer(tokenizer_path)
     # Read the first line before creating any file, so a wrong key leaves nothing behind.
     texts = read_jsonl(corpus, key)
     first = next(texts, None)
     if first is None:
         raise DataError(f"corpus {corpus}: no documents")
-    return write_dataset(itertools.chain([first], texts), tokenizer, prefix)
+    return write_dataset(itertools.chain([first], texts), tokenizer, prefix, force=force,
+                         stage=stage)

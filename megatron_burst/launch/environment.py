@@ -6,6 +6,10 @@ ships in the megatron-core wheel only from 0.17 on, and those wheels declare Pyt
 on Python 3.11 pip resolves ``megatron-core`` to 0.16.1, which lacks it. Both `megatron-burst
 run` (before it starts torchrun) and the entry point itself (when the import fails) say so in
 one line, with the same words from here, instead of a bare ModuleNotFoundError from every rank.
+
+Resuming with the distributed optimizer needs Megatron's fused Adam (TransformerEngine or
+apex): ``distributed_optimizer_resume_problem`` says so before training, for the entry point,
+and the sbatch scripts make the same check with the same words.
 """
 from __future__ import annotations
 
@@ -53,3 +57,44 @@ def megatron_core_problem(purpose: str) -> str | None:
     if _importable("megatron.core"):
         return None
     return f"{purpose} needs megatron-core, which is not installed: pip install -e '.[megatron]'"
+
+
+# Megatron's optimizer is TransformerEngine's FusedAdam, else apex's, else torch's Adam; with
+# torch's, megatron-core 0.19's distributed optimizer cannot load the state it saved
+# (`assert len(steps) == 1`; `KeyError: 'step'` with --ckpt-format torch), so a requeued job
+# that resumes with --use-distributed-optimizer fails after its first allocation.
+FUSED_ADAM_IMPORTS = (("transformer_engine.pytorch.optimizers", "TransformerEngine"),
+                      ("apex.optimizers", "apex"))
+RESUME_WAY_OUT = ("install transformer-engine or apex, or train without the distributed "
+                  "optimizer (config training.distributed_optimizer: false, i.e. no "
+                  "--use-distributed-optimizer; the default --ckpt-format torch_dist then "
+                  "resumes with torch.optim.Adam)")
+
+
+def fused_adam_source() -> str | None:
+    """Which library Megatron would take its fused Adam from ('TransformerEngine', 'apex'),
+    or None (torch's Adam): the same imports, in the same order, as megatron.core.optimizer."""
+    import importlib
+
+    for module, library in FUSED_ADAM_IMPORTS:
+        try:
+            importlib.import_module(module).FusedAdam
+        except (ImportError, AttributeError):
+            continue
+        return library
+    return None
+
+
+def distributed_optimizer_resume_problem(use_distributed_optimizer: bool,
+                                         load: str | None) -> str | None:
+    """None if a run can resume its checkpoints, else one line saying why not and the way out.
+
+    For the entry point, before training: ``distributed_optimizer_resume_problem(
+    args.use_distributed_optimizer, args.load)``; a run that will load with the distributed
+    optimizer needs Megatron's fused Adam (TransformerEngine or apex).
+    """
+    if not use_distributed_optimizer or not load or fused_adam_source() is not None:
+        return None
+    return (f"--load {load} with --use-distributed-optimizer: resuming needs TransformerEngine "
+            f"or apex (neither imports here; with torch.optim.Adam megatron-core cannot load "
+            f"the distributed optimizer state); {RESUME_WAY_OUT}")

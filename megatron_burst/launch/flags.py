@@ -17,6 +17,38 @@ from ..cp_layout import RING_COMM_TYPE, CPLayout
 from .config import VARIABLE, Config, ConfigError, expand_vars
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
+ENTRY_POINT = "megatron_burst.megatron.pretrain_gpt"
+LAUNCHERS = ("none", "torchrun")
+# Megatron requires it with TP or CP on pre-Blackwell GPUs (ordered comm kernels).
+LAUNCH_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def torchrun_words(cfg: Config, program: list[str], rdzv_id: str) -> list[str]:
+    """``program`` (torchrun, or ``python -m torch.distributed.run``) with the options that
+    start ``cfg``'s ranks on one node, up to the entry point's module.
+
+    One node: --standalone. Several: the c10d rendezvous at ${MASTER_ADDR}:${MASTER_PORT},
+    left for the shell of each node to fill in (the same command runs on every node).
+    """
+    c = cfg.cluster
+    words = [*program]
+    if c.nodes == 1:
+        words.append("--standalone")
+    else:
+        words += ["--nnodes", str(c.nodes), "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", "${MASTER_ADDR}:${MASTER_PORT}", "--rdzv-id", rdzv_id]
+    return words + ["--nproc-per-node", str(c.gpus_per_node), "-m", ENTRY_POINT]
+
+
+def launch_line(cfg: Config, launcher: str, rdzv_id: str) -> list[str]:
+    """The words before the flags for `flags --launcher`: nothing, or the environment and
+    torchrun command that start the entry point."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    if launcher == "none":
+        return []
+    return [*(f"{k}={v}" for k, v in LAUNCH_ENV.items()),
+            *torchrun_words(cfg, ["torchrun"], rdzv_id)]
 
 
 def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
@@ -145,10 +177,14 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
 
 def double_quoted(token: str) -> str:
     """``token`` for bash: bare when plainly safe, else in double quotes, so that a ${VAR} in
-    it expands (the config loader refuses any other '$') and nothing else does."""
+    it expands and nothing else does: '"', '\\', '`' and any '$' that does not begin a
+    ${NAME} are escaped (the loader refuses such a '$' already; a Config built in Python
+    has not been through it)."""
     if re.fullmatch(r"[A-Za-z0-9_.:/=+@%-]+", token):
         return token
-    return '"' + re.sub(r'(["\\`])', r"\\\1", token) + '"'
+    escaped = re.sub(r'(["\\`])', r"\\\1", token)
+    escaped = re.sub(r"\$(?!\{[A-Za-z_][A-Za-z0-9_]*\})", r"\\$", escaped)
+    return '"' + escaped + '"'
 
 
 def shell_word(token: str) -> str:

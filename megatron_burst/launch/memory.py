@@ -24,7 +24,7 @@ Adam's two moments (12) sharded over the data-parallel x context-parallel group,
 the group Megatron's distributed optimizer shards over when CP > 1.
 
 Transient workspace: the layer being recomputed in backward, one layer's gradients, and
-the ring's buffers and fp32 accumulators as ``attention_plan.plan_attention`` gives them.
+the ring's buffers and fp32 accumulators (``ring_buffer_bytes``).
 
 The pipeline schedule is 1F1B: the first stage holds min(PP, microbatches) microbatches in
 flight, the last stage one microbatch plus the logits. Both stages are estimated; the plan
@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .attention_plan import attention_plan
+from ..cp_layout import CPLayout
 from .config import Config
 
 GIB = 1024 ** 3
@@ -138,7 +138,8 @@ def remat_kept_bytes(cfg: Config) -> int:
     return tokens * heads * (m.head_dim * _elem_bytes(cfg) + 4)
 
 
-def _microbatches(cfg: Config) -> int:
+def microbatches(cfg: Config) -> int:
+    """Micro-batches per step on each data-parallel rank."""
     tr, p = cfg.training, cfg.parallel
     return max(1, tr.global_batch_size // (tr.micro_batch_size * p.data))
 
@@ -164,14 +165,26 @@ def _stage_activations(cfg: Config, stage: str) -> tuple[int, int]:
         workspace = 0
     if tr.recompute == "full" and cfg.burst.remat_aware and p.context > 1:
         per_mb += layers * remat_kept_bytes(cfg)  # each layer's kept attention output
-    in_flight = min(p.pipeline, _microbatches(cfg)) if stage == "first" else 1
+    in_flight = min(p.pipeline, microbatches(cfg)) if stage == "first" else 1
     # Layer-gradient transient: one layer's input-sized gradients live at a time. The ring's
     # K/V double buffers and fp32 accumulators (the cost model's figure) live one layer at
     # a time too.
     workspace += 2 * layer_activation_bytes(cfg, "full")
     if p.context > 1:
-        workspace += attention_plan(cfg).memory_bytes
+        workspace += ring_buffer_bytes(cfg)
     return in_flight * per_mb, workspace
+
+
+def ring_buffer_bytes(cfg: Config) -> int:
+    """What one attention layer's ring holds per rank while it runs: the fp32 output and dQ
+    accumulators, the K/V double buffer, and the fp32 dK/dV accumulators in flight."""
+    layout = CPLayout.from_run_config(cfg)
+    hq, hkv = layout.ring_heads
+    d, e = layout.heads.head_dim, layout.heads.elem_bytes
+    tokens = cfg.training.micro_batch_size * cfg.model.seq_length // layout.ring_size
+    return (tokens * hq * d * 4 * 2            # fp32 out and dQ accumulators
+            + 2 * tokens * 2 * hkv * d * e     # K/V double buffer
+            + tokens * 2 * hkv * d * 4 * 2)    # dK/dV accumulators in flight
 
 
 def _logits_bytes(cfg: Config) -> int:

@@ -29,7 +29,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
-from .data import DataError, DatasetSummary, tokenize_jsonl
+from .data import (DataError, DatasetSummary, dataset_files, refuse_overwrite,
+                   tokenize_jsonl)
+from .staging import staged_outputs
 
 # Present on CPython 3.11 to 3.13 alike, pure Python or always built (no sqlite3, tkinter).
 SAMPLE_MODULES = (
@@ -131,8 +133,7 @@ def train_bpe(texts: list[str], vocab_size: int) -> Any:
 
 
 def save_hf_tokenizer(tokenizer: Any, folder: Path) -> None:
-    """A folder that transformers' AutoTokenizer (and so Megatron) loads, offline."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Fill ``folder`` so that transformers' AutoTokenizer (and so Megatron) loads it, offline."""
     tokenizer.save(str(folder / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -145,18 +146,33 @@ def save_hf_tokenizer(tokenizer: Any, folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def write_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -> SampleSummary:
-    """Corpus, tokenizer and indexed dataset under ``out_dir`` (see the module docstring)."""
+def write_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *,
+                 force: bool = False) -> SampleSummary:
+    """Corpus, tokenizer and indexed dataset under ``out_dir`` (see the module docstring).
+
+    All four outputs are written under temporary names and renamed into place together once
+    the dataset is complete; outputs that exist already need ``force``.
+    """
     if vocab_size < 257:
         raise DataError(f"--vocab-size {vocab_size}: a byte-level BPE needs the 256 bytes "
                         f"and the EOD token, so at least 257")
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--sample-corpus {out_dir}: exists and is not a folder")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = str(out_dir / DATASET_PREFIX)
+    corpus, tokenizer_dir = out_dir / CORPUS_FILE, out_dir / TOKENIZER_DIR
+    refuse_overwrite([corpus, tokenizer_dir, *dataset_files(prefix)], force)
     texts = stdlib_docstrings()
-    corpus = out_dir / CORPUS_FILE
-    write_corpus(texts, corpus)
-    save_hf_tokenizer(train_bpe(texts, vocab_size), out_dir / TOKENIZER_DIR)
-    dataset = tokenize_jsonl(corpus, out_dir / TOKENIZER_DIR, str(out_dir / DATASET_PREFIX))
+    with staged_outputs() as stage:
+        staged_corpus = stage.file(corpus)
+        write_corpus(texts, staged_corpus)
+        staged_tokenizer = stage.folder(tokenizer_dir)
+        save_hf_tokenizer(train_bpe(texts, vocab_size), staged_tokenizer)
+        dataset = tokenize_jsonl(staged_corpus, staged_tokenizer, prefix, force=True,
+                                 stage=stage)
+        replaced = bool(stage.replaced())
+        stage.commit()
+    # The summary names the final paths, not the staged ones it was written through.
+    tokenizer = dataclasses.replace(dataset.tokenizer, path=str(tokenizer_dir))
+    dataset = dataclasses.replace(dataset, tokenizer=tokenizer, replaced=replaced)
     return SampleSummary(corpus, sum(map(len, texts)), dataset)

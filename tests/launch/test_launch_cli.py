@@ -61,7 +61,7 @@ def test_bad_config_exits_2_naming_the_key(tiny_raw, write_config, capsys, mutat
     (["plan", "no-such.yaml"], "no-such.yaml: no such config file"),
     (["flags", str(TINY), "--nodes", "0"], "argument --nodes: must be at least 1"),
     (["run"], "the following arguments are required: config"),
-    (["launch", str(TINY)], "argument command: invalid choice: 'launch'"),
+    (["launch", str(TINY)], "argument COMMAND: invalid choice: 'launch'"),
 ])
 def test_bad_arguments_exit_2_in_one_line(capsys, argv, named):
     assert named in one_line_error(capsys, argv)

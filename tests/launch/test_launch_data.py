@@ -85,7 +85,7 @@ def test_autotokenizer_reads_the_sample_tokenizer_alike(sample, tokenizer):
 
 
 @pytest.mark.parametrize("lines, message", [
-    (['{"text": "ok"}', "{not json"], "line 2: not JSON"),
+    (['{"text": "ok"}', "{not json"], "line 2 column 2: not JSON: Expecting property name"),
     (['{"body": "no text key"}'], "line 1: no 'text' key (choose the key with --json-key)"),
     (['{"text": 3}'], "line 1: 'text' is a int, not text"),
     ([], "no documents"),

@@ -91,7 +91,7 @@ def test_readme_config_commands_run_as_written(tmp_path, monkeypatch, capsys):
     if torch.cuda.is_available():
         pytest.skip("the README's `run` line would start torchrun on this GPU host")
     (tmp_path / "configs").symlink_to(REPO / "configs")
-    monkeypatch.chdir(tmp_path)  # `slurm -o job.sbatch` writes here
+    monkeypatch.chdir(tmp_path)  # `slurm` writes runs/ here
     commands = _tested_block()
     assert [words[0] for words in commands if "=" not in words[0]] and len(commands) == 5
     for words in commands:
@@ -105,4 +105,79 @@ def test_readme_config_commands_run_as_written(tmp_path, monkeypatch, capsys):
             assert status == 2 and "'cluster.gpu'" in err
         else:
             assert status == 0, (words, err)
-    assert (tmp_path / "job.sbatch").is_file()
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["llama2-70b-128k-4n.sbatch"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_headers_are_the_plans_numbers(path):
+    from megatron_burst.launch.config_header import hand_written_numbers, with_generated_block
+
+    text = path.read_text()
+    assert with_generated_block(text, load_config(path)) == text, (
+        f"the plan's lines in {path.name} are stale: python -m "
+        f"megatron_burst.launch.config_header configs/{path.name}")
+    assert hand_written_numbers(text) == [], f"{path.name}: numbers written by hand"
+
+
+def test_config_header_check_catches_drift(tmp_path):
+    from megatron_burst.launch.config_header import hand_written_numbers, main as header_main
+
+    text = (REPO / "configs" / "llama3-8b-128k.yaml").read_text()
+    edited = tmp_path / "c.yaml"
+    edited.write_text(text.replace("GiB of 80 GiB", "GiB of 81 GiB", 1))
+    assert header_main(["--check", str(edited)]) == 1
+    assert header_main([str(edited)]) == 0 and edited.read_text() == text
+    assert hand_written_numbers("# it needs 103 ms, and CP=4\nmodel: {}\n") == ["103", "4"]
+    assert hand_written_numbers("# Llama-3.2 on A100 and h200x8 nodes, bf16\nmodel: {}\n") == []
+
+
+def _docs_rows() -> dict[str, list[str]]:
+    """key -> the cells of its row in docs/configs.md."""
+    reference = (REPO / "docs" / "configs.md").read_text()
+    return {m.group(1): [c.strip() for c in m.group(0).split("|")[2:-1]]
+            for m in re.finditer(r"^\| `([a-z0-9_.]+)` \|.*\|$", reference, re.MULTILINE)}
+
+
+def _default_text(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) and "," in value else str(value)
+
+
+def test_docs_defaults_and_ranges_are_the_schemas():
+    """Every default and range docs/configs.md states is the loader's own."""
+    from megatron_burst.launch.config import BOUNDS, CHOICES
+    from megatron_burst.launch.plan import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM
+
+    rows = _docs_rows()
+    defaults = {}
+    for key in _schema_keys():
+        section, _, name = key.rpartition(".")
+        cls = Config if not section else typing.get_type_hints(Config)[section]
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        defaults[key] = field.default if field.default_factory is dataclasses.MISSING else (
+            field.default_factory())
+    for key, (kind, limits) in ((k, rows[k][:2]) for k in rows if len(rows[k]) == 3):
+        default = kind.split(", ", 1)[1] if ", " in kind else ""
+        value = defaults[key]
+        if value is dataclasses.MISSING:
+            assert default == "required", key
+        elif default != "default `seq_length`":
+            expected = _default_text(value)
+            if isinstance(value, float):
+                assert float(default) == value, key
+            else:
+                assert default.strip('"') == expected.strip("'"), (key, default, expected)
+        if key in BOUNDS:
+            assert limits == BOUNDS[key].describe(), key
+        if key in CHOICES:
+            assert limits == ", ".join(CHOICES[key]), key
+    hidden = rows["model.hidden_size"][2]
+    assert f"a multiple of {HEAD_DIM_MULTIPLE}, at most {MAX_HEAD_DIM}" in hidden
+    llama3 = load_config(REPO / "configs" / "llama3-8b-32k.yaml")
+    assert f"Llama 3: {llama3.model.rotary_base}" in rows["model.rotary_base"][2]
+    tied = load_config(REPO / "configs" / "llama3.2-1b-128k-4gpu.yaml")
+    assert f"ties them: {str(tied.model.untie_embeddings).lower()}" in (
+        rows["model.untie_embeddings"][2])

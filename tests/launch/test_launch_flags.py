@@ -96,3 +96,30 @@ def test_newer_megatron_parser_accepts_every_config():
                            *map(str, CONFIGS)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("ok ") == len(CONFIGS)
+
+
+@pytest.mark.parametrize("name, nodes", [("llama3.2-1b-128k-4gpu", 1), ("llama3-8b-1m", 4)])
+def test_launcher_line_runs_as_printed(name, nodes, tmp_path, capsys):
+    """`flags --launcher torchrun`, pasted into bash: torchrun gets the entry point and flags."""
+    from megatron_burst.launch.cli import main
+
+    assert main(["flags", str(REPO_ROOT / "configs" / f"{name}.yaml"), "--keep-vars",
+                 "--launcher", "torchrun"]) == 0
+    out, err = capsys.readouterr()
+    assert ("on each of the 4 nodes" in err) == (nodes > 1)
+    (tmp_path / "torchrun").write_text(
+        '#!/bin/bash\necho "$CUDA_DEVICE_MAX_CONNECTIONS" > "$OUT"\nprintf "%s\\n" "$@" >> "$OUT"\n')
+    (tmp_path / "torchrun").chmod(0o755)
+    env = {**os.environ, **ENV, "PATH": f"{tmp_path}:{os.environ['PATH']}",
+           "OUT": str(tmp_path / "out"), "MASTER_ADDR": "node-1", "MASTER_PORT": "29500"}
+    subprocess.run(["bash", "-c", out], env=env, check=True, timeout=60)
+    connections, *args = (tmp_path / "out").read_text().splitlines()
+    cfg = load_config(REPO_ROOT / "configs" / f"{name}.yaml")
+    assert connections == "1"
+    assert args[args.index("-m") + 1] == "megatron_burst.megatron.pretrain_gpt"
+    assert args[args.index("--nproc-per-node") + 1] == str(cfg.cluster.gpus_per_node)
+    if nodes == 1:
+        assert "--standalone" in args
+    else:
+        assert _value(args, "--nnodes") == "4" and _value(args, "--rdzv-endpoint") == "node-1:29500"
+    assert args[args.index("-m") + 2:] == megatron_flags(cfg, env=ENV)

@@ -19,7 +19,8 @@ import pytest
 from megatron_burst.cp_layout import CPLayout, HeadShape
 from megatron_burst.launch.config import config_from_dict, load_config
 from megatron_burst.launch.flags import megatron_flags
-from megatron_burst.launch.plan import ring_traffic, validate
+from megatron_burst.launch.plan import validate
+from megatron_burst.launch.plan_report import ring_traffic
 
 from .conftest import CONFIGS
 

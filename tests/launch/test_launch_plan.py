@@ -9,7 +9,8 @@ from megatron_burst import cost
 from megatron_burst.launch.config import load_config
 from megatron_burst.launch.memory import (GIB, estimate_memory, estimate_stage,
                                           layer_activation_bytes, stage_params)
-from megatron_burst.launch.plan import make_plan, ring_traffic, validate
+from megatron_burst.launch.plan import make_plan, validate
+from megatron_burst.launch.plan_report import ring_traffic
 
 from tests.distributed import run_ranks
 
@@ -51,11 +52,11 @@ def test_parameter_count_matches_the_published_model(name, billions):
 
 
 def _count_gptmodel_params(rank: int, world: int, cfg) -> int:
-    from megatron_burst.launch import cpu_run
+    from megatron_burst.launch import cpu_rank
     from tests.megatron.cpu_llama import init_parallel
 
     init_parallel(tp=cfg.parallel.tensor, seed=1)
-    return sum(p.numel() for p in cpu_run._build_model(cfg).parameters())
+    return sum(p.numel() for p in cpu_rank.build_model(cfg).parameters())
 
 
 @pytest.mark.parametrize("tensor", [2])

@@ -1,13 +1,16 @@
-"""`slurm`: generated sbatch scripts are valid bash, pass shellcheck, and scripts/ is current."""
+"""`slurm`: generated sbatch scripts are valid bash, pass shellcheck, and scripts/ is current;
+no value from a config or the command line runs as shell or rewrites an #SBATCH line."""
 from __future__ import annotations
 
+import dataclasses
+import re
 import shutil
 import subprocess
 
 import pytest
 
 from megatron_burst.launch.cli import main
-from megatron_burst.launch.config import load_config, with_nodes
+from megatron_burst.launch.config import ConfigError, load_config, with_nodes
 from megatron_burst.launch.slurm import sbatch_script
 
 from .conftest import CONFIGS, REPO
@@ -47,7 +50,7 @@ def test_script_content():
     assert '--load "$CKPT_DIR"' in text and "scontrol requeue" in text
     assert 'RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME}-${SLURM_JOB_ID}"' in text
     assert "--exit-duration-in-mins 585" in text  # 10 h minus the save margin
-    assert ': "${DATA_PATH:?' in text and ': "${TOKENIZER_MODEL:?' in text
+    assert '[[ -n "${DATA_PATH:-}" ]] || {' in text and '[[ -n "${TOKENIZER_MODEL:-}" ]]' in text
     assert "NCCL_IB_HCA" in text and "CUDA_DEVICE_MAX_CONNECTIONS=1" in text
     assert "--hierarchical-context-parallel-sizes 2 4" in text  # double ring 2 x 4 nodes
 
@@ -68,3 +71,121 @@ def test_examples_in_scripts_are_what_the_command_writes(script, tmp_path):
     assert main([*args[:1], str(REPO / args[1]), *args[2:], "-o", str(out)]) == 0
     fresh = out.read_text().replace(str(REPO / args[1]), args[1])
     assert fresh == script.read_text(), f"regenerate {script.name}: {command}"
+
+
+# ---------------------------------------------------------------------------- injection
+
+INJECTED = "x\ntouch PWNED\n#"
+
+
+@pytest.mark.parametrize("section, key, value", [
+    ("model", "name", INJECTED),
+    ("model", "name", "tab\there"),
+    ("data", "data_path", "/data/a\rb"),
+    ("data", "tokenizer_model", "/tok\x1b[2J"),
+])
+def test_control_characters_in_config_strings_are_refused(tiny_raw, write_config, section,
+                                                          key, value):
+    tiny_raw.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match=f"'{section}.{key}'.*control character"):
+        load_config(write_config(tiny_raw))
+
+
+def test_control_characters_in_megatron_args_are_refused(tiny_raw, write_config):
+    tiny_raw["megatron_args"] = ["--log-timers-to-tensorboard\n--x"]
+    with pytest.raises(ConfigError, match=r"'megatron_args\[0\]'.*control character"):
+        load_config(write_config(tiny_raw))
+
+
+def _hostile(cfg):
+    """``cfg`` with shell in every string the script takes from it, past the loader's checks
+    (as a config built in Python would be)."""
+    return dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, name='x"; touch PWNED; echo "'),
+        data=dataclasses.replace(cfg.data, data_path="/d/$(touch PWNED) `touch PWNED` '",
+                                 tokenizer_model='/t/"$(touch PWNED)";touch PWNED'),
+        megatron_args=["--wandb-project", "$(touch PWNED)'\"", "--wandb-exp-name", "a b;c"])
+
+
+STUBS = {
+    # What the script calls on a cluster, reduced to recording what it was given.
+    "python3": "exit 0",
+    "scontrol": 'echo node-1',
+    "srun": 'printf "%s\\0" "$@" > "$ARGS_FILE"',
+}
+
+
+def test_script_runs_no_config_value_as_shell(tmp_path):
+    cfg = _hostile(load_config(REPO / "configs" / "llama3-8b-32k.yaml"))
+    script = tmp_path / "job.sbatch"
+    script.write_text(sbatch_script(cfg, "configs/llama3-8b-32k.yaml"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGS_FILE": str(tmp_path / "args"),
+           "RUN_ROOT": str(tmp_path / "runs"), "SLURM_JOB_NAME": "j", "SLURM_JOB_ID": "1",
+           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1",
+           "DATA_PATH": "/data/$(touch PWNED)", "TOKENIZER_MODEL": "/tok"}
+    run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert not list(tmp_path.rglob("PWNED")), "a config value ran as a command"
+    args = (tmp_path / "args").read_text().split("\0")[:-1]
+    assert args[args.index("--tokenizer-model") + 1] == '/t/"$(touch PWNED)";touch PWNED'
+    assert args[args.index("--wandb-project") + 1] == "$(touch PWNED)'\""
+    assert args[args.index("--wandb-exp-name") + 1] == "a b;c"
+    # The data path is split into words (a blend), each taken literally.
+    start = args.index("--data-path") + 1
+    assert args[start:start + 3] == ["/d/$(touch", "PWNED)", "`touch"]
+
+
+def _directives(text: str) -> list[str]:
+    """The lines before the first command: where SLURM reads #SBATCH."""
+    return text.split("\nset -euo pipefail")[0].splitlines()
+
+
+def test_header_lines_stay_comments_and_directives_stay_plain():
+    cfg = load_config(REPO / "configs" / "llama3-8b-32k.yaml")
+    text = sbatch_script(cfg, "configs/llama3-8b-32k.yaml", partition="gpu-a,gpu_b",
+                         account="proj.x-1", time="1-00:00:00")
+    lines = _directives(text)
+    assert all(line.startswith("#") or not line for line in lines), lines
+    for line in lines:
+        if line.startswith("#SBATCH"):
+            assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9._+,:%-]+)?", line), line
+
+
+@pytest.mark.parametrize("kw, named", [
+    ({"partition": "gpu\n#SBATCH --nodes=99"}, "--partition"),
+    ({"partition": "gpu;touch PWNED"}, "--partition"),
+    ({"account": "proj x"}, "--account"),
+    ({"account": "$(id)"}, "--account"),
+    ({"job_name": "a\nb"}, "--job-name"),
+    ({"job_name": "name with spaces"}, "--job-name"),
+])
+def test_unquotable_sbatch_values_are_refused(kw, named):
+    cfg = load_config(REPO / "configs" / "llama3-8b-32k.yaml")
+    with pytest.raises(ValueError, match=named):
+        sbatch_script(cfg, "configs/llama3-8b-32k.yaml", **kw)
+
+
+def test_hostile_name_or_path_cannot_become_a_line():
+    cfg = load_config(REPO / "configs" / "llama3-8b-32k.yaml")
+    bad = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=INJECTED))
+    with pytest.raises(ValueError, match="'model.name'"):
+        sbatch_script(bad, "configs/llama3-8b-32k.yaml")
+    with pytest.raises(ValueError, match="config path"):
+        sbatch_script(cfg, "configs/x\ntouch PWNED\n#.yaml", job_name="x")
+
+
+def test_slurm_command_refuses_a_config_file_name_that_is_no_job_name(tmp_path, capsys):
+    path = tmp_path / "my run;x.yaml"
+    path.write_text((REPO / "configs" / "llama3-8b-32k.yaml").read_text())
+    assert main(["slurm", str(path), "--nodes", "1", "-o", str(tmp_path / "j.sbatch")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--job-name" in err, err
+    assert main(["slurm", str(path), "--nodes", "1", "--job-name", "my-run",
+                 "-o", str(tmp_path / "j.sbatch")]) == 0
+    assert "#SBATCH --job-name=my-run\n" in (tmp_path / "j.sbatch").read_text()

@@ -1,0 +1,115 @@
+"""The `megatron-burst` commands that read a config or write files: plan, flags, slurm, data,
+tune (`run` is in ``run_command``). Each takes the parsed arguments and returns the exit
+status; errors are raised as ValueError subclasses for ``cli.main`` to print in one line."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from .config import Config, load_config, resize_note, with_nodes
+
+
+def load_for_command(args: argparse.Namespace) -> tuple[Config, list[str]]:
+    """The config of ``args.config``, resized to ``--nodes`` where the command takes it, and
+    a note saying what that changed (none if nothing did)."""
+    cfg = load_config(args.config)
+    if getattr(args, "nodes", None) is None:
+        return cfg, []
+    resized = with_nodes(cfg, args.nodes)
+    note = resize_note(cfg, resized)
+    return resized, [note] if note else []
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import make_plan
+
+    cfg, notes = load_for_command(args)
+    print(make_plan(cfg, notes))
+    return 0
+
+
+def cmd_flags(args: argparse.Namespace) -> int:
+    from .flags import format_flags, launch_line, megatron_flags
+    from .plan import validate
+
+    cfg, notes = load_for_command(args)
+    validate(cfg)
+    launcher = launch_line(cfg, args.launcher, Path(args.config).stem)
+    if launcher and cfg.cluster.nodes > 1:
+        notes.append(f"run the same line on each of the {cfg.cluster.nodes} nodes, with "
+                     f"MASTER_ADDR (the first node's address) and MASTER_PORT set")
+    for note in notes:  # on stderr: stdout stays a command to paste
+        print(f"note: {note}", file=sys.stderr)
+    print(format_flags([*launcher, *megatron_flags(cfg, expand=not args.keep_vars)]))
+    return 0
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from .plan import validate
+    from .slurm import predicted_time_limit, sbatch_script
+
+    cfg, notes = load_for_command(args)
+    validate(cfg)
+    time = args.time
+    if time is None:
+        predicted = predicted_time_limit(cfg)
+        time, notes = predicted.limit, [*notes, predicted.explanation]
+    text = sbatch_script(cfg, args.config, partition=args.partition, time=time,
+                         account=args.account, job_name=args.job_name)
+    if args.output:
+        out, where = Path(args.output), ""
+    else:  # never beside the sources: runs/ is where jobs write, and git ignores it
+        out = Path("runs") / f"{Path(args.config).stem}-{cfg.cluster.nodes}n.sbatch"
+        where = " (the default place, under the current folder; -o FILE to choose)"
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.chmod(0o755)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"wrote {out}{where}: sbatch {out}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from .data import DataError, tokenize_jsonl
+
+    if args.sample_corpus is not None:
+        from .sample_data import DEFAULT_VOCAB_SIZE, write_sample
+
+        given = [name for name, value in (("CORPUS", args.corpus), ("--tokenizer", args.tokenizer),
+                                          ("--output-prefix", args.output_prefix)) if value]
+        if given:
+            raise DataError(f"--sample-corpus makes its own corpus, tokenizer and prefix; "
+                            f"drop {', '.join(given)}")
+        print(write_sample(args.sample_corpus, args.vocab_size or DEFAULT_VOCAB_SIZE,
+                           force=args.force).describe())
+        return 0
+    if args.vocab_size is not None:
+        raise DataError("--vocab-size sizes the tokenizer --sample-corpus trains; a corpus of "
+                        "your own takes the vocabulary of --tokenizer")
+    for name, value in (("CORPUS", args.corpus), ("--tokenizer", args.tokenizer),
+                        ("--output-prefix", args.output_prefix)):
+        if not value:
+            raise DataError(f"{name} is required (or use --sample-corpus DIR for the "
+                            f"offline sample)")
+    print(tokenize_jsonl(args.corpus, args.tokenizer, args.output_prefix, args.json_key,
+                         force=args.force).describe())
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Measure this host with `megatron_burst.tune` on its GPUs (or on CPU gloo ranks)."""
+    import torch
+
+    nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nproc), "-m", "megatron_burst.tune", "--out", args.out]
+    if args.quick:
+        command.append("--quick")
+    print(" ".join(shlex.quote(c) for c in command), flush=True)
+    env = {**os.environ, "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
+    return subprocess.call(command, env=env)

@@ -1,0 +1,131 @@
+"""The context-parallel layouts a run could use, as `plan` shows them: ranked by the time model,
+the chosen one marked, and those the config or the shape rules out said so, with why.
+
+The universe is what ``timing.candidates`` enumerates for the CP group with nothing fixed
+(every Ulysses split the heads and the node allow, flat or double ring, either backward);
+the layouts the config admits are what it enumerates with the config's fixed values, the
+same call `auto` chooses from. Every row's time is ``timing.predict`` for the run's tokens
+per rank and profile, so the chosen row is the attention time the step time is built on.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..cp_layout import CPLayout, HeadShape
+from ..timing import Prediction, candidates, load_profile, predict
+from .config import Config
+
+
+def cp_ranks_per_node(cfg: Config) -> int:
+    """Ranks of one CP group that share a node.
+
+    Megatron orders ranks tp-cp-dp-pp (TP innermost), so the CP group of a node's first
+    GPU holds gpus_per_node / TP consecutive CP ranks there.
+    """
+    p = cfg.parallel
+    return max(1, min(p.context, cfg.cluster.gpus_per_node // p.tensor))
+
+
+def tokens_per_rank(cfg: Config) -> int:
+    """Tokens one CP rank holds per microbatch: what the time model is asked about."""
+    return cfg.training.micro_batch_size * cfg.model.seq_length // cfg.parallel.context
+
+
+def chosen_prediction(cfg: Config) -> Prediction:
+    """The time model's prediction for the run's own layout: one layer, one microbatch."""
+    return predict(CPLayout.from_run_config(cfg), load_profile(cfg.cluster.profile_name),
+                   tokens=tokens_per_rank(cfg), causal=True,
+                   cp_ranks_per_node=cp_ranks_per_node(cfg))
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutRow:
+    """One layout of the plan's table: its predicted time, and whether it could run here."""
+
+    ulysses: int
+    prediction: Prediction | None  # None: no layout with this Ulysses split can run
+    excluded: str | None  # why this run does not consider it; None: considered
+    chosen: bool = False
+
+    def describe(self) -> str:
+        mark = "*" if self.chosen else " " if self.excluded is None else "x"
+        what = (self.prediction.describe() if self.prediction is not None
+                else f"ulysses {self.ulysses}, any ring")
+        why = "chosen" if self.chosen else (
+            "considered" if self.excluded is None else f"excluded: {self.excluded}")
+        return f"{mark} {what}; {why}"
+
+
+def config_fixes(cfg: Config) -> dict[str, Any]:
+    """What the config fixes of the layout, as ``timing.candidates`` takes it."""
+    b = cfg.burst
+    fixed: dict[str, Any] = {"ranks_per_node": None if b.intra_node_size == 1
+                             else b.intra_node_size}
+    if b.ulysses_size != "auto":
+        fixed["ulysses"] = b.ulysses_size
+    if b.backward != "auto":
+        fixed["backward"] = b.backward
+    return fixed
+
+
+def _why_excluded(layout: CPLayout, cfg: Config, fixed: dict[str, Any]) -> str:
+    """Which of the config's fixed values rules ``layout`` out."""
+    b, reasons = cfg.burst, []
+    if "ulysses" in fixed and layout.ulysses != fixed["ulysses"]:
+        reasons.append(f"burst.ulysses_size is {b.ulysses_size} (auto would consider it)")
+    ring = CPLayout.build(layout.cp, ulysses=layout.ulysses, backward=layout.backward,
+                          ranks_per_node=fixed["ranks_per_node"], heads=layout.heads)
+    if ring.ranks_per_node != layout.ranks_per_node:
+        reasons.append(f"burst.intra_node_size is {b.intra_node_size}")
+    if "backward" in fixed and layout.backward != fixed["backward"]:
+        reasons.append(f"burst.backward is {b.backward}")
+    return "; ".join(reasons) or "not admitted by the config"
+
+
+def _why_no_ulysses(u: int, heads: HeadShape, per_node: int) -> str:
+    """Why no layout splits heads ``u`` ways (the checks ``timing.candidates`` makes)."""
+    if heads.hq % u:
+        return f"{u} does not divide the {heads.hq} query heads per TP rank"
+    if heads.hkv % u and u % heads.hkv:
+        return f"neither {u} nor the {heads.hkv} KV heads per TP rank divides the other"
+    return (f"its all-to-all would leave the node ({per_node} rank(s) of the CP group share "
+            f"one)")
+
+
+def layout_rows(cfg: Config) -> list[LayoutRow]:
+    """Every layout of the run's CP group: considered ones fastest first, then the excluded."""
+    p = cfg.parallel
+    chosen = CPLayout.from_run_config(cfg)
+    heads, per_node = chosen.heads, cp_ranks_per_node(cfg)
+    prof = load_profile(cfg.cluster.profile_name)
+    tokens = tokens_per_rank(cfg)
+    fixed = config_fixes(cfg)
+    admitted = set(candidates(p.context, heads, cp_ranks_per_node=per_node, **fixed))
+    admitted.add(chosen)  # fixed values `candidates` would drop still run as configured
+    every = candidates(p.context, heads, cp_ranks_per_node=per_node)
+    rows = []
+    for layout in dict.fromkeys([chosen, *admitted, *every]):
+        pred = predict(layout, prof, tokens=tokens, causal=True, cp_ranks_per_node=per_node)
+        rows.append(LayoutRow(layout.ulysses, pred,
+                              None if layout in admitted else _why_excluded(layout, cfg, fixed),
+                              layout == chosen))
+    splits = {layout.ulysses for layout in [*admitted, *every]}
+    rows += [LayoutRow(u, None, _why_no_ulysses(u, heads, per_node))
+             for u in range(2, p.context + 1) if p.context % u == 0 and u not in splits]
+    return sorted(rows, key=lambda r: (r.excluded is not None, r.prediction is None,
+                                       r.prediction.total_s if r.prediction else 0.0,
+                                       not r.chosen))
+
+
+def tie_note(rows: list[LayoutRow]) -> str | None:
+    """A line saying so when a considered layout predicts the chosen one's time."""
+    chosen = next((r for r in rows if r.chosen), None)
+    if chosen is None:
+        return None
+    ties = [r for r in rows if r.excluded is None and not r.chosen
+            and round(r.prediction.total_s, 6) == round(chosen.prediction.total_s, 6)]
+    if not ties:
+        return None
+    return (f"{len(ties)} considered layout(s) predict the chosen one's time: the choice "
+            f"between equals takes fewer Ulysses ranks, then fewer bytes, then the flat ring")

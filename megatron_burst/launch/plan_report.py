@@ -1,0 +1,153 @@
+"""The text `megatron-burst plan` prints: shape, memory per GPU, the ring, the layouts ranked,
+the step and the job.
+
+Every time in it comes from one time model, ``megatron_burst.timing`` with the cluster's
+profile: the attention time of the chosen layout is the row the layout table marks, and the
+step time (``step_time``) is built on that same number. Sizes are binary units (``units``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..cp_layout import CPLayout
+from ..timing import PROFILES_DIR, load_profile
+from .config import Config
+from .layout_candidates import cp_ranks_per_node, layout_rows, tie_note, tokens_per_rank
+from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes, ring_buffer_bytes
+from .step_time import ATTENTION_FORWARD_SHARE, StepTime, format_duration, predict_step
+from .units import UNITS_NOTE, format_bytes, format_count
+
+
+def ring_traffic(cfg: Config) -> dict[str, object]:
+    """What one CP rank sends per attention layer and microbatch, from the run's layout."""
+    layout = CPLayout.from_run_config(cfg)
+    other = dataclasses.replace(layout, backward="ring" if layout.backward == "burst" else "burst")
+    tokens = tokens_per_rank(cfg)
+    fwd, bwd = layout.call_bytes(tokens)
+    return {"layout": layout, "forward": fwd, "forward_hop": layout.hop_bytes(tokens),
+            "backward": bwd, "other_backward": other.call_bytes(tokens)[1]}
+
+
+def _shape_lines(cfg: Config) -> list[str]:
+    m, p, tr, c = cfg.model, cfg.parallel, cfg.training, cfg.cluster
+    hw, prof = c.hardware, load_profile(c.profile_name)
+    gqa = (f"GQA {m.num_attention_heads}:{m.num_query_groups} in the whole model, "
+           f"{m.num_attention_heads // p.tensor}:{m.num_query_groups // p.tensor} per TP rank"
+           if m.num_query_groups != m.num_attention_heads else "MHA")
+    where = (f"{prof.name}.json" if (PROFILES_DIR / f"{prof.name}.json").is_file()
+             else c.profile_name)
+    matmul = (f"; matmuls at {hw.matmul_tflops:g} TFLOP/s" if hw.matmul_tflops else "")
+    return [
+        f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, ffn {m.ffn_hidden_size}, "
+        f"{m.num_attention_heads} heads ({gqa}; d={m.head_dim}), vocab {m.vocab_size} "
+        f"(padded {padded_vocab(cfg)}), {m.seq_length:,} tokens",
+        f"cluster: {c.nodes} node(s) x {c.gpus_per_node} {c.gpu} ({hw.memory_gib:g} GiB each)",
+        f"time model: profile {prof.name} ({where}; its 'source' says how it was made): links "
+        f"intra {prof.intra.gbps:g} GB/s, inter {prof.inter.gbps:g} GB/s, attention kernel "
+        f"up to {prof.dense.peak_tflops:g} TFLOP/s{matmul}",
+        f"parallel: TP={p.tensor} CP={p.context} PP={p.pipeline} DP={p.data}"
+        f"{' +SP' if p.sequence_parallel and p.tensor > 1 else ''}; "
+        f"{m.seq_length // p.context:,} tokens per CP rank; micro batch "
+        f"{tr.micro_batch_size}, global batch {tr.global_batch_size}; recompute {tr.recompute}",
+    ]
+
+
+def _memory_lines(cfg: Config) -> list[str]:
+    hw = cfg.cluster.hardware
+    mem = estimate_memory(cfg)
+    out = ["", f"memory per GPU ({mem.stage} pipeline stage; {format_count(mem.params)} "
+               f"parameters on each GPU):"]
+    out += [f"  {label:<12}{format_bytes(n, width=8)}" for label, n in mem.rows()]
+    out.append(f"  {'device':<12}{hw.memory_gib:8.2f} GiB  -> fits, "
+               f"{100 * mem.total / (hw.memory_gib * GIB):.0f}% used")
+    return out
+
+
+def _topology(cfg: Config, layout: CPLayout) -> str:
+    if layout.cp <= cp_ranks_per_node(cfg):
+        return f"flat ring of {layout.ring_size} inside one node (intra-node links)"
+    if layout.double:
+        return (f"double ring: {layout.inner_ring} positions per node on NVLink x "
+                f"{layout.outer_ring} nodes over InfiniBand")
+    return f"flat ring of {layout.ring_size} across nodes (every step waits on InfiniBand)"
+
+
+def _attention_lines(cfg: Config) -> list[str]:
+    b = cfg.burst
+    t = ring_traffic(cfg)
+    layout: CPLayout = t["layout"]
+    other = "ring" if layout.backward == "burst" else "burst"
+    h = layout.heads
+    out = [
+        "",
+        f"burst attention: {layout.describe()}; {_topology(cfg, layout)}"
+        + (f", Ulysses all-to-all over {layout.ulysses}" if layout.ulysses > 1 else ""),
+        f"  per layer and microbatch, each rank sends: forward {format_bytes(t['forward'])} "
+        f"({layout.ring_size - 1} hop(s) of {format_bytes(t['forward_hop'])} K/V)",
+        f"  backward '{layout.backward}' {format_bytes(t['backward'])} "
+        f"(the '{other}' backward would send {format_bytes(t['other_backward'])})"
+        + (" [chosen by auto]" if b.backward == "auto" else ""),
+        f"  ring buffers and fp32 accumulators: {format_bytes(ring_buffer_bytes(cfg))} per "
+        f"rank (in the workspace above)",
+    ]
+    if h.hkv < h.hq and layout.backward == "ring":
+        out.append(f"  GQA {h.hq}:{h.hkv} per TP rank: the ring backward moves fewer bytes "
+                   f"than burst")
+    if not cfg.cluster.hardware.timed:
+        return out + [f"  layouts: not ranked for {cfg.cluster.gpu} ranks (the time model's "
+                      f"profiles describe GPU clusters)"]
+    rows = layout_rows(cfg)
+    out.append("  layouts of the CP group, per layer and microbatch (fwd+bwd, time model; "
+               "* chosen, x excluded):")
+    out += [f"    {row.describe()}" for row in rows]
+    tie = tie_note(rows)
+    if tie:
+        out.append(f"  {tie}")
+    if b.remat_aware:
+        chosen = next(r.prediction for r in rows if r.chosen)
+        out.append(f"  remat-aware recompute: keeps {format_bytes(remat_kept_bytes(cfg))} per "
+                   f"layer and microbatch; saves the recomputed attention forward, "
+                   f"~{chosen.compute_s * ATTENTION_FORWARD_SHARE * 1e3:.1f} ms per layer and "
+                   f"microbatch")
+    return out
+
+
+def _step_lines(cfg: Config, step: StepTime | None) -> list[str]:
+    if step is None:
+        return ["", f"step time: not predicted for {cfg.cluster.gpu} ranks (the time model's "
+                    f"profiles describe GPU clusters)"]
+    tr = cfg.training
+    parts = [("attention", step.attention_s), ("matmuls", step.matmul_s),
+             ("TP collectives", step.tp_comm_s), ("recompute", step.recompute_s),
+             ("logits", step.logits_s)]
+    out = ["", f"step time (time model; {step.layers} layers on the busiest stage):",
+           "  one microbatch: " + ", ".join(f"{name} {format_duration(s)}"
+                                              for name, s in parts if s)
+           + f" = {format_duration(step.stage_s)}"]
+    bubble = (f" + pipeline fill and drain {format_duration(step.bubble_s)}"
+              if step.pipeline > 1 else "")
+    out.append(f"  step: {step.microbatches} microbatch(es){bubble} = "
+               f"{format_duration(step.step_s)} for {step.tokens:,} tokens")
+    mfu = (f"; MFU {100 * step.mfu:.0f}% of the {step.peak_tflops:g} TFLOP/s bf16 peak"
+           if step.mfu is not None else "")
+    out.append(f"  throughput: {step.tokens_per_s_per_gpu:,.0f} tokens/s per GPU{mfu}")
+    total_tokens = tr.train_iters * step.tokens
+    out.append(f"  training.train_iters {tr.train_iters:,} x {step.tokens:,} tokens = "
+               f"{format_count(total_tokens)} tokens: {format_duration(tr.train_iters * step.step_s)}"
+               f" on {step.gpus} GPUs")
+    out.append("  not counted: data-parallel gradient reduction (overlapped), the optimizer "
+               "step, start-up, checkpoint saves")
+    return out
+
+
+def report(cfg: Config, warnings: list[str] | None = None,
+           notes: list[str] | None = None) -> str:
+    """The human-readable plan: shape, memory per GPU, the ring, the layouts, step and job."""
+    out = [f"note: {note}" for note in notes or []]
+    out += _shape_lines(cfg) + _memory_lines(cfg)
+    if cfg.parallel.context > 1:
+        out += _attention_lines(cfg)
+    out += _step_lines(cfg, predict_step(cfg))
+    out += [f"warning: {w}" for w in warnings or []]
+    out.append(f"units: {UNITS_NOTE}")
+    return "\n".join(out)

@@ -1,0 +1,88 @@
+"""`megatron-burst run`: train a config on this host, torchrun over its GPUs or gloo ranks on
+CPU, with --dry-run making every check the run makes and starting nothing."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+from .commands import load_for_command
+from .config import Config, ConfigError
+from .flags import LAUNCH_ENV, megatron_flags, torchrun_words
+from .plan import validate
+
+
+class LaunchError(ValueError):
+    """This host or environment cannot run the command; the message says what is missing."""
+
+
+def torchrun_command(cfg: Config) -> list[str]:
+    """The single-node torchrun command of `run` on a GPU host (this interpreter's torch)."""
+    program = [sys.executable, "-m", "torch.distributed.run"]
+    return [*torchrun_words(cfg, program, "run"), *megatron_flags(cfg)]
+
+
+def check_run_iters(cfg: Config, iters: int | None) -> None:
+    """``run --iters N`` replaces train_iters, so it must outlast the warmup as that must."""
+    warmup = cfg.training.lr_warmup_iters
+    if iters is not None and iters <= warmup:
+        raise LaunchError(f"--iters {iters} must be more than training.lr_warmup_iters = "
+                          f"{warmup} (Megatron's scheduler refuses a run that ends in warmup)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg, _ = load_for_command(args)  # `run` takes no --nodes
+    validate(cfg)
+    check_run_iters(cfg, args.iters)
+    import torch  # only now: the checks above answer without it
+
+    if args.cpu or not torch.cuda.is_available():
+        return _run_on_cpu(cfg, args)
+    return _run_on_gpus(cfg, args, torch.cuda.device_count())
+
+
+def _run_on_cpu(cfg: Config, args: argparse.Namespace) -> int:
+    """Gloo ranks on this host; --dry-run makes every check the real run makes first."""
+    from .cpu_data import open_batch_source
+    from .cpu_run import check_cpu_config, describe_cpu_run, run_cpu
+
+    tokenizer = check_cpu_config(cfg)
+    if args.dry_run:
+        source = open_batch_source(cfg)  # what each rank opens, with the checks it makes
+        print(f"would run: {describe_cpu_run(cfg, args.iters, tokenizer)}; "
+              f"data: {source.describe()}")
+        return 0
+    run_cpu(cfg, iters=args.iters, compare=not args.no_compare)
+    return 0
+
+
+def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:
+    """Raise naming the key or requirement if `run` cannot start ``cfg`` on this GPU host."""
+    from .environment import training_entry_point_problem
+
+    c = cfg.cluster
+    if c.nodes > 1:
+        raise ConfigError(f"'cluster.nodes' is {c.nodes}: `run` starts one node; use "
+                          f"`megatron-burst slurm {config_path} --nodes {c.nodes}` for a "
+                          f"multi-node job")
+    if c.gpus_per_node > gpus_here:
+        raise ConfigError(f"'cluster.gpus_per_node' is {c.gpus_per_node}, but this host has "
+                          f"{gpus_here} GPU(s)")
+    problem = training_entry_point_problem()
+    if problem:
+        raise LaunchError(problem)
+
+
+def _run_on_gpus(cfg: Config, args: argparse.Namespace, gpus_here: int) -> int:
+    """torchrun on this host; --dry-run makes the same checks, then prints the command."""
+    check_gpu_host(cfg, args.config, gpus_here)
+    command = torchrun_command(cfg)
+    if args.iters is not None:
+        command += ["--train-iters", str(args.iters)]
+    print(" ".join(shlex.quote(c) for c in command), flush=True)
+    if args.dry_run:
+        return 0
+    env = {**os.environ, **LAUNCH_ENV}
+    return subprocess.call(command, env=env)

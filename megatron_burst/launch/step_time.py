@@ -1,0 +1,142 @@
+"""What one training step takes, and what that makes of the job: the numbers `plan` and `slurm` use.
+
+Attention is the time model's (``megatron_burst.timing.predict``): the same prediction, for
+the same layout, tokens and profile, that ranked the layouts and that `auto` chose by, so the
+plan shows one time per layer, not two. The rest of a layer is its matrix multiplies, FLOPs
+at the GPU's achieved matmul rate (``Hardware.matmul_tflops``), and with TP > 1 its four
+collectives per pass, timed on the profile's intra-node link (``timing.Link``). Recompute
+repeats the forward (attention's too, unless remat-aware); selective recompute repeats
+attention's forward. The logits cost the last stage; the 1F1B pipeline runs
+(microbatches + PP - 1) stage times per step.
+
+Not counted: the data-parallel gradient reduction (overlapped with the backward by
+--overlap-grad-reduce), the optimizer step, start-up and checkpoint saves. MFU counts the
+model's FLOPs (no recompute; causal attention as half the score matrix) against the
+datasheet bf16 peak.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..timing import Prediction, Profile, load_profile
+from .config import Config
+from .layout_candidates import chosen_prediction, tokens_per_rank
+from .memory import layer_params, microbatches, padded_vocab
+
+# The forward's share of a fwd+bwd attention call, by the time model's own convention
+# (timing.predict counts fwd+bwd as 3.5x the forward's FLOPs).
+ATTENTION_FORWARD_SHARE = 1 / 3.5
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """Seconds of one training step, by part, on the busiest pipeline stage."""
+
+    attention: Prediction  # one layer, one microbatch, fwd+bwd
+    layers: int  # on the busiest stage
+    microbatches: int
+    pipeline: int
+    attention_s: float  # per microbatch, all layers of the stage (recompute apart)
+    matmul_s: float
+    tp_comm_s: float
+    recompute_s: float
+    logits_s: float
+    model_flops: float  # per step, whole job, no recompute
+    tokens: int  # per step
+    gpus: int
+    peak_tflops: float | None
+
+    @property
+    def stage_s(self) -> float:
+        """One microbatch through the busiest stage, forward and backward."""
+        return (self.attention_s + self.matmul_s + self.tp_comm_s + self.recompute_s
+                + self.logits_s)
+
+    @property
+    def bubble_s(self) -> float:
+        """The 1F1B pipeline's fill and drain: PP - 1 stage times."""
+        return (self.pipeline - 1) * self.stage_s
+
+    @property
+    def step_s(self) -> float:
+        return self.microbatches * self.stage_s + self.bubble_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens / self.step_s / self.gpus
+
+    @property
+    def mfu(self) -> float | None:
+        if self.peak_tflops is None:
+            return None
+        return self.model_flops / (self.step_s * self.gpus * self.peak_tflops * 1e12)
+
+
+def _tp_collectives_s(cfg: Config, prof: Profile, tokens: int) -> float:
+    """One layer's TP collectives, forward or backward: four (SP: two all-gathers and two
+    reduce-scatters; without SP two all-reduces, as much traffic), each rank sending
+    (t-1)/t of the layer's activations of its tokens, on the intra-node link."""
+    t = cfg.parallel.tensor
+    if t == 1:
+        return 0.0
+    elem = 2 if cfg.training.precision == "bf16" else 4
+    return 4 * prof.intra.seconds(tokens * cfg.model.hidden_size * elem * (t - 1) / t)
+
+
+def model_flops_per_step(cfg: Config) -> float:
+    """FLOPs of one step of the whole model: linears, causal attention, logits; fwd+bwd."""
+    m, tr = cfg.model, cfg.training
+    whole = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tensor=1))
+    linear = layer_params(whole) - 2 * m.hidden_size  # the norms are no matmul
+    s = m.seq_length
+    attention = 4 * s * s * m.num_attention_heads * m.head_dim * 0.5  # causal: half
+    per_sequence = 3 * (m.num_layers * (2 * s * linear + attention)
+                        + 2 * s * m.hidden_size * padded_vocab(whole))
+    return per_sequence * tr.global_batch_size
+
+
+def predict_step(cfg: Config) -> StepTime | None:
+    """The step time of ``cfg``, or None where the time model has no profile (CPU ranks)."""
+    hw = cfg.cluster.hardware
+    if not hw.timed:
+        return None
+    m, p, tr = cfg.model, cfg.parallel, cfg.training
+    prof = load_profile(cfg.cluster.profile_name)
+    tokens = tokens_per_rank(cfg)
+    attention = chosen_prediction(cfg)  # the row `plan` marks chosen: one time per layer
+    layers = m.num_layers // p.pipeline
+    rate = hw.matmul_tflops * 1e12
+    matmul_fwd = 2 * tokens * (layer_params(cfg) - 2 * m.hidden_size) / rate
+    tp_pass = _tp_collectives_s(cfg, prof, tokens)
+    attention_fwd = attention.compute_s * ATTENTION_FORWARD_SHARE
+    if tr.recompute == "full":
+        skip_attention = cfg.burst.remat_aware and p.context > 1
+        recompute = matmul_fwd + tp_pass + (0.0 if skip_attention else attention_fwd)
+    elif tr.recompute == "selective":
+        recompute = attention_fwd
+    else:
+        recompute = 0.0
+    logits = 3 * 2 * tokens * m.hidden_size * padded_vocab(cfg) / p.tensor / rate
+    return StepTime(
+        attention=attention, layers=layers, microbatches=microbatches(cfg),
+        pipeline=p.pipeline, attention_s=layers * attention.total_s,
+        matmul_s=layers * 3 * matmul_fwd, tp_comm_s=layers * 2 * tp_pass,
+        recompute_s=layers * recompute, logits_s=logits,
+        model_flops=model_flops_per_step(cfg), tokens=tr.global_batch_size * m.seq_length,
+        gpus=cfg.cluster.world_size, peak_tflops=hw.peak_tflops)
+
+
+def format_duration(seconds: float) -> str:
+    """'2 d 15 h 12 min', '3 h 05 min', '4 min 50 s', '12.3 s' or '850 ms'."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        minutes, rest = divmod(round(seconds), 60)
+        return f"{minutes} min {rest:02d} s"
+    minutes = math.ceil(seconds / 60)
+    days, minutes = divmod(minutes, 1440)
+    hours, minutes = divmod(minutes, 60)
+    return f"{days} d {hours} h {minutes:02d} min" if days else f"{hours} h {minutes:02d} min"
