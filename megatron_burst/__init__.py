@@ -6,24 +6,32 @@ Public API (stable names; new options arrive as keyword arguments with defaults)
     x_local = shard_seq(x_full, group=None, *, layout="zigzag", seq_dim=1)
     x_full = unshard_seq(x_local, group=None, *, layout="zigzag", seq_dim=1)
     with count_comm() as stats: ...   # stats.forward_bytes, stats.backward_bytes
+    pack = pack_documents(cu_seqlens) # a pack of documents described once per batch
     BurstDotProductAttention          # Megatron-Core core_attention module (needs megatron-core)
     BurstSpecProvider                 # Megatron-Core BackendSpecProvider with it as core_attention
 """
-from .api import burst_attn
-from .comm import CommStats, count_comm
-from .layout import shard_seq, unshard_seq
-
 __all__ = ["burst_attn", "shard_seq", "unshard_seq", "count_comm", "CommStats",
-           "BurstDotProductAttention", "BurstSpecProvider"]
+           "pack_documents", "DocumentPack", "BurstDotProductAttention", "BurstSpecProvider"]
 __version__ = "0.1.0"
+
+# Imported on first use, so that `megatron-burst --help` and the launch tools, which need
+# none of them, start without importing torch (4 s) or megatron-core.
+_LAZY = {"burst_attn": ".api", "count_comm": ".comm", "CommStats": ".comm",
+         "shard_seq": ".layout", "unshard_seq": ".layout", "pack_documents": ".documents",
+         "DocumentPack": ".documents",
+         "BurstDotProductAttention": ".megatron.attention",
+         "BurstSpecProvider": ".megatron.spec"}
 
 
 def __getattr__(name: str):
-    # Imported lazily: megatron-core is an optional dependency of the attention core.
-    if name == "BurstDotProductAttention":
-        from .megatron.attention import BurstDotProductAttention
-        return BurstDotProductAttention
-    if name == "BurstSpecProvider":
-        from .megatron.spec import BurstSpecProvider
-        return BurstSpecProvider
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'megatron_burst' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

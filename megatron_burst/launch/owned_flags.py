@@ -78,6 +78,8 @@ OWNED_FLAGS: dict[str, str] = {
     "--tokenizer-model": "data.tokenizer_model",
     # What the burst layer needs, whatever the config says.
     "--spec": FIXED,
+    "--no-create-attention-mask-in-dataloader": FIXED,
+    "--create-attention-mask-in-dataloader": FIXED,
     "--transformer-impl": FIXED,
     "--attention-dropout": "is fixed at 0.0: BurstAttention runs without attention dropout",
     "--hidden-dropout": FIXED,

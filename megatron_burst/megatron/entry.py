@@ -17,6 +17,7 @@ This package's entry point (`megatron_burst.megatron.pretrain_gpt`) and Megatron
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
@@ -85,6 +86,7 @@ def configure_run(args: Any, config: Any, model_cfg: Any = None) -> BurstRun:
     if getattr(args, "dataloader_inter_document_masking", False) and not documents:
         raise ValueError("--dataloader-inter-document-masking with BurstAttention: use "
                          "--burst-document-mask (documents from EOD, sharded whole_docs)")
+    _refuse_failing_resume(args)
     if documents:
         for name, flag in _DOCUMENT_CONFLICTS:
             if getattr(args, name, None):
@@ -108,6 +110,20 @@ def configure_run(args: Any, config: Any, model_cfg: Any = None) -> BurstRun:
     for line in run.describe():
         say(f"> {line}")
     return run
+
+
+def _refuse_failing_resume(args: Any) -> None:
+    """Stop before training where resuming a checkpoint is known to fail: its distributed
+    optimizer state with torch's Adam (megatron-core 0.19 without TransformerEngine or apex)."""
+    from megatron_burst.launch.environment import distributed_optimizer_resume_problem
+
+    load = getattr(args, "load", None)
+    resumes = (load and os.path.isfile(os.path.join(load, "latest_checkpointed_iteration.txt"))
+               and not getattr(args, "no_load_optim", False))
+    problem = distributed_optimizer_resume_problem(
+        bool(getattr(args, "use_distributed_optimizer", False)), load if resumes else None)
+    if problem:
+        raise ValueError(problem)
 
 
 def dataset_on_every_rank(args: Any) -> bool:
