@@ -54,16 +54,23 @@ def _last_value(flags: list[str], flag: str) -> int:
     return int(flags[len(flags) - 1 - flags[::-1].index(flag) + 1])
 
 
+OWN_ENTRY = ["-m", "megatron_burst.megatron.pretrain_gpt"]
+
+
 def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
-        config: str = CONFIG, cfg=None, keep_log: bool = False) -> dict:
+        config: str = CONFIG, cfg=None, keep_log: bool = False, program: list[str] = OWN_ENTRY,
+        cwd: str = ROOT, env_extra: dict | None = None, drop: tuple[str, ...] = ()) -> dict:
+    """One torchrun of `program` (default: this package's entry point) with the config's
+    flags (less those in `drop`) and `extra`."""
     cfg = cfg or load_config(config)
-    flags = megatron_flags(cfg) + extra + ["--train-iters", str(iters)]
+    flags = [f for f in megatron_flags(cfg) if f not in drop] + extra + [
+        "--train-iters", str(iters)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "megatron_burst.megatron.pretrain_gpt", *flags]
-    env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+           f"--nproc-per-node={nproc}", *program, *flags]
+    env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1", **(env_extra or {})}
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout)
         log, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:

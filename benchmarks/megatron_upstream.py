@@ -1,0 +1,95 @@
+"""Megatron-LM's own pretrain_gpt.py with patches/ applied, against this package's entry point.
+
+    python benchmarks/megatron_upstream.py --megatron-lm /tmp/Megatron-LM --gpus 2 \
+        --out benchmarks/results/megatron_upstream_h200x2.json
+
+`--megatron-lm` is a Megatron-LM checkout at core_v0.19.0 with the patch applied (it is put
+first on PYTHONPATH, so its megatron.core and megatron.training run). Same model, flags and
+seed through both entry points (the small Llama shape: 4 layers, hidden 1024, 16:4 heads,
+16K tokens, mock data, CP=2, 12 iterations):
+
+1. default flags: upstream with its own default --create-attention-mask-in-dataloader (the
+   patch turns the dense mask off), against the entry point: iteration time;
+2. --burst-document-mask: the losses of both (equal to bf16 tolerance), and against 1;
+3. full recompute with and without --burst-remat-aware, through both: the speedup.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import megatron_documents  # noqa: E402
+import megatron_e2e  # noqa: E402
+
+from megatron_burst.launch.config import load_config  # noqa: E402
+
+DENSE_OFF = "--no-create-attention-mask-in-dataloader"
+
+
+def cases(base, gpus: int, iters: int):
+    small = megatron_documents.case_config(base, "small", gpus, False, iters, None)
+    masks = megatron_documents.case_config(base, "small", gpus, True, iters, None)
+    full = dataclasses.replace(small, training=dataclasses.replace(small.training,
+                                                                    recompute="full"))
+    remat = dataclasses.replace(full, burst=dataclasses.replace(full.burst, remat_aware=True))
+    return [("default flags", small, (DENSE_OFF,)), ("document masks", masks, ()),
+            ("full recompute", full, ()), ("full recompute + remat-aware", remat, ())]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--megatron-lm", required=True)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=12)
+    parser.add_argument("--timeout", type=int, default=150)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    head = dict(device=megatron_e2e._device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                command=" ".join([sys.executable] + sys.argv))
+    lm = os.path.abspath(args.megatron_lm)
+    upstream = dict(program=["pretrain_gpt.py"], cwd=lm, env_extra={
+        "PYTHONPATH": os.pathsep.join([lm, megatron_e2e.ROOT, os.environ.get("PYTHONPATH", "")])})
+    runs = []
+    for name, cfg, drop in cases(load_config(megatron_e2e.CONFIG), args.gpus, args.iters):
+        for way, kwargs in (("upstream pretrain_gpt.py + patch", dict(upstream, drop=drop)),
+                            ("megatron_burst.megatron.pretrain_gpt", {})):
+            r = megatron_e2e.run(f"{name}: {way}", args.gpus, [], args.iters, args.timeout,
+                                 cfg=cfg, keep_log=True, **kwargs)
+            log = r.pop("log")
+            r["burst_lines"] = [line.strip() for line in log.splitlines()
+                                if line.startswith("> ") and ("BurstAttention" in line
+                                                              or "document" in line
+                                                              or "remat" in line
+                                                              or "dense" in line)][:6]
+            steady = [ms for i, ms in enumerate(r["ms_per_iter"], 1) if i > 2]
+            r["steady_ms"] = sum(steady) / len(steady) if steady else None
+            runs.append(r)
+            with open(args.out, "w") as f:
+                json.dump(dict(head, runs=runs), f, indent=1)
+    md = table(head, runs)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(md)
+    print(md)
+
+
+def table(head: dict, runs: list[dict]) -> str:
+    lines = [f"{head['device']}, {head['date']}", f"command: `{head['command']}`", "",
+             "| run | rc | ms/iter (steady) | losses (first 6 of 12) | last loss |",
+             "|---|---|---|---|---|"]
+    for r in runs:
+        losses = r.get("losses", [])
+        ms = f"{r['steady_ms']:.0f}" if r.get("steady_ms") else "-"
+        lines.append(f"| {r['name']} | {r['rc']} | {ms} | "
+                     f"{', '.join(f'{x:.4f}' for x in losses[:6])} | "
+                     f"{losses[-1] if losses else '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
