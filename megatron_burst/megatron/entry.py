@@ -168,8 +168,9 @@ def _pinned(t: torch.Tensor) -> torch.Tensor:
 
 
 def say(message: str) -> None:
-    """Print on global rank 0 (or without torch.distributed)."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    """Print on global rank 0 (torchrun's RANK before torch.distributed is initialised)."""
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    if rank == 0:
         print(message, flush=True)
 
 
