@@ -8,13 +8,14 @@ arguments fail tells its peers through the same check, so they raise too.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 import torch
 import torch.distributed as dist
 
-from . import agree
+from . import agree, headers
 from .burst import BurstAttentionFunction, RingSpec
 from .comm import RingTopology
 from .cp_layout import CPLayout, HeadShape
@@ -113,7 +114,8 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                layout: str = "zigzag", backward: str = "auto", qkv_format: str = "bshd",
                intra_node_size: int | str | None = None, ulysses_size: int | str = 1,
                cu_seqlens: torch.Tensor | DocumentPack | None = None, return_lse: bool = False,
-               kernel: str | None = None, keep: AttentionKeep | None = None):
+               kernel: str | None = None, keep: AttentionKeep | None = None,
+               call_label: int | str | None = None):
     """Exact attention over a sequence sharded across ``group`` (BurstAttention).
 
     q: [b, s_local, hq, d]; k, v: [b, s_local, hkv, d] (``qkv_format="sbhd"`` swaps the
@@ -127,7 +129,11 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     picks the fastest for this shape; ranks per node come from torchrun's LOCAL_WORLD_SIZE.
     ``keep`` (``remat.AttentionKeep``): under full recompute, a call without autograd keeps
     its output there and the recompute (with autograd) takes it instead of running the ring.
+    ``call_label`` (e.g. the layer number) goes into every ring message's header with the
+    call's number and signature (``headers``): a rank whose call pairs with a peer's call of
+    another label raises instead of computing with the wrong messages.
     """
+    headers.poll()  # an earlier pass that received another call's message raises here
     agree.require_member(group)  # first: a non-member's group size reads -1
     world, rank = group_size_rank(group)
     try:
@@ -155,15 +161,29 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         agree.check_agreement(group, agree.failed_signature(said))
         raise
     agree.check_agreement(group, sig)
+    if world > 1:  # numbered after the check, so a call every rank refused counts nowhere
+        spec = dataclasses.replace(spec, tag=headers.CallTag(
+            _next_call(group), headers.digest(sorted(sig.items())),
+            0 if call_label is None else headers.digest(call_label)))
     u, seq_first = cp.ulysses, qkv_format == "sbhd"
     # Every rank of the group makes the same keep/take decision: same program, same order.
-    kept = keep.take() if keep is not None and torch.is_grad_enabled() else None
+    key = _keep_key(sig) if keep is not None else None
+    kept = keep.take(key) if keep is not None and torch.is_grad_enabled() else None
     if u == 1:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
-        out, lse = _ring(q.contiguous(), k.contiguous(), v.contiguous(), spec, keep, kept)
+        out, lse = _ring(q.contiguous(), k.contiguous(), v.contiguous(), spec, keep, kept, key)
     else:
-        out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep, kept)
+        out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep, kept, key)
     return (out, lse) if return_lse else out
+
+
+_CALLS: dict[str, int] = {}  # calls made on each group (the same on all its ranks)
+
+
+def _next_call(group) -> int:
+    name = (group if group is not None else dist.group.WORLD).group_name
+    _CALLS[name] = _CALLS.get(name, 0) + 1
+    return _CALLS[name]
 
 
 def _ring_spec(q, group, world, cp: CPLayout, pack: DocumentPack | None, causal: bool,
@@ -231,15 +251,23 @@ def cp_ranks_per_node(group, world: int) -> int | None:
     return sum(1 for r in group_ranks(group, world) if r // local == node)
 
 
-def _ring(q, k, v, spec, keep, kept):
+def _ring(q, k, v, spec, keep, kept, key=None):
     """The ring (or its kept output), keeping the output for a recompute when asked."""
+    if kept is not None:
+        keep.check(kept, q)
     out, lse = BurstAttentionFunction.apply(q, k, v, spec, kept)
     if keep is not None and not torch.is_grad_enabled():
-        keep.put(out, lse)
+        keep.put(out, lse, key)
     return out, lse
 
 
-def _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep=None, kept=None):
+def _keep_key(sig: dict) -> str:
+    """What a kept output is made for: the call's signature without its autograd fields."""
+    return headers.describe_call({k: v for k, v in sig.items()
+                                  if k not in ("requires_grad", "reuse_kept", "error")})
+
+
+def _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep=None, kept=None, key=None):
     """Heads -> sequence inside each Ulysses group, the ring across groups, and back."""
     members = group_ranks(group, world)
     me = members.index(dist.get_rank())
@@ -249,7 +277,7 @@ def _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep=None, kept=No
         v = v.repeat_interleave(u // v.shape[2], dim=2)
     as_bshd = (lambda t: t.transpose(0, 1)) if seq_first else (lambda t: t)
     qs, ks, vs = (heads_to_sequence(as_bshd(t), peers, group, 1, 2) for t in (q, k, v))
-    out, lse = _ring(qs, ks, vs, spec, keep, kept)
+    out, lse = _ring(qs, ks, vs, spec, keep, kept, key)
     out = sequence_to_heads(out, peers, group, 1, 2)
     lse = sequence_to_heads(lse, peers, group, 2, 1)
     return (out.transpose(0, 1).contiguous() if seq_first else out), lse

@@ -25,7 +25,9 @@ import gc
 import torch
 import torch.distributed as dist
 
+from . import headers
 from .comm import AccumulatorRoute, PayloadRing, PeerComm, RingTopology, RowLayout
+from .headers import CallTag, HeaderCheck
 from .kernels import LocalAttention, select_kernel, surrogate_out
 from .schedule import Block, RingSchedule
 from .varlen import (KernelCall, covers, plan_calls, run_backward, run_forward,
@@ -46,6 +48,7 @@ class RingSpec:
     # False for document packs: their block sizes change with every batch, so every block
     # goes to a kernel that builds nothing per shape (varlen.plan_calls, ``shape_free``).
     fixed_shapes: bool = True
+    tag: CallTag | None = None  # what this call's ring messages say they belong to
 
     @property
     def me(self) -> int:
@@ -136,7 +139,10 @@ class RingSpec:
         topo = self.ring(reverse)
         table = self.sched.needed_rows(topo.source, "q" if reverse else "k")
         rows = lambda origin, step: table[origin][step]  # noqa: E731
-        comm = PeerComm(self.group, phase)
+        check = None
+        if self.tag is not None:
+            check = HeaderCheck(self.tag, phase, payload[0].device, topo.rank(topo.index))
+        comm = PeerComm(self.group, phase, check)
         return (PayloadRing(topo, comm, RowLayout.of(payload, row_dims), rows),
                 AccumulatorRoute(topo, comm, accumulators, rows))
 
@@ -192,6 +198,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
             kv = ring.next(step)
     if ring is not None:
         ring.finish()
+        ring.comm.finish()
     return out.to(q.dtype), lse
 
 
@@ -294,6 +301,8 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if ring is not None:
         ring.finish()
     dk, dv = grads.finish()
+    if ring is not None:
+        ring.comm.finish()
     return dq, dk, dv
 
 
@@ -341,6 +350,8 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if ring is not None:
         ring.finish()
     (dq,) = grads.finish()
+    if ring is not None:
+        ring.comm.finish()
     return dq, dk, dv
 
 
@@ -386,5 +397,6 @@ class BurstAttentionFunction(torch.autograd.Function):
             dq, dk, dv = ring_backward_burst(dout, q, k, v, o, blse, delta, spec, kernel)
         else:
             dq, dk, dv = ring_backward_kv(dout, q, k, v, o, blse, spec, kernel)
+        headers.poll()  # a pass that received another call's message raises here
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 

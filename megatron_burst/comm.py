@@ -35,6 +35,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from . import headers
+
 # ---------------------------------------------------------------------------- accounting
 
 
@@ -138,13 +140,14 @@ class Packed:
     def __init__(self, specs: Sequence[tuple[torch.Size, torch.dtype]], device: torch.device,
                  *, zero: bool = False, flat: torch.Tensor | None = None):
         sizes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
-        offsets, total = [], 0
+        offsets, total = [], headers.BYTES  # the message's header comes first (headers.py)
         for size in sizes:
             offsets.append(total)
             total += -(-size // _ALIGN) * _ALIGN
         if flat is None:
             flat = (torch.zeros if zero else torch.empty)(total, dtype=torch.uint8, device=device)
         self.flat = flat
+        self.header = flat[:headers.BYTES].view(torch.int64)
         self.nbytes = sum(sizes)  # what the accounting counts: the tensors, not the padding
         self.views = tuple(flat[o:o + size].view(dtype).view(shape)
                            for o, size, (shape, dtype) in zip(offsets, sizes, specs))
@@ -156,13 +159,10 @@ class Packed:
 
     @classmethod
     def holding(cls, tensors: "Packed | Sequence[torch.Tensor]") -> "Packed":
-        """``tensors`` as one buffer: as is when already packed, or a lone contiguous tensor
-        (wrapped, no copy); otherwise copied in once."""
+        """``tensors`` as one buffer: as is when already packed, otherwise copied in once
+        (behind the room for the header)."""
         if isinstance(tensors, Packed):
             return tensors
-        if len(tensors) == 1 and tensors[0].is_contiguous():
-            t = tensors[0]
-            return cls([(t.shape, t.dtype)], t.device, flat=t.reshape(-1).view(torch.uint8))
         packed = cls.like(tensors)
         for view, t in zip(packed.views, tensors):
             view.copy_(t)
@@ -192,17 +192,23 @@ class Batch:
 
 
 class Pending:
-    """A posted hop: ``wait()`` returns the received tensors (and frees the sent ones)."""
+    """A posted hop: ``wait()`` returns the received tensors (and frees the sent ones),
+    after the header check has seen the message (``headers.HeaderCheck``)."""
 
-    def __init__(self, batch: Batch, received: Packed | Sequence[torch.Tensor] | None):
+    def __init__(self, batch: Batch, received: Packed | Sequence[torch.Tensor] | None,
+                 check: "headers.HeaderCheck | None" = None, sender: int = -1):
         self._batch = batch
         self.received = received  # the Packed buffer, so it can be sent on without a copy
+        self._check, self._sender = check, sender
 
     def wait(self) -> list[torch.Tensor]:
         self._batch.wait()
         received = self.received
         if received is None:
             return []
+        if self._check is not None and isinstance(received, Packed):
+            self._check.received(received.header, self._sender)
+            self._check = None  # several waits on one hop check it once
         return list(received.views if isinstance(received, Packed) else received)
 
 
@@ -210,9 +216,16 @@ class PeerComm:
     """Posts point-to-point hops among the ranks of ``group`` (global ids), one message
     per direction per hop."""
 
-    def __init__(self, group: dist.ProcessGroup | None, phase: str = "forward"):
+    def __init__(self, group: dist.ProcessGroup | None, phase: str = "forward",
+                 check: "headers.HeaderCheck | None" = None):
         self.group = group
         self.phase = phase
+        self.check = check  # stamps what is sent, checks what arrives (None: untagged)
+
+    def finish(self) -> None:
+        """The pass is over: every message it received has arrived (CUDA: compare them)."""
+        if self.check is not None:
+            self.check.finish()
 
     def hop(self, send: Packed | None, to: int, recv: Packed | None, frm: int) -> Pending:
         """Post: send ``send`` to global rank ``to`` and receive into ``recv`` from ``frm``
@@ -231,6 +244,8 @@ class PeerComm:
         """
         ops, what = [], []
         for buf, to in sends:
+            if self.check is not None:
+                self.check.stamp(buf.header)
             ops.append(dist.P2POp(dist.isend, buf.flat, to, self.group))
             what.append(f"for rank {to} to take a ring hop ({self.phase})")
             record_sent(buf.nbytes, self.phase)
@@ -240,7 +255,8 @@ class PeerComm:
         device = ops[0].tensor.device if ops else None
         batch = Batch(dist.batch_isend_irecv(ops) if ops else [], [buf for buf, _ in sends],
                       what, device)
-        return [Pending(batch, buf) for buf, _ in recvs] or [Pending(batch, None)]
+        return ([Pending(batch, buf, self.check, frm) for buf, frm in recvs]
+                or [Pending(batch, None)])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,9 @@ def test_packed_views_hold_mixed_dtypes_aligned_and_disjoint() -> None:
 
 def test_packed_holding_copies_only_when_it_must() -> None:
     t = torch.randn(4, 6)
-    assert Packed.holding([t]).views[0].data_ptr() == t.data_ptr()  # lone contiguous: wrapped
+    lone = Packed.holding([t])  # copied behind the room for the header (headers.py)
+    assert lone.views[0].data_ptr() != t.data_ptr() and torch.equal(lone.views[0], t)
+    assert lone.header.data_ptr() == lone.flat.data_ptr() and lone.header.numel() == 4
     packed = Packed.holding([t, t])
     assert Packed.holding(packed) is packed
     strided = torch.randn(6, 4).t()

@@ -209,6 +209,7 @@ class BurstDotProductAttention(MegatronModule):
             # Remat-aware recompute: the checkpoint's first forward keeps the output, the
             # recompute takes it (never outside training, so evaluation keeps nothing).
             keep=self.keep if self.training else None,
+            call_label=self.layer_number,  # a peer in another layer's call is caught
         )
         if thd:
             return out.reshape(out.size(1), -1)

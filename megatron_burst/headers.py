@@ -1,0 +1,138 @@
+"""Every ring message says which call and pass it belongs to, and its receiver checks.
+
+Why: the ring trusts that the ranks of a group make the same calls in the same order with
+the same arguments. ``agree`` compares the arguments before a signature's first call, with a
+collective; after that, nothing stopped a rank that called with other arguments, another
+layer, or one call too many from pairing its messages with a peer's other call, and every
+rank computing garbage in silence. So each message starts with a header of four int64s,
+
+    [call number on this group, signature hash, pass, call label]
+
+(the signature hash covers shapes, dtype, flags and the documents; the pass is forward or
+backward and the payload or its gradient accumulator; the label is the caller's, e.g. the
+Megatron layer number), which the sender writes and the receiver compares with its own.
+
+On CPU (gloo) the receiver reads the header as the message arrives, before the data is used,
+and raises ValueError naming the sender and both calls. On CUDA a host read would make the
+host wait for the GPU at every hop; there the headers are compared on the device once per
+pass and the result comes back by an asynchronous copy: the next ``burst_attn`` call on the
+process (or the end of the backward) raises the same error. What stays undetected: a rank
+making one call too many at the same call site with the same label, since every later
+message pairs positionally with a call of the same number and signature; and messages whose
+sizes differ, which NCCL cannot deliver (the process group's timeout ends those).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import torch
+
+WORDS = 4
+BYTES = 32  # the header's room at the start of a message (int64 words, 16-byte aligned)
+PASSES = {"forward": 0, "backward": 1}
+
+_PENDING: list["_Finished"] = []  # CUDA passes whose comparison is still on its way
+
+
+def digest(value: Any) -> int:
+    """63 bits of blake2b over ``repr(value)``: the same in every process (unlike hash())."""
+    raw = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") >> 1
+
+
+def describe_call(fields: dict) -> str:
+    """A short readable name of a call's arguments, with their digest."""
+    shape = "x".join(str(fields.get(k)) for k in ("batch", "s_local", "hq", "hkv", "head_dim"))
+    return f"{shape} {fields.get('dtype')} causal={fields.get('causal')} " \
+           f"#{digest(sorted(fields.items())):016x}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CallTag:
+    """What identifies one ``burst_attn`` call on its group (see the module docstring)."""
+
+    call: int
+    signature: int
+    label: int = 0
+
+    def words(self, phase: str) -> tuple[int, int, int, int]:
+        return (self.call, self.signature, PASSES[phase], self.label)
+
+
+class HeaderCheck:
+    """The headers of one pass of one call: stamped on what it sends, checked on what it
+    receives (``received``), and, on CUDA, compared once at the end (``finish``)."""
+
+    def __init__(self, tag: CallTag, phase: str, device: torch.device, rank: int):
+        self.tag, self.phase, self.device, self.rank = tag, phase, device, rank
+        self._words = torch.tensor(tag.words(phase), dtype=torch.int64)
+        self._expected = self._words
+        if device.type == "cuda":  # made once per pass; every stamp is then a device copy
+            self._expected = self._words.pin_memory().to(device, non_blocking=True)
+        self._got: list[torch.Tensor] = []
+        self._senders: list[int] = []
+
+    def stamp(self, header: torch.Tensor) -> None:
+        """Write this pass's header into a message about to be sent."""
+        header.copy_(self._expected, non_blocking=True)
+
+    def received(self, header: torch.Tensor, sender: int) -> None:
+        """A message from global rank ``sender`` has arrived (its transfer waited on)."""
+        if self.device.type != "cuda":
+            got = tuple(header.tolist())
+            if got != self.tag.words(self.phase):
+                raise ValueError(mismatch(self.rank, sender, got, self.tag.words(self.phase)))
+            return
+        self._got.append(header.clone())  # the buffer itself may be reused or freed
+        self._senders.append(sender)
+
+    def finish(self) -> None:
+        """CUDA: compare every header this pass received, and start bringing the result
+        home without waiting for it (``poll`` reads it)."""
+        if not self._got:
+            return
+        got = torch.stack(self._got)
+        host = torch.empty(got.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(got, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        _PENDING.append(_Finished(event, host, self._senders, self.tag.words(self.phase),
+                                  self.rank))
+        self._got, self._senders = [], []
+
+
+@dataclasses.dataclass
+class _Finished:
+    event: Any
+    host: torch.Tensor
+    senders: list[int]
+    expected: tuple[int, ...]
+    rank: int
+
+
+def poll() -> None:
+    """Raise for the first finished CUDA pass that received a message of another call.
+
+    Cheap when nothing is pending; never waits for the GPU."""
+    while _PENDING and _PENDING[0].event.query():
+        done = _PENDING.pop(0)
+        for sender, row in zip(done.senders, done.host.tolist()):
+            if tuple(row) != done.expected:
+                _PENDING.clear()
+                raise ValueError(mismatch(done.rank, sender, tuple(row), done.expected))
+
+
+def mismatch(rank: int, sender: int, got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    """The error: who sent what to whom, and what the receiver was doing."""
+    def what(words):
+        call, sig, phase, label = words
+        pass_ = {v: k for k, v in PASSES.items()}.get(phase, f"pass {phase}")
+        return (f"call #{call} ({pass_}, signature {sig:016x}"
+                + (f", label {label:x}" if label else "") + ")")
+
+    return (f"burst_attn: rank {rank} received from rank {sender} a message of {what(got)} "
+            f"while running {what(want)}: the ranks' calls pair up wrongly (a rank made a "
+            f"call its peers did not, in another order, or with other arguments; set "
+            f"MEGATRON_BURST_AGREE=always to compare every call's arguments)")
