@@ -139,6 +139,11 @@ def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) 
         return  # verified with every rank before; see the module docstring for why
     if dist.get_world_size(group) < 2:
         return  # nobody to disagree with
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            "burst_attn inside a CUDA graph capture needs its arguments checked before: run "
+            "the same call once outside the capture first (make_graphed_callables' warm-up "
+            f"does), with {MODE_ENV}=first (the default), not 'always'")
     names = sorted(sig)
     table = _exchange(group, [_field_hash(n, sig[n]) for n in names])
     differing = [i for i, column in enumerate(zip(*table)) if len(set(column)) > 1]

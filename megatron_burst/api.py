@@ -8,6 +8,7 @@ arguments fail tells its peers through the same check, so they raise too.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -137,44 +138,123 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     agree.require_member(group)  # first: a non-member's group size reads -1
     world, rank = group_size_rank(group)
     try:
-        pack = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
-                         qkv_format, cu_seqlens)
-        cp = _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
-                     ulysses_size)
-        if keep is not None and not isinstance(keep, AttentionKeep):
-            raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
-                             f"{type(keep).__name__}")
-        sig = agree.signature(
-            q, k, v, None if pack is None else pack.described, causal=causal,
-            softmax_scale=softmax_scale, window_size=window_size, layout=layout,
-            backward=cp.backward, qkv_format=qkv_format, intra_node_size=cp.ranks_per_node,
-            ulysses_size=cp.ulysses,
-            kernel=kernel,  # the resolved layout: 'auto' must have resolved alike everywhere
-            reuse_kept=keep is not None and torch.is_grad_enabled() and len(keep) > 0)
-        spec = _ring_spec(q, group, world, cp, pack, causal, softmax_scale, window_size,
-                          layout, qkv_format, kernel)
-        # A new pack is planned here, before the check's collective: host work that then
-        # overlaps what the GPU still has queued instead of following a synchronisation.
-        spec.prepare(q.device, backward=bool(sig["requires_grad"]))
+        key = _call_key(group, q, k, v, causal, softmax_scale, window_size, layout, backward,
+                        qkv_format, intra_node_size, ulysses_size, cu_seqlens, kernel, keep,
+                        call_label)
+        call = _PREPARED.get(key) if key is not None else None
+        if call is None:
+            call = _prepare(q, k, v, group, world, causal, softmax_scale, window_size, layout,
+                            backward, qkv_format, intra_node_size, ulysses_size, cu_seqlens,
+                            kernel, keep, call_label)
+            if key is not None:
+                _remember(key, call)
     except Exception as err:  # whatever failed, the peers learn of it instead of waiting
         said = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         agree.check_agreement(group, agree.failed_signature(said))
         raise
-    agree.check_agreement(group, sig)
-    if world > 1:  # numbered after the check, so a call every rank refused counts nowhere
-        spec = dataclasses.replace(spec, tag=headers.CallTag(
-            _next_call(group), headers.digest(sorted(sig.items())),
-            0 if call_label is None else headers.digest(call_label)))
-    u, seq_first = cp.ulysses, qkv_format == "sbhd"
+    agree.check_agreement(group, call.sig)
+    spec = call.spec
+    if world > 1 and not _capturing(q):
+        # Numbered after the check, so a call every rank refused counts nowhere. A CUDA
+        # graph replays its messages as captured: no header to write or check there.
+        spec = dataclasses.replace(spec, tag=headers.CallTag(_next_call(group), call.digest,
+                                                             call.label))
+    u, seq_first = call.cp.ulysses, qkv_format == "sbhd"
     # Every rank of the group makes the same keep/take decision: same program, same order.
-    key = _keep_key(sig) if keep is not None else None
-    kept = keep.take(key) if keep is not None and torch.is_grad_enabled() else None
+    kept = keep.take(call.keep_key) if keep is not None and torch.is_grad_enabled() else None
     if u == 1:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
-        out, lse = _ring(q.contiguous(), k.contiguous(), v.contiguous(), spec, keep, kept, key)
+        out, lse = _ring(q.contiguous(), k.contiguous(), v.contiguous(), spec, keep, kept,
+                         call.keep_key)
     else:
-        out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep, kept, key)
+        out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep, kept,
+                                  call.keep_key)
     return (out, lse) if return_lse else out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Prepared:
+    """Everything about a call that its tensors' values do not change: made once per shape
+    (and per document pack) and reused, so a repeated call costs the host a dictionary
+    lookup instead of validation, layout, signature and planning."""
+
+    cp: CPLayout
+    sig: dict
+    digest: int  # of the signature, for the ring messages' headers
+    label: int  # of call_label
+    spec: RingSpec  # without the call's tag
+    keep_key: str
+
+
+_PREPARED: "collections.OrderedDict[tuple, _Prepared]" = collections.OrderedDict()
+PREPARED_CACHE = 64  # calls of distinct shapes, masks or packs kept
+
+
+def _remember(key: tuple, call: _Prepared) -> None:
+    _PREPARED[key] = call
+    if len(_PREPARED) > PREPARED_CACHE:
+        _PREPARED.popitem(last=False)
+
+
+def _call_key(group, q, k, v, *options) -> tuple | None:
+    """Everything a prepared call depends on, with each value's type (so that, say, causal=1
+    is validated and refused, never served as causal=True); None if unhashable."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return None
+    tensors = tuple((t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+                    for t in (q, k, v))
+    typed = []
+    for value in options:
+        if isinstance(value, torch.Tensor):  # boundaries: their pack, read once per tensor
+            value = pack_documents(value)
+        elif isinstance(value, AttentionKeep):
+            value = (AttentionKeep, len(value) > 0)
+        elif isinstance(value, (tuple, list)):
+            value = (type(value), tuple((type(x), x) for x in value))
+        typed.append((type(value), value))
+    key = (group, tensors, torch.is_grad_enabled(), tuple(typed),
+           os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("MEGATRON_BURST_PROFILE"))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _prepare(q, k, v, group, world, causal, softmax_scale, window_size, layout, backward,
+             qkv_format, intra_node_size, ulysses_size, cu_seqlens, kernel, keep,
+             call_label) -> _Prepared:
+    """Validate, resolve the layout, sign and plan one call (no communication)."""
+    pack = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
+                     qkv_format, cu_seqlens)
+    cp = _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
+                 ulysses_size)
+    if keep is not None and not isinstance(keep, AttentionKeep):
+        raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
+                         f"{type(keep).__name__}")
+    if pack is not None and _capturing(q):
+        raise ValueError("burst_attn with cu_seqlens cannot be captured in a CUDA graph: a "
+                         "document pack changes its shapes with every batch")
+    sig = agree.signature(
+        q, k, v, None if pack is None else pack.described, causal=causal,
+        softmax_scale=softmax_scale, window_size=window_size, layout=layout,
+        backward=cp.backward, qkv_format=qkv_format, intra_node_size=cp.ranks_per_node,
+        ulysses_size=cp.ulysses,
+        kernel=kernel,  # the resolved layout: 'auto' must have resolved alike everywhere
+        reuse_kept=keep is not None and torch.is_grad_enabled() and len(keep) > 0)
+    spec = _ring_spec(q, group, world, cp, pack, causal, softmax_scale, window_size,
+                      layout, qkv_format, kernel)
+    # A new pack is planned here, before the check's collective: host work that then
+    # overlaps what the GPU still has queued instead of following a synchronisation.
+    spec.prepare(q.device, backward=bool(sig["requires_grad"]))
+    return _Prepared(cp, sig, headers.digest(sorted(sig.items())),
+                     0 if call_label is None else headers.digest(call_label), spec,
+                     _keep_key(sig))
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether the current CUDA stream is capturing a graph."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 _CALLS: dict[str, int] = {}  # calls made on each group (the same on all its ranks)

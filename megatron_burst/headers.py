@@ -115,7 +115,10 @@ class _Finished:
 def poll() -> None:
     """Raise for the first finished CUDA pass that received a message of another call.
 
-    Cheap when nothing is pending; never waits for the GPU."""
+    Cheap when nothing is pending; never waits for the GPU (nor runs inside a graph
+    capture, where querying an event is not allowed)."""
+    if not _PENDING or torch.cuda.is_current_stream_capturing():
+        return
     while _PENDING and _PENDING[0].event.query():
         done = _PENDING.pop(0)
         for sender, row in zip(done.senders, done.host.tolist()):

@@ -87,6 +87,7 @@ def configure_run(args: Any, config: Any, model_cfg: Any = None) -> BurstRun:
         raise ValueError("--dataloader-inter-document-masking with BurstAttention: use "
                          "--burst-document-mask (documents from EOD, sharded whole_docs)")
     _refuse_failing_resume(args)
+    _check_cuda_graphs(args, documents)
     if documents:
         for name, flag in _DOCUMENT_CONFLICTS:
             if getattr(args, name, None):
@@ -110,6 +111,26 @@ def configure_run(args: Any, config: Any, model_cfg: Any = None) -> BurstRun:
     for line in run.describe():
         say(f"> {line}")
     return run
+
+
+def _check_cuda_graphs(args: Any, documents: Optional[str]) -> None:
+    """Megatron's CUDA graphs replay what they captured: fixed shapes, no host decisions."""
+    impl = getattr(args, "cuda_graph_impl", None) or "none"
+    if impl == "none":
+        return
+    if documents:
+        raise ValueError(f"--cuda-graph-impl {impl} with --burst-document-mask: every micro-"
+                         f"batch brings a new pack, with new attention shapes; a captured "
+                         f"graph replays only the shapes it captured")
+    if getattr(args, "burst_remat_aware", False):
+        raise ValueError(f"--cuda-graph-impl {impl} with --burst-remat-aware: keeping and "
+                         f"taking attention outputs is host work a graph does not replay")
+    if impl != "local":
+        raise ValueError(f"--cuda-graph-impl {impl}: BurstAttention layers are captured and "
+                         f"checked with --cuda-graph-impl local only")
+    if os.environ.get("MEGATRON_BURST_AGREE", "first").strip().lower() == "always":
+        raise ValueError("MEGATRON_BURST_AGREE=always checks every call with a collective, "
+                         "which a CUDA graph cannot capture; use first (the default)")
 
 
 def _refuse_failing_resume(args: Any) -> None:
