@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--iters", type=int, default=12)
     parser.add_argument("--timeout", type=int, default=150)
+    parser.add_argument("--only", default="", help="run only the cases whose name has this")
+    parser.add_argument("--extra", default="", help="more Megatron flags for every run")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     head = dict(device=megatron_e2e._device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -56,10 +58,14 @@ def main() -> None:
     upstream = dict(program=["pretrain_gpt.py"], cwd=lm, env_extra={
         "PYTHONPATH": os.pathsep.join([lm, megatron_e2e.ROOT, os.environ.get("PYTHONPATH", "")])})
     runs = []
+    extra = args.extra.split()
     for name, cfg, drop in cases(load_config(megatron_e2e.CONFIG), args.gpus, args.iters):
+        if args.only not in name:
+            continue
         for way, kwargs in (("upstream pretrain_gpt.py + patch", dict(upstream, drop=drop)),
                             ("megatron_burst.megatron.pretrain_gpt", {})):
-            r = megatron_e2e.run(f"{name}: {way}", args.gpus, [], args.iters, args.timeout,
+            label = f"{name}: {way}" + (f" {args.extra}" if extra else "")
+            r = megatron_e2e.run(label, args.gpus, extra, args.iters, args.timeout,
                                  cfg=cfg, keep_log=True, **kwargs)
             log = r.pop("log")
             r["burst_lines"] = [line.strip() for line in log.splitlines()
