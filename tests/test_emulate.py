@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from megatron_burst.emulate import VirtualNodes
+from megatron_burst.tools.emulate import VirtualNodes
 
 from .distributed import run_ranks
 
@@ -27,7 +27,7 @@ def test_parse_and_the_link_model():
 
 def _hop_times(rank, world):
     from megatron_burst.comm import Packed, PeerComm
-    from megatron_burst.emulate import Emulation
+    from megatron_burst.tools.emulate import Emulation
 
     emulation = Emulation(VirtualNodes(node_size=2, gbps=0.005, latency_us=0))  # 5 MB/s
     emulation.install()

@@ -1,0 +1,16 @@
+"""Tools around the attention core: they measure, emulate, demonstrate and train on CPU.
+
+- `tune`: `megatron-burst tune` (``python -m megatron_burst.tools.tune`` under torchrun)
+  measures a cluster's links, kernel and overheads into the profile the time model reads.
+- `emulate`: makes one host's GPUs behave as virtual nodes joined by a slower link, for
+  benchmarks; switched on by ``$MEGATRON_BURST_EMULATE``.
+- `demo`: ``python -m megatron_burst.tools.demo`` shows BurstAttention on CPU ranks equal to
+  one-process attention.
+- the CPU trainer of `megatron-burst run`: `cpu_run` starts gloo ranks that each run
+  `cpu_rank`, with megatron-core's model from `cpu_model`, the CUDA-only call sites patched
+  by `cpu_shims` and the batches of `cpu_data`.
+
+Layering: tools import the core (``megatron_burst`` top level, ``megatron_burst.megatron``)
+and the launch layer's config schema; the core never imports tools, and of the launch
+layer only the CLI's commands do, to start `tune` and `run` on CPU ranks.
+"""
