@@ -9,7 +9,9 @@ and bytes sent are recorded, and its output is checked against the single-GPU ke
 the whole sequence. TFLOP/s count only unmasked FLOPs (fwd+bwd = 3.5x fwd). Efficiency is
 per-GPU TFLOP/s over the single-GPU kernel's TFLOP/s on the full sequence (measured in the
 same run, capped at --single-cap tokens where the full sequence would take too long).
-Rank 0 writes JSON with the command and the device.
+Rank 0 writes JSON with the command, the device and the MEGATRON_BURST_* environment. With
+``$MEGATRON_BURST_EMULATE`` set the links between virtual nodes are emulated (``ranks.py``),
+and PyTorch's native CP, whose traffic the emulator cannot slow, is left out.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import baselines  # noqa: E402
+from ranks import emulated, start_ranks  # noqa: E402
 
 import megatron_burst as mb  # noqa: E402
 from megatron_burst import kernels, timing  # noqa: E402
@@ -172,7 +175,7 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
                 lambda local: baselines.ulysses_attention(*local, causal))
         run("all-gather KV (written here)",
             lambda local: baselines.allgather_kv_attention(*local, causal))
-        if wanted("pytorch native CP (ring)"):
+        if wanted("pytorch native CP (ring)") and not emulated():  # its links: not slowed
             rows.append(measure_native(args, q, k, v, do, ref, causal, world, flops_fwd))
     for r in rows:
         r.update(per_gpu=per_gpu, heads=f"{hq}:{hkv}", mask=mask, world=world)
@@ -364,9 +367,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="print where burst's time goes (torch profiler) for each case")
     args = parser.parse_args()
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(rank)
+    rank, world = start_ranks()
     if args.profile:
         for per_gpu in (int(x) for x in args.per_gpu.split(",")):
             for mask in args.masks.split(","):

@@ -24,8 +24,9 @@ length included, as a new pack pays it. TFLOP/s count the FLOPs actually done: p
 causal attention, fwd+bwd = 3.5x fwd, summed over the timed packs over their summed time.
 Efficiency = burst's TFLOP/s per GPU over the fastest one-GPU kernel's, same packs. Correctness: the first pack's output against the reference's, gathered on rank 0.
 "host ms" is the time until the call returned (the host's launches; the GPU may still be
-busy). Rank 0 writes JSON (with the command and the device), a markdown table beside it, and
-a plot.
+busy). Rank 0 writes JSON (with the command, the device and ``$MEGATRON_BURST_EMULATE``,
+which emulates slower links between virtual nodes where set: ``ranks.py``), a markdown table
+beside it, and a plot.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from megatron_burst import kernels
 from megatron_burst.documents import doc_lengths
 from megatron_burst.schedule import Block
 from megatron_burst.varlen import plan_calls
+from ranks import EMULATE_ENV, start_ranks
 
 MIXES = ("lognormal", "uniform", "tiny", "long")
 
@@ -355,9 +357,7 @@ def main() -> None:
                         help="per_gpu:hq:mix cases whose new-pack calls rank 0 profiles (cProfile)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    rank, world = start_ranks()
     rows = []
     for per_gpu in (int(x) for x in args.per_gpu.split(",")):
         for hq, hkv, d in (tuple(map(int, h.split(":"))) for h in args.heads.split(",")):
@@ -374,7 +374,8 @@ def main() -> None:
         efficiency(rows)
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
-                    date=time.strftime("%Y-%m-%d %H:%M:%S"))
+                    date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                    emulate=os.environ.get(EMULATE_ENV))
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         md = table(meta, rows)

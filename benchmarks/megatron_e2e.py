@@ -16,7 +16,9 @@ CP=8 BurstAttention (configs/llama3.2-1b-256k-8gpu.yaml) against TP=8 + sequence
 (configs/llama3.2-1b-256k-8gpu-tp8.yaml): tokens/s, Megatron's TFLOP/s per GPU, peak memory.
 
 Every run's command, and a failed run's traceback, go into the JSON, which is rewritten after
-each run so a run cut off by a time limit keeps what finished.
+each run so a run cut off by a time limit keeps what finished. With ``$MEGATRON_BURST_EMULATE``
+set, every run's ranks emulate slower links between virtual nodes (the entry point's
+``configure_run`` installs the emulator, burst or not), and the JSON records the variable.
 """
 from __future__ import annotations
 
@@ -246,7 +248,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=240, help="h200x8: seconds per run")
     args = parser.parse_args()
     head = dict(device=_device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                command=" ".join([sys.executable] + sys.argv))
+                command=" ".join([sys.executable] + sys.argv),
+                emulate=os.environ.get("MEGATRON_BURST_EMULATE"))
 
     def save(result: dict) -> None:
         with open(args.out, "w") as f:

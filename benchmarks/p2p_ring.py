@@ -6,7 +6,8 @@ Every rank sends a payload of --mb megabytes to the next rank and receives one f
 previous, all ranks at once, with one `batch_isend_irecv` per hop (as `comm.PeerComm` does);
 `--parts 2` splits the payload into two tensors (K and V). Rank 0 prints GB/s per direction
 (payload bytes / median hop time) and writes JSON with the NCCL_* environment, so runs under
-different NCCL settings can be compared.
+different NCCL settings can be compared. With ``$MEGATRON_BURST_EMULATE`` set (see
+``ranks.py``) a hop between virtual nodes is emulated: what an emulated link measures.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from ranks import EMULATE_ENV, start_ranks
 
 
 def hop_ms(payload: list[torch.Tensor], recv: list[torch.Tensor], to: int, frm: int,
@@ -46,9 +49,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--label", default="default")
     args = parser.parse_args()
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(rank)
+    rank, world = start_ranks()
     to, frm = (rank + 1) % world, (rank - 1) % world
     rows = []
     for mb in (float(x) for x in args.mb.split(",")):
@@ -63,7 +64,8 @@ def main() -> None:
                 print(f"{args.label:>24} {world} ranks {mb:6.0f} MB x{parts}: {ms:7.3f} ms "
                       f"{gbps:6.1f} GB/s per direction", flush=True)
     if rank == 0 and args.out:
-        env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith("NCCL_") or k == EMULATE_ENV}
         with open(args.out, "w") as f:
             json.dump(dict(label=args.label, world=world, env=env, nccl=torch.cuda.nccl.version(),
                            device=torch.cuda.get_device_name(0),

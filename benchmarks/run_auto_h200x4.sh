@@ -6,7 +6,7 @@ out=${1:?output folder}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-}:$PWD
 quiet() { grep -v -i "warn\|^\*\*\*\|OMP_NUM\|return func"; }
-timeout 150 torchrun --nproc_per_node=4 -m megatron_burst.tune --out "$out/tune_h200x4.json" \
+timeout 150 torchrun --nproc_per_node=4 -m megatron_burst.tools.tune --out "$out/tune_h200x4.json" \
   2>&1 | quiet | tail -2 | cut -c1-400
 export MEGATRON_BURST_PROFILE=$out/tune_h200x4.json
 timeout 300 torchrun --nproc_per_node=4 benchmarks/attention.py --per-gpu 8192,32768 \

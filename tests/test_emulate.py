@@ -1,13 +1,23 @@
-"""The link emulator's logic on CPU ranks: which messages cross a virtual node, how long
-they take, and that a ring hop across the boundary is slowed while one inside is not."""
+"""The link emulator on CPU ranks: which messages cross a virtual node, how long they take,
+that a ring hop across the boundary is slowed while one inside is not, and its switch
+($MEGATRON_BURST_EMULATE): off by default, read by the benchmarks and by Megatron's entry."""
 from __future__ import annotations
 
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from megatron_burst.emulate import VirtualNodes
+from megatron_burst.link_emulation import ENV
+from megatron_burst.tools import emulate
+from megatron_burst.tools.emulate import VirtualNodes
 
 from .distributed import run_ranks
 
@@ -27,7 +37,7 @@ def test_parse_and_the_link_model():
 
 def _hop_times(rank, world):
     from megatron_burst.comm import Packed, PeerComm
-    from megatron_burst.emulate import Emulation
+    from megatron_burst.tools.emulate import Emulation
 
     emulation = Emulation(VirtualNodes(node_size=2, gbps=0.005, latency_us=0))  # 5 MB/s
     emulation.install()
@@ -50,3 +60,93 @@ def test_a_hop_across_virtual_nodes_is_slowed_and_one_inside_is_not():
     assert times[0] >= 0.19 and times[2] >= 0.19
     # Ranks 1 and 3 receive from their own node: fast, but they wait for nothing slow.
     assert times[1] < 0.1 and times[3] < 0.1
+
+
+# The switch: $MEGATRON_BURST_EMULATE, read by the benchmarks and by Megatron's entry point.
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SWITCH = "node_size=1,gbps=25,latency_us=5"  # every rank its own virtual node
+
+
+def test_the_switch_is_off_by_default_and_imports_no_tool():
+    """Unset, the core's switch installs nothing and does not even import the emulator."""
+    probe = ("import sys; from megatron_burst.link_emulation import maybe_emulate_links; "
+             "print(maybe_emulate_links(), 'megatron_burst.tools.emulate' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert out.split() == ["None", "False"]
+
+
+def _non_burst_megatron_args() -> argparse.Namespace:
+    """Parsed options of a run without BurstAttention (a TP baseline): --cp-comm-type p2p."""
+    from megatron_burst.megatron.arguments import add_burst_args
+
+    parser = add_burst_args(argparse.ArgumentParser())
+    parser.set_defaults(cp_comm_type=["p2p"], reset_attention_mask=False,
+                        reset_position_ids=False)
+    return parser.parse_args([])
+
+
+def test_megatron_entry_configure_run_reads_the_switch(monkeypatch, capsys):
+    """Both Megatron entry points call configure_run: it installs the emulator first, for
+    every run (a TP baseline too), once per process, and rank 0 says so in one line."""
+    pytest.importorskip("megatron.core")
+    from megatron_burst.megatron import entry
+
+    original = dist.batch_isend_irecv
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    entry.configure_run(_non_burst_megatron_args(), SimpleNamespace())
+    assert emulate.active() is None and dist.batch_isend_irecv is original
+    assert "!!" not in capsys.readouterr().out
+
+    monkeypatch.setenv(ENV, SWITCH)
+    try:
+        entry.configure_run(_non_burst_megatron_args(), SimpleNamespace())
+        first = emulate.active()
+        entry.configure_run(_non_burst_megatron_args(), SimpleNamespace())  # a 2nd model chunk
+        assert first is not None and emulate.active() is first
+        assert first.nodes == VirtualNodes(1, 25.0, 5.0)
+        assert dist.batch_isend_irecv is not original
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("!!")]
+        assert lines == [f"!! {ENV}={SWITCH}: links across emulated nodes of 1 rank slowed to "
+                         f"25 GB/s (+5 us a message); timings are not real hardware"]
+    finally:
+        if emulate.active() is not None:
+            emulate.active().uninstall()
+    assert emulate.active() is None and dist.batch_isend_irecv is original
+
+
+def _benchmark_start(rank, world):
+    """What a benchmark's rank does first (benchmarks/ranks.py), with the switch off then on."""
+    import contextlib
+    import io
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import ranks
+
+    seen = []
+    for text in (None, SWITCH):
+        if text:
+            os.environ[ENV] = text
+        else:
+            os.environ.pop(ENV, None)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert ranks.start_ranks("gloo") == (rank, world)
+        seen.append((ranks.emulated(), out.getvalue()))
+    emulate.active().uninstall()
+    return seen
+
+
+def test_benchmarks_read_the_switch_when_they_start_their_ranks():
+    (off0, on0), (off1, on1) = run_ranks(2, _benchmark_start, timeout=120)
+    assert off0 == (False, "") and off1 == (False, "")
+    assert on0[0] and on0[1].startswith(f"!! {ENV}={SWITCH}: ") and on0[1].count("\n") == 1
+    assert on1 == (True, "")  # installed on every rank, said on rank 0 only
+
+
+@pytest.mark.parametrize("script", ["attention.py", "documents.py", "p2p_ring.py"])
+def test_each_gpu_benchmark_starts_its_ranks_through_the_switch(script):
+    text = (REPO / "benchmarks" / script).read_text()
+    assert "start_ranks()" in text and "init_process_group" not in text

@@ -82,7 +82,7 @@ def test_prediction_grows_with_work_and_exposes_slow_links():
 def _tune_worker(rank, world, out):
     import os
     os.environ["LOCAL_WORLD_SIZE"] = "2"  # two "nodes" of two ranks: both links measured
-    from megatron_burst import tune
+    from megatron_burst.tools import tune
     tune.main(["--out", out, "--quick"])
 
 

@@ -6,10 +6,10 @@ value rules, the YAML reader, the accelerators, and the Megatron flags the keys 
 layouts of the CP group ranked by the time model (`layout_candidates`) and the step and job
 time built on them (`step_time`), sizes in `units`; `config_header` writes the plan's
 numbers into the shipped configs. `flags` turns a config into Megatron's command line,
-`slurm` into an sbatch script, `cpu_run` trains it on CPU ranks (each running `cpu_rank`,
-with `cpu_model`, `cpu_shims` and the batches of `cpu_data`), `data` and `sample_data` write
-Megatron's indexed datasets from JSONL text (whole or not at all: `staging`), and
-`environment` says what the installed packages can run. `cli` parses the `megatron-burst`
-command and hands it to `commands` or `run_command`. The run's context-parallel layout is
+`slurm` into an sbatch script, `data` and `sample_data` write Megatron's indexed datasets
+from JSONL text (whole or not at all: `staging`), and `environment` says what the installed
+packages can run. `cli` parses the `megatron-burst` command and hands it to `commands` or
+`run_command`, which start the tools of `megatron_burst.tools` for `tune` and for `run` on
+CPU ranks (`tools.cpu_run`). The run's context-parallel layout is
 `megatron_burst.cp_layout.CPLayout.from_run_config(cfg)`, read by all of them.
 """

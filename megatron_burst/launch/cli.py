@@ -142,8 +142,9 @@ def _add_tune_command(sub: argparse._SubParsersAction) -> None:
                  "Measure this host's links, attention kernel and host overheads (under a "
                  "minute on GPUs) into a profile the time model reads (config "
                  "cluster.profile, --burst-profile, or $MEGATRON_BURST_PROFILE). For "
-                 "several nodes run `srun ... torchrun --nnodes N ... -m megatron_burst.tune "
-                 "--out FILE` instead: that measures the inter-node link too.")
+                 "several nodes run `srun ... torchrun --nnodes N ... -m "
+                 "megatron_burst.tools.tune --out FILE` instead: that measures the inter-node "
+                 "link too.")
     p.add_argument("--out", required=True, help="the profile to write (JSON)")
     p.add_argument("--nproc", type=positive_int,
                    help="ranks to measure with (default: every GPU, or 2 CPU ranks)")

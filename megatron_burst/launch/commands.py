@@ -102,12 +102,12 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """Measure this host with `megatron_burst.tune` on its GPUs (or on CPU gloo ranks)."""
+    """Measure this host with `megatron_burst.tools.tune` on its GPUs (or on CPU gloo ranks)."""
     import torch
 
     nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), "-m", "megatron_burst.tune", "--out", args.out]
+               "--nproc-per-node", str(nproc), "-m", "megatron_burst.tools.tune", "--out", args.out]
     if args.quick:
         command.append("--quick")
     print(" ".join(shlex.quote(c) for c in command), flush=True)

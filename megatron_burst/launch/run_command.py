@@ -45,8 +45,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_on_cpu(cfg: Config, args: argparse.Namespace) -> int:
     """Gloo ranks on this host; --dry-run makes every check the real run makes first."""
-    from .cpu_data import open_batch_source
-    from .cpu_run import check_cpu_config, describe_cpu_run, run_cpu
+    from ..tools.cpu_data import open_batch_source
+    from ..tools.cpu_run import check_cpu_config, describe_cpu_run, run_cpu
 
     tokenizer = check_cpu_config(cfg)
     if args.dry_run:

@@ -76,6 +76,9 @@ def configure_run(args: Any, config: Any, model_cfg: Any = None) -> BurstRun:
     (its layer spec and pre-wrap hooks), None where the caller builds the model itself.
     Raises ValueError naming the option for anything the run could not honour.
     """
+    from megatron_burst.link_emulation import maybe_emulate_links
+
+    maybe_emulate_links()  # $MEGATRON_BURST_EMULATE: slow links between virtual nodes
     refuse_ignored_options(args)
     documents = document_layout_from_args(args)
     if not uses_burst(args):

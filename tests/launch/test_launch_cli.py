@@ -9,12 +9,11 @@ import pytest
 
 from megatron_burst.launch import environment
 from megatron_burst.launch.cli import BROKEN_PIPE_STATUS, main
-from megatron_burst.launch.config import load_config
-from megatron_burst.launch.cpu_run import (RankFailure, _raise_rank_failure, compare_losses,
-                                           lr_at, predicted_ring_bytes, run_cpu,
-                                           with_train_iters)
-from megatron_burst.launch.config import ConfigError
+from megatron_burst.launch.config import ConfigError, load_config
 from megatron_burst.launch.flags import format_flags, megatron_flags
+from megatron_burst.tools.cpu_run import (RankFailure, _raise_rank_failure, compare_losses,
+                                          lr_at, predicted_ring_bytes, run_cpu,
+                                          with_train_iters)
 
 from .conftest import REPO, TINY
 

@@ -52,7 +52,7 @@ def test_parameter_count_matches_the_published_model(name, billions):
 
 
 def _count_gptmodel_params(rank: int, world: int, cfg) -> int:
-    from megatron_burst.launch import cpu_rank
+    from megatron_burst.tools import cpu_rank
     from tests.megatron.cpu_llama import init_parallel
 
     init_parallel(tp=cfg.parallel.tensor, seed=1)

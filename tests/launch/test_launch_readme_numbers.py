@@ -11,10 +11,10 @@ import math
 import pytest
 
 from megatron_burst.launch.config import load_config
-from megatron_burst.launch.cpu_data import SUCCESSORS
 from megatron_burst.launch.memory import GIB, estimate_memory
 from megatron_burst.launch.slurm import TIME_MARGIN
 from megatron_burst.launch.step_time import predict_step
+from megatron_burst.tools.cpu_data import SUCCESSORS
 
 from .conftest import CONFIGS, REPO
 

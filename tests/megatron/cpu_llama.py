@@ -1,7 +1,7 @@
 """Test helpers around the package's CPU model: the tiny Llama, random batches, shims on.
 
 Test ranks are throwaway processes, so `init_parallel` here installs the CPU patches of
-`megatron_burst.launch.cpu_shims` for the rest of the process (the package itself only
+`megatron_burst.tools.cpu_shims` for the rest of the process (the package itself only
 patches inside `megatron_on_cpu()` blocks). The rest re-exports the package's CPU model
 functions so tests read `cm.train_step(...)` as before.
 """
@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from megatron_burst.launch import cpu_shims
-from megatron_burst.launch.cpu_model import (  # noqa: F401  (re-exported for the tests)
+from megatron_burst.tools import cpu_shims
+from megatron_burst.tools.cpu_model import (  # noqa: F401  (re-exported for the tests)
     ModelShape,
     build_gpt,
     reduce_gradients,
@@ -20,7 +20,7 @@ from megatron_burst.launch.cpu_model import (  # noqa: F401  (re-exported for th
     train_step,
     transformer_config,
 )
-from megatron_burst.launch.cpu_model import init_parallel as _init_parallel
+from megatron_burst.tools.cpu_model import init_parallel as _init_parallel
 
 TinyLlama = ModelShape  # the default shape is the tiny test model
 _PATCHED = False

@@ -1,7 +1,7 @@
 """``megatron-burst tune``: measure a cluster once, write the profile the time model reads.
 
-    torchrun --nproc-per-node 8 -m megatron_burst.tune --out profile.json      # one node
-    srun ... torchrun --nnodes N ... -m megatron_burst.tune --out profile.json  # several
+    torchrun --nproc-per-node 8 -m megatron_burst.tools.tune --out profile.json  # one node
+    srun ... torchrun --nnodes N ... -m megatron_burst.tools.tune --out profile.json  # several
 
 It measures, on the ranks it is started on (under a minute on GPUs):
 - ring hops of 1-256 MB to the next rank of the node (intra) and to the same local rank of
@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .timing import Kernel, Link, Profile, load_profile
+from ..timing import Kernel, Link, Profile, load_profile
 
 
 def _sync(device: torch.device) -> None:
@@ -107,9 +107,9 @@ def _fit_kernel(points: list[tuple[int, float]]) -> Kernel:
 def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: torch.device,
                     dtype: torch.dtype, repeat: int) -> tuple[Kernel, Kernel]:
     """(dense, varlen) fwd+bwd rates of this rank's local kernel on causal blocks."""
-    from .kernels import select_kernel
-    from .schedule import Block
-    from .varlen import plan_calls
+    from ..kernels import select_kernel
+    from ..schedule import Block
+    from ..varlen import plan_calls
 
     dense, varlen = [], []
     for n in tokens:

@@ -1,6 +1,6 @@
 """A self-contained demonstration: BurstAttention on CPU ranks equals one-process attention.
 
-    python -m megatron_burst.demo [--world 4] [--seq 2048] [--heads 8:8] [--dim 64]
+    python -m megatron_burst.tools.demo [--world 4] [--seq 2048] [--heads 8:8] [--dim 64]
 
 Spawns ``--world`` gloo ranks, shards a random causal problem zigzag-wise, runs forward
 and backward with each backward mode, and prints the error against attention computed on

@@ -5,8 +5,10 @@ ring measure the same. Multi-node clusters have a ~10x slower link between nodes
 module makes one host behave like ``nodes`` x ``node_size`` GPUs: a message between ranks
 of different virtual nodes arrives no earlier than ``latency_us + bytes / gbps`` after it
 was posted. It is NEVER on by default: ``MEGATRON_BURST_EMULATE="node_size=2,gbps=25,
-latency_us=5"`` turns it on in ``install_from_env()``, which benchmarks and the pretraining
-entry point call, and which logs that every timing is emulated.
+latency_us=5"`` turns it on in ``install_from_env()``, which the benchmarks call
+(``benchmarks/ranks.py``) and both Megatron entry points reach through the core's switch
+(``megatron_burst.link_emulation.maybe_emulate_links``, from ``configure_run``). It installs
+once per process, and rank 0 prints one line saying every timing is emulated.
 
 How, so that compute and overlap behave as on a real cluster: the torch.distributed calls
 the ring, Ulysses, all-gather and Megatron's TP collectives use are wrapped. When a message
@@ -22,7 +24,6 @@ its cross-node traffic is not slowed, so benchmarks leave it out under emulation
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import sys
 import time
@@ -31,8 +32,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-logger = logging.getLogger(__name__)
-ENV = "MEGATRON_BURST_EMULATE"
+from ..link_emulation import ENV
+
+_ACTIVE: Emulation | None = None  # what install_from_env installed in this process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,18 +200,37 @@ class Emulation:
                     self._undo.append((module, attr, original))
 
     def uninstall(self) -> None:
+        global _ACTIVE
         for module, attr, original in getattr(self, "_undo", []):
             setattr(module, attr, original)
+        self._undo = []
+        if _ACTIVE is self:
+            _ACTIVE = None
+
+
+def active() -> Emulation | None:
+    """The emulation ``install_from_env`` installed in this process, None if none is on."""
+    return _ACTIVE
 
 
 def install_from_env() -> Emulation | None:
-    """Install the emulated network if ``$MEGATRON_BURST_EMULATE`` is set; say so loudly."""
+    """Install the emulated network if ``$MEGATRON_BURST_EMULATE`` is set; say so loudly.
+
+    Installs once per process (a second call returns the first emulation: wrapping twice
+    would slow every message twice); rank 0 prints one line. None when the variable is unset.
+    """
+    global _ACTIVE
     text = os.environ.get(ENV)
-    if not text:
-        return None
-    emulation = Emulation(VirtualNodes.parse(text))
+    if not text or _ACTIVE is not None:
+        return _ACTIVE
+    nodes = VirtualNodes.parse(text)
+    emulation = Emulation(nodes)
     emulation.install()
-    logger.warning("EMULATED NETWORK (%s=%s): messages between virtual nodes of %d ranks are "
-                   "slowed to %.1f GB/s; every timing of this process is emulated",
-                   ENV, text, emulation.nodes.node_size, emulation.nodes.gbps)
+    _ACTIVE = emulation
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        ranks = f"{nodes.node_size} rank{'s' if nodes.node_size > 1 else ''}"
+        print(f"!! {ENV}={text}: links across emulated nodes of {ranks} slowed to "
+              f"{nodes.gbps:g} GB/s (+{nodes.latency_us:g} us a message); timings are not "
+              f"real hardware", flush=True)
     return emulation

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from ..cp_layout import CPLayout
-from .config import Config, ConfigError
+from ..launch.config import Config, ConfigError
+from ..launch.memory import padded_vocab
 from .cpu_data import open_batch_source
 from .cpu_shims import megatron_on_cpu
-from .memory import padded_vocab
 
 # Exit status of a rank that stopped on a ConfigError it already reported to the parent.
 CONFIG_ERROR_EXIT = 3

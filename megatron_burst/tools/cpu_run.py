@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import torch.multiprocessing as mp
 
 from ..cp_layout import CPLayout
-from .config import Config, ConfigError
+from ..launch.config import Config, ConfigError
 from .cpu_data import SUCCESSORS, check_text_config, describe_data
 from .cpu_rank import Progress, RankFailure, RunResult, lr_at, rank_main
 
@@ -45,7 +45,7 @@ def check_cpu_config(cfg: Config) -> Any:
     Returns the text tokenizer for a run on text (None for synthetic data). The checks that
     read the dataset itself happen where it is opened (``cpu_data.TextWindows.open``).
     """
-    from .environment import megatron_core_problem
+    from ..launch.environment import megatron_core_problem
 
     c, tr = cfg.cluster, cfg.training
     if c.gpu != "cpu":

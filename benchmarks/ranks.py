@@ -1,0 +1,39 @@
+"""Start a torchrun benchmark's ranks: the process group, this rank's GPU, the link emulator.
+
+attention.py, documents.py and p2p_ring.py call `start_ranks()` first. With
+``$MEGATRON_BURST_EMULATE`` set (``node_size=2,gbps=25[,latency_us=5]``, see
+`megatron_burst.tools.emulate`), messages between virtual nodes are slowed from then on and
+rank 0 prints one line saying so; unset (the default), nothing is emulated. `emulated()`
+says which, so that methods whose traffic the emulator cannot slow (PyTorch's native CP)
+stay out, and `EMULATE_ENV` is the variable a result file records. The Megatron benchmarks
+(megatron_e2e.py and those built on it) need nothing here: their ranks run the package's
+entry point, whose `configure_run` reads the same variable.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from megatron_burst.link_emulation import ENV as EMULATE_ENV
+from megatron_burst.tools.emulate import active, install_from_env
+
+__all__ = ["EMULATE_ENV", "emulated", "start_ranks"]
+
+
+def start_ranks(backend: str = "nccl") -> tuple[int, int]:
+    """(rank, world) after initialising the process group (unless it is already), setting
+    this rank's GPU (nccl) and installing the link emulator where the variable asks."""
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    install_from_env()
+    return rank, world
+
+
+def emulated() -> bool:
+    """Whether this process's links between virtual nodes are emulated."""
+    return active() is not None
