@@ -15,9 +15,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import agree, headers
+from . import agree
 from .burst import BurstAttentionFunction, RingSpec
-from .comm import RingTopology
+from .comm import headers
+from .comm.topology import RingTopology
 from .cp_layout import CPLayout, HeadShape
 from .kernels import default_scale
 from .layout import group_size_rank

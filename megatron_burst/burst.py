@@ -25,9 +25,11 @@ import gc
 import torch
 import torch.distributed as dist
 
-from . import headers
-from .comm import AccumulatorRoute, PayloadRing, PeerComm, RingTopology, RowLayout
-from .headers import CallTag, HeaderCheck
+from .comm import headers
+from .comm.headers import CallTag, HeaderCheck
+from .comm.messages import PeerComm
+from .comm.rings import AccumulatorRoute, PayloadRing, RowLayout
+from .comm.topology import RingTopology
 from .kernels import LocalAttention, select_kernel, surrogate_out
 from .schedule import Block, RingSchedule
 from .varlen import (KernelCall, covers, plan_calls, run_backward, run_forward,
