@@ -30,7 +30,8 @@ from .comm.headers import CallTag, HeaderCheck
 from .comm.messages import PeerComm
 from .comm.rings import AccumulatorRoute, PayloadRing, RowLayout
 from .comm.topology import RingTopology
-from .kernels import LocalAttention, select_kernel, surrogate_out
+from .kernels.protocol import LocalAttention, surrogate_out
+from .kernels.selection import select_kernel
 from .schedule import Block, RingSchedule
 from .varlen import (KernelCall, covers, plan_calls, run_backward, run_forward,
                      upload_boundaries)
