@@ -55,7 +55,7 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
-from .comm import wait_bounded
+from .comm.waits import wait_bounded
 
 MODE_ENV = "MEGATRON_BURST_AGREE"
 MODES = ("first", "always", "off")

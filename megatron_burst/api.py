@@ -16,11 +16,12 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import agree, headers
+from . import agree
 from .burst import BurstAttentionFunction, RingSpec
-from .comm import RingTopology
+from .comm import headers
+from .comm.topology import RingTopology
 from .cp_layout import CPLayout, HeadShape
-from .kernels import default_scale
+from .kernels.selection import default_scale
 from .layout import group_size_rank
 from .documents import DocumentPack, pack_documents
 from .placement import LAYOUTS, chunks_per_rank, local_length

@@ -25,10 +25,13 @@ import gc
 import torch
 import torch.distributed as dist
 
-from . import headers
-from .comm import AccumulatorRoute, PayloadRing, PeerComm, RingTopology, RowLayout
-from .headers import CallTag, HeaderCheck
-from .kernels import LocalAttention, select_kernel, surrogate_out
+from .comm import headers
+from .comm.headers import CallTag, HeaderCheck
+from .comm.messages import PeerComm
+from .comm.rings import AccumulatorRoute, PayloadRing, RowLayout
+from .comm.topology import RingTopology
+from .kernels.protocol import LocalAttention, surrogate_out
+from .kernels.selection import select_kernel
 from .schedule import Block, RingSchedule
 from .varlen import (KernelCall, covers, plan_calls, run_backward, run_forward,
                      upload_boundaries)

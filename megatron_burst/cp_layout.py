@@ -232,7 +232,7 @@ class CPLayout:
                    ) -> tuple[int, int]:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
         sends them: only the rows each hop's receiver uses (``schedule.needed_rows``)."""
-        from .comm import RingTopology
+        from .comm.topology import RingTopology
         from .schedule import Mask, RingSchedule
 
         h = self._need_heads()

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .comm import exchange
+from .comm.exchange import exchange
 
 
 def _shuffle(x: torch.Tensor, peers: Sequence[int], me: int, group, split_dim: int,

@@ -107,7 +107,7 @@ def _fit_kernel(points: list[tuple[int, float]]) -> Kernel:
 def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: torch.device,
                     dtype: torch.dtype, repeat: int) -> tuple[Kernel, Kernel]:
     """(dense, varlen) fwd+bwd rates of this rank's local kernel on causal blocks."""
-    from ..kernels import select_kernel
+    from ..kernels.selection import select_kernel
     from ..schedule import Block
     from ..varlen import plan_calls
 

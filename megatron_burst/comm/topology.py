@@ -1,0 +1,87 @@
+"""Ring topology: who holds which payload at each step, and which hops bring it there.
+
+Why apart: the ring can be flat or a double ring (K/V go round the ranks of a node every
+step and cross to the next node once every L steps). ``RingTopology`` answers who holds
+what at each step and ``payload_hops`` which hops a position posts, as plain arithmetic on
+positions: the rings (``rings.py``) move payloads by it, and the cost model
+(``cost.py``) counts bytes by the same hop plan without any process group.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+
+class RingTopology:
+    """Ring positions 0..R-1 over global ``ranks``, as M nodes of L positions each.
+
+    K/V (or any payload) move one position round the node's ring every step, and cross to
+    the next node once every L steps (BurstAttention's double ring). ``intra_size=None``
+    (or R) is the flat ring: one "node" of R positions.
+
+    ``source(p, step)``: whose payload position p holds at ``step``.
+    ``holder(o, step)``: which position holds o's payload at ``step``.
+    ``reversed()``: the same ring run the other way, so that position p holds at step s
+    the payload of the position that held p's payload at step s on this ring.
+    """
+
+    def __init__(self, ranks: Sequence[int], me: int, intra_size: int | None = None,
+                 direction: int = 1):
+        self.ranks = list(ranks)
+        self.size = len(self.ranks)
+        self.index = self.ranks.index(me)
+        self.intra = intra_size or self.size
+        self.nodes = self.size // self.intra
+        self.direction = direction
+
+    def reversed(self) -> "RingTopology":
+        return RingTopology(self.ranks, self.ranks[self.index], self.intra, -self.direction)
+
+    def _split(self, p: int, step: int) -> tuple[int, int, int, int]:
+        t, u = divmod(step, self.intra)
+        n, l_ = divmod(p, self.intra)
+        return t * self.direction, u * self.direction, n, l_
+
+    def source(self, p: int, step: int) -> int:
+        t, u, n, l_ = self._split(p, step)
+        return (n - t) % self.nodes * self.intra + (l_ - u) % self.intra
+
+    def holder(self, owner: int, step: int) -> int:
+        t, u, n, l_ = self._split(owner, step)
+        return (n + t) % self.nodes * self.intra + (l_ + u) % self.intra
+
+    def rank(self, p: int) -> int:
+        return self.ranks[p]
+
+
+Rows = Callable[[int, int], int]  # (origin position, step) -> rows used from that step on
+
+
+def payload_hops(topo: RingTopology, step: int, rows: Rows
+                 ) -> list[tuple[str, int, int, int, int]]:
+    """The hops position ``topo.index`` posts at ``step``: (kind, to, rows sent, from,
+    rows received), positions not ranks.
+
+    Intra: the payload held now goes to the next position of the node, which uses it from
+    step+1. Inter (the first step of each round of L steps): it also goes to the same
+    position of the next node, which uses it from the next round on. A hop carries the
+    rows its receiver will use, ``rows(origin, first step)``; zero means it is not sent.
+    The receiver computes the same number for what it expects, so both sides agree.
+    """
+    def used(origin: int, first: int) -> int:
+        return rows(origin, first) if first < topo.size else 0
+
+    p, sign = topo.index, topo.direction
+    t, u = divmod(step, topo.intra)
+    n, l_ = divmod(p, topo.intra)
+    hops = []
+    if u == 0 and topo.nodes > 1:
+        first = (t + 1) * topo.intra
+        hops.append(("inter", (n + sign) % topo.nodes * topo.intra + l_,
+                     used(topo.source(p, step), first),
+                     (n - sign) % topo.nodes * topo.intra + l_, used(topo.source(p, first), first)))
+    if u + 1 < topo.intra:
+        hops.append(("intra", n * topo.intra + (l_ + sign) % topo.intra,
+                      used(topo.source(p, step), step + 1),
+                      n * topo.intra + (l_ - sign) % topo.intra,
+                      used(topo.source(p, step + 1), step + 1)))
+    return hops

@@ -1,0 +1,52 @@
+"""Bounded waits: a peer that fails or hangs mid-ring must not leave the others waiting.
+
+On CPU (gloo) every host-blocking wait gives up after ``MEGATRON_BURST_TIMEOUT_S`` seconds
+(default 600) with an error naming the peer (``wait_bounded``). On CUDA the host never
+blocks here; the process group's own timeout ends a dead peer's transfers.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT_ENV = "MEGATRON_BURST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def timeout_s() -> float:
+    """The bound on one host-blocking wait, in seconds (read per wait, so tests can set it)."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # also rejects nan
+        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def wait_bounded(work: dist.Work, device: torch.device, waiting_for: str,
+                 why: str = "that rank failed or is stuck") -> None:
+    """Wait for ``work``; on CPU give up after ``timeout_s()`` with an error naming the peer.
+
+    ``waiting_for`` completes "rank R waited T s ..." (e.g. "for a ring hop from rank 0
+    (forward)"). On CUDA (NCCL) nothing is bounded here, because ``wait()`` only makes the
+    current stream wait and the host never blocks: a dead peer is caught by the process
+    group's own timeout (``init_process_group(timeout=...)``), whose watchdog aborts the
+    communicator when ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is on (the default).
+    """
+    if device.type != "cpu":
+        work.wait()
+        return
+    start = time.monotonic()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=timeout_s()))
+    except RuntimeError as e:  # gloo's timeout, or the peer's connection closing
+        raise RuntimeError(f"rank {dist.get_rank()} waited {time.monotonic() - start:.1f} s "
+                           f"{waiting_for}: {why}") from e

@@ -1,0 +1,154 @@
+"""The CUDA kernels: cuDNN and flash as built into PyTorch, and the ``flash_attn`` package.
+
+Why apart: each wraps a private op whose signature moves between versions, and none can be
+tried without a GPU; ``selection.py`` probes each once and skips one that fails. cuDNN is
+the fastest dense kernel; flash takes windows, so band blocks go to it, and it does the
+varlen form in one launch. K/V with fewer heads are expanded where a kernel needs it.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..schedule import Block
+from .protocol import VarlenByLoop, _heads
+
+
+def flash_window(block: Block) -> tuple[int, int]:
+    """(left, right) for flash-attn's bottom-right-aligned window that equals the band.
+
+    Flash aligns query i with key i + m - n. Blocks are trimmed so that both values are
+    >= 0 (schedule.py: the last row and the last column each see something).
+    """
+    n, m = block.q_stop - block.q_start, block.k_stop - block.k_start
+    return (m - n) - block.lo, block.hi - (m - n)
+
+
+def _expand_kv(t: torch.Tensor, hq: int) -> torch.Tensor:
+    hkv = t.shape[2]
+    return t if hkv == hq else t.repeat_interleave(hq // hkv, dim=2)
+
+
+def _fold_kv_grad(g: torch.Tensor, hkv: int) -> torch.Tensor:
+    b, s, hq, d = g.shape
+    return g if hq == hkv else g.view(b, s, hkv, hq // hkv, d).sum(3)
+
+
+class CudnnAttention(VarlenByLoop):
+    """cuDNN fused attention through PyTorch (fastest on Hopper: ~550 TFLOP/s fwd+bwd)."""
+
+    name = "cudnn"
+
+    def forward(self, q, k, v, block, scale):
+        hq = q.shape[2]
+        res = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            _heads(q), _heads(_expand_kv(k, hq)), _heads(_expand_kv(v, hq)), None, True, 0.0,
+            block.causal, False, scale=scale)
+        out, lse = res[0], res[1]
+        if lse.dim() == 4:
+            lse = lse.squeeze(-1)
+        return out.transpose(1, 2), lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        hq, hkv = q.shape[2], k.shape[2]
+        kk, vv = _expand_kv(k, hq), _expand_kv(v, hq)
+        empty = torch.empty(0, device=q.device)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            _heads(dout), _heads(q), _heads(kk), _heads(vv), _heads(out),
+            lse.unsqueeze(-1).contiguous(), empty, empty, None, None, None,
+            q.shape[1], k.shape[1], 0.0, block.causal, scale=scale)
+        dk, dv = dk.transpose(1, 2), dv.transpose(1, 2)
+        return dq.transpose(1, 2), _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
+
+
+class TorchFlashAttention(VarlenByLoop):
+    """FlashAttention-2 as built into PyTorch (bshd-native, GQA-native)."""
+
+    name = "torch-flash"
+
+    @staticmethod
+    def _window(block):
+        return flash_window(block) if block.kind == "band" else (None, None)
+
+    def forward(self, q, k, v, block, scale):
+        left, right = self._window(block)
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q, k, v, None, None, q.shape[1], k.shape[1], 0.0, block.causal, False, scale=scale,
+            window_size_left=left, window_size_right=right)
+        return out, lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        left, right = self._window(block)
+        # The kernel reads lse as a dense [b, h, s]; the ring hands a slice of the rows.
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            dout, q, k, v, out, lse.contiguous(), None, None, q.shape[1], k.shape[1], 0.0,
+            block.causal,
+            torch.empty(2, dtype=torch.int64, device=q.device),
+            torch.empty(0, device=q.device), scale=scale, window_size_left=left,
+            window_size_right=right)
+        return dq, dk, dv
+
+    @staticmethod
+    def _varlen_window(call):
+        return (None, None) if call.causal or call.window == (-1, -1) else call.window
+
+    def forward_varlen(self, q, k, v, call, scale):
+        cu_q, cu_k = call.cu_tensors(q.device)
+        left, right = self._varlen_window(call)
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, call.max_q, call.max_k, 0.0, call.causal, False, scale=scale,
+            window_size_left=left, window_size_right=right)
+        return out, lse.float()
+
+    def backward_varlen(self, dout, q, k, v, out, lse, call, scale):
+        cu_q, cu_k = call.cu_tensors(q.device)
+        left, right = self._varlen_window(call)
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            dout, q, k, v, out, lse.contiguous(), cu_q, cu_k, call.max_q, call.max_k, 0.0,
+            call.causal, torch.empty(2, dtype=torch.int64, device=q.device),
+            torch.empty(0, device=q.device), scale=scale, window_size_left=left,
+            window_size_right=right)
+        return dq, dk, dv
+
+
+class FlashAttnPackage(VarlenByLoop):
+    """The ``flash_attn`` package (Dao-AILab), preferred on CUDA when installed."""
+
+    name = "flash-attn"
+
+    def __init__(self):
+        from flash_attn import flash_attn_interface as fai  # noqa: F401
+        self._fai = fai
+
+    def forward(self, q, k, v, block, scale):
+        res = self._fai._flash_attn_forward(q, k, v, 0.0, scale, causal=block.causal,
+                                            window_size_left=-1, window_size_right=-1,
+                                            softcap=0.0, alibi_slopes=None,
+                                            return_softmax=False)
+        return res[0], res[1].float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self._fai._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale,
+                                       block.causal, -1, -1, 0.0, None, False)
+        return dq, dk, dv
+
+    # flash-attn 2.x's varlen entry points; a version whose signature differs fails the
+    # probe in ``_cuda_kernel`` and the package is then not used for varlen calls.
+    def forward_varlen(self, q, k, v, call, scale):
+        cu_q, cu_k = call.cu_tensors(q.device)
+        left, right = (-1, 0) if call.causal else call.window
+        res = self._fai._flash_attn_varlen_forward(
+            q, k, v, cu_q, cu_k, call.max_q, call.max_k, 0.0, scale, call.causal,
+            window_size_left=left, window_size_right=right, softcap=0.0, alibi_slopes=None,
+            return_softmax=False)
+        return res[0], res[1].float()
+
+    def backward_varlen(self, dout, q, k, v, out, lse, call, scale):
+        cu_q, cu_k = call.cu_tensors(q.device)
+        left, right = (-1, 0) if call.causal else call.window
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self._fai._flash_attn_varlen_backward(
+            dout, q, k, v, out, lse.contiguous(), dq, dk, dv, cu_q, cu_k, call.max_q,
+            call.max_k, 0.0, scale, call.causal, left, right, 0.0, None, False)
+        return dq, dk, dv
+
