@@ -8,7 +8,6 @@ windows. On CPU the CPU flash kernel runs, and the plain reference is the last r
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -122,9 +121,27 @@ def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int,
         return False
 
 
-@functools.lru_cache(maxsize=64)
+_CHOSEN: dict[tuple, LocalAttention] = {}  # (dtype, hq, hkv, d, device index) -> kernel
+
+
 def _cuda_kernel(dtype: torch.dtype, hq: int, hkv: int, d: int, index: int) -> LocalAttention:
-    device = torch.device("cuda", index)
+    """The kernel chosen for this head shape on this GPU, probed once.
+
+    Probing runs small kernels and copies from the host: inside a CUDA graph capture it
+    would fail and fall back to the slow reference kernel without a word, so a capture that
+    reaches a shape never probed raises instead (run the call once before capturing)."""
+    key = (dtype, hq, hkv, d, index)
+    if key not in _CHOSEN:
+        if torch.cuda.is_current_stream_capturing():
+            raise ValueError(f"burst_attn: no kernel probed yet for {hq}:{hkv} heads of "
+                             f"dim {d} in {dtype}; run the call once outside the CUDA graph "
+                             f"capture first (make_graphed_callables' warm-up does)")
+        _CHOSEN[key] = _probe_kernels(dtype, hq, hkv, d, torch.device("cuda", index))
+    return _CHOSEN[key]
+
+
+def _probe_kernels(dtype: torch.dtype, hq: int, hkv: int, d: int,
+                   device: torch.device) -> LocalAttention:
     candidates: list[LocalAttention] = []
     try:
         candidates.append(FlashAttnPackage())
