@@ -33,7 +33,8 @@ from ranks import emulated, start_ranks  # noqa: E402
 
 import megatron_burst as mb  # noqa: E402
 from megatron_burst import kernels, timing  # noqa: E402
-from megatron_burst.cp_layout import CPLayout, HeadShape  # noqa: E402
+from megatron_burst.cp_topology import HeadShape  # noqa: E402
+from megatron_burst.options import BurstOptions, resolve  # noqa: E402
 from megatron_burst.schedule import Block  # noqa: E402
 
 DOC_MIX = (0.40, 0.22, 0.15, 0.10, 0.06, 0.04, 0.02, 0.01)  # "docs": a few long documents
@@ -196,15 +197,9 @@ def run_sequence(run, causal, window, mask, world, hq, hkv, per_gpu) -> None:
                                                        intra_node_size="auto", backward="auto")
     heads = HeadShape(hq, hkv, 128, 2)
     for name, opts in burst.items():
-        if "auto" in opts.values() or opts.get("backward") == "auto":
-            lay = timing.auto_layout(world, heads, per_gpu, causal, None,
-                                     opts.get("ulysses_size", 1),
-                                     opts.get("intra_node_size"), "auto")
-        else:
-            lay = CPLayout.build(world, ulysses=opts.get("ulysses_size", 1),
-                                 ranks_per_node=opts.get("intra_node_size"),
-                                 backward=opts["backward"] if "backward" in opts else "auto",
-                                 heads=heads)
+        # The topology burst_attn resolves for these options (the one resolver).
+        lay = resolve(BurstOptions(**opts), cp=world, heads=heads, tokens=per_gpu,
+                      cp_ranks_per_node=None, causal=causal)
         run(name, lambda local, opts=opts: mb.burst_attn(
             *local, causal=causal, window_size=window, **opts), cp_layout=lay)
 

@@ -20,7 +20,8 @@ from . import agree
 from .burst import BurstAttentionFunction, RingSpec
 from .comm import headers
 from .comm.topology import RingTopology
-from .cp_layout import CPLayout, HeadShape
+from .cp_topology import CPTopology, HeadShape
+from .options import BurstOptions, cp_ranks_per_node, local_gpus, resolve
 from .kernels.selection import default_scale
 from .layout import group_size_rank
 from .documents import DocumentPack, pack_documents
@@ -37,7 +38,7 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_fo
     """Raise ValueError for any bad argument; return the pack of documents, if any.
 
     The ring's shape (Ulysses size, ranks per node, backward mode) is checked by
-    ``CPLayout.build``.
+    ``options.resolve`` and ``CPTopology.build``.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -117,7 +118,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                intra_node_size: int | str | None = None, ulysses_size: int | str = 1,
                cu_seqlens: torch.Tensor | DocumentPack | None = None, return_lse: bool = False,
                kernel: str | None = None, keep: AttentionKeep | None = None,
-               call_label: int | str | None = None):
+               call_label: int | str | None = None, topology: CPTopology | None = None):
     """Exact attention over a sequence sharded across ``group`` (BurstAttention).
 
     q: [b, s_local, hq, d]; k, v: [b, s_local, hkv, d] (``qkv_format="sbhd"`` swaps the
@@ -131,6 +132,9 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     picks the fastest for this shape; ranks per node come from torchrun's LOCAL_WORLD_SIZE.
     ``keep`` (``remat.AttentionKeep``): under full recompute, a call without autograd keeps
     its output there and the recompute (with autograd) takes it instead of running the ring.
+    ``topology``: a ``CPTopology`` already decided (``options.resolve``, e.g. once per run by
+    the Megatron entry point), used as it is instead of ``backward``, ``intra_node_size`` and
+    ``ulysses_size``.
     ``call_label`` (e.g. the layer number) goes into every ring message's header with the
     call's number and signature (``headers``): a rank whose call pairs with a peer's call of
     another label raises instead of computing with the wrong messages.
@@ -141,12 +145,12 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     try:
         key = _call_key(group, q, k, v, causal, softmax_scale, window_size, layout, backward,
                         qkv_format, intra_node_size, ulysses_size, cu_seqlens, kernel, keep,
-                        call_label)
+                        call_label, topology)
         call = _PREPARED.get(key) if key is not None else None
         if call is None:
             call = _prepare(q, k, v, group, world, causal, softmax_scale, window_size, layout,
                             backward, qkv_format, intra_node_size, ulysses_size, cu_seqlens,
-                            kernel, keep, call_label)
+                            kernel, keep, call_label, topology)
             if key is not None:
                 _remember(key, call)
     except Exception as err:  # whatever failed, the peers learn of it instead of waiting
@@ -179,7 +183,7 @@ class _Prepared:
     (and per document pack) and reused, so a repeated call costs the host a dictionary
     lookup instead of validation, layout, signature and planning."""
 
-    cp: CPLayout
+    cp: CPTopology
     sig: dict
     digest: int  # of the signature, for the ring messages' headers
     label: int  # of call_label
@@ -224,12 +228,12 @@ def _call_key(group, q, k, v, *options) -> tuple | None:
 
 def _prepare(q, k, v, group, world, causal, softmax_scale, window_size, layout, backward,
              qkv_format, intra_node_size, ulysses_size, cu_seqlens, kernel, keep,
-             call_label) -> _Prepared:
+             call_label, topology) -> _Prepared:
     """Validate, resolve the layout, sign and plan one call (no communication)."""
     pack = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
                      qkv_format, cu_seqlens)
-    cp = _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
-                 ulysses_size)
+    cp = _topology(group, world, q, k, causal, backward, intra_node_size, ulysses_size,
+                   topology)
     if keep is not None and not isinstance(keep, AttentionKeep):
         raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
                          f"{type(keep).__name__}")
@@ -267,7 +271,7 @@ def _next_call(group) -> int:
     return _CALLS[name]
 
 
-def _ring_spec(q, group, world, cp: CPLayout, pack: DocumentPack | None, causal: bool,
+def _ring_spec(q, group, world, cp: CPTopology, pack: DocumentPack | None, causal: bool,
                softmax_scale, window_size, layout: str, qkv_format: str,
                kernel: str | None) -> RingSpec:
     """Everything the ring loops need besides tensors, for this call (no communication)."""
@@ -300,36 +304,30 @@ def _schedule(pack: DocumentPack | None, total: int, layout: str, world: int, ma
     return pack.schedules[key]
 
 
-def _layout(group, world, q, k, causal, qkv_format, backward, intra_node_size,
-            ulysses_size) -> CPLayout:
-    """The call's CPLayout; any 'auto' is decided by the time model for this shape."""
+def _topology(group, world, q, k, causal, backward, intra_node_size, ulysses_size,
+              topology: CPTopology | None) -> CPTopology:
+    """The call's CPTopology: the caller's decided one (checked against the call), else the
+    one resolver's (``options.resolve``) for these options and this shape."""
     heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size())
-    for name, value in (("ulysses_size", ulysses_size), ("intra_node_size", intra_node_size)):
-        if isinstance(value, str) and value != "auto":
-            raise ValueError(f"{name} must be an int or 'auto', got {value!r}")
-    # What the caller fixed is checked first, so a bad value is named even under 'auto'.
-    fixed = CPLayout.build(
-        world, ulysses=1 if ulysses_size == "auto" else ulysses_size,
-        ranks_per_node=None if intra_node_size == "auto" else intra_node_size,
-        backward="burst" if backward == "auto" else backward, heads=heads)
-    if "auto" not in (ulysses_size, intra_node_size, backward):
-        return fixed
-    from .timing import auto_layout  # the time model: only where something is left to choose
-
+    if topology is not None:
+        if not isinstance(topology, CPTopology):
+            raise ValueError(f"topology must be a megatron_burst CPTopology or None, got "
+                             f"{type(topology).__name__}")
+        if topology.cp != world or (topology.heads is not None and (
+                topology.heads.hq, topology.heads.hkv, topology.heads.head_dim)
+                != (heads.hq, heads.hkv, heads.head_dim)):
+            raise ValueError(f"topology was resolved for cp={topology.cp} and heads "
+                             f"{topology.heads}, but this call has {world} ranks and heads "
+                             f"{heads}")
+        return topology
+    options = BurstOptions(backward=backward, ulysses_size=ulysses_size,
+                           intra_node_size=intra_node_size)
     tokens = q.shape[0] * q.shape[1]  # bshd and sbhd alike: batch x local sequence
-    return auto_layout(world, heads, tokens, bool(causal), cp_ranks_per_node(group, world),
-                       "auto" if ulysses_size == "auto" else fixed.ulysses,
-                       "auto" if intra_node_size == "auto" else fixed.ranks_per_node, backward)
-
-
-def cp_ranks_per_node(group, world: int) -> int | None:
-    """Ranks of ``group`` on this rank's node, from torchrun's LOCAL_WORLD_SIZE (nodes of
-    equal size, global ranks numbered node by node); None when it is not set."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-    if local <= 0 or not dist.is_initialized():
-        return None
-    node = dist.get_rank() // local
-    return sum(1 for r in group_ranks(group, world) if r // local == node)
+    members = group_ranks(group, world) if dist.is_initialized() else None
+    per_node = cp_ranks_per_node(world, gpus_per_node=local_gpus(), group_ranks=members,
+                                 rank=dist.get_rank() if members else None)
+    return resolve(options, cp=world, heads=heads, tokens=tokens, cp_ranks_per_node=per_node,
+                   causal=causal)
 
 
 def _ring(q, k, v, spec, keep, kept, key=None):

@@ -7,7 +7,7 @@ and how many rows of each payload a hop must carry; the loops never branch on th
 Forward: Q stays home; K/V go round the ring (the next hop in flight while this step
 computes); each block's (out, lse) is merged into fp32 accumulators.
 
-Backward, two modes (``cost.py`` has their byte counts; ``cp_layout`` resolves
+Backward, two modes (``cost.py`` has their byte counts; ``options.resolve`` resolves
 ``backward="auto"``):
 - ``burst`` (the paper): K, V, dK, dV stay home. (Q, dO, lse, delta) travel; the dQ of the
   queries being visited travels one step behind on a second ring and lands home last.

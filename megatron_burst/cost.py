@@ -1,7 +1,7 @@
 """Communication cost of the burst ring: the bytes each rank sends, per pass and mode.
 
-These formulas are the contract ``count_comm()`` is tested against, and what
-``backward="auto"`` uses to pick a backward mode. Per rank, with G ranks, T local tokens
+These formulas are the contract ``count_comm()`` is tested against, and the byte terms of
+the time model (``timing``, which decides ``backward="auto"`` in seconds). Per rank, with G ranks, T local tokens
 (batch x local sequence), e bytes per element of q/k/v, fp32 (4-byte) gradient
 accumulators and fp32 lse/delta:
 
@@ -15,7 +15,7 @@ gradients never leave home) and its last hop is the one home: G-1 hops.
 
 These are the formulas for a plain sequence, where every row travels. With a window or
 packed documents the schedule sends less (``schedule.RingSchedule.needed_rows``), and
-``schedule_bytes`` counts exactly what it sends.
+``ring_pass_bytes`` counts exactly what it sends.
 
 For MHA at d=128 in bf16 the burst backward sends 0.67x the ring's bytes; with GQA the
 ring wins as soon as hq/hkv exceeds about 1.5.
@@ -51,13 +51,6 @@ def backward_bytes(mode: str, world: int, tokens: int, hq: int, hkv: int, head_d
         return (hops * tokens * (2 * hq * head_dim * elem_bytes + 2 * hq * 4)
                 + hops * tokens * hq * head_dim * 4)
     raise ValueError(f"backward must be 'burst' or 'ring', got {mode!r}")
-
-
-def choose_backward(world: int, hq: int, hkv: int, head_dim: int, elem_bytes: int) -> str:
-    """The backward mode that sends fewer bytes (ties go to 'burst', the paper's)."""
-    burst = backward_bytes("burst", max(world, 2), 1, hq, hkv, head_dim, elem_bytes)
-    ring = backward_bytes("ring", max(world, 2), 1, hq, hkv, head_dim, elem_bytes)
-    return "burst" if burst <= ring else "ring"
 
 
 def ulysses_bytes(ulysses: int, tokens: int, hq: int, hkv: int, head_dim: int,

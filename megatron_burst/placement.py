@@ -28,6 +28,9 @@ import functools
 import heapq
 
 LAYOUTS = ("zigzag", "contiguous", "whole_docs")
+# How Megatron document batches may be placed: `whole_docs` keeps short documents on one
+# rank; `zigzag` splits every document over all ranks, padded to 2*cp.
+DOCUMENT_LAYOUTS = ("whole_docs", "zigzag")
 
 
 @dataclasses.dataclass(frozen=True)

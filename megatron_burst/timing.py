@@ -12,10 +12,10 @@ on the kernel. A ``Profile`` holds what ``megatron-burst tune`` measures on a cl
 - memory bandwidth (the fp32 merges and accumulators are memory-bound passes);
 - the host's fixed cost per ring step and per call (launches, Python, NCCL bookkeeping).
 
-``predict`` turns (CPLayout, tokens per rank, mask) into seconds per attention call, fwd+bwd,
+``predict`` turns (CPTopology, tokens per rank, mask) into seconds per attention call, fwd+bwd,
 step by step: a step costs the larger of its compute and its hop, plus the host's share.
 ``choose`` ranks every layout a group allows (Ulysses sizes, flat or double ring, backward
-mode) and returns the fastest. Shipped profiles: ``h200-nvlink`` (measured on this
+mode), fastest first; ``options.resolve``, the one place 'auto' is decided, takes its first. Shipped profiles: ``h200-nvlink`` (measured on this
 project's 4x H200 machine) and ``a100-ib`` (8x A100-80GB nodes with NVLink and 200 Gb/s
 InfiniBand per GPU, from published figures, not measured here: marked so in the file).
 """
@@ -29,12 +29,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-import logging
-
 from . import cost
-from .cp_layout import CPLayout, HeadShape
-
-logger = logging.getLogger(__name__)
+from .cp_topology import CPTopology, HeadShape
 
 PROFILE_ENV = "MEGATRON_BURST_PROFILE"
 DEFAULT_PROFILE = "h200-nvlink"
@@ -141,7 +137,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
 class Prediction:
     """Seconds of one attention call (fwd+bwd) and where they go."""
 
-    layout: CPLayout
+    layout: CPTopology
     total_s: float
     compute_s: float
     exposed_comm_s: float
@@ -155,7 +151,7 @@ class Prediction:
                 f"all-to-all {self.alltoall_s * ms:.2f}, host {self.host_s * ms:.2f})")
 
 
-def predict(layout: CPLayout, prof: Profile, *, tokens: int, causal: bool = True,
+def predict(layout: CPTopology, prof: Profile, *, tokens: int, causal: bool = True,
             cp_ranks_per_node: int | None = None) -> Prediction:
     """Seconds per call for ``tokens`` tokens per rank (batch x local sequence).
 
@@ -190,7 +186,7 @@ def predict(layout: CPLayout, prof: Profile, *, tokens: int, causal: bool = True
     return Prediction(layout, total, compute + elementwise, exposed, a2a, host)
 
 
-def _ring_exposed(layout: CPLayout, prof: Profile, per_node: int, step_s: float,
+def _ring_exposed(layout: CPTopology, prof: Profile, per_node: int, step_s: float,
                   hop_bytes: int) -> float:
     """Seconds the ring waits on its links over one pass of ring-1 hops."""
     ring = layout.ring_size
@@ -211,7 +207,7 @@ def _ring_exposed(layout: CPLayout, prof: Profile, per_node: int, step_s: float,
 
 def candidates(cp: int, heads: HeadShape, *, cp_ranks_per_node: int | None = None,
                ulysses: int | str = "auto", ranks_per_node: int | None | str = "auto",
-               backward: str = "auto") -> list[CPLayout]:
+               backward: str = "auto") -> list[CPTopology]:
     """Every layout the group allows, within what the caller fixed."""
     per_node = cp_ranks_per_node or cp
     sizes = [u for u in range(1, cp + 1) if cp % u == 0] if ulysses == "auto" else [ulysses]
@@ -228,7 +224,7 @@ def candidates(cp: int, heads: HeadShape, *, cp_ranks_per_node: int | None = Non
             rings = [ranks_per_node]
         for r in rings:
             for mode in modes:
-                out.append(CPLayout.build(cp, ulysses=u, ranks_per_node=r, backward=mode,
+                out.append(CPTopology.build(cp, ulysses=u, ranks_per_node=r, backward=mode,
                                           heads=heads))
     return list(dict.fromkeys(out))
 
@@ -245,17 +241,3 @@ def choose(cp: int, heads: HeadShape, *, tokens: int, causal: bool = True,
                          f"and {fixed}")
     return sorted(preds, key=lambda p: (round(p.total_s, 6), p.layout.ulysses,
                                         sum(p.layout.call_bytes(tokens)), p.layout.double))
-
-
-@functools.lru_cache(maxsize=256)
-def auto_layout(cp: int, heads: HeadShape, tokens: int, causal: bool,
-                cp_ranks_per_node: int | None, ulysses: int | str,
-                ranks_per_node: int | None | str, backward: str,
-                profile: str | None = None) -> CPLayout:
-    """The fastest layout for this shape within what the caller fixed (cached, logged once)."""
-    ranked = choose(cp, heads, tokens=tokens, causal=causal, prof=load_profile(profile),
-                    cp_ranks_per_node=cp_ranks_per_node, ulysses=ulysses,
-                    ranks_per_node=ranks_per_node, backward=backward)
-    logger.info("burst auto (%d tokens per rank, %s, profile %s): %s", tokens,
-                "causal" if causal else "full", load_profile(profile).name, ranked[0].describe())
-    return ranked[0].layout

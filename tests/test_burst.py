@@ -164,9 +164,10 @@ def bytes_worker(rank, world, cases):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_count_comm_matches_the_schedule(world):
-    """Each rank sends exactly what CPLayout.rank_bytes counts from the schedule, never more
+    """Each rank sends exactly what CPTopology.rank_bytes counts from the schedule, never more
     than the plain formulas, and the paper's backward claims hold in what is measured."""
-    from megatron_burst.cp_layout import CPLayout, HeadShape
+    from megatron_burst.cp_topology import HeadShape
+    from megatron_burst.options import BurstOptions, resolve
 
     cases = [(hq, hkv, 64, mode) for hq, hkv in [(8, 8), (8, 2), (4, 1)]
              for mode in ("burst", "ring", "auto")]
@@ -174,7 +175,9 @@ def test_count_comm_matches_the_schedule(world):
     tokens = 2 * 8
     for rank, per_rank in enumerate(results):
         for (hq, hkv, d, mode), (fwd, bwd) in zip(cases, per_rank):
-            layout = CPLayout.build(world, backward=mode, heads=HeadShape(hq, hkv, d, 2))
+            # The topology burst_attn resolved for this call ('auto' by the one resolver).
+            layout = resolve(BurstOptions(backward=mode), cp=world,
+                             heads=HeadShape(hq, hkv, d, 2), tokens=16, cp_ranks_per_node=None)
             assert (fwd, bwd) == layout.rank_bytes(rank, batch=2, s_local=8)
             assert fwd <= cost.forward_bytes(world, tokens, hkv, d, 2)
             assert bwd <= cost.backward_bytes(layout.backward, world, tokens, hq, hkv, d, 2)
@@ -275,13 +278,15 @@ def ulysses_bytes_worker(rank, world, cases):
 
 
 def test_count_comm_matches_the_layout_with_ulysses():
-    """What CPLayout.call_bytes predicts (ring + all-to-alls) is what a rank sends."""
-    from megatron_burst.cp_layout import CPLayout, HeadShape
+    """What CPTopology.call_bytes predicts (ring + all-to-alls) is what a rank sends."""
+    from megatron_burst.cp_topology import HeadShape
+    from megatron_burst.options import BurstOptions, resolve
 
     cases = [(8, 8, 2, None), (8, 2, 2, None), (4, 1, 4, None), (8, 4, 2, 4), (8, 8, 1, 2)]
     results = run_ranks(4, ulysses_bytes_worker, cases)
     for rank, per_rank in enumerate(results):
         for (hq, hkv, u, per_node), got in zip(cases, per_rank):
-            layout = CPLayout.build(4, ulysses=u, ranks_per_node=per_node,
-                                    heads=HeadShape(hq, hkv, 32, 2))
+            layout = resolve(BurstOptions(ulysses_size=u, intra_node_size=per_node), cp=4,
+                             heads=HeadShape(hq, hkv, 32, 2), tokens=16,
+                             cp_ranks_per_node=None)
             assert got == layout.rank_bytes(rank, batch=2, s_local=8), (hq, hkv, u, per_node)

@@ -94,10 +94,10 @@ def window_bytes_worker(rank, world):
 
 
 def test_skipped_window_steps_send_nothing():
-    from megatron_burst.cp_layout import CPLayout, HeadShape
+    from megatron_burst.cp_topology import CPTopology, HeadShape
 
     tokens, h, d = 8, 4, 16
-    layout = CPLayout.build(4, backward="ring", heads=HeadShape(h, h, d, 4))
+    layout = CPTopology.build(4, backward="ring", heads=HeadShape(h, h, d, 4))
     results = run_ranks(4, window_bytes_worker)
     for rank, (fwd, bwd, fwd0, bwd0) in enumerate(results):
         assert (fwd, bwd) == layout.rank_bytes(rank, batch=1, s_local=tokens,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst.cp_layout import CPLayout, HeadShape
+from megatron_burst.cp_topology import CPTopology, HeadShape
 from megatron_burst.timing import Kernel, Link, Profile, choose, load_profile, predict
 
 from .distributed import run_ranks
@@ -72,7 +72,7 @@ def test_auto_never_breaks_divisibility(cp, hq, hkv):
 
 def test_prediction_grows_with_work_and_exposes_slow_links():
     heads = HeadShape(32, 32, 128, 2)
-    lay = CPLayout.build(4, heads=heads, backward="burst")
+    lay = CPTopology.build(4, heads=heads, backward="burst")
     short, long = (predict(lay, FAST, tokens=t) for t in (4096, 32768))
     assert long.compute_s > 8 * short.compute_s
     slow = predict(lay, dataclasses.replace(FAST, intra=Link(5.0, 2.0)), tokens=4096)

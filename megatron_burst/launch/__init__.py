@@ -11,5 +11,5 @@ from JSONL text (whole or not at all: `staging`), and `environment` says what th
 packages can run. `cli` parses the `megatron-burst` command and hands it to `commands` or
 `run_command`, which start the tools of `megatron_burst.tools` for `tune` and for `run` on
 CPU ranks (`tools.cpu_run`). The run's context-parallel layout is
-`megatron_burst.cp_layout.CPLayout.from_run_config(cfg)`, read by all of them.
+`megatron_burst.launch.topology.topology_of(cfg)` (the one resolver, once per config), read by all of them.
 """

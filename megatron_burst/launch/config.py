@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ..cp_layout import BACKWARD_MODES
+from ..options import OPTION_FIELDS
 from .config_file import read_config_yaml
 from .hardware import HARDWARE, Hardware
 from .config_values import BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text
@@ -68,19 +68,15 @@ class ParallelConfig:
     sequence_parallel: bool = True
 
 
-@dataclasses.dataclass(frozen=True)
-class BurstConfig:
-    """BurstAttention options passed to the adapter's --burst-* flags."""
-
-    backward: str = "auto"
-    # CP ranks of one group that share a node (Ulysses ranks included): the double ring's
-    # fast inner ring. 1 is the flat ring.
-    intra_node_size: int = 1
-    # Ranks that split heads by all-to-all before the ring, or "auto": the time model picks
-    # the fastest split for this shape and cluster (and the backward mode with it).
-    ulysses_size: int | str = 1
-    # Full recompute without re-running the attention ring (needs training.recompute: full).
-    remat_aware: bool = False
+# The `burst:` section: the schema's options that a config sets there (its profile is
+# `cluster.profile`, document masks are `data.document_mask`), with the schema's types,
+# defaults and help: one spelling for each value (a flat ring is `intra_node_size: null`).
+BURST_KEYS = ("backward", "ulysses_size", "intra_node_size", "remat_aware")
+BurstConfig = dataclasses.make_dataclass(
+    "BurstConfig", [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+                    for f in OPTION_FIELDS if f.name in BURST_KEYS], frozen=True)
+BurstConfig.__doc__ = "BurstAttention options (megatron_burst.options.BurstOptions' fields)."
+BurstConfig.__module__ = __name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +163,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.normalization": ("RMSNorm", "LayerNorm"),
     "model.activation": ("swiglu", "gelu"),
     "model.position_embedding": ("rope",),
-    "burst.backward": BACKWARD_MODES,
+    **{f"burst.{f.name}": tuple(f.metadata["choices"]) for f in OPTION_FIELDS
+       if f.name in BURST_KEYS and f.metadata["choices"]},
     "cluster.gpu": tuple(HARDWARE),
     "training.precision": ("bf16", "fp32"),
     "training.recompute": ("none", "selective", "full"),

@@ -13,7 +13,8 @@ import re
 import shlex
 import typing
 
-from ..cp_layout import RING_COMM_TYPE, CPLayout
+from ..cp_topology import RING_COMM_TYPE
+from .topology import topology_of
 from .config import VARIABLE, Config, ConfigError, expand_vars
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
@@ -104,7 +105,7 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     else:
         # The layout `plan` reports, resolved once here ('auto' by the time model with the
         # cluster's profile), so the adapter runs exactly it and decides nothing again.
-        layout = CPLayout.from_run_config(cfg)
+        layout = topology_of(cfg)
         f += ["--cp-comm-type", layout.cp_comm_type,
               "--burst-backward", layout.backward,
               "--burst-ulysses-size", str(layout.ulysses)]

@@ -12,31 +12,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..cp_layout import CPLayout, HeadShape
+from ..cp_topology import CPTopology, HeadShape, check_heads
 from ..timing import Prediction, candidates, load_profile, predict
 from .config import Config
-
-
-def cp_ranks_per_node(cfg: Config) -> int:
-    """Ranks of one CP group that share a node.
-
-    Megatron orders ranks tp-cp-dp-pp (TP innermost), so the CP group of a node's first
-    GPU holds gpus_per_node / TP consecutive CP ranks there.
-    """
-    p = cfg.parallel
-    return max(1, min(p.context, cfg.cluster.gpus_per_node // p.tensor))
-
-
-def tokens_per_rank(cfg: Config) -> int:
-    """Tokens one CP rank holds per microbatch: what the time model is asked about."""
-    return cfg.training.micro_batch_size * cfg.model.seq_length // cfg.parallel.context
+from .topology import group_ranks_per_node, tokens_per_rank, topology_of
 
 
 def chosen_prediction(cfg: Config) -> Prediction:
     """The time model's prediction for the run's own layout: one layer, one microbatch."""
-    return predict(CPLayout.from_run_config(cfg), load_profile(cfg.cluster.profile_name),
+    return predict(topology_of(cfg), load_profile(cfg.cluster.profile_name),
                    tokens=tokens_per_rank(cfg), causal=True,
-                   cp_ranks_per_node=cp_ranks_per_node(cfg))
+                   cp_ranks_per_node=group_ranks_per_node(cfg))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +46,9 @@ class LayoutRow:
 def config_fixes(cfg: Config) -> dict[str, Any]:
     """What the config fixes of the layout, as ``timing.candidates`` takes it."""
     b = cfg.burst
-    fixed: dict[str, Any] = {"ranks_per_node": None if b.intra_node_size == 1
-                             else b.intra_node_size}
+    fixed: dict[str, Any] = {}
+    if b.intra_node_size != "auto":
+        fixed["ranks_per_node"] = None if b.intra_node_size in (None, 1) else b.intra_node_size
     if b.ulysses_size != "auto":
         fixed["ulysses"] = b.ulysses_size
     if b.backward != "auto":
@@ -69,15 +56,16 @@ def config_fixes(cfg: Config) -> dict[str, Any]:
     return fixed
 
 
-def _why_excluded(layout: CPLayout, cfg: Config, fixed: dict[str, Any]) -> str:
+def _why_excluded(layout: CPTopology, cfg: Config, fixed: dict[str, Any]) -> str:
     """Which of the config's fixed values rules ``layout`` out."""
     b, reasons = cfg.burst, []
     if "ulysses" in fixed and layout.ulysses != fixed["ulysses"]:
         reasons.append(f"burst.ulysses_size is {b.ulysses_size} (auto would consider it)")
-    ring = CPLayout.build(layout.cp, ulysses=layout.ulysses, backward=layout.backward,
-                          ranks_per_node=fixed["ranks_per_node"], heads=layout.heads)
-    if ring.ranks_per_node != layout.ranks_per_node:
-        reasons.append(f"burst.intra_node_size is {b.intra_node_size}")
+    if "ranks_per_node" in fixed:
+        ring = CPTopology.build(layout.cp, ulysses=layout.ulysses, backward=layout.backward,
+                                ranks_per_node=fixed["ranks_per_node"], heads=layout.heads)
+        if ring.ranks_per_node != layout.ranks_per_node:
+            reasons.append(f"burst.intra_node_size is {b.intra_node_size}")
     if "backward" in fixed and layout.backward != fixed["backward"]:
         reasons.append(f"burst.backward is {b.backward}")
     return "; ".join(reasons) or "not admitted by the config"
@@ -85,10 +73,10 @@ def _why_excluded(layout: CPLayout, cfg: Config, fixed: dict[str, Any]) -> str:
 
 def _why_no_ulysses(u: int, heads: HeadShape, per_node: int) -> str:
     """Why no layout splits heads ``u`` ways (the checks ``timing.candidates`` makes)."""
-    if heads.hq % u:
-        return f"{u} does not divide the {heads.hq} query heads per TP rank"
-    if heads.hkv % u and u % heads.hkv:
-        return f"neither {u} nor the {heads.hkv} KV heads per TP rank divides the other"
+    try:
+        check_heads(heads, u)
+    except ValueError as e:
+        return str(e)
     return (f"its all-to-all would leave the node ({per_node} rank(s) of the CP group share "
             f"one)")
 
@@ -96,8 +84,8 @@ def _why_no_ulysses(u: int, heads: HeadShape, per_node: int) -> str:
 def layout_rows(cfg: Config) -> list[LayoutRow]:
     """Every layout of the run's CP group: considered ones fastest first, then the excluded."""
     p = cfg.parallel
-    chosen = CPLayout.from_run_config(cfg)
-    heads, per_node = chosen.heads, cp_ranks_per_node(cfg)
+    chosen = topology_of(cfg)
+    heads, per_node = chosen.heads, group_ranks_per_node(cfg)
     prof = load_profile(cfg.cluster.profile_name)
     tokens = tokens_per_rank(cfg)
     fixed = config_fixes(cfg)

@@ -35,8 +35,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..cp_layout import CPLayout
 from .config import Config
+from .topology import topology_of
 
 GIB = 1024 ** 3
 
@@ -178,7 +178,7 @@ def _stage_activations(cfg: Config, stage: str) -> tuple[int, int]:
 def ring_buffer_bytes(cfg: Config) -> int:
     """What one attention layer's ring holds per rank while it runs: the fp32 output and dQ
     accumulators, the K/V double buffer, and the fp32 dK/dV accumulators in flight."""
-    layout = CPLayout.from_run_config(cfg)
+    layout = topology_of(cfg)
     hq, hkv = layout.ring_heads
     d, e = layout.heads.head_dim, layout.heads.elem_bytes
     tokens = cfg.training.micro_batch_size * cfg.model.seq_length // layout.ring_size

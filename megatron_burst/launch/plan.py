@@ -10,7 +10,8 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 from __future__ import annotations
 
 from .config import Config, ConfigError
-from .layout_candidates import chosen_prediction, cp_ranks_per_node
+from .layout_candidates import chosen_prediction
+from .topology import group_ranks_per_node, topology_of
 from .memory import GIB, estimate_memory
 from .plan_report import report
 
@@ -75,30 +76,25 @@ def validate(cfg: Config) -> list[str]:
              "model.max_position_embeddings",
              f"{m.max_position_embeddings} is shorter than seq_length {m.seq_length}")
 
-    # BurstAttention: Ulysses splits heads, the double ring's inner ring must stay in a node.
-    hq_local, hkv_local = m.num_attention_heads // p.tensor, m.num_query_groups // p.tensor
-    # 'auto' picks a split that divides all of these (timing.candidates).
-    u = 1 if b.ulysses_size == "auto" else b.ulysses_size
-    _require(p.context % u == 0, "burst.ulysses_size",
-             f"{u} does not divide parallel.context {p.context}")
-    _require(hq_local % u == 0, "burst.ulysses_size",
-             f"{u} does not divide the {hq_local} query heads per TP rank")
-    _require(hkv_local % u == 0 or u % hkv_local == 0, "burst.ulysses_size",
-             f"{u} and the {hkv_local} KV heads per TP rank: one must divide the other")
+    # BurstAttention: the one resolver checks the Ulysses split against the heads and the
+    # double ring against the group (options.resolve, as every run resolves it).
     _require(not b.remat_aware or tr.recompute == "full", "burst.remat_aware",
              "keeps attention's output for the full recompute: it needs training.recompute: "
              "full")
-    per_node = cp_ranks_per_node(cfg)
-    _require(b.intra_node_size == 1 or (p.context % b.intra_node_size == 0
-                                        and b.intra_node_size % u == 0),
-             "burst.intra_node_size",
-             f"{b.intra_node_size} CP ranks per node must divide parallel.context {p.context} "
-             f"and be a multiple of burst.ulysses_size {u}")
-    _require(b.intra_node_size <= per_node, "burst.intra_node_size",
-             f"{b.intra_node_size} CP ranks per node, but only {per_node} ranks of a CP group "
-             f"share a node (gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner "
-             f"ring would cross nodes")
-    if per_node < p.context and b.intra_node_size < per_node:
+    try:
+        topology_of(cfg)
+    except ValueError as e:
+        said = str(e)  # the option the resolver's message names first
+        named = min(("ulysses_size", "intra_node_size", "backward"),
+                    key=lambda n: said.find(n) if n in said else len(said))
+        raise ConfigError(f"'burst.{named}': {e}") from None
+    per_node = group_ranks_per_node(cfg)
+    inner = b.intra_node_size if isinstance(b.intra_node_size, int) else None
+    _require(inner is None or inner <= per_node, "burst.intra_node_size",
+             f"{inner} CP ranks per node, but only {per_node} ranks of a CP group share a node "
+             f"(gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner ring would "
+             f"cross nodes")
+    if per_node < p.context and (inner or 1) < per_node:
         warnings.append(f"burst.intra_node_size = {b.intra_node_size} but {per_node} CP ranks "
                         f"share a node: set it to {per_node} to keep more hops on NVLink")
 

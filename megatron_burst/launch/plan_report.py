@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..cp_layout import CPLayout
+from ..cp_topology import CPTopology
 from ..timing import PROFILES_DIR, load_profile
 from .config import Config
-from .layout_candidates import cp_ranks_per_node, layout_rows, tie_note, tokens_per_rank
+from .topology import topology_of
+from .layout_candidates import layout_rows, tie_note
+from .topology import group_ranks_per_node, tokens_per_rank
 from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes, ring_buffer_bytes
 from .step_time import ATTENTION_FORWARD_SHARE, StepTime, format_duration, predict_step
 from .units import UNITS_NOTE, format_bytes, format_count
@@ -20,7 +22,7 @@ from .units import UNITS_NOTE, format_bytes, format_count
 
 def ring_traffic(cfg: Config) -> dict[str, object]:
     """What one CP rank sends per attention layer and microbatch, from the run's layout."""
-    layout = CPLayout.from_run_config(cfg)
+    layout = topology_of(cfg)
     other = dataclasses.replace(layout, backward="ring" if layout.backward == "burst" else "burst")
     tokens = tokens_per_rank(cfg)
     fwd, bwd = layout.call_bytes(tokens)
@@ -63,8 +65,8 @@ def _memory_lines(cfg: Config) -> list[str]:
     return out
 
 
-def _topology(cfg: Config, layout: CPLayout) -> str:
-    if layout.cp <= cp_ranks_per_node(cfg):
+def _topology(cfg: Config, layout: CPTopology) -> str:
+    if layout.cp <= group_ranks_per_node(cfg):
         return f"flat ring of {layout.ring_size} inside one node (intra-node links)"
     if layout.double:
         return (f"double ring: {layout.inner_ring} positions per node on NVLink x "
@@ -75,7 +77,7 @@ def _topology(cfg: Config, layout: CPLayout) -> str:
 def _attention_lines(cfg: Config) -> list[str]:
     b = cfg.burst
     t = ring_traffic(cfg)
-    layout: CPLayout = t["layout"]
+    layout: CPTopology = t["layout"]
     other = "ring" if layout.backward == "burst" else "burst"
     h = layout.heads
     out = [

@@ -21,7 +21,8 @@ import math
 
 from ..timing import Prediction, Profile, load_profile
 from .config import Config
-from .layout_candidates import chosen_prediction, tokens_per_rank
+from .layout_candidates import chosen_prediction
+from .topology import tokens_per_rank
 from .memory import layer_params, microbatches, padded_vocab
 
 # The forward's share of a fwd+bwd attention call, by the time model's own convention

@@ -1,8 +1,10 @@
 """Megatron-Core adapter: BurstAttention as a context-parallel core-attention backend.
 
-`attention` holds the core-attention module, `layout` the policy that gives each layer its
-`CPLayout`, `spec` the BackendSpecProvider and layer specs, `arguments` the extra command-line
-options, `norms` a sequence-parallel torch norm; `pretrain_gpt` is the training entry point
+`attention` holds the core-attention module, `topology` reads a run's CP topology from
+Megatron's settings, `spec` the BackendSpecProvider and layer specs (which hand the topology
+to every layer), `arguments` the extra command-line options, `entry` what both ways into the
+training loop share, `documents`/`document_model`/`masks` packed documents, `norms` a
+sequence-parallel torch norm; `pretrain_gpt` is the training entry point
 (`python -m megatron_burst.megatron.pretrain_gpt`).
 """
 from megatron_burst.megatron.attention import BurstDotProductAttention

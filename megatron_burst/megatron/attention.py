@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-import megatron_burst as mb
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
@@ -34,7 +33,14 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 
 from megatron_burst.megatron import masks
-from megatron_burst.megatron.layout import layer_heads, layer_layout
+from megatron_burst.api import burst_attn
+from megatron_burst.cp_topology import CPTopology
+from megatron_burst.megatron.topology import (
+    check_topology,
+    layer_heads,
+    layer_topology,
+    options_from_megatron,
+)
 from megatron_burst.remat import AttentionKeep
 
 logger = logging.getLogger(__name__)
@@ -56,9 +62,10 @@ class BurstDotProductAttention(MegatronModule):
     """Exact attention over the context-parallel group with BurstAttention.
 
     Built by Megatron's `SelfAttention` from the spec's `core_attention`; accepts every keyword
-    argument megatron-core 0.16 to 0.19 passes. Its `CPLayout` comes from
-    `megatron_burst.megatron.layout.layer_layout` (spec options, else `config.burst_layout`
-    from the command line, else Megatron's CP settings).
+    argument megatron-core 0.16 to 0.19 passes. What BurstAttention itself needs comes in the
+    spec's params (`megatron_burst.megatron.spec`): `topology`, the run's `CPTopology` decided
+    once by the entry point, or else `burst_options` (the options a spec provider was given,
+    resolved with Megatron's CP settings at the layer's first call); and `remat_aware`.
     """
 
     def __init__(
@@ -75,16 +82,19 @@ class BurstDotProductAttention(MegatronModule):
         k_channels: Optional[int] = None,
         v_channels: Optional[int] = None,
         num_splits: Optional[int] = None,
-        burst_backward: Optional[str] = None,
-        burst_intra_node_size: Optional[int] = None,
-        burst_ulysses_size: Optional[int] = None,
-        burst_remat_aware: Optional[bool] = None,
+        topology: Optional[CPTopology] = None,
+        burst_options: Optional[Mapping[str, Any]] = None,
+        remat_aware: bool = False,
         **kwargs: Any,
     ) -> None:
         # **kwargs: later megatron-core versions add builder arguments (as 0.16 added
         # k_channels/v_channels/num_splits); those that change the math are handled above,
         # the rest (kernel tuning such as num_splits) do not apply to the ring.
         super().__init__(config=config)
+        stray = sorted(k for k in kwargs if k.startswith("burst"))
+        if stray:  # a BurstAttention option spelled as a keyword would be silently dropped
+            raise ValueError(f"BurstDotProductAttention got {stray}: pass burst_options="
+                             f"{{...}} (BurstOptions' topology fields) or topology=...")
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         if attention_type != "self":
@@ -120,18 +130,30 @@ class BurstDotProductAttention(MegatronModule):
 
         self.k_channels = k_channels or config.kv_channels
         self.v_channels = v_channels or config.kv_channels
-        self.layout = layer_layout(
-            config, cp_comm_type, cp_size, layer_heads(config, tp_size, self.k_channels),
-            backward=burst_backward, intra_node_size=burst_intra_node_size,
-            ulysses_size=burst_ulysses_size,
-        )
+        self.heads = layer_heads(config, tp_size, self.k_channels)
+        self.cp_comm_type = cp_comm_type
+        self.burst_options = dict(burst_options or {})
+        self.layout: Optional[CPTopology] = None
+        if topology is not None:
+            self.layout = check_topology(topology, cp_size, self.heads)
+        else:
+            # Checked now, so a bad option is named when the model is built; resolved now
+            # when nothing is left to the time model, else at the first call (its tokens).
+            merged = options_from_megatron(cp_size, cp_comm_type,
+                                           config.hierarchical_context_parallel_sizes,
+                                           self.burst_options)
+            if "auto" not in (merged.backward, merged.ulysses_size, merged.intra_node_size):
+                self.layout = layer_topology(config, cp_comm_type, cp_size, self.heads, 0,
+                                             self.burst_options)
+            elif merged.ulysses_size != "auto":  # what is fixed is checked now all the same
+                CPTopology.build(cp_size, ulysses=merged.ulysses_size, heads=self.heads,
+                                 ranks_per_node=None if merged.intra_node_size == "auto"
+                                 else merged.intra_node_size)
         # Remat-aware recompute (--burst-remat-aware): this layer's kept attention outputs.
-        remat = burst_remat_aware if burst_remat_aware is not None else getattr(
-            config, "burst_remat_aware", False)
-        if remat and getattr(config, "recompute_granularity", None) != "full":
-            raise ValueError("burst_remat_aware keeps attention's output for the full "
-                             "recompute; it needs config.recompute_granularity='full'")
-        self.keep = AttentionKeep() if remat else None
+        if remat_aware and getattr(config, "recompute_granularity", None) != "full":
+            raise ValueError("remat_aware keeps attention's output for the full recompute; it "
+                             "needs config.recompute_granularity='full'")
+        self.keep = AttentionKeep() if remat_aware else None
         # apply_query_key_layer_scaling divides the scale by layer_number and multiplies the
         # fp32 scores back by it (an fp16 overflow guard): the net softmax scale is unchanged,
         # and BurstAttention's kernels already merge in fp32, so the base scale is the answer.
@@ -150,7 +172,9 @@ class BurstDotProductAttention(MegatronModule):
         self.positions_follow_documents = False
 
         if self.layer_number == 1 and torch.distributed.get_rank() == 0:
-            logger.info("BurstAttention layer 1: %s, tp=%d", self.layout.describe(), tp_size)
+            logger.info("BurstAttention layer 1: %s, tp=%d", self.layout.describe()
+                        if self.layout else f"options {self.burst_options} ('auto' decided "
+                        f"at the first call)", tp_size)
 
     def forward(
         self,
@@ -187,12 +211,17 @@ class BurstDotProductAttention(MegatronModule):
         seq_dim = 1 if thd else 0
         masks.check_attention_mask(attention_mask, mask_type, docs, query.size(seq_dim),
                                    self.cp_group)
+        cp = self.cp_group.size()
         if docs is None and query.size(seq_dim) % 2:
             raise ValueError(
-                f"sequence length {query.size(seq_dim) * self.layout.cp} is not divisible "
-                f"by 2*cp = {2 * self.layout.cp} (zigzag layout)"
+                f"sequence length {query.size(seq_dim) * cp} is not divisible "
+                f"by 2*cp = {2 * cp} (zigzag layout)"
             )
-        out = mb.burst_attn(
+        if self.layout is None:  # options with 'auto': decided now that the tokens are known
+            tokens = query.size(seq_dim) * (query.size(1) if not thd else 1)
+            self.layout = layer_topology(self.config, self.cp_comm_type, cp, self.heads,
+                                         tokens, self.burst_options)
+        out = burst_attn(
             query,
             key,
             value,
@@ -201,10 +230,8 @@ class BurstDotProductAttention(MegatronModule):
             softmax_scale=self.softmax_scale,
             window_size=self.window_size,
             layout="zigzag" if docs is None else docs.layout,
-            backward=self.layout.backward,
             qkv_format="bshd" if thd else "sbhd",
-            intra_node_size=self.layout.ranks_per_node,
-            ulysses_size=self.layout.ulysses,
+            topology=self.layout,
             cu_seqlens=None if docs is None else docs.cu_seqlens,
             # Remat-aware recompute: the checkpoint's first forward keeps the output, the
             # recompute takes it (never outside training, so evaluation keeps nothing).

@@ -5,9 +5,10 @@ This package's entry point (`megatron_burst.megatron.pretrain_gpt`) and Megatron
 
 - `configure_run` checks the --burst-* options against Megatron's (refusing what the run
   could not honour), turns off the dataloader's dense [s, s] attention mask (BurstAttention
-  never reads it; building it cost 2.5 s per iteration at 16K), picks the burst layer spec
-  where no --spec is given, puts the run's CP layout and remat choice on the
-  TransformerConfig, makes every model chunk a `DocumentGPTModel` for document masks, and
+  never reads it; building it cost 2.5 s per iteration at 16K), resolves the run's CP
+  topology once and binds it, with the remat choice, into the burst layer spec (every
+  layer gets them as the spec's params), makes every model chunk a `DocumentGPTModel` for
+  document masks, switches on the link emulator when $MEGATRON_BURST_EMULATE asks, and
   prints one line per choice;
 - with document masks every rank reads the data (`dataset_on_every_rank`) and
   `document_batch` makes each micro-batch: boundaries from EOD, positions restarted per
@@ -17,21 +18,24 @@ This package's entry point (`megatron_burst.megatron.pretrain_gpt`) and Megatron
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from megatron_burst.cp_layout import CPLayout
+from megatron_burst.cp_topology import CPTopology
+from megatron_burst.link_emulation import maybe_emulate_links
 from megatron_burst.megatron.arguments import (
-    DOCUMENT_LAYOUTS,
-    apply_burst_args,
-    burst_layout_from_args,
+    burst_checks,
     document_layout_from_args,
+    flag,
     refuse_ignored_options,
     uses_burst,
 )
+from megatron_burst.megatron.topology import topology_from_args
+from megatron_burst.placement import DOCUMENT_LAYOUTS
 from megatron_burst.megatron.documents import BATCH_KEYS, shard_document_batch
 
 # Megatron options whose batches the document path cannot build: each would be dropped.
@@ -47,10 +51,32 @@ _DOCUMENT_CONFLICTS = (
 class BurstRun:
     """What a run does with BurstAttention (layout None: it does not use it)."""
 
-    layout: Optional[CPLayout]
+    layout: Optional[CPTopology]
     documents: Optional[str]  # the document batch layout, None without document masks
     remat_aware: bool = False
     dense_mask_off: bool = False  # --create-attention-mask-in-dataloader turned off here
+
+    @property
+    def layer_spec_kwargs(self) -> dict:
+        """What the burst spec functions take to hand this run's choices to every layer."""
+        return dict(topology=self.layout, remat_aware=self.remat_aware)
+
+    def bind_spec(self, spec: Any) -> Any:
+        """The run's layer spec with the topology and remat bound in: the burst spec where
+        none is given, or the given one when it is one of ours (`--spec ...burst_spec`).
+        A spec of another kind cannot take them, so it is refused."""
+        from megatron_burst.megatron import spec as burst_spec
+
+        if spec is None:
+            spec = burst_spec.get_gpt_layer_burst_spec
+        base = spec.func if isinstance(spec, functools.partial) else spec
+        if base in (burst_spec.get_gpt_layer_burst_spec, burst_spec.get_llama_layer_burst_spec):
+            return functools.partial(spec, **self.layer_spec_kwargs)
+        raise ValueError(
+            f"the layer spec {getattr(spec, '__name__', type(spec).__name__)} cannot take the "
+            f"run's BurstAttention topology: use --spec megatron_burst.megatron.spec "
+            f"get_gpt_layer_burst_spec (or get_llama_layer_burst_spec), or build your layers "
+            f"with megatron_burst.megatron.spec.BurstSpecProvider(topology=...)")
 
     def describe(self) -> List[str]:
         if self.layout is None:
@@ -69,15 +95,15 @@ class BurstRun:
         return lines
 
 
-def configure_run(args: Any, config: Any, model_cfg: Any = None) -> BurstRun:
+def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     """Check and apply the --burst-* options (see the module docstring).
 
-    `config` is the run's TransformerConfig; `model_cfg` megatron-core 0.17+'s model config
-    (its layer spec and pre-wrap hooks), None where the caller builds the model itself.
+    The run's topology is resolved once here (`topology_from_args`) and handed to every
+    attention layer through the layer spec's params: `model_cfg` (megatron-core 0.17+'s
+    model config) gets the burst spec bound to it; a caller that builds the model itself
+    (megatron-core < 0.17) passes `run.layer_spec_kwargs` to the spec function.
     Raises ValueError naming the option for anything the run could not honour.
     """
-    from megatron_burst.link_emulation import maybe_emulate_links
-
     maybe_emulate_links()  # $MEGATRON_BURST_EMULATE: slow links between virtual nodes
     refuse_ignored_options(args)
     documents = document_layout_from_args(args)
@@ -92,25 +118,23 @@ def configure_run(args: Any, config: Any, model_cfg: Any = None) -> BurstRun:
     _refuse_failing_resume(args)
     _check_cuda_graphs(args, documents)
     if documents:
-        for name, flag in _DOCUMENT_CONFLICTS:
+        for name, conflict in _DOCUMENT_CONFLICTS:
             if getattr(args, name, None):
-                raise ValueError(f"--burst-document-mask cannot be combined with {flag}")
-    layout = apply_burst_args(args, config, burst_layout_from_args(args))
+                raise ValueError(f"--burst-document-mask cannot be combined with {conflict}")
+    burst_checks(args)
+    topology = topology_from_args(args)
     dense_off = bool(getattr(args, "create_attention_mask_in_dataloader", False))
     if dense_off:
         args.create_attention_mask_in_dataloader = False
+    run = BurstRun(topology, documents, bool(getattr(args, "burst_remat_aware", False)),
+                   dense_off)
     if model_cfg is not None:
-        from megatron_burst.megatron.spec import get_gpt_layer_burst_spec
-
-        if model_cfg.transformer_layer_spec is None:
-            model_cfg.transformer_layer_spec = get_gpt_layer_burst_spec
+        model_cfg.transformer_layer_spec = run.bind_spec(model_cfg.transformer_layer_spec)
         if documents:
             from megatron_burst.megatron.document_model import document_models
 
             # GPTModelBuilder constructs GPTModel itself: make each chunk a DocumentGPTModel.
             model_cfg.pre_wrap_hooks.append(document_models)
-    run = BurstRun(layout, documents, bool(getattr(args, "burst_remat_aware", False)),
-                   dense_off)
     for line in run.describe():
         say(f"> {line}")
     return run

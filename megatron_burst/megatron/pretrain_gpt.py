@@ -129,12 +129,15 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage: Opt
 train_valid_test_datasets_provider.is_distributed = True
 
 
-def _layer_spec(args: Any, config: Any) -> Any:
+def _layer_spec(args: Any, config: Any, run: Any) -> Any:
+    """The layer spec with the run's topology bound in (`entry.BurstRun.bind_spec`)."""
+    spec = None
     if args.spec is not None:
         from megatron.core.transformer.spec_utils import import_module
 
-        return import_module(args.spec)
-    return get_gpt_layer_burst_spec(config)
+        spec = import_module(args.spec)
+    spec = run.bind_spec(spec) if run.layout is not None else (spec or get_gpt_layer_burst_spec)
+    return spec(config) if callable(spec) and not isinstance(spec, type) else spec
 
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: Optional[int] = None, **kwargs: Any):
@@ -143,9 +146,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 
     args = get_args()
     config = core_transformer_config_from_args(args)
-    run = entry.configure_run(args, config)
-    spec = _layer_spec(args, config)
-    spec = spec(config) if callable(spec) and not isinstance(spec, type) else spec
+    run = entry.configure_run(args)
+    spec = _layer_spec(args, config, run)
     model = GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
@@ -189,7 +191,7 @@ def main() -> None:
 
     args = parse_and_validate_args(extra_args_provider=add_burst_args, args_defaults=defaults)
     model_cfg = gpt_config_from_args(args)
-    entry.configure_run(args, model_cfg.transformer, model_cfg)
+    entry.configure_run(args, model_cfg)
     pretrain(pretrain_cfg_container_from_args(args, model_cfg), train_valid_test_datasets_provider,
              ModelType.encoder_or_decoder, forward_step)
 

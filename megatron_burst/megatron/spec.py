@@ -17,8 +17,7 @@ those, `gpt_layer_burst_spec` and `llama_layer_burst_spec` are ready-made `Modul
 """
 from __future__ import annotations
 
-import functools
-from typing import Any, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 from megatron.core.models.backends import BackendSpecProvider, LocalSpecProvider
 from megatron.core.models.gpt.gpt_layer_specs import (
@@ -32,7 +31,9 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
+from megatron_burst.cp_topology import CPTopology
 from megatron_burst.megatron.attention import BurstDotProductAttention
+from megatron_burst.options import TOPOLOGY_OPTIONS, BurstOptions
 from megatron_burst.megatron.norms import SequenceParallelTorchNorm
 
 try:
@@ -52,32 +53,34 @@ class BurstSpecProvider(BackendSpecProvider):
     signatures of megatron-core 0.16 and 0.19 (which added e.g. `has_residual`) both working.
     """
 
-    def __init__(
-        self,
-        use_te: Optional[bool] = None,
-        backward: Optional[str] = None,
-        intra_node_size: Optional[int] = None,
-        ulysses_size: Optional[int] = None,
-    ) -> None:
+    def __init__(self, use_te: Optional[bool] = None, *, topology: Optional[CPTopology] = None,
+                 remat_aware: bool = False, **options: Any) -> None:
+        """`topology`: a decided CPTopology (`megatron_burst.options.resolve`, as the entry
+        points make once per run); else `options`, any of the `BurstOptions` topology fields
+        (backward, ulysses_size, intra_node_size, profile), resolved by each layer with
+        Megatron's CP settings. `remat_aware`: keep attention outputs for the full recompute."""
         self.use_te = HAVE_TE if use_te is None else use_te
         if self.use_te and not HAVE_TE:
             raise ValueError("use_te=True but transformer_engine is not importable")
         self.fallback: BackendSpecProvider = TESpecProvider() if self.use_te else LocalSpecProvider()
-        self._burst_options = {
-            key: value
-            for key, value in (
-                ("burst_backward", backward),
-                ("burst_intra_node_size", intra_node_size),
-                ("burst_ulysses_size", ulysses_size),
-            )
-            if value is not None
-        }
+        unknown = sorted(set(options) - set(TOPOLOGY_OPTIONS))
+        if unknown:
+            raise ValueError(f"BurstSpecProvider: unknown option(s) {unknown}; the options are "
+                             f"{list(TOPOLOGY_OPTIONS)}")
+        given = {k: v for k, v in options.items() if v is not None}
+        BurstOptions(**given).checked()  # a bad value is named when the spec is made
+        if topology is not None and given:
+            raise ValueError(f"BurstSpecProvider: give a decided topology or options, not both "
+                             f"(got topology and {sorted(given)})")
+        self.params: Dict[str, Any] = {"remat_aware": bool(remat_aware)}
+        if topology is not None:
+            self.params["topology"] = topology
+        elif given:
+            self.params["burst_options"] = given
 
-    def core_attention(self) -> Any:
-        """BurstDotProductAttention, with any explicit burst options bound in."""
-        if not self._burst_options:
-            return BurstDotProductAttention
-        return functools.partial(BurstDotProductAttention, **self._burst_options)
+    def core_attention(self) -> ModuleSpec:
+        """BurstDotProductAttention, with the topology (or options) and remat in its params."""
+        return ModuleSpec(module=BurstDotProductAttention, params=dict(self.params))
 
     def column_parallel_linear(self) -> type:
         """The fallback backend's column-parallel linear."""
@@ -126,14 +129,16 @@ def get_gpt_layer_burst_spec(
     normalization: Optional[str] = None,
     qk_layernorm: Optional[bool] = None,
     qk_l2_norm: Optional[bool] = None,
-    backward: Optional[str] = None,
-    intra_node_size: Optional[int] = None,
-    ulysses_size: Optional[int] = None,
+    topology: Optional[CPTopology] = None,
+    remat_aware: bool = False,
+    **options: Any,
 ) -> Union[ModuleSpec, TransformerBlockSubmodules]:
     """Dense GPT layer spec (Megatron's own) with BurstAttention as core attention.
 
     `config` is what megatron-core 0.17+ passes to a `--spec` function (a GPTModelConfig or a
-    TransformerConfig); the keyword arguments override what it says.
+    TransformerConfig); the keyword arguments override what it says. `topology`,
+    `remat_aware` and `options` go to `BurstSpecProvider` (the entry points bind the run's
+    resolved topology here with functools.partial).
 
     Without TE, the norms are `SequenceParallelTorchNorm` (Megatron's torch norm refuses
     sequence parallelism). The block's final norm is not part of a layer spec, so with
@@ -148,7 +153,7 @@ def get_gpt_layer_burst_spec(
             "get_gpt_layer_burst_spec builds dense layers; for MoE build Megatron's block spec "
             "with BurstSpecProvider"
         )
-    provider = BurstSpecProvider(use_te, backward, intra_node_size, ulysses_size)
+    provider = BurstSpecProvider(use_te, topology=topology, remat_aware=remat_aware, **options)
     qk_layernorm = _config_value(config, "qk_layernorm", False) if qk_layernorm is None else qk_layernorm
     qk_l2_norm = _config_value(config, "qk_l2_norm", False) if qk_l2_norm is None else qk_l2_norm
     # Reusing Megatron's own builders keeps every non-attention detail (norm placement,
@@ -190,6 +195,11 @@ def get_llama_layer_burst_spec(
     return get_gpt_layer_burst_spec(config, vp_stage, **overrides)
 
 
-# Ready-made specs for Megatron-LM releases whose --spec takes the object itself (<= 0.16).
-gpt_layer_burst_spec: ModuleSpec = get_gpt_layer_burst_spec()
-llama_layer_burst_spec: ModuleSpec = get_llama_layer_burst_spec()
+def __getattr__(name: str) -> ModuleSpec:
+    """Ready-made specs for Megatron-LM releases whose --spec takes the object itself
+    (<= 0.16): `gpt_layer_burst_spec`, `llama_layer_burst_spec`, built when asked for."""
+    makers = {"gpt_layer_burst_spec": get_gpt_layer_burst_spec,
+              "llama_layer_burst_spec": get_llama_layer_burst_spec}
+    if name in makers:
+        return makers[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..cp_layout import CPLayout
+from ..launch.topology import topology_of
 from ..launch.config import Config, ConfigError
 from ..launch.memory import padded_vocab
 from .cpu_data import open_batch_source
@@ -100,9 +100,9 @@ def build_model(cfg: Config) -> torch.nn.Module:
         shape, sequence_parallel=p.sequence_parallel and p.tensor > 1,
         recompute=None if tr.recompute == "none" else tr.recompute,
         layernorm_epsilon=m.norm_epsilon, init_method_std=m.init_method_std)
-    # The run's one layout, on the config, where every attention layer reads it.
-    config.burst_layout = CPLayout.from_run_config(cfg)
-    spec = get_llama_layer_burst_spec(config, use_te=False)
+    # The run's one topology, handed to every attention layer through the spec's params.
+    spec = get_llama_layer_burst_spec(config, use_te=False, topology=topology_of(cfg),
+                                      remat_aware=cfg.burst.remat_aware)
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=shape.vocab_size,
                     max_sequence_length=m.max_position_embeddings or m.seq_length,
                     position_embedding_type="rope", rotary_base=m.rotary_base,
@@ -149,7 +149,7 @@ def _train(rank: int, cfg: Config, iters: int, progress: Progress, launched_at: 
     source = open_batch_source(cfg)
     _say(rank, progress, f"data: {source.describe()}")
     init_parallel(tp=p.tensor, pp=p.pipeline, cp=p.context,
-                  hierarchical_cp=CPLayout.from_run_config(cfg).hierarchical_sizes,
+                  hierarchical_cp=topology_of(cfg).hierarchical_sizes,
                   seed=tr.seed)
     model = build_model(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 import torch.multiprocessing as mp
 
-from ..cp_layout import CPLayout
+from ..launch.topology import topology_of
 from ..launch.config import Config, ConfigError
 from .cpu_data import SUCCESSORS, check_text_config, describe_data
 from .cpu_rank import Progress, RankFailure, RunResult, lr_at, rank_main
@@ -85,7 +85,7 @@ def predicted_ring_bytes(cfg: Config, iters: int) -> tuple[int, int]:
     m, p, tr = cfg.model, cfg.parallel, cfg.training
     if p.context == 1:
         return 0, 0
-    fwd, bwd = CPLayout.from_run_config(cfg).rank_bytes(
+    fwd, bwd = topology_of(cfg).rank_bytes(
         0, batch=tr.micro_batch_size, s_local=m.seq_length // p.context)
     # Full recompute runs every layer's forward (and its ring) a second time in backward.
     forwards = 2 if tr.recompute == "full" else 1

@@ -23,7 +23,8 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import megatron.training.arguments as arguments  # noqa: E402
 
-from megatron_burst.cp_layout import CPLayout  # noqa: E402
+from megatron_burst.launch.topology import topology_of  # noqa: E402
+from megatron_burst.megatron.topology import topology_from_args  # noqa: E402
 from megatron_burst.launch.config import load_config  # noqa: E402
 from megatron_burst.launch.flags import megatron_flags  # noqa: E402
 from megatron_burst.megatron.arguments import add_burst_args  # noqa: E402
@@ -43,5 +44,5 @@ for path in sys.argv[2:]:
             args.tensor_model_parallel_size) == (cfg.parallel.data, cfg.parallel.context,
                                                  cfg.parallel.tensor), path
     if cfg.parallel.context > 1:  # the adapter's layout from these args is the plan's
-        assert CPLayout.from_megatron_args(args) == CPLayout.from_run_config(cfg), path
+        assert topology_from_args(args) == topology_of(cfg), path
     print("ok", os.path.basename(path), flush=True)

@@ -1,10 +1,11 @@
 """One layout everywhere: what `plan` reports is what the adapter builds from the emitted flags.
 
 For every shipped config, and for cp=8 with Ulysses 2 as a flat ring and as a 2 x 2 double
-ring, the config's `CPLayout` (the one `megatron-burst plan` prints) must equal the layout
+ring, the config's `CPTopology` (the one `megatron-burst plan` prints) must equal the layout
 `BurstDotProductAttention` builds from the Megatron flags `megatron-burst flags` emits: once
-through `apply_burst_args` (the entry point's path) and once from Megatron's own CP settings
-alone (a user's spec without our arguments hook). The flags are parsed by a parser that
+handed down through the layer spec's params (the entry points' path: `topology_from_args`,
+resolved once) and once resolved by the layer itself from Megatron's own CP settings and the
+options a spec provider was given (a user's own spec). The flags are parsed by a parser that
 knows only the flags the layout needs plus the adapter's --burst-* arguments, so this runs
 on Python 3.11 too; `test_launch_flags` checks the same flags with Megatron's full parser.
 """
@@ -16,7 +17,8 @@ import types
 
 import pytest
 
-from megatron_burst.cp_layout import CPLayout, HeadShape
+from megatron_burst.megatron.topology import topology_from_args
+from megatron_burst.cp_topology import CPTopology, HeadShape
 from megatron_burst.launch.config import config_from_dict, load_config
 from megatron_burst.launch.flags import megatron_flags
 from megatron_burst.launch.plan import validate
@@ -68,43 +70,38 @@ class _Group:
         return self._size
 
 
-def _adapter_layouts(args: argparse.Namespace) -> list[CPLayout]:
-    """The layout BurstDotProductAttention builds: with apply_burst_args, and without."""
+def _adapter_layouts(args: argparse.Namespace) -> list[CPTopology]:
+    """The topology BurstDotProductAttention runs: handed down, and resolved by itself."""
     pytest.importorskip("megatron.core")
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from megatron_burst.megatron.arguments import apply_burst_args
     from megatron_burst.megatron.attention import BurstDotProductAttention
 
     tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
     groups = types.SimpleNamespace(tp=_Group(tp), cp=_Group(cp))
     layouts = []
-    for hooked in (True, False):
+    for params in (dict(topology=topology_from_args(args)),
+                   dict(burst_options={"backward": args.burst_backward})):
         config = TransformerConfig(
             num_layers=2, hidden_size=args.hidden_size,
             num_attention_heads=args.num_attention_heads,
             num_query_groups=args.num_query_groups if args.group_query_attention else None,
             attention_dropout=0.0, bf16=args.bf16, context_parallel_size=cp,
             hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes)
-        kwargs = {}
-        if hooked:
-            apply_burst_args(args, config)
-        else:
-            kwargs = dict(burst_backward=args.burst_backward)
         module = BurstDotProductAttention(config, layer_number=2,
                                           attn_mask_type=AttnMaskType.causal,
                                           cp_comm_type=args.cp_comm_type[0], pg_collection=groups,
-                                          **kwargs)
+                                          **params)
         layouts.append(module.layout)
     return layouts
 
 
-def _check(cfg) -> CPLayout:
+def _check(cfg) -> CPTopology:
     validate(cfg)
     planned = ring_traffic(cfg)["layout"]
     args = _parse(megatron_flags(cfg, env=ENV))
-    assert CPLayout.from_megatron_args(args) == planned
+    assert topology_from_args(args) == planned
     for built in _adapter_layouts(args):
         assert built == planned, (built, planned)
     return planned
@@ -119,7 +116,7 @@ def test_adapter_builds_the_layout_plan_reports(path):
 
 
 def test_cp8_ulysses2_flat_and_double_ring(tiny_raw):
-    flat = _check(_cp8_ulysses2(tiny_raw, ranks_per_node=1))
+    flat = _check(_cp8_ulysses2(tiny_raw, ranks_per_node=None))
     assert (flat.ulysses, flat.ring_size, flat.double) == (2, 4, False)
     double = _check(_cp8_ulysses2(tiny_raw, ranks_per_node=4))
     # 4 ranks per node = 2 Ulysses groups = 2 ring positions per node, 2 nodes.
@@ -127,21 +124,31 @@ def test_cp8_ulysses2_flat_and_double_ring(tiny_raw):
     assert double.hierarchical_sizes == [2, 2, 2]
 
 
+def _from_megatron(cp: int, comm: str, hier, heads: HeadShape, **given) -> CPTopology:
+    from megatron_burst.megatron.topology import options_from_megatron
+    from megatron_burst.options import resolve
+
+    return resolve(options_from_megatron(cp, comm, hier, given), cp=cp, heads=heads,
+                   tokens=1024, cp_ranks_per_node=None)
+
+
 def test_one_unit_for_ranks_per_node():
     """`intra_node_size` counts ranks in burst_attn, configs, flags and the layout alike."""
     heads = HeadShape(8, 8, 64, 2)
-    layout = CPLayout.build(8, ulysses=2, ranks_per_node=4, heads=heads)
+    layout = CPTopology.build(8, ulysses=2, ranks_per_node=4, heads=heads)
     assert (layout.ranks_per_node, layout.inner_ring) == (4, 2)
-    same = CPLayout.from_megatron(8, "a2a+burst", [2, 2, 2], heads=heads)
+    same = _from_megatron(8, "a2a+burst", [2, 2, 2], heads, backward="burst")
     assert same == layout
-    assert CPLayout.from_megatron(8, "a2a+burst", None, ulysses_size=2, intra_node_size=4,
-                                  heads=heads) == layout
+    assert _from_megatron(8, "a2a+burst", None, heads, ulysses_size=2, intra_node_size=4,
+                          backward="burst") == layout
     # Flat with Ulysses: the old bug read the Ulysses size as the inner ring's.
-    flat = CPLayout.from_megatron(8, "a2a+burst", [2, 4], ulysses_size=2, heads=heads)
+    flat = _from_megatron(8, "a2a+burst", [2, 4], heads, ulysses_size=2)
     assert not flat.double and flat.ring_size == 4
     with pytest.raises(ValueError, match="contradicts"):
-        CPLayout.from_megatron(8, "a2a+burst", [2, 4], ulysses_size=4, heads=heads)
+        _from_megatron(8, "a2a+burst", [2, 4], heads, ulysses_size=4)
     with pytest.raises(ValueError, match="intra_node_size"):
-        CPLayout.build(8, ulysses=2, ranks_per_node=3, heads=heads)
+        CPTopology.build(8, ulysses=2, ranks_per_node=3, heads=heads)
     with pytest.raises(ValueError, match="not a BurstAttention mode"):
-        CPLayout.from_megatron(8, "a2a", None, heads=heads)
+        _from_megatron(8, "a2a", None, heads)
+    with pytest.raises(ValueError, match="options.resolve"):
+        CPTopology.build(8, backward="auto", heads=heads)  # 'auto' is the resolver's alone

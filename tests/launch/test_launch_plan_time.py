@@ -7,10 +7,9 @@ import re
 
 import pytest
 
-from megatron_burst.cp_layout import CPLayout
+from megatron_burst.launch.topology import group_ranks_per_node, tokens_per_rank, topology_of
 from megatron_burst.launch.config import load_config, resize_note, with_nodes
-from megatron_burst.launch.layout_candidates import (chosen_prediction, cp_ranks_per_node,
-                                                     layout_rows, tokens_per_rank)
+from megatron_burst.launch.layout_candidates import chosen_prediction, layout_rows
 from megatron_burst.launch.plan import make_plan
 from megatron_burst.launch.step_time import format_duration, predict_step
 from megatron_burst.timing import choose, load_profile, predict
@@ -35,11 +34,11 @@ def test_every_time_in_the_layout_table_is_the_time_models(path):
         if row.prediction is None:
             continue
         again = predict(row.prediction.layout, prof, tokens=tokens_per_rank(cfg), causal=True,
-                        cp_ranks_per_node=cp_ranks_per_node(cfg))
+                        cp_ranks_per_node=group_ranks_per_node(cfg))
         assert again == row.prediction
         assert row.prediction.describe() in text
     chosen = [r for r in rows if r.chosen]
-    assert len(chosen) == 1 and chosen[0].prediction.layout == CPLayout.from_run_config(cfg)
+    assert len(chosen) == 1 and chosen[0].prediction.layout == topology_of(cfg)
     # Attention per layer is printed once: the table's times are the only "ms fwd+bwd" ones.
     assert len(re.findall(r"ms fwd\+bwd", text)) == sum(r.prediction is not None for r in rows)
 
@@ -49,13 +48,13 @@ def test_auto_chooses_what_the_table_ranks_first(path):
     cfg = load_config(path)
     b = cfg.burst
     fixed = {} if b.ulysses_size == "auto" else {"ulysses": b.ulysses_size}
-    fixed["ranks_per_node"] = None if b.intra_node_size == 1 else b.intra_node_size
+    fixed["ranks_per_node"] = None if b.intra_node_size in (None, 1) else b.intra_node_size
     if b.backward != "auto":
         fixed["backward"] = b.backward
-    layout = CPLayout.from_run_config(cfg)
+    layout = topology_of(cfg)
     best = choose(cfg.parallel.context, layout.heads, tokens=tokens_per_rank(cfg),
                   prof=load_profile(cfg.cluster.profile_name),
-                  cp_ranks_per_node=cp_ranks_per_node(cfg), **fixed)[0]
+                  cp_ranks_per_node=group_ranks_per_node(cfg), **fixed)[0]
     considered = [r for r in layout_rows(cfg) if r.excluded is None]
     assert considered[0].chosen and considered[0].prediction == best
     assert chosen_prediction(cfg) == best

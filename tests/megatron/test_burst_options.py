@@ -78,14 +78,14 @@ def burst_options() -> list[str]:
 
 
 def what_runs(argv: list[str]) -> dict:
-    """Everything configure_run decides for `argv` (raises what it raises)."""
+    """Everything configure_run decides for `argv` (raises what it raises): the run, and
+    what every layer gets through the spec it binds."""
     args = parser().parse_args(argv)
-    config = SimpleNamespace()
-    model_cfg = SimpleNamespace(transformer_layer_spec=None, pre_wrap_hooks=[], transformer=config)
-    run = entry.configure_run(args, config, model_cfg)
-    return dict(run=run, layout=getattr(config, "burst_layout", None),
-                remat=getattr(config, "burst_remat_aware", None),
-                spec=getattr(model_cfg.transformer_layer_spec, "__name__", None),
+    model_cfg = SimpleNamespace(transformer_layer_spec=None, pre_wrap_hooks=[])
+    run = entry.configure_run(args, model_cfg)
+    spec = model_cfg.transformer_layer_spec
+    return dict(run=run, spec=getattr(getattr(spec, "func", spec), "__name__", None),
+                layer_params=getattr(spec, "keywords", None),
                 hooks=[getattr(h, "__name__", h) for h in model_cfg.pre_wrap_hooks],
                 dense_mask=args.create_attention_mask_in_dataloader)
 

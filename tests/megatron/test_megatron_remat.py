@@ -22,8 +22,8 @@ def _step(weights, batch, cp: int, tp: int, remat: bool, pp: int = 1) -> dict:
     cm.init_parallel(tp=tp, cp=cp, pp=pp)
     config = cm.tiny_llama_config(harness.SHAPE, recompute="full",
                                   sequence_parallel=tp > 1)
-    config.burst_remat_aware = remat
-    model = cm.build_gpt(config, get_llama_layer_burst_spec(config, use_te=False), harness.SHAPE)
+    spec = get_llama_layer_burst_spec(config, use_te=False, remat_aware=remat)  # spec params
+    model = cm.build_gpt(config, spec, harness.SHAPE)
     harness.load_reference_weights(model, weights)
     with mb.count_comm() as stats:
         loss = cm.train_step(model, cm.split_batch_for_cp(batch),

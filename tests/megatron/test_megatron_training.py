@@ -135,7 +135,9 @@ def _errors(rank: int, world: int) -> dict:
 
     base = lambda **kw: cm.tiny_llama_config(harness.SHAPE, **kw)  # noqa: E731
     attempt("hierarchical", lambda: base(hierarchical_context_parallel_sizes=[2, 2]))
-    attempt("ulysses_heads", lambda: base(num_attention_heads=6, num_query_groups=3), burst_ulysses_size=2)
+    attempt("ulysses_heads", lambda: base(num_attention_heads=6, num_query_groups=3),
+            burst_options={"ulysses_size": 2})
+    attempt("old_keyword", base, burst_ulysses_size=2)  # never accepted and ignored
     odd = torch.zeros(3, 1, 4, 16)  # 3 local tokens: 6 in all, not divisible by 2*cp = 4
     attempt("sequence", base, call=lambda m: m(odd, odd[:, :, :2], odd[:, :, :2], None))
     # Heads not divisible by the TP group's size: a TP=2 layout with 3 query groups.
@@ -155,6 +157,7 @@ def test_bad_settings_raise_clear_value_errors() -> None:
     for messages in run_ranks(2, _errors, timeout=300):
         assert "multiply to 4" in messages.get("hierarchical", ""), messages
         assert "ulysses" in messages.get("ulysses_heads", ""), messages
+        assert "burst_options" in messages.get("old_keyword", ""), messages
         assert "divisible by 2*cp = 4" in messages.get("sequence", ""), messages
         assert "num_query_groups over tensor parallel size" in messages.get("tp_heads", ""), messages
 

@@ -1,6 +1,6 @@
-"""The context-parallel layout: one frozen value that every other part of the package reads.
+"""The context-parallel topology: one frozen value that every other part of the package reads.
 
-How a context-parallel (CP) group of ``cp`` ranks runs attention is decided once, here:
+How a context-parallel (CP) group of ``cp`` ranks runs attention, once decided:
 
 - ``ulysses``: ranks that trade heads for sequence by all-to-all before the ring (1 = none);
 - the ring of ``cp / ulysses`` members that K/V travel round;
@@ -11,10 +11,9 @@ How a context-parallel (CP) group of ``cp`` ranks runs attention is decided once
 - how Megatron spells all that (``--cp-comm-type``, ``--hierarchical-context-parallel-sizes``);
 - what one attention call sends, per rank (from ``cost``'s formulas).
 
-Three sources build it and must agree: ``burst_attn``'s keyword arguments
-(``CPLayout.build``), Megatron's command line or TransformerConfig (``from_megatron``,
-``from_megatron_args``) and a YAML run config (``from_run_config``). The latter two only read
-attributes, so this module imports neither megatron-core nor the launch layer.
+``CPTopology.build`` validates a fully decided value. Deciding is not done here: every
+'auto' (and the ranks per node) is settled by ``options.resolve``, the one resolver, from a
+``BurstOptions``. (Where tokens sit on the ranks, the *placement*, is ``placement``'s.)
 """
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from typing import Any, Sequence
 from . import cost
 
 BACKWARD_MODES = ("auto", "burst", "ring")
+RESOLVED_BACKWARD = ("burst", "ring")
 RING_COMM_TYPE = "burst"  # --cp-comm-type for the (double) ring
 HYBRID_COMM_TYPE = "a2a+burst"  # --cp-comm-type for Ulysses x ring
 # Megatron's argparse default for --cp-comm-type is "p2p"; with the burst layer in the spec
@@ -46,8 +46,8 @@ class HeadShape:
 
 
 @dataclasses.dataclass(frozen=True)
-class CPLayout:
-    """How one CP group runs attention. Build it with ``CPLayout.build`` (validated)."""
+class CPTopology:
+    """How one CP group runs attention. Build it with ``CPTopology.build`` (validated)."""
 
     cp: int
     ulysses: int
@@ -59,107 +59,13 @@ class CPLayout:
 
     @staticmethod
     def build(cp: int, *, ulysses: int = 1, ranks_per_node: int | None = None,
-              backward: str = "auto", heads: HeadShape | None = None) -> "CPLayout":
-        """Validate and normalise; resolve ``backward='auto'`` for ``heads``.
+              backward: str = "burst", heads: HeadShape | None = None) -> "CPTopology":
+        """Validate and normalise a decided topology (``options.resolve`` decides 'auto').
 
         Raises ValueError naming the argument. ``ranks_per_node`` that holds the whole group,
         or only one ring position, is the flat ring (None).
         """
         return _build(cp, ulysses, ranks_per_node, backward, heads)
-
-    @staticmethod
-    def from_megatron(cp: int, cp_comm_type: str | None,
-                      hierarchical_sizes: Sequence[int] | None = None, *,
-                      backward: str | None = None, intra_node_size: int | None = None,
-                      ulysses_size: int | None = None,
-                      heads: HeadShape | None = None) -> "CPLayout":
-        """Megatron's CP settings plus the ``--burst-*`` options.
-
-        Megatron's hierarchical sizes list consecutive-rank levels, innermost first. With
-        ``a2a+burst`` the first level is the Ulysses group, and any further levels describe
-        the ring: [U, M] a flat ring, [U, L/U, M] a double ring. With ``burst``: [L, M] a
-        double ring of L ranks per node. Explicit ``--burst-*`` values must agree with them.
-        """
-        comm = COMM_TYPE_ALIASES.get(cp_comm_type, "refused")
-        if comm == "refused":
-            raise ValueError(
-                f"cp_comm_type={cp_comm_type!r} is not a BurstAttention mode; use "
-                f"'{RING_COMM_TYPE}' (ring, optionally double ring) or '{HYBRID_COMM_TYPE}' "
-                f"(Ulysses x ring)")
-        hier = [int(x) for x in hierarchical_sizes] if hierarchical_sizes else []
-        if hier and math.prod(hier) != cp:
-            raise ValueError(f"hierarchical_context_parallel_sizes={hier} multiply to "
-                             f"{math.prod(hier)}, but the context-parallel size is {cp}")
-        u_hier, per_node_hier = _read_hierarchy(comm, hier)
-        if comm == HYBRID_COMM_TYPE and u_hier is None and ulysses_size is None:
-            raise ValueError(f"cp_comm_type='{HYBRID_COMM_TYPE}' needs "
-                             f"--burst-ulysses-size or --hierarchical-context-parallel-sizes "
-                             f"(Ulysses size first)")
-        ulysses = _agree("ulysses_size", ulysses_size, u_hier, 1)
-        per_node = _agree("intra_node_size", intra_node_size, per_node_hier, None)
-        return CPLayout.build(cp, ulysses=ulysses, ranks_per_node=per_node,
-                              backward=backward or "auto", heads=heads)
-
-    @staticmethod
-    def from_megatron_args(args: Any) -> "CPLayout":
-        """From a Megatron argparse namespace (with ``--burst-*`` added by
-        ``megatron_burst.megatron.arguments``). Anything left 'auto' is decided by the time
-        model for the run's shape (tokens per rank from --seq-length and the micro batch),
-        the profile of ``--burst-profile`` and torchrun's LOCAL_WORLD_SIZE."""
-        comm = args.cp_comm_type[0] if isinstance(args.cp_comm_type, list) else args.cp_comm_type
-        tp = args.tensor_model_parallel_size
-        heads = args.num_attention_heads
-        kv = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
-        head_dim = getattr(args, "kv_channels", None) or args.hidden_size // heads
-        elem = 4 if not (getattr(args, "bf16", False) or getattr(args, "fp16", False)) else 2
-        for name, count in (("--num-attention-heads", heads), ("--num-query-groups", kv)):
-            if count % tp:
-                raise ValueError(f"{name} {count} is not divisible by the tensor parallel "
-                                 f"size {tp}")
-        shape = HeadShape(heads // tp, kv // tp, head_dim, elem)
-        cp = args.context_parallel_size
-        options = dict(backward=getattr(args, "burst_backward", None),
-                       intra_node_size=getattr(args, "burst_intra_node_size", None),
-                       ulysses_size=getattr(args, "burst_ulysses_size", None))
-        if "auto" not in options.values():
-            return CPLayout.from_megatron(cp, comm, args.hierarchical_context_parallel_sizes,
-                                          heads=shape, **options)
-        import os
-
-        from .timing import auto_layout
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) // tp
-        tokens = getattr(args, "micro_batch_size", 1) * args.seq_length // cp
-        fixed = CPLayout.from_megatron(cp, comm, args.hierarchical_context_parallel_sizes,
-                                       heads=shape, backward="burst", **{
-                                           k: (None if v == "auto" else v)
-                                           for k, v in options.items() if k != "backward"})
-        return auto_layout(
-            cp, shape, tokens, True, min(local, cp) if local > 0 else None,
-            "auto" if options["ulysses_size"] == "auto" else fixed.ulysses,
-            "auto" if options["intra_node_size"] == "auto" else fixed.ranks_per_node,
-            options["backward"] or "auto", getattr(args, "burst_profile", None))
-
-    @staticmethod
-    def from_run_config(cfg: Any) -> "CPLayout":
-        """From a ``megatron_burst.launch.config.Config`` (a YAML run config).
-
-        ``burst.intra_node_size`` counts CP ranks per node; 1 is the flat ring.
-        ``burst.backward`` or ``burst.ulysses_size`` 'auto' is decided by the time model
-        with the cluster's profile, for the config's tokens per rank.
-        """
-        m, p, b = cfg.model, cfg.parallel, cfg.burst
-        elem = 2 if cfg.training.precision == "bf16" else 4
-        heads = HeadShape(m.num_attention_heads // p.tensor, m.num_query_groups // p.tensor,
-                          m.hidden_size // m.num_attention_heads, elem)
-        per_node = None if b.intra_node_size == 1 else b.intra_node_size
-        if "auto" not in (b.backward, b.ulysses_size):
-            return CPLayout.build(p.context, ulysses=b.ulysses_size, ranks_per_node=per_node,
-                                  backward=b.backward, heads=heads)
-        from .timing import auto_layout
-        tokens = cfg.training.micro_batch_size * m.seq_length // p.context
-        cp_per_node = max(1, min(p.context, cfg.cluster.gpus_per_node // p.tensor))
-        return auto_layout(p.context, heads, tokens, True, cp_per_node, b.ulysses_size,
-                           per_node, b.backward, cfg.cluster.profile_name)
 
     # ------------------------------------------------------------------ topology
 
@@ -267,40 +173,13 @@ class CPLayout:
 
     def _need_heads(self) -> HeadShape:
         if self.heads is None:
-            raise ValueError("this CPLayout was built without heads; pass heads=HeadShape(...)")
+            raise ValueError("this CPTopology was built without heads; pass heads=HeadShape(...)")
         return self.heads
-
-
-def _read_hierarchy(comm: str, hier: list[int]) -> tuple[int | None, int | None]:
-    """(Ulysses size, ranks per node) as Megatron's hierarchical sizes describe them."""
-    if not hier:
-        return None, None
-    if comm == HYBRID_COMM_TYPE:
-        u, ring = hier[0], hier[1:]
-        if len(ring) > 2:
-            raise ValueError(f"hierarchical_context_parallel_sizes={hier}: with "
-                             f"'{HYBRID_COMM_TYPE}' give [ulysses, ring] or "
-                             f"[ulysses, ring positions per node, nodes]")
-        return u, (u * ring[0] if len(ring) == 2 else None)
-    if len(hier) != 2:
-        raise ValueError(f"hierarchical_context_parallel_sizes={hier}: with "
-                         f"'{RING_COMM_TYPE}' give [ranks per node, nodes]")
-    return None, hier[0]
-
-
-def _agree(name: str, explicit: int | None, implied: int | None, default: int | None
-           ) -> int | None:
-    """The explicit value, else the hierarchical sizes' value; both given must be equal."""
-    if explicit is not None and implied is not None and int(explicit) != implied:
-        raise ValueError(f"burst {name}={explicit} contradicts "
-                         f"hierarchical_context_parallel_sizes (which give {implied})")
-    value = explicit if explicit is not None else implied
-    return default if value is None else value
 
 
 @functools.lru_cache(maxsize=256)
 def _build(cp: int, ulysses: int, ranks_per_node: int | None, backward: str,
-           heads: HeadShape | None) -> CPLayout:
+           heads: HeadShape | None) -> CPTopology:
     if not _is_int(cp) or cp < 1:
         raise ValueError(f"the context-parallel size must be a positive int, got {cp!r}")
     if not _is_int(ulysses) or ulysses < 1 or cp % ulysses:
@@ -315,20 +194,16 @@ def _build(cp: int, ulysses: int, ranks_per_node: int | None, backward: str,
         positions = ranks_per_node // ulysses
         if positions <= 1 or positions >= cp // ulysses:
             ranks_per_node = None  # one position per node, or the whole ring: a flat ring
-    if backward not in BACKWARD_MODES:
-        raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {backward!r}")
+    if backward not in RESOLVED_BACKWARD:
+        raise ValueError(f"backward must be one of {RESOLVED_BACKWARD} here, got {backward!r} "
+                         f"('auto' is decided by megatron_burst.options.resolve)")
     if heads is not None:
-        _check_heads(heads, ulysses)
-    if backward == "auto":
-        if heads is None:
-            raise ValueError("backward='auto' needs the head shape to choose a mode")
-        ring = cp // ulysses
-        hq, hkv = heads.hq // ulysses, max(heads.hkv // ulysses, 1)
-        backward = cost.choose_backward(ring, hq, hkv, heads.head_dim, heads.elem_bytes)
-    return CPLayout(cp, ulysses, ranks_per_node, backward, heads)
+        check_heads(heads, ulysses)
+    return CPTopology(cp, ulysses, ranks_per_node, backward, heads)
 
 
-def _check_heads(heads: HeadShape, ulysses: int) -> None:
+def check_heads(heads: HeadShape, ulysses: int) -> None:
+    """Raise ValueError unless ``heads`` split over ``ulysses`` ranks (the one rule)."""
     if heads.hkv < 1 or heads.hq % heads.hkv:
         raise ValueError(f"the number of q heads ({heads.hq}) must be a multiple of the "
                          f"number of k/v heads ({heads.hkv})")

@@ -1,0 +1,154 @@
+"""The CP topology of a Megatron run: its options read from Megatron's settings, resolved once.
+
+Megatron describes context parallelism its own way (`--cp-comm-type`, `--hierarchical-
+context-parallel-sizes`); the `--burst-*` options describe the rest. `options_from_megatron`
+merges the two into one `BurstOptions` (explicit values and hierarchical sizes must agree),
+`topology_from_args` resolves a command line's once (`options.resolve`, the one resolver),
+and the entry points hand the value down to every layer through the layer spec's params
+(`megatron_burst.megatron.spec`). A layer built from a spec that carries no topology (a
+user's own spec, `BurstSpecProvider(backward=...)`) resolves its options itself, at its
+first call, when its tokens per rank are known; every layer of a model asks alike, and the
+resolver's cache answers all but the first.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+from megatron_burst.cp_topology import (
+    COMM_TYPE_ALIASES,
+    HYBRID_COMM_TYPE,
+    RING_COMM_TYPE,
+    CPTopology,
+    HeadShape,
+)
+from megatron_burst.options import (
+    TOPOLOGY_OPTIONS,
+    BurstOptions,
+    cp_ranks_per_node,
+    local_gpus,
+    resolve,
+)
+
+
+def layer_heads(config: Any, tp_size: int, head_dim: int) -> HeadShape:
+    """Heads one TP rank holds, and bytes per activation element, from a TransformerConfig."""
+    heads = config.num_attention_heads
+    groups = config.num_query_groups or heads
+    for count, what in ((heads, "num_attention_heads"), (groups, "num_query_groups")):
+        if count % tp_size:
+            raise ValueError(f"{what} over tensor parallel size: {count} is not divisible by "
+                             f"{tp_size}")
+    half = getattr(config, "bf16", False) or getattr(config, "fp16", False)
+    return HeadShape(heads // tp_size, groups // tp_size, head_dim, 2 if half else 4)
+
+
+def options_from_megatron(cp: int, cp_comm_type: Any,
+                          hierarchical_sizes: Optional[Sequence[int]],
+                          given: Mapping[str, Any]) -> BurstOptions:
+    """The options `given` explicitly (by name), completed with Megatron's CP settings.
+
+    Megatron's hierarchical sizes list consecutive-rank levels, innermost first. With
+    `a2a+burst` the first level is the Ulysses group, and any further levels describe the
+    ring: [U, M] a flat ring, [U, L/U, M] a double ring. With `burst`: [L, M] a double ring
+    of L ranks per node. Explicit options must agree with them; `a2a`/`allgather` name other
+    algorithms and are refused (never replaced by a ring).
+    """
+    comm = COMM_TYPE_ALIASES.get(comm_types(cp_comm_type)[0], "refused")
+    if comm == "refused":
+        raise ValueError(
+            f"cp_comm_type={cp_comm_type!r} is not a BurstAttention mode; use "
+            f"'{RING_COMM_TYPE}' (ring, optionally double ring) or '{HYBRID_COMM_TYPE}' "
+            f"(Ulysses x ring)")
+    hier = [int(x) for x in hierarchical_sizes] if hierarchical_sizes else []
+    if hier and math.prod(hier) != cp:
+        raise ValueError(f"hierarchical_context_parallel_sizes={hier} multiply to "
+                         f"{math.prod(hier)}, but the context-parallel size is {cp}")
+    u_hier, per_node_hier = _read_hierarchy(comm, hier)
+    if comm == HYBRID_COMM_TYPE and u_hier is None and given.get("ulysses_size") is None:
+        raise ValueError(f"cp_comm_type='{HYBRID_COMM_TYPE}' needs --burst-ulysses-size or "
+                         f"--hierarchical-context-parallel-sizes (Ulysses size first)")
+    options = {name: value for name, value in given.items() if value is not None}
+    options["ulysses_size"] = _agree("ulysses_size", given.get("ulysses_size"), u_hier, 1)
+    options["intra_node_size"] = _agree("intra_node_size", given.get("intra_node_size"),
+                                        per_node_hier, None)
+    return BurstOptions(**options)
+
+
+def options_from_args(args: Any) -> dict:
+    """The topology `--burst-*` options a Megatron argparse namespace gives explicitly."""
+    return {name: getattr(args, f"burst_{name}") for name in TOPOLOGY_OPTIONS
+            if getattr(args, f"burst_{name}", None) is not None}
+
+
+def topology_from_args(args: Any) -> CPTopology:
+    """The run's topology from a Megatron command line, resolved once: tokens per rank from
+    --seq-length and the micro batch, ranks per node from torchrun's LOCAL_WORLD_SIZE."""
+    tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
+    heads = args.num_attention_heads
+    kv = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
+    head_dim = getattr(args, "kv_channels", None) or args.hidden_size // heads
+    elem = 2 if (getattr(args, "bf16", False) or getattr(args, "fp16", False)) else 4
+    for name, count in (("--num-attention-heads", heads), ("--num-query-groups", kv)):
+        if count % tp:
+            raise ValueError(f"{name} {count} is not divisible by the tensor parallel size {tp}")
+    options = options_from_megatron(cp, args.cp_comm_type,
+                                    args.hierarchical_context_parallel_sizes,
+                                    options_from_args(args))
+    tokens = getattr(args, "micro_batch_size", 1) * args.seq_length // cp
+    return resolve(options, cp=cp, heads=HeadShape(heads // tp, kv // tp, head_dim, elem),
+                   tokens=tokens, cp_ranks_per_node=cp_ranks_per_node(
+                       cp, gpus_per_node=local_gpus(), tp=tp))
+
+
+def layer_topology(config: Any, cp_comm_type: Any, cp_size: int, heads: HeadShape,
+                   tokens: int, given: Optional[Mapping[str, Any]]) -> CPTopology:
+    """The topology of a layer built without one (see the module docstring)."""
+    hier = config.hierarchical_context_parallel_sizes
+    merged = options_from_megatron(cp_size, cp_comm_type, hier, given or {})
+    tp = getattr(config, "tensor_model_parallel_size", 1) or 1
+    return resolve(merged, cp=cp_size, heads=heads, tokens=tokens,
+                   cp_ranks_per_node=cp_ranks_per_node(cp_size, gpus_per_node=local_gpus(),
+                                                       tp=tp))
+
+
+def check_topology(topology: CPTopology, cp_size: int, heads: HeadShape) -> CPTopology:
+    """A handed-down topology must be the one this layer's group and heads make."""
+    if topology.cp != cp_size or (topology.heads is not None and topology.heads != heads):
+        raise ValueError(f"the layer spec's topology was resolved for cp={topology.cp}, heads "
+                         f"{topology.heads}, but this layer has cp={cp_size}, heads {heads}")
+    return topology
+
+
+def comm_types(cp_comm_type: Any) -> Sequence[Any]:
+    """--cp-comm-type as a list (Megatron allows one value per layer)."""
+    return cp_comm_type if isinstance(cp_comm_type, list) else [cp_comm_type]
+
+
+def _read_hierarchy(comm: str, hier: list[int]) -> tuple[int | None, int | None]:
+    """(Ulysses size, ranks per node) as Megatron's hierarchical sizes describe them."""
+    if not hier:
+        return None, None
+    if comm == HYBRID_COMM_TYPE:
+        u, ring = hier[0], hier[1:]
+        if len(ring) > 2:
+            raise ValueError(f"hierarchical_context_parallel_sizes={hier}: with "
+                             f"'{HYBRID_COMM_TYPE}' give [ulysses, ring] or "
+                             f"[ulysses, ring positions per node, nodes]")
+        return u, (u * ring[0] if len(ring) == 2 else None)
+    if len(hier) != 2:
+        raise ValueError(f"hierarchical_context_parallel_sizes={hier}: with "
+                         f"'{RING_COMM_TYPE}' give [ranks per node, nodes]")
+    return None, hier[0]
+
+
+def _agree(name: str, explicit: int | None, implied: int | None, default: int | None
+           ) -> int | None:
+    """The explicit value, else the hierarchical sizes' value; both given must be equal."""
+    if explicit is not None and implied is not None and int(explicit) != implied:
+        raise ValueError(f"burst {name}={explicit} contradicts "
+                         f"hierarchical_context_parallel_sizes (which give {implied})")
+    value = explicit if explicit is not None else implied
+    return default if value is None else value
+
+
