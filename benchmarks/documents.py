@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 import megatron_burst as mb
 from megatron_burst import kernels
-from megatron_burst.documents import doc_lengths
+from megatron_burst.packs import doc_lengths
 from megatron_burst.schedule import Block
 from megatron_burst.varlen import plan_calls
 from ranks import EMULATE_ENV, start_ranks

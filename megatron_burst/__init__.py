@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 # Imported on first use, so that `megatron-burst --help` and the launch tools, which need
 # none of them, start without importing torch (4 s) or megatron-core.
 _LAZY = {"burst_attn": ".api", "count_comm": ".comm", "CommStats": ".comm",
-         "shard_seq": ".layout", "unshard_seq": ".layout", "pack_documents": ".documents",
-         "DocumentPack": ".documents",
+         "shard_seq": ".sharding", "unshard_seq": ".sharding", "pack_documents": ".packs",
+         "DocumentPack": ".packs",
          "BurstDotProductAttention": ".megatron.attention",
          "BurstSpecProvider": ".megatron.spec"}
 

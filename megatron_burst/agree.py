@@ -3,7 +3,7 @@
 Why: the ring trusts that all ranks run one schedule. A rank that passes ``causal=False``
 while its peers pass True, other document boundaries, or fp32 against bf16, either hangs
 the ring (its messages or step counts differ from its peers') or silently computes wrong
-attention. ``api._validate`` cannot see it, since each rank's arguments are fine on their
+attention. ``prepare._validate`` cannot see it, since each rank's arguments are fine on their
 own. So before the first byte of a call moves, the ranks trade a fingerprint (one 63-bit
 hash per argument, one tiny all-gather) and, if any field differs, all raise the same
 ValueError naming the fields and which ranks passed what.
@@ -94,7 +94,7 @@ def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               reuse_kept: bool = False) -> dict[str, object]:
     """What every rank must agree on, as hashable values with stable reprs.
 
-    Arguments must already be validated (``api._validate``), so shapes are consistent.
+    Arguments must already be validated (``prepare._validate``), so shapes are consistent.
     The device index is left out on purpose: each rank has its own GPU.
     """
     seq_first = qkv_format == "sbhd"

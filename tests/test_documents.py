@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst.documents import shard_documents, unshard_documents
+from megatron_burst.sharding import shard_documents, unshard_documents
 from megatron_burst.placement import local_length, placement
 
 MIXES = [(4, 5), (1, 40, 1, 21, 1), (5, 37, 22), (64,), (3, 3, 3, 3, 3, 3, 3, 3, 8),

@@ -94,8 +94,11 @@ def test_tune_on_cpu_ranks_writes_a_profile_the_model_loads(tmp_path):
     assert prof.intra.points and prof.inter.points and prof.dense.peak_tflops > 0
     raw = json.loads((tmp_path / "profile.raw.json").read_text())
     assert raw["raw"]["world"] == 4
-    # The model ranks layouts with it.
-    assert choose(4, HeadShape(4, 2, 32, 4), tokens=512, prof=prof)
+    # The model ranks every layout with it, fastest first, with finite positive times.
+    ranked = choose(4, HeadShape(4, 2, 32, 4), tokens=512, prof=prof)
+    times = [p.total_s for p in ranked]
+    assert len(ranked) >= 4 and times == sorted(times)
+    assert all(0 < t < 1 and t == t for t in times), times
 
 
 def _auto_worker(rank, world):

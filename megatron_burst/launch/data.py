@@ -234,7 +234,7 @@ def write_dataset(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str, *
     both are complete (``staging``); an existing dataset needs ``force``. With ``stage`` the
     files join that set of outputs, and its owner commits them.
     """
-    from .environment import megatron_core_problem
+    from ..environment import megatron_core_problem
 
     problem = megatron_core_problem("writing Megatron's indexed dataset")
     if problem:

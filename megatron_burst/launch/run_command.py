@@ -60,7 +60,7 @@ def _run_on_cpu(cfg: Config, args: argparse.Namespace) -> int:
 
 def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:
     """Raise naming the key or requirement if `run` cannot start ``cfg`` on this GPU host."""
-    from .environment import training_entry_point_problem
+    from ..environment import training_entry_point_problem
 
     c = cfg.cluster
     if c.nodes > 1:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .config import Config, variables
 from .config_values import control_character
-from .environment import FUSED_ADAM_IMPORTS, RESUME_WAY_OUT, TRAINING_NEEDS
+from ..environment import FUSED_ADAM_IMPORTS, RESUME_WAY_OUT, TRAINING_NEEDS
 from .flags import double_quoted, megatron_flags, shell_word
 from .owned_flags import check_megatron_args
 from .step_time import format_duration, predict_step

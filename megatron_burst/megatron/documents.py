@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from megatron.core.packed_seq_params import PackedSeqParams
 
-import megatron_burst as mb
-from megatron_burst.documents import DocumentPack, pack_documents
+from megatron_burst.sharding import shard_seq
+from megatron_burst.packs import DocumentPack, pack_documents
 from megatron_burst.placement import LAYOUTS
 
 # What a document batch holds, in the order forward_step unpacks it.
@@ -135,7 +135,7 @@ def shard_document_batch(data: Mapping[str, torch.Tensor], eod: int,
         if value.shape != tokens.shape:
             raise ValueError(f"batch[{key!r}] has shape {tuple(value.shape)}, tokens "
                              f"{tuple(tokens.shape)}")
-    local = {key: mb.shard_seq(value, cp_group, layout=layout, seq_dim=1,
-                               cu_seqlens=params.pack)
+    local = {key: shard_seq(value, cp_group, layout=layout, seq_dim=1,
+                           cu_seqlens=params.pack)
              for key, value in full.items()}
     return local, params

@@ -163,7 +163,7 @@ def _check_cuda_graphs(args: Any, documents: Optional[str]) -> None:
 def _refuse_failing_resume(args: Any) -> None:
     """Stop before training where resuming a checkpoint is known to fail: its distributed
     optimizer state with torch's Adam (megatron-core 0.19 without TransformerEngine or apex)."""
-    from megatron_burst.launch.environment import distributed_optimizer_resume_problem
+    from megatron_burst.environment import distributed_optimizer_resume_problem
 
     load = getattr(args, "load", None)
     resumes = (load and os.path.isfile(os.path.join(load, "latest_checkpointed_iteration.txt"))

@@ -35,7 +35,7 @@ try:
     from megatron.training import get_args, get_tokenizer, pretrain, print_rank_0
     from megatron.training.arguments import core_transformer_config_from_args
 except ImportError as _missing:  # megatron-core < 0.17, which is all Python 3.11 gets
-    from megatron_burst.launch.environment import missing_training_message
+    from megatron_burst.environment import missing_training_message
 
     if __name__ == "__main__":  # `python -m` / torchrun: one line per rank, no traceback
         import sys

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from megatron_burst.launch import environment
+from megatron_burst import environment
 from megatron_burst.launch.cli import BROKEN_PIPE_STATUS, main
 from megatron_burst.launch.config import ConfigError, load_config
 from megatron_burst.launch.flags import format_flags, megatron_flags

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from megatron_burst.launch import environment
+from megatron_burst import environment
 from megatron_burst.launch.cli import main
 from megatron_burst.launch.config import ConfigError, load_config
 from megatron_burst.launch.slurm import (SAVE_MARGIN_MIN, STARTUP_MIN, TIME_MARGIN,

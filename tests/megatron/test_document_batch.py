@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from megatron_burst import layout as mb_layout  # noqa: E402
+from megatron_burst import sharding as mb_sharding  # noqa: E402
 from megatron_burst.megatron.documents import (  # noqa: E402
     DocumentParams,
     document_boundaries,
@@ -52,7 +52,7 @@ def test_every_tensor_is_sharded_with_the_attention_layout(monkeypatch, layout, 
     starts = [0, 5, 45, 56]
     seen = []
     for rank in range(world):
-        monkeypatch.setattr(mb_layout, "group_size_rank", lambda group, r=rank: (world, r))
+        monkeypatch.setattr(mb_sharding, "group_size_rank", lambda group, r=rank: (world, r))
         local, params = shard_document_batch(data, EOD, None, layout)
         assert isinstance(params, DocumentParams) and params.layout == layout
         assert params.cu_seqlens_q.tolist() == starts + [64]  # the whole pack, every rank

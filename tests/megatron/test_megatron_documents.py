@@ -97,7 +97,7 @@ def _plans_per_micro_batch(weights: dict) -> list[dict]:
 
     from megatron.core import parallel_state
 
-    import megatron_burst.burst as burst
+    import megatron_burst.ring_spec as ring_spec
     import megatron_burst.placement as placement
     import megatron_burst.schedule as schedule
     from megatron_burst.megatron.document_model import as_document_model
@@ -123,7 +123,8 @@ def _plans_per_micro_batch(weights: dict) -> list[dict]:
                                counting("placements", placement._whole_docs)), \
                 mock.patch.object(schedule, "blocks_between",
                                   counting("pair_blocks", schedule.blocks_between)), \
-                mock.patch.object(burst, "plan_calls", counting("call_plans", burst.plan_calls)):
+                mock.patch.object(ring_spec, "plan_calls",
+                                  counting("call_plans", ring_spec.plan_calls)):
             placement.placement.cache_clear()  # so a pack placed while sharding counts too
             schedule.RingSchedule.of.cache_clear()
             cm.train_step(model, {**local, "packed_seq_params": params},

@@ -1,9 +1,10 @@
-"""Sharding a full sequence across the context-parallel group, and gathering it back.
+"""Sharding a sequence across the context-parallel group, and gathering it back.
 
-``zigzag`` (rank r holds chunks r and 2G-1-r of 2G) is Megatron's
+Where each position goes is ``placement``'s (the one source of truth); this module copies
+rows accordingly. ``zigzag`` (rank r holds chunks r and 2G-1-r of 2G) is Megatron's
 ``get_batch_on_this_cp_rank`` split; ``contiguous`` gives rank r chunk r of G; with
 ``cu_seqlens`` every document is placed as ``placement`` says (``whole_docs`` keeps short
-documents whole on one rank).
+documents whole on one rank; padding rows are zeros).
 ``shard_seq`` is a slice (differentiable, no communication). ``unshard_seq`` all-gathers
 and is differentiable too: its backward hands each rank the gradient of its own tokens,
 summed over ranks (a reduce-scatter), so it is correct whether or not the loss after it is
@@ -14,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .documents import doc_lengths, shard_documents, unshard_documents
-from .placement import check_layout, chunks_of, chunks_per_rank, local_length
+from .packs import doc_lengths
+from .placement import check_layout, chunks_of, chunks_per_rank, local_length, rank_segments
 
 
 def group_size_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
@@ -98,3 +99,35 @@ def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *
         for i, c in enumerate(chunks_of(layout, world, r)):
             pieces[c] = stacked[r].narrow(seq_dim, i * chunk, chunk)
     return torch.cat(pieces, dim=seq_dim)
+
+
+def shard_documents(x_full: torch.Tensor, lens: tuple[int, ...], world: int, rank: int,
+                    seq_dim: int, layout: str) -> torch.Tensor:
+    """This rank's rows of every document (padding rows are zeros)."""
+    starts = [0]
+    for n in lens[:-1]:
+        starts.append(starts[-1] + n)
+    pieces = []
+    for seg in rank_segments(layout, world, rank, lens):
+        if seg.valid:
+            pieces.append(x_full.narrow(seq_dim, starts[seg.doc] + seg.pos, seg.valid))
+        if seg.valid < seg.length:
+            pad_shape = list(x_full.shape)
+            pad_shape[seq_dim] = seg.length - seg.valid
+            pieces.append(x_full.new_zeros(pad_shape))
+    if not pieces:
+        shape = list(x_full.shape)
+        shape[seq_dim] = 0
+        return x_full.new_zeros(shape)
+    return torch.cat(pieces, dim=seq_dim) if len(pieces) > 1 else pieces[0]
+
+
+def unshard_documents(stacked: torch.Tensor, lens: tuple[int, ...], world: int,
+                      seq_dim: int, layout: str) -> torch.Tensor:
+    """The packed, unpadded sequence from every rank's shard (``stacked[r]``)."""
+    placed: dict[tuple[int, int], torch.Tensor] = {}
+    for r in range(world):
+        for seg in rank_segments(layout, world, r, lens):
+            if seg.valid:
+                placed[(seg.doc, seg.pos)] = stacked[r].narrow(seq_dim, seg.row, seg.valid)
+    return torch.cat([placed[key] for key in sorted(placed)], dim=seq_dim)

@@ -1,16 +1,12 @@
-"""Packed documents (THD): a pack described once, and copying each rank's rows in and out.
+"""A pack of documents described once: lengths, a digest, and the plans made for it.
 
 Training hands attention a new pack of documents every micro-batch, and every layer and
 the backward see the same pack. ``DocumentPack`` is that pack described once: the lengths
 (read to the host once), a digest for the ranks' agreement check, and the ring schedules
 (placement, blocks, kernel-call plans, device boundary tensors) made for it, so the layers
 after the first and the backward reuse them. Build one per batch with ``pack_documents``
-and pass it wherever ``cu_seqlens`` goes; a plain boundaries tensor works too (the
-schedule is then found in a small cache keyed by the lengths).
-
-``placement`` is the single source of truth for which positions land where (per-document
-zigzag or contiguous chunks padded like Megatron's PackedSeqParams, or ``whole_docs``);
-this module only copies rows accordingly. Padding rows are zeros.
+and pass it wherever ``cu_seqlens`` goes; a plain boundaries tensor works too (its pack is
+found again from the tensor, and the schedule in a small cache keyed by the lengths).
 """
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ import weakref
 
 import torch
 
-from .placement import rank_segments
 
 
 @dataclasses.dataclass(eq=False)
@@ -82,35 +77,3 @@ def describe_lengths(lens: tuple[int, ...]) -> str:
     digest = hashlib.blake2b(struct.pack(f"<{len(lens)}q", *lens), digest_size=8).hexdigest()
     head = ", ".join(map(str, lens[:6])) + (", ..." if len(lens) > 6 else "")
     return f"{len(lens)} documents [{head}] #{digest}"
-
-
-def shard_documents(x_full: torch.Tensor, lens: tuple[int, ...], world: int, rank: int,
-                    seq_dim: int, layout: str) -> torch.Tensor:
-    """This rank's rows of every document (padding rows are zeros)."""
-    starts = [0]
-    for n in lens[:-1]:
-        starts.append(starts[-1] + n)
-    pieces = []
-    for seg in rank_segments(layout, world, rank, lens):
-        if seg.valid:
-            pieces.append(x_full.narrow(seq_dim, starts[seg.doc] + seg.pos, seg.valid))
-        if seg.valid < seg.length:
-            pad_shape = list(x_full.shape)
-            pad_shape[seq_dim] = seg.length - seg.valid
-            pieces.append(x_full.new_zeros(pad_shape))
-    if not pieces:
-        shape = list(x_full.shape)
-        shape[seq_dim] = 0
-        return x_full.new_zeros(shape)
-    return torch.cat(pieces, dim=seq_dim) if len(pieces) > 1 else pieces[0]
-
-
-def unshard_documents(stacked: torch.Tensor, lens: tuple[int, ...], world: int,
-                      seq_dim: int, layout: str) -> torch.Tensor:
-    """The packed, unpadded sequence from every rank's shard (``stacked[r]``)."""
-    placed: dict[tuple[int, int], torch.Tensor] = {}
-    for r in range(world):
-        for seg in rank_segments(layout, world, r, lens):
-            if seg.valid:
-                placed[(seg.doc, seg.pos)] = stacked[r].narrow(seq_dim, seg.row, seg.valid)
-    return torch.cat([placed[key] for key in sorted(placed)], dim=seq_dim)

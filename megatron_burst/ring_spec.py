@@ -1,0 +1,158 @@
+"""``RingSpec``: everything a call's ring loops need besides its tensors, and its plans.
+
+The schedule (``schedule.RingSchedule``) says which blocks each member computes at each
+step; a ``RingSpec`` adds the call's ring (topology and position), its scale, backward mode
+and message tag, and turns the schedule into what the loops run: the kernel calls of each
+pair of members, with their boundaries already on the device (``calls``, planned once per
+schedule; ``prepare`` plans a document pack's before the call's first collective), and the
+payload and accumulator movers of each pass (``movers``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import torch
+import torch.distributed as dist
+
+from .comm.headers import CallTag, HeaderCheck
+from .comm.messages import PeerComm
+from .comm.rings import AccumulatorRoute, PayloadRing, RowLayout
+from .comm.topology import RingTopology
+from .kernels.protocol import LocalAttention
+from .schedule import Block, RingSchedule
+from .varlen import KernelCall, covers, plan_calls, upload_boundaries
+
+
+@dataclasses.dataclass(frozen=True)
+class RingSpec:
+    """Everything the ring loops need besides tensors (resolved and validated)."""
+
+    group: dist.ProcessGroup | None
+    topo: RingTopology | None  # None: a single member, nothing to send
+    sched: RingSchedule
+    scale: float
+    backward: str  # 'burst' or 'ring' (auto already resolved)
+    seq_first: bool  # tensors are [s, b, h, d]
+    kernel: str | None = None  # force a LocalAttention backend by name (tests, benchmarks)
+    # False for document packs: their block sizes change with every batch, so every block
+    # goes to a kernel that builds nothing per shape (varlen.plan_calls, ``shape_free``).
+    fixed_shapes: bool = True
+    tag: CallTag | None = None  # what this call's ring messages say they belong to
+
+    @property
+    def me(self) -> int:
+        return self.topo.index if self.topo is not None else 0
+
+    @property
+    def row_dim(self) -> int:
+        """The sequence dimension of q, k, v, out in the caller's layout."""
+        return 0 if self.seq_first else 1
+
+    @property
+    def last_step(self) -> int:
+        return 0 if self.topo is None else self.sched.last_step(self.topo.source)
+
+    def ring(self, reverse: bool = False) -> RingTopology:
+        return self.topo.reversed() if reverse else self.topo
+
+    def source(self, step: int, reverse: bool = False) -> int:
+        if self.topo is None:
+            return self.me
+        return self.ring(reverse).source(self.me, step)
+
+    def bshd(self, t: torch.Tensor) -> torch.Tensor:
+        """The tensor seen as [b, s, h, d] (a view, never a copy; its own inverse)."""
+        return t.transpose(0, 1) if self.seq_first else t
+
+    def calls(self, q_member: int, k_member: int, kernel: LocalAttention,
+              batch: int, device: torch.device) -> tuple[KernelCall, ...]:
+        """The kernel calls of ``q_member``'s queries against ``k_member``'s keys, with their
+        boundaries already on ``device`` (planned and copied once per schedule)."""
+        varlen = batch == 1  # packed documents are one row; a batch runs block by block
+        area = self._dense_min_area(kernel)
+        key = ("calls", q_member, k_member, varlen, area)
+
+        def plan():
+            calls = plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
+                               dense_min_area=area, shape_free=not self.fixed_shapes)
+            upload_boundaries(calls, device)
+            return calls
+        return self.sched.memo(key, plan)
+
+    def _dense_min_area(self, kernel: LocalAttention | None) -> float | None:
+        """The kernel's dense threshold; None for a pack's shape-free plans, which do not
+        depend on the kernel (so ``prepare`` can make them before it is chosen)."""
+        return None if not self.fixed_shapes else kernel.dense_min_area
+
+    def prepare(self, device: torch.device, backward: bool) -> None:
+        """Plan a document pack's kernel calls now, for the forward and (``backward``) the
+        backward pass: pure host work, done before the call's first collective so that it
+        overlaps the GPU's queued work instead of following a synchronisation. A plain
+        sequence's plans are made at its first call and cached with its shape."""
+        if self.fixed_shapes:
+            return
+        # Planning makes a few small objects per document. In a process that holds a model,
+        # the garbage collector's passes over its whole heap, which those allocations
+        # trigger, cost several times the planning itself (20 ms instead of 2 for a pack of
+        # 500 documents, on H200 hosts); none of these objects forms a cycle.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            pairs = {(self.me, self.source(step)) for step in range(self.last_step + 1)}
+            if backward and self.backward == "burst" and self.topo is not None:
+                pairs |= {(self.source(step, reverse=True), self.me)
+                          for step in range(self.last_step + 1)}
+            for q_member, k_member in sorted(pairs):
+                self.calls(q_member, k_member, None, 1, device)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def fresh_at_step0(self, kernel: LocalAttention, batch: int, q_rows: int,
+                       k_rows: int, device: torch.device) -> tuple[bool, bool]:
+        """Whether step 0 (a member against its own keys) writes every query row, and
+        every key row, exactly once: then the accumulators start uninitialised and step 0
+        writes into them (most of the work with documents kept whole, all of it on one
+        rank, and the diagonal of a plain sequence)."""
+        calls = self.calls(self.me, self.me, kernel, batch, device)
+        return self.sched.memo(
+            ("fresh", self.me, batch == 1, self._dense_min_area(kernel), q_rows, k_rows),
+            lambda: (covers(calls, q_rows, "q"), covers(calls, k_rows, "k")))
+
+    def movers(self, payload, row_dims, accumulators, phase: str, reverse: bool = False
+               ) -> tuple[PayloadRing | None, AccumulatorRoute | None]:
+        """Payload and accumulator movers (``reverse``: the ring run the other way, moving
+        queries; their rows are the schedule's query side)."""
+        if self.topo is None:
+            return None, None
+        topo = self.ring(reverse)
+        table = self.sched.needed_rows(topo.source, "q" if reverse else "k")
+        rows = lambda origin, step: table[origin][step]  # noqa: E731
+        check = None
+        if self.tag is not None:
+            check = HeaderCheck(self.tag, phase, payload[0].device, topo.rank(topo.index))
+        comm = PeerComm(self.group, phase, check)
+        return (PayloadRing(topo, comm, RowLayout.of(payload, row_dims), rows),
+                AccumulatorRoute(topo, comm, accumulators, rows))
+
+    def accumulators(self, like: tuple[torch.Tensor, ...], dtype: torch.dtype) -> RowLayout:
+        """The layout of travelling fp32 gradient accumulators shaped like ``like``."""
+        return RowLayout(tuple(t.shape for t in like), (dtype,) * len(like),
+                         (self.row_dim,) * len(like), like[0].device)
+
+    def whole_block(self, q_len: int, k_len: int) -> Block | None:
+        """The block when this rank's attention is one kernel call over all its rows and keys.
+
+        That is a single member (CP=1, or TP-only runs that keep the burst layer) without
+        padding or documents. Then the kernel's own output and gradients are the answer: no
+        fp32 accumulators, merges or casts (they cost ~6% of the kernel at 32K tokens).
+        """
+        if self.topo is not None:
+            return None
+        blocks = list(self.sched.blocks(self.me, self.me))
+        if len(blocks) != 1:
+            return None
+        blk = blocks[0]
+        covers = (blk.q_start, blk.q_stop, blk.k_start, blk.k_stop) == (0, q_len, 0, k_len)
+        return blk if covers else None
