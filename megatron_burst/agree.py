@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.waits import wait_bounded
+from .sharding import group_ranks
 
 MODE_ENV = "MEGATRON_BURST_AGREE"
 MODES = ("first", "always", "off")
@@ -190,7 +191,7 @@ def _disagreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
     The hashes say who disagrees; one more exchange (on this error path only) fetches
     the values to print.
     """
-    ranks = _group_ranks(group)
+    ranks = group_ranks(group)
     values: list = [None] * len(ranks)
     dist.all_gather_object(values, {n: sig[n] for n in names}, group=group)
     if "error" in names:  # some rank's own arguments were invalid: that is the news
@@ -211,8 +212,3 @@ def _disagreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
 
 def _ranks_text(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-
-
-def _group_ranks(group: dist.ProcessGroup | None) -> list[int]:
-    """Global ranks of ``group`` in group order, for messages."""
-    return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)

@@ -17,8 +17,7 @@ from .burst import BurstAttentionFunction
 from .comm import headers
 from .cp_topology import CPTopology
 from .packs import DocumentPack
-from .sharding import group_size_rank
-from .prepare import group_ranks
+from .sharding import group_ranks, group_size_rank
 from .remat import AttentionKeep
 from .ulysses import heads_to_sequence, sequence_to_heads
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from typing import Any, Sequence
+from typing import Any
 
 from . import cost
 
@@ -200,6 +199,15 @@ def _build(cp: int, ulysses: int, ranks_per_node: int | None, backward: str,
     if heads is not None:
         check_heads(heads, ulysses)
     return CPTopology(cp, ulysses, ranks_per_node, backward, heads)
+
+
+def heads_split(heads: HeadShape, ulysses: int) -> bool:
+    """Whether ``heads`` split over ``ulysses`` ranks (``check_heads`` says why not)."""
+    try:
+        check_heads(heads, ulysses)
+    except ValueError:
+        return False
+    return True
 
 
 def check_heads(heads: HeadShape, ulysses: int) -> None:

@@ -79,6 +79,14 @@ class BurstOptions:
 
 
 OPTION_FIELDS = tuple(dataclasses.fields(BurstOptions))
+
+
+def remat_problem(remat_aware: bool, recompute: str | None) -> str | None:
+    """Why ``remat_aware`` cannot be honoured with this recompute setting, or None."""
+    if remat_aware and recompute != "full":
+        return (f"remat-aware recompute keeps attention's output for the full recompute; it "
+                f"does nothing with recompute {recompute or 'off'} (needs full)")
+    return None
 # The options that shape the CP topology (the rest shape the run around it).
 TOPOLOGY_OPTIONS = ("backward", "ulysses_size", "intra_node_size", "profile")
 

@@ -27,6 +27,7 @@ from .cp_topology import CPTopology, HeadShape
 from .options import BurstOptions, cp_ranks_per_node, local_gpus, resolve
 from .kernels.selection import default_scale
 from .packs import DocumentPack, pack_documents
+from .sharding import group_ranks
 from .placement import LAYOUTS, chunks_per_rank, local_length
 from .remat import AttentionKeep
 from .schedule import Mask, RingSchedule
@@ -260,11 +261,3 @@ def _keep_key(sig: dict) -> str:
     """What a kept output is made for: the call's signature without its autograd fields."""
     return headers.describe_call({k: v for k, v in sig.items()
                                   if k not in ("requires_grad", "reuse_kept", "error")})
-
-
-def group_ranks(group, world: int) -> list[int]:
-    """Global ranks of ``group`` in group order (no communication)."""
-    if group is None or group == dist.group.WORLD:
-        return list(range(world))
-    return dist.get_process_group_ranks(group)
-

@@ -19,6 +19,13 @@ from .packs import doc_lengths
 from .placement import check_layout, chunks_of, chunks_per_rank, local_length, rank_segments
 
 
+def group_ranks(group: dist.ProcessGroup | None, world: int | None = None) -> list[int]:
+    """Global ranks of ``group`` in group order (no communication)."""
+    if group is None or group == dist.group.WORLD:
+        return list(range(world if world is not None else dist.get_world_size()))
+    return dist.get_process_group_ranks(group)
+
+
 def group_size_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
     """(world, rank) of ``group``; (1, 0) when torch.distributed is not initialised."""
     if not dist.is_available() or not dist.is_initialized():

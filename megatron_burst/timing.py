@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import cost
-from .cp_topology import CPTopology, HeadShape
+from .cp_topology import CPTopology, HeadShape, heads_split
 
 PROFILE_ENV = "MEGATRON_BURST_PROFILE"
 DEFAULT_PROFILE = "h200-nvlink"
@@ -214,7 +214,7 @@ def candidates(cp: int, heads: HeadShape, *, cp_ranks_per_node: int | None = Non
     modes = ("burst", "ring") if backward == "auto" else (backward,)
     out = []
     for u in sizes:
-        if u > 1 and (heads.hq % u or (heads.hkv % u and u % heads.hkv)):
+        if not heads_split(heads, u):
             continue
         if u > per_node:  # the all-to-all stays inside a node
             continue

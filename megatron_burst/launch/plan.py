@@ -9,6 +9,7 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 """
 from __future__ import annotations
 
+from ..options import remat_problem
 from .config import Config, ConfigError
 from .layout_candidates import chosen_prediction
 from .topology import group_ranks_per_node, topology_of
@@ -78,9 +79,8 @@ def validate(cfg: Config) -> list[str]:
 
     # BurstAttention: the one resolver checks the Ulysses split against the heads and the
     # double ring against the group (options.resolve, as every run resolves it).
-    _require(not b.remat_aware or tr.recompute == "full", "burst.remat_aware",
-             "keeps attention's output for the full recompute: it needs training.recompute: "
-             "full")
+    problem = remat_problem(b.remat_aware, tr.recompute)
+    _require(problem is None, "burst.remat_aware", f"{problem} (training.recompute: full)")
     try:
         topology_of(cfg)
     except ValueError as e:

@@ -17,7 +17,7 @@ from typing import Optional
 
 from megatron_burst.cp_topology import COMM_TYPE_ALIASES
 from megatron_burst.megatron.topology import comm_types
-from megatron_burst.options import AUTO, OPTION_FIELDS, TOPOLOGY_OPTIONS
+from megatron_burst.options import AUTO, OPTION_FIELDS, TOPOLOGY_OPTIONS, remat_problem
 from megatron_burst.placement import DOCUMENT_LAYOUTS
 
 # What a user writes to ask for BurstAttention (the aliases p2p / a2a+p2p also run it when
@@ -100,10 +100,10 @@ def burst_checks(args: argparse.Namespace) -> None:
     if args.attention_dropout:
         raise ValueError(f"BurstAttention has no attention dropout; pass --attention-dropout 0 "
                          f"(got {args.attention_dropout})")
-    if getattr(args, "burst_remat_aware", False) and getattr(
-            args, "recompute_granularity", None) != "full":
-        raise ValueError("--burst-remat-aware keeps attention's output for the full recompute; "
-                         "it does nothing without --recompute-granularity full")
+    problem = remat_problem(bool(getattr(args, "burst_remat_aware", False)),
+                            getattr(args, "recompute_granularity", None))
+    if problem:
+        raise ValueError(f"--burst-remat-aware: {problem} (--recompute-granularity full)")
 
 
 def document_layout_from_args(args: argparse.Namespace) -> Optional[str]:

@@ -41,6 +41,7 @@ from megatron_burst.megatron.topology import (
     layer_topology,
     options_from_megatron,
 )
+from megatron_burst.options import remat_problem
 from megatron_burst.remat import AttentionKeep
 
 logger = logging.getLogger(__name__)
@@ -150,9 +151,9 @@ class BurstDotProductAttention(MegatronModule):
                                  ranks_per_node=None if merged.intra_node_size == "auto"
                                  else merged.intra_node_size)
         # Remat-aware recompute (--burst-remat-aware): this layer's kept attention outputs.
-        if remat_aware and getattr(config, "recompute_granularity", None) != "full":
-            raise ValueError("remat_aware keeps attention's output for the full recompute; it "
-                             "needs config.recompute_granularity='full'")
+        problem = remat_problem(remat_aware, getattr(config, "recompute_granularity", None))
+        if problem:
+            raise ValueError(f"remat_aware: {problem} (config.recompute_granularity)")
         self.keep = AttentionKeep() if remat_aware else None
         # apply_query_key_layer_scaling divides the scale by layer_number and multiplies the
         # fp32 scores back by it (an fp16 overflow guard): the net softmax scale is unchanged,

@@ -30,7 +30,6 @@ from megatron_burst.link_emulation import maybe_emulate_links
 from megatron_burst.megatron.arguments import (
     burst_checks,
     document_layout_from_args,
-    flag,
     refuse_ignored_options,
     uses_burst,
 )
