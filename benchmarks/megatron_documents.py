@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -74,10 +72,9 @@ def measure(name: str, cfg, cp: int, masks: bool, args) -> dict:
     log = result.pop("log", "")
     shares = [float(x) for x in PAIRS.findall(log)]
     share = shares[-1] if (masks and shares) else (1.0 if not masks else None)
-    steady = [ms for i, ms in enumerate(result["ms_per_iter"], 1) if i > 2]
+    ms = megatron_e2e.steady_ms(result["ms_per_iter"], warmup=2)
     result.update(document_mask=masks, pairs_share=share)
-    if steady and share is not None:
-        ms = sum(steady) / len(steady)
+    if ms is not None and share is not None:
         flops = cfg.training.global_batch_size * model_flops(cfg.model, cfg.model.seq_length,
                                                              share)
         result.update(model_tflops_per_gpu=flops / (ms / 1e3) / cp / 1e12,
@@ -103,18 +100,14 @@ def table(head: dict, runs: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=2)
+    megatron_e2e.run_args(parser, gpus=2, iters=8, timeout=240)
     parser.add_argument("--shapes", default="small,1b")
     parser.add_argument("--data", default=None, help="folder of `megatron-burst data "
                         "--sample-corpus` (real text instead of mock data)")
     parser.add_argument("--only", default="", help="run only the runs whose name has this")
-    parser.add_argument("--iters", type=int, default=8)
-    parser.add_argument("--timeout", type=int, default=240)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
-    parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    head = dict(device=megatron_e2e._device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                command=" ".join([sys.executable] + sys.argv))
+    head = megatron_e2e.result_head()
     base = load_config(megatron_e2e.CONFIG)
     runs = []
     for shape in args.shapes.split(","):
@@ -126,12 +119,8 @@ def main() -> None:
                 continue
             cfg = case_config(base, shape, cp, masks, args.iters, args.data)
             runs.append(measure(name, cfg, cp, masks, args))
-            with open(args.out, "w") as f:
-                json.dump(dict(head, runs=runs), f, indent=1)
-    md = table(head, runs)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(md)
-    print(md)
+            megatron_e2e.save_runs(args.out, head, runs)
+    megatron_e2e.save_runs(args.out, head, runs, table(head, runs))
 
 
 if __name__ == "__main__":

@@ -247,9 +247,7 @@ def main() -> None:
     parser.add_argument("--seqs", default="131072,262144", help="h200x8: sequence lengths")
     parser.add_argument("--timeout", type=int, default=240, help="h200x8: seconds per run")
     args = parser.parse_args()
-    head = dict(device=_device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                command=" ".join([sys.executable] + sys.argv),
-                emulate=os.environ.get("MEGATRON_BURST_EMULATE"))
+    head = dict(result_head(), emulate=os.environ.get("MEGATRON_BURST_EMULATE"))
 
     def save(result: dict) -> None:
         with open(args.out, "w") as f:
@@ -264,6 +262,37 @@ def main() -> None:
 def _device() -> str:
     import torch
     return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+
+
+def run_args(parser: argparse.ArgumentParser, gpus: int, iters: int, timeout: int) -> None:
+    """The options every per-run Megatron benchmark takes (GPUs, length, limit, output)."""
+    parser.add_argument("--gpus", type=int, default=gpus)
+    parser.add_argument("--iters", type=int, default=iters)
+    parser.add_argument("--timeout", type=int, default=timeout, help="seconds per run")
+    parser.add_argument("--out", required=True)
+
+
+def steady_ms(ms_per_iter: list[float], warmup: int) -> float | None:
+    """Mean ms per iteration after the first `warmup` (compilation, allocator, capture)."""
+    steady = ms_per_iter[warmup:]
+    return sum(steady) / len(steady) if steady else None
+
+
+def result_head() -> dict:
+    """What every results file opens with: the device, the date and the exact command."""
+    return dict(device=_device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                command=" ".join([sys.executable] + sys.argv))
+
+
+def save_runs(out: str, head: dict, runs: list[dict], table: str | None = None) -> None:
+    """Write the runs so far as JSON (after each run, so a time-out keeps what finished);
+    with `table`, also the Markdown table beside it, and print it."""
+    with open(out, "w") as f:
+        json.dump(dict(head, runs=runs), f, indent=1)
+    if table is not None:
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write(table)
+        print(table)
 
 
 if __name__ == "__main__":

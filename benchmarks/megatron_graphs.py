@@ -9,10 +9,8 @@ beyond bf16 noise), and model FLOPs / MFU as benchmarks/megatron_documents.py co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,14 +25,10 @@ GRAPHS = ["--cuda-graph-impl", "local"]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=tuple(megatron_documents.SHAPES), default="small")
-    parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--timeout", type=int, default=200)
+    megatron_e2e.run_args(parser, gpus=2, iters=10, timeout=200)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
-    parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    head = dict(device=megatron_e2e._device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                command=" ".join([sys.executable] + sys.argv))
+    head = megatron_e2e.result_head()
     base = load_config(megatron_e2e.CONFIG)
     plans = [(args.gpus, [])] + [(args.gpus, GRAPHS)]
     if args.shape == "small":
@@ -44,15 +38,13 @@ def main() -> None:
         cfg = megatron_documents.case_config(base, args.shape, cp, False, args.iters, None)
         name = (f"{args.shape} CP={cp}" + (", CUDA graphs (local)" if extra else ", eager"))
         r = megatron_e2e.run(name, cp, extra, args.iters, args.timeout, cfg=cfg)
-        steady = [ms for i, ms in enumerate(r["ms_per_iter"], 1) if i > 3]
-        if steady:
-            ms = sum(steady) / len(steady)
+        ms = megatron_e2e.steady_ms(r["ms_per_iter"], warmup=3)
+        if ms is not None:
             flops = cfg.training.global_batch_size * megatron_documents.model_flops(
                 cfg.model, cfg.model.seq_length, 1.0)
             r.update(steady_ms=ms, mfu=flops / (ms / 1e3) / cp / (args.peak_tflops * 1e12))
         runs.append(r)
-        with open(args.out, "w") as f:
-            json.dump(dict(head, runs=runs), f, indent=1)
+        megatron_e2e.save_runs(args.out, head, runs)
     lines = [f"{head['device']}, {head['date']}", f"command: `{head['command']}`", "",
              "| run | rc | ms/iter (steady) | MFU | losses (first 6) | error |",
              "|---|---|---|---|---|---|"]
@@ -62,9 +54,7 @@ def main() -> None:
         losses = ", ".join(f"{x:.4f}" for x in r.get("losses", [])[:6])
         err = " ".join(r.get("error", [])[-2:])[:160]
         lines.append(f"| {r['name']} | {r['rc']} | {ms} | {mfu} | {losses} | {err} |")
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    megatron_e2e.save_runs(args.out, head, runs, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

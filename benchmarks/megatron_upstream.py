@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,15 +43,11 @@ def cases(base, gpus: int, iters: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megatron-lm", required=True)
-    parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=12)
-    parser.add_argument("--timeout", type=int, default=150)
+    megatron_e2e.run_args(parser, gpus=2, iters=12, timeout=150)
     parser.add_argument("--only", default="", help="run only the cases whose name has this")
     parser.add_argument("--extra", default="", help="more Megatron flags for every run")
-    parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    head = dict(device=megatron_e2e._device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                command=" ".join([sys.executable] + sys.argv))
+    head = megatron_e2e.result_head()
     lm = os.path.abspath(args.megatron_lm)
     upstream = dict(program=["pretrain_gpt.py"], cwd=lm, env_extra={
         "PYTHONPATH": os.pathsep.join([lm, megatron_e2e.ROOT, os.environ.get("PYTHONPATH", "")])})
@@ -73,15 +67,10 @@ def main() -> None:
                                                               or "document" in line
                                                               or "remat" in line
                                                               or "dense" in line)][:6]
-            steady = [ms for i, ms in enumerate(r["ms_per_iter"], 1) if i > 2]
-            r["steady_ms"] = sum(steady) / len(steady) if steady else None
+            r["steady_ms"] = megatron_e2e.steady_ms(r["ms_per_iter"], warmup=2)
             runs.append(r)
-            with open(args.out, "w") as f:
-                json.dump(dict(head, runs=runs), f, indent=1)
-    md = table(head, runs)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(md)
-    print(md)
+            megatron_e2e.save_runs(args.out, head, runs)
+    megatron_e2e.save_runs(args.out, head, runs, table(head, runs))
 
 
 def table(head: dict, runs: list[dict]) -> str:
