@@ -10,7 +10,6 @@ payload and accumulator movers of each pass (``movers``).
 from __future__ import annotations
 
 import dataclasses
-import gc
 
 import torch
 import torch.distributed as dist
@@ -92,22 +91,12 @@ class RingSpec:
         sequence's plans are made at its first call and cached with its shape."""
         if self.fixed_shapes:
             return
-        # Planning makes a few small objects per document. In a process that holds a model,
-        # the garbage collector's passes over its whole heap, which those allocations
-        # trigger, cost several times the planning itself (20 ms instead of 2 for a pack of
-        # 500 documents, on H200 hosts); none of these objects forms a cycle.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            pairs = {(self.me, self.source(step)) for step in range(self.last_step + 1)}
-            if backward and self.backward == "burst" and self.topo is not None:
-                pairs |= {(self.source(step, reverse=True), self.me)
-                          for step in range(self.last_step + 1)}
-            for q_member, k_member in sorted(pairs):
-                self.calls(q_member, k_member, None, 1, device)
-        finally:
-            if collecting:
-                gc.enable()
+        pairs = {(self.me, self.source(step)) for step in range(self.last_step + 1)}
+        if backward and self.backward == "burst" and self.topo is not None:
+            pairs |= {(self.source(step, reverse=True), self.me)
+                      for step in range(self.last_step + 1)}
+        for q_member, k_member in sorted(pairs):
+            self.calls(q_member, k_member, None, 1, device)
 
     def fresh_at_step0(self, kernel: LocalAttention, batch: int, q_rows: int,
                        k_rows: int, device: torch.device) -> tuple[bool, bool]:

@@ -41,7 +41,7 @@ from megatron_burst.megatron.topology import (
     layer_topology,
     options_from_megatron,
 )
-from megatron_burst.options import remat_problem
+from megatron_burst.options import BurstOptions, remat_problem
 from megatron_burst.remat import AttentionKeep
 
 logger = logging.getLogger(__name__)
@@ -132,24 +132,25 @@ class BurstDotProductAttention(MegatronModule):
         self.k_channels = k_channels or config.kv_channels
         self.v_channels = v_channels or config.kv_channels
         self.heads = layer_heads(config, tp_size, self.k_channels)
-        self.cp_comm_type = cp_comm_type
-        self.burst_options = dict(burst_options or {})
-        self.layout: Optional[CPTopology] = None
+        self.tp_size = tp_size
+        self.topology: Optional[CPTopology] = None
+        self.options: Optional[BurstOptions] = None  # kept only while 'auto' is undecided
         if topology is not None:
-            self.layout = check_topology(topology, cp_size, self.heads)
+            self.topology = check_topology(topology, cp_size, self.heads)
         else:
             # Checked now, so a bad option is named when the model is built; resolved now
             # when nothing is left to the time model, else at the first call (its tokens).
-            merged = options_from_megatron(cp_size, cp_comm_type,
-                                           config.hierarchical_context_parallel_sizes,
-                                           self.burst_options)
-            if "auto" not in (merged.backward, merged.ulysses_size, merged.intra_node_size):
-                self.layout = layer_topology(config, cp_comm_type, cp_size, self.heads, 0,
-                                             self.burst_options)
-            elif merged.ulysses_size != "auto":  # what is fixed is checked now all the same
-                CPTopology.build(cp_size, ulysses=merged.ulysses_size, heads=self.heads,
-                                 ranks_per_node=None if merged.intra_node_size == "auto"
-                                 else merged.intra_node_size)
+            options = options_from_megatron(cp_size, cp_comm_type,
+                                            config.hierarchical_context_parallel_sizes,
+                                            burst_options or {})
+            if "auto" not in (options.backward, options.ulysses_size, options.intra_node_size):
+                self.topology = layer_topology(options, cp_size, self.heads, 0, tp_size)
+            else:
+                self.options = options
+                if options.ulysses_size != "auto":  # what is fixed is checked now all the same
+                    CPTopology.build(cp_size, ulysses=options.ulysses_size, heads=self.heads,
+                                     ranks_per_node=None if options.intra_node_size == "auto"
+                                     else options.intra_node_size)
         # Remat-aware recompute (--burst-remat-aware): this layer's kept attention outputs.
         problem = remat_problem(remat_aware, getattr(config, "recompute_granularity", None))
         if problem:
@@ -173,8 +174,8 @@ class BurstDotProductAttention(MegatronModule):
         self.positions_follow_documents = False
 
         if self.layer_number == 1 and torch.distributed.get_rank() == 0:
-            logger.info("BurstAttention layer 1: %s, tp=%d", self.layout.describe()
-                        if self.layout else f"options {self.burst_options} ('auto' decided "
+            logger.info("BurstAttention layer 1: %s, tp=%d", self.topology.describe()
+                        if self.topology else f"options {self.options} ('auto' decided "
                         f"at the first call)", tp_size)
 
     def forward(
@@ -218,10 +219,9 @@ class BurstDotProductAttention(MegatronModule):
                 f"sequence length {query.size(seq_dim) * cp} is not divisible "
                 f"by 2*cp = {2 * cp} (zigzag layout)"
             )
-        if self.layout is None:  # options with 'auto': decided now that the tokens are known
+        if self.topology is None:  # options with 'auto': decided now that the tokens are known
             tokens = query.size(seq_dim) * (query.size(1) if not thd else 1)
-            self.layout = layer_topology(self.config, self.cp_comm_type, cp, self.heads,
-                                         tokens, self.burst_options)
+            self.topology = layer_topology(self.options, cp, self.heads, tokens, self.tp_size)
         out = burst_attn(
             query,
             key,
@@ -232,7 +232,7 @@ class BurstDotProductAttention(MegatronModule):
             window_size=self.window_size,
             layout="zigzag" if docs is None else docs.layout,
             qkv_format="bshd" if thd else "sbhd",
-            topology=self.layout,
+            topology=self.topology,
             cu_seqlens=None if docs is None else docs.cu_seqlens,
             # Remat-aware recompute: the checkpoint's first forward keeps the output, the
             # recompute takes it (never outside training, so evaluation keeps nothing).

@@ -48,9 +48,9 @@ _DOCUMENT_CONFLICTS = (
 
 @dataclasses.dataclass(frozen=True)
 class BurstRun:
-    """What a run does with BurstAttention (layout None: it does not use it)."""
+    """What a run does with BurstAttention (topology None: it does not use it)."""
 
-    layout: Optional[CPTopology]
+    topology: Optional[CPTopology]
     documents: Optional[str]  # the document batch layout, None without document masks
     remat_aware: bool = False
     dense_mask_off: bool = False  # --create-attention-mask-in-dataloader turned off here
@@ -58,7 +58,7 @@ class BurstRun:
     @property
     def layer_spec_kwargs(self) -> dict:
         """What the burst spec functions take to hand this run's choices to every layer."""
-        return dict(topology=self.layout, remat_aware=self.remat_aware)
+        return dict(topology=self.topology, remat_aware=self.remat_aware)
 
     def bind_spec(self, spec: Any) -> Any:
         """The run's layer spec with the topology and remat bound in: the burst spec where
@@ -78,9 +78,9 @@ class BurstRun:
             f"with megatron_burst.megatron.spec.BurstSpecProvider(topology=...)")
 
     def describe(self) -> List[str]:
-        if self.layout is None:
+        if self.topology is None:
             return []
-        lines = [f"BurstAttention context parallelism: {self.layout.describe()}"]
+        lines = [f"BurstAttention context parallelism: {self.topology.describe()}"]
         if self.documents:
             lines.append(f"document masks: documents end after each EOD token, attention "
                          f"stays inside them, RoPE positions restart in each; sharded "

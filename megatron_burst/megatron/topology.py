@@ -101,13 +101,11 @@ def topology_from_args(args: Any) -> CPTopology:
                        cp, gpus_per_node=local_gpus(), tp=tp))
 
 
-def layer_topology(config: Any, cp_comm_type: Any, cp_size: int, heads: HeadShape,
-                   tokens: int, given: Optional[Mapping[str, Any]]) -> CPTopology:
-    """The topology of a layer built without one (see the module docstring)."""
-    hier = config.hierarchical_context_parallel_sizes
-    merged = options_from_megatron(cp_size, cp_comm_type, hier, given or {})
-    tp = getattr(config, "tensor_model_parallel_size", 1) or 1
-    return resolve(merged, cp=cp_size, heads=heads, tokens=tokens,
+def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens: int,
+                   tp: int) -> CPTopology:
+    """The topology of a layer built without one (see the module docstring), from its
+    options as `options_from_megatron` merged them."""
+    return resolve(options, cp=cp_size, heads=heads, tokens=tokens,
                    cp_ranks_per_node=cp_ranks_per_node(cp_size, gpus_per_node=local_gpus(),
                                                        tp=tp))
 

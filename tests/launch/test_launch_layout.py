@@ -93,7 +93,7 @@ def _adapter_layouts(args: argparse.Namespace) -> list[CPTopology]:
                                           attn_mask_type=AttnMaskType.causal,
                                           cp_comm_type=args.cp_comm_type[0], pg_collection=groups,
                                           **params)
-        layouts.append(module.layout)
+        layouts.append(module.topology)
     return layouts
 
 

@@ -130,7 +130,7 @@ def _plans_per_micro_batch(weights: dict) -> list[dict]:
             cm.train_step(model, {**local, "packed_seq_params": params},
                           num_tokens=int(local["loss_mask"].sum()))
         counts.append(seen)
-    mode = model.decoder.layers[0].self_attention.core_attention.layout.backward
+    mode = model.decoder.layers[0].self_attention.core_attention.topology.backward
     return [mode, *counts]
 
 
