@@ -1,0 +1,182 @@
+"""The README's GPU figures for packed documents, host time and the Megatron runs are the
+results on file: each table row and each figure quoted in the text is rebuilt here from
+`benchmarks/results/*.json`. A rerun that changes a number fails here until the README says
+the same (the launch layer's figures: tests/launch/test_launch_readme_numbers.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = " ".join((REPO / "README.md").read_text().split())  # line breaks as spaces
+RESULTS = REPO / "benchmarks" / "results"
+MIXES = ("lognormal", "uniform", "long", "tiny")
+NEW, SAME, BACK_TO_BACK = ("burst whole_docs, new pack each call",
+                           "burst whole_docs, same pack repeated",
+                           "burst whole_docs, new packs back to back (no sync)")
+
+
+def _says(phrase: str) -> None:
+    assert " ".join(phrase.split()) in README, f"README should say: {phrase}"
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _span(values, fmt: str = "{:.2f}") -> str:
+    """'low-high' as the README writes a range."""
+    return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+
+def _documents() -> dict:
+    """(tokens per GPU, 'hq:hkv d', mix, method) -> row of the fresh-pack benchmark."""
+    rows = {}
+    for r in _load("h200x2_documents_fresh.json")["rows"]:
+        if r["gpus"] == 2 and r["method"].startswith("burst"):
+            rows[r["per_gpu"], f"{r['heads']} d{r['head_dim']}", r["mix"], r["method"]] = r
+    return rows
+
+
+def _megatron(name: str) -> dict:
+    return {r["name"]: r for r in _load(name)["runs"]}
+
+
+def test_fresh_pack_table_is_the_run_on_file():
+    rows = _documents()
+    cases = sorted({k[:3] for k in rows},
+                   key=lambda k: (k[0], k[1] != "32:8 d128", MIXES.index(k[2])))
+    assert len(cases) == 24
+    for per_gpu, heads, mix in cases:
+        new, same, b2b = (rows[per_gpu, heads, mix, m] for m in (NEW, SAME, BACK_TO_BACK))
+        _says(f"| {per_gpu // 1024}K | {heads} | {mix} | {new['ms']:.1f} | {same['ms']:.1f} | "
+              f"{new['fresh_over_repeated']:.2f} | {new['efficiency_vs_1gpu']:.2f} | "
+              f"{b2b['efficiency_vs_1gpu']:.2f} |")
+
+
+def test_fresh_pack_summary_is_the_table():
+    rows = _documents()
+    new = [r for k, r in rows.items() if k[3] == NEW]
+    ratio = [r["fresh_over_repeated"] for r in new if r["mix"] != "tiny"]
+    tiny = [r["fresh_over_repeated"] for r in new if r["mix"] == "tiny"]
+    big = [r["efficiency_vs_1gpu"] for k, r in rows.items()
+           if k[0] == 32768 and k[1] == "32:8 d128" and k[2] != "tiny" and k[3] == NEW]
+    tiny_big = rows[32768, "32:8 d128", "tiny", NEW]["efficiency_vs_1gpu"]
+    _says(f"costs {_span(ratio)}x the same pack again (packs of hundreds of tiny documents "
+          f"{_span(tiny, '{:.1f}')}x: their planning")
+    _says(f"{_span(big)} of one GPU's kernel on the same fresh packs (32:8 heads, d 128; "
+          f"tiny documents {tiny_big:.2f})")
+
+
+def test_cudnn_per_document_figures_are_the_run_on_file():
+    one_gpu = {}
+    for r in _load("h200x2_documents_fresh.json")["rows"]:
+        if r["gpus"] == 1:
+            one_gpu.setdefault((r["per_gpu"], r["head_dim"], r["mix"]), {})[r["method"]] = r["ms"]
+    cudnn = {k: m for k, m in one_gpu.items() if "1 GPU cuDNN per document, new pack each call" in m}
+    assert cudnn, "the run on file has cuDNN rows"
+    graph_s = [m["1 GPU cuDNN per document, new pack each call"] / 1e3 for m in cudnn.values()]
+    varlen_ms = [m["1 GPU varlen flash, new pack each call"] for m in cudnn.values()]
+    _says(f"one new pack on cuDNN per document took {_span(graph_s, '{:.1f}')} s against "
+          f"{min(varlen_ms):.1f}-{max(varlen_ms):.0f} ms on the varlen kernel")
+    by_tokens = sorted((k[0], m["1 GPU cuDNN per document, new pack each call"] / 1e3)
+                       for k, m in cudnn.items())
+    _says(f"({by_tokens[0][1]:.1f} s per call at {by_tokens[0][0] // 1024}K/GPU, "
+          f"{by_tokens[-1][1]:.1f} s at {by_tokens[-1][0] // 1024}K)")
+
+
+@pytest.mark.parametrize("name, label, run", [
+    ("megatron_documents_small_h200x2.json", "small (4 layers, hidden 1024, 16:4), 16K, CP=2",
+     "small 16K CP=2"),
+    ("megatron_documents_small_h200x2.json", "same, document masks",
+     "small 16K CP=2, document masks"),
+    ("megatron_documents_cp1_h200x2.json", "same, document masks, CP=1 (one GPU)",
+     "small 16K CP=1, document masks"),
+    ("megatron_documents_1b_h200x2.json", "Llama-3.2 1B shape, 64K, CP=2", "1b 64K CP=2"),
+    ("megatron_documents_1b_h200x2.json", "same, document masks",
+     "1b 64K CP=2, document masks"),
+])
+def test_end_to_end_documents_table_is_the_run_on_file(name, label, run):
+    r = _megatron(name)[run]
+    assert r["rc"] == 0
+    mfu = f"{r['mfu']:.3f}"
+    if run == "1b 64K CP=2, document masks":
+        mfu = f"**{mfu}**"
+    _says(f"| {label} | {r['steady_ms']:.0f} | {r['pairs_share']:.3f} | "
+          f"{r['model_tflops_per_gpu']:.0f} | {mfu} | {r['tflops_per_gpu']:.0f} |")
+
+
+def test_end_to_end_documents_summary_is_the_runs():
+    big = _megatron("megatron_documents_1b_h200x2.json")
+    masked, plain = big["1b 64K CP=2, document masks"], big["1b 64K CP=2"]
+    _says(f"the masked step runs at the unmasked step's MFU ({masked['mfu']:.3f} vs "
+          f"{plain['mfu']:.3f}, FLOPs actually done)")
+    _says(f"the masked step is {masked['steady_ms'] / plain['steady_ms']:.2f}x the unmasked one")
+    small = _megatron("megatron_documents_small_h200x2.json")
+    s_masked, s_plain = small["small 16K CP=2, document masks"], small["small 16K CP=2"]
+    _says(f"the masks save less than their FLOPs: "
+          f"{s_masked['steady_ms'] / s_plain['steady_ms']:.2f}x the time, "
+          f"{s_masked['mfu'] / s_plain['mfu']:.2f}x the MFU")
+    cp1 = _megatron("megatron_documents_cp1_h200x2.json")["small 16K CP=1, document masks"]
+    _says(f"Losses with masks at CP=2 equal CP=1's ({s_masked['losses'][0]:.4f}, "
+          f"{s_masked['losses'][1]:.4f}, {s_masked['losses'][2]:.4f} vs "
+          f"{cp1['losses'][2]:.4f}, ...)")
+
+
+def test_host_time_figures_are_the_run_on_file():
+    rows = _load("h200x2_host_time.json")["rows"]
+    host = [r for r in rows if r["part"] == "host"]
+    burst_eager = [r["host_ms"] for r in host if r["case"].startswith("burst")
+                   and r["mode"] == "eager"]
+    burst_graph = [r["host_ms"] for r in host if r["case"].startswith("burst")
+                   and r["mode"] == "CUDA graph"]
+    sdpa_graph = [r["host_ms"] for r in host if "SDPA" in r["case"]
+                  and r["mode"] == "CUDA graph"]
+    _says(f"an eager `burst_attn` forward + backward at CP=2 costs {_span(burst_eager, '{:.1f}')}"
+          f" ms of host time")
+    _says(f"replayed, {_span(burst_graph)} ms, against {sdpa_graph[0]:.2f} ms for PyTorch's SDPA")
+    eff = {(r["case"], r["mode"]): r["efficiency"] for r in rows
+           if r["part"] == "efficiency" and "efficiency" in r}
+    mha = eff["causal MHA 32:32 d128, 8192/GPU", "eager"]
+    gqa = eff["causal GQA 32:8 d128, 8192/GPU", "eager"]
+    small = [eff["causal GQA 16:4 d64, 8192/GPU", m] for m in ("eager", "CUDA graph")]
+    _says(f"causal efficiency against cuDNN on one GPU is {mha:.2f} (MHA 32:32) and {gqa:.2f} "
+          f"(GQA 32:8) at d 128")
+    _says(f"{small[0]:.2f} -> {small[1]:.2f} with graphs at 16:4 heads of d 64")
+
+
+def test_megatron_graphs_figures_are_the_runs_on_file():
+    small = _megatron("megatron_graphs_small_h200x2.json")
+    eager, graphed = small["small CP=2, eager"], small["small CP=2, CUDA graphs (local)"]
+    one = small["small CP=1, CUDA graphs (local)"]
+    _says(f"step {eager['steady_ms']:.0f} -> {graphed['steady_ms']:.0f} ms with the same losses, "
+          f"{one['steady_ms'] / graphed['steady_ms']:.2f}x the tokens/s of CP=1 on one GPU "
+          f"({one['steady_ms']:.0f} ms)")
+    _says(f"its unmasked CP=2 step falls from {eager['steady_ms']:.0f} to "
+          f"{graphed['steady_ms']:.0f} ms")
+    for a, b in zip(eager["losses"], graphed["losses"]):
+        assert abs(a - b) < 1e-3 * abs(a), "graphed and eager losses differ"
+    big = _megatron("megatron_graphs_1b_h200x2.json")
+    _says(f"(MFU {big['1b CP=2, eager']['mfu']:.3f} eager, "
+          f"{big['1b CP=2, CUDA graphs (local)']['mfu']:.3f} graphed)")
+
+
+def test_upstream_patch_figures_are_the_runs_on_file():
+    runs = _megatron("megatron_upstream_h200x2.json")
+    up, ours = "upstream pretrain_gpt.py + patch", "megatron_burst.megatron.pretrain_gpt"
+    r = {(name.split(": ")[0], name.split(": ")[1]): run for name, run in runs.items()}
+    assert all(run["rc"] == 0 for run in runs.values())
+    docs_up, docs_ours = r["document masks", up], r["document masks", ours]
+    _says(f"gives the entry point's losses ({docs_up['losses'][-1]:.6f} vs "
+          f"{docs_ours['losses'][-1]:.6f} after {len(docs_ours['losses'])} iterations; "
+          f"without it {r['default flags', up]['losses'][-1]:.3f})")
+    plain = {way: r["full recompute", way]["steady_ms"] for way in (up, ours)}
+    remat = {way: r["full recompute + remat-aware", way]["steady_ms"] for way in (up, ours)}
+    _says(f"({plain[up]:.0f} -> {remat[up]:.0f} ms against {plain[ours]:.0f} -> "
+          f"{remat[ours]:.0f} ms)")
+    default = {way: r["default flags", way]["steady_ms"] for way in (up, ours)}
+    _says(f"Upstream's own step is {default[up] / default[ours] - 1:.0%} slower than the entry "
+          f"point's here ({default[up]:.0f} vs {default[ours]:.0f} ms; {docs_up['steady_ms']:.0f}"
+          f" vs {docs_ours['steady_ms']:.0f} ms with document masks)")
