@@ -48,13 +48,13 @@ joins the collective its peers run).
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
 from typing import Mapping
 
 import torch
 import torch.distributed as dist
 
+from .comm.headers import digest_text
 from .comm.waits import wait_bounded
 from .sharding import group_ranks
 
@@ -157,10 +157,7 @@ def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) 
 
 
 def _field_hash(name: str, value: object) -> int:
-    """63 bits of blake2b over ``name=repr(value)``: the same in every process (unlike
-    ``hash()``, which is salted per process for strings), and fits an int64."""
-    digest = hashlib.blake2b(f"{name}={value!r}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return digest_text(f"{name}={value!r}")
 
 
 def _exchange(group: dist.ProcessGroup | None, fingerprint: list[int]) -> list[list[int]]:

@@ -17,7 +17,7 @@ from .burst import BurstAttentionFunction
 from .comm import headers
 from .cp_topology import CPTopology
 from .packs import DocumentPack
-from .sharding import group_ranks, group_size_rank
+from .sharding import group_size_rank
 from .remat import AttentionKeep
 from .ulysses import heads_to_sequence, sequence_to_heads
 
@@ -52,16 +52,15 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     headers.poll()  # an earlier pass that received another call's message raises here
     agree.require_member(group)  # first: a non-member's group size reads -1
-    world, rank = group_size_rank(group)
+    world, _ = group_size_rank(group)
+    # One list, so the key and the preparation can never read the arguments differently.
+    options = (causal, softmax_scale, window_size, layout, backward, qkv_format,
+               intra_node_size, ulysses_size, cu_seqlens, kernel, keep, call_label, topology)
     try:
-        key = prepare.call_key(group, q, k, v, causal, softmax_scale, window_size, layout, backward,
-                        qkv_format, intra_node_size, ulysses_size, cu_seqlens, kernel, keep,
-                        call_label, topology)
+        key = prepare.call_key(group, q, k, v, *options)
         call = prepare.PREPARED.get(key) if key is not None else None
         if call is None:
-            call = prepare.prepare(q, k, v, group, world, causal, softmax_scale, window_size, layout,
-                            backward, qkv_format, intra_node_size, ulysses_size, cu_seqlens,
-                            kernel, keep, call_label, topology)
+            call = prepare.prepare(q, k, v, group, world, *options)
             if key is not None:
                 prepare.remember(key, call)
     except Exception as err:  # whatever failed, the peers learn of it instead of waiting
@@ -75,16 +74,15 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # graph replays its messages as captured: no header to write or check there.
         spec = dataclasses.replace(spec, tag=headers.CallTag(_next_call(group), call.digest,
                                                              call.label))
-    u, seq_first = call.cp.ulysses, qkv_format == "sbhd"
     # Every rank of the group makes the same keep/take decision: same program, same order.
     kept = keep.take(call.keep_key) if keep is not None and torch.is_grad_enabled() else None
-    if u == 1:
+    if call.ulysses_peers is None:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
         out, lse = _ring(q.contiguous(), k.contiguous(), v.contiguous(), spec, keep, kept,
                          call.keep_key)
     else:
-        out, lse = _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep, kept,
-                                  call.keep_key)
+        out, lse = _ulysses_burst(q, k, v, spec, group, call.ulysses_peers,
+                                  qkv_format == "sbhd", keep, kept, call.keep_key)
     return (out, lse) if return_lse else out
 
 
@@ -97,7 +95,7 @@ def _next_call(group) -> int:
     return _CALLS[name]
 
 
-def _ring(q, k, v, spec, keep, kept, key=None):
+def _ring(q, k, v, spec, keep, kept, key):
     """The ring (or its kept output), keeping the output for a recompute when asked."""
     if kept is not None:
         keep.check(kept, q)
@@ -107,11 +105,10 @@ def _ring(q, k, v, spec, keep, kept, key=None):
     return out, lse
 
 
-def _ulysses_burst(q, k, v, spec, group, world, u, seq_first, keep=None, kept=None, key=None):
-    """Heads -> sequence inside each Ulysses group, the ring across groups, and back."""
-    members = group_ranks(group, world)
-    me = members.index(dist.get_rank())
-    peers = members[me - me % u: me - me % u + u]
+def _ulysses_burst(q, k, v, spec, group, peers, seq_first, keep, kept, key):
+    """Heads -> sequence inside each Ulysses group (``peers``), the ring across groups, and
+    back."""
+    u = len(peers)
     if k.shape[2] < u:  # too few K/V heads to split: replicate each to U/hkv slots
         k = k.repeat_interleave(u // k.shape[2], dim=2)
         v = v.repeat_interleave(u // v.shape[2], dim=2)

@@ -57,10 +57,19 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
                             fresh=fresh and step == 0)
         if step < last:
             kv = ring.next(step)
+    _finish(ring)
+    return out.to(q.dtype), lse
+
+
+def _finish(ring, grads=None) -> tuple:
+    """Close a pass: the ring's last sends, then the travelling gradients' (their values),
+    then the ring's messages (the header check), in this order on every rank."""
     if ring is not None:
         ring.finish()
+    values = grads.finish() if grads is not None else ()
+    if ring is not None:
         ring.comm.finish()
-    return out.to(q.dtype), lse
+    return values
 
 
 def _accumulator(shape, dtype, device, fresh: bool) -> torch.Tensor:
@@ -159,11 +168,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         grads.pass_on(step, acc)
         if step < last:
             kv = ring.next(step)
-    if ring is not None:
-        ring.finish()
-    dk, dv = grads.finish()
-    if ring is not None:
-        ring.comm.finish()
+    dk, dv = _finish(ring, grads)
     return dq, dk, dv
 
 
@@ -208,11 +213,7 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         grads.pass_on(step, acc)
         if step < last:
             bundle = ring.next(step)
-    if ring is not None:
-        ring.finish()
-    (dq,) = grads.finish()
-    if ring is not None:
-        ring.comm.finish()
+    (dq,) = _finish(ring, grads)
     return dq, dk, dv
 
 

@@ -43,6 +43,16 @@ class HeadShape:
     head_dim: int
     elem_bytes: int = 2
 
+    @staticmethod
+    def of_tp_rank(heads: int, groups: int, head_dim: int, *, tp: int,
+                   half: bool) -> "HeadShape":
+        """The heads one of ``tp`` tensor-parallel ranks holds (``half``: 16-bit)."""
+        for count, what in ((heads, "num_attention_heads"), (groups, "num_query_groups")):
+            if count % tp:
+                raise ValueError(f"{what} over tensor parallel size: {count} is not "
+                                 f"divisible by {tp}")
+        return HeadShape(heads // tp, groups // tp, head_dim, 2 if half else 4)
+
 
 @dataclasses.dataclass(frozen=True)
 class CPTopology:

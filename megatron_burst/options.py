@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from .cp_topology import BACKWARD_MODES, CPTopology, HeadShape
 from .placement import DOCUMENT_LAYOUTS
-from .timing import choose, load_profile
+from .timing import PROFILE_ENV, choose, load_profile
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,10 @@ class BurstOptions:
         for name in ("remat_aware", "document_mask"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.profile is not None and AUTO not in (self.backward, self.ulysses_size,
+                                                     self.intra_node_size):
+            raise ValueError("profile is read only by 'auto' choices; backward, "
+                             "intra_node_size and ulysses_size are all fixed here")
         return self
 
 
@@ -96,18 +100,53 @@ def resolve(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
     """The decided topology for a CP group of ``cp`` ranks (``tokens`` per rank: batch x
     local sequence; ``cp_ranks_per_node``: ranks of the group on one node, None: all)."""
     options.checked()
+    profile = options.profile or os.environ.get(PROFILE_ENV)  # part of the cache's key
     return _resolve(cp, heads, tokens, cp_ranks_per_node, bool(causal), options.backward,
-                    options.ulysses_size, options.intra_node_size, options.profile)
+                    options.ulysses_size, options.intra_node_size, profile)
+
+
+def fixed_topology(options: BurstOptions, *, cp: int, heads: HeadShape) -> CPTopology:
+    """What the options fix, built (so validated) with 'auto' read as the plainest choice:
+    a bad value is named even where 'auto' leaves the rest to the time model."""
+    return CPTopology.build(
+        cp, ulysses=1 if options.ulysses_size == AUTO else options.ulysses_size,
+        ranks_per_node=None if options.intra_node_size == AUTO else options.intra_node_size,
+        backward="burst" if options.backward == AUTO else options.backward, heads=heads)
+
+
+def check_decided(topology: CPTopology, options: BurstOptions, *, cp: int,
+                  heads: HeadShape) -> CPTopology:
+    """A topology decided elsewhere (once per run), checked where it is used: made for this
+    group and these heads (element size aside: it only weighs the time model's choice), and
+    doing what ``options`` fix ('auto' and unset options fix nothing)."""
+    made_for = None if topology.heads is None else (
+        topology.heads.hq, topology.heads.hkv, topology.heads.head_dim)
+    if topology.cp != cp or made_for not in (None, (heads.hq, heads.hkv, heads.head_dim)):
+        raise ValueError(f"topology was resolved for cp={topology.cp} and heads "
+                         f"{topology.heads}, but here cp={cp} and heads are {heads}")
+    options.checked()
+    asked = {name: value for name, value, unset in (
+        ("backward", options.backward, AUTO), ("ulysses", options.ulysses_size, 1),
+        ("ranks_per_node", options.intra_node_size, None)) if value not in (AUTO, unset)}
+    if asked:
+        held = dict(ulysses=topology.ulysses, ranks_per_node=topology.ranks_per_node,
+                    backward=topology.backward)
+        try:
+            same = CPTopology.build(cp, **{**held, **asked}, heads=topology.heads) == topology
+        except ValueError:
+            same = False
+        if not same:
+            raise ValueError(f"the topology given ({topology.describe()}) does not do what "
+                             f"the options fix: {asked}")
+    return topology
 
 
 @functools.lru_cache(maxsize=256)  # every layer of a model, and every call, asks alike
 def _resolve(cp: int, heads: HeadShape, tokens: int, cp_ranks_per_node: int | None,
              causal: bool, backward: str, ulysses: int | str, per_node: int | str | None,
              profile: str | None) -> CPTopology:
-    # What the caller fixed is validated first, so a bad value is named even under 'auto'.
-    fixed = CPTopology.build(cp, ulysses=1 if ulysses == AUTO else ulysses,
-                             ranks_per_node=None if per_node == AUTO else per_node,
-                             backward="burst" if backward == AUTO else backward, heads=heads)
+    fixed = fixed_topology(BurstOptions(backward=backward, ulysses_size=ulysses,
+                                        intra_node_size=per_node), cp=cp, heads=heads)
     if AUTO not in (backward, ulysses, per_node):
         return fixed
     ranked = choose(cp, heads, tokens=tokens, causal=causal, prof=load_profile(profile),

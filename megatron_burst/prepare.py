@@ -24,8 +24,8 @@ from .ring_spec import RingSpec
 from .comm import headers
 from .comm.topology import RingTopology
 from .cp_topology import CPTopology, HeadShape
-from .options import BurstOptions, cp_ranks_per_node, local_gpus, resolve
-from .kernels.selection import default_scale
+from .options import BurstOptions, check_decided, cp_ranks_per_node, local_gpus, resolve
+from .kernels.selection import KERNEL_NAMES, default_scale
 from .packs import DocumentPack, pack_documents
 from .sharding import group_ranks
 from .placement import LAYOUTS, chunks_per_rank, local_length
@@ -36,7 +36,7 @@ QKV_FORMATS = ("bshd", "sbhd")
 
 
 def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_format,
-              cu_seqlens) -> DocumentPack | None:
+              cu_seqlens, kernel) -> DocumentPack | None:
     """Raise ValueError for any bad argument; return the pack of documents, if any.
 
     The ring's shape (Ulysses size, ranks per node, backward mode) is checked by
@@ -54,6 +54,8 @@ def _validate(q, k, v, world, causal, softmax_scale, window_size, layout, qkv_fo
         raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if kernel is not None and kernel not in KERNEL_NAMES:
+        raise ValueError(f"kernel must be one of {KERNEL_NAMES} or None, got {kernel!r}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
@@ -125,6 +127,7 @@ class Prepared:
     label: int  # of call_label
     spec: RingSpec  # without the call's tag
     keep_key: str
+    ulysses_peers: tuple[int, ...] | None  # this rank's Ulysses group; None: no Ulysses
 
 
 PREPARED: "collections.OrderedDict[tuple, Prepared]" = collections.OrderedDict()
@@ -167,7 +170,7 @@ def prepare(q, k, v, group, world, causal, softmax_scale, window_size, layout, b
              call_label, topology) -> Prepared:
     """Validate, resolve the layout, sign and plan one call (no communication)."""
     pack = _validate(q, k, v, world, causal, softmax_scale, window_size, layout,
-                     qkv_format, cu_seqlens)
+                     qkv_format, cu_seqlens, kernel)
     cp = _topology(group, world, q, k, causal, backward, intra_node_size, ulysses_size,
                    topology)
     if keep is not None and not isinstance(keep, AttentionKeep):
@@ -189,8 +192,17 @@ def prepare(q, k, v, group, world, causal, softmax_scale, window_size, layout, b
     # overlaps what the GPU still has queued instead of following a synchronisation.
     spec.prepare(q.device, backward=bool(sig["requires_grad"]))
     return Prepared(cp, sig, headers.digest(sorted(sig.items())),
-                     0 if call_label is None else headers.digest(call_label), spec,
-                     _keep_key(sig))
+                    0 if call_label is None else headers.digest(call_label), spec,
+                    _keep_key(sig), _ulysses_peers(group, world, cp.ulysses))
+
+
+def _ulysses_peers(group, world: int, u: int) -> tuple[int, ...] | None:
+    """The global ranks of this rank's Ulysses group: ``u`` consecutive group members."""
+    if u == 1:
+        return None
+    members = group_ranks(group, world)
+    first = members.index(dist.get_rank()) // u * u
+    return tuple(members[first:first + u])
 
 
 def capturing(t: torch.Tensor) -> bool:
@@ -236,19 +248,13 @@ def _topology(group, world, q, k, causal, backward, intra_node_size, ulysses_siz
     """The call's CPTopology: the caller's decided one (checked against the call), else the
     one resolver's (``options.resolve``) for these options and this shape."""
     heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size())
+    options = BurstOptions(backward=backward, ulysses_size=ulysses_size,
+                           intra_node_size=intra_node_size)
     if topology is not None:
         if not isinstance(topology, CPTopology):
             raise ValueError(f"topology must be a megatron_burst CPTopology or None, got "
                              f"{type(topology).__name__}")
-        if topology.cp != world or (topology.heads is not None and (
-                topology.heads.hq, topology.heads.hkv, topology.heads.head_dim)
-                != (heads.hq, heads.hkv, heads.head_dim)):
-            raise ValueError(f"topology was resolved for cp={topology.cp} and heads "
-                             f"{topology.heads}, but this call has {world} ranks and heads "
-                             f"{heads}")
-        return topology
-    options = BurstOptions(backward=backward, ulysses_size=ulysses_size,
-                           intra_node_size=intra_node_size)
+        return check_decided(topology, options, cp=world, heads=heads)
     tokens = q.shape[0] * q.shape[1]  # bshd and sbhd alike: batch x local sequence
     members = group_ranks(group, world) if dist.is_initialized() else None
     per_node = cp_ranks_per_node(world, gpus_per_node=local_gpus(), group_ranks=members,

@@ -50,7 +50,17 @@ class RingSpec:
 
     @property
     def last_step(self) -> int:
-        return 0 if self.topo is None else self.sched.last_step(self.topo.source)
+        if self.topo is None:
+            return 0
+        return self.sched.memo(("last step", self.topo.intra, self.topo.direction),
+                               lambda: self.sched.last_step(self.topo.source))
+
+    def needed_rows(self, reverse: bool) -> tuple[tuple[int, ...], ...]:
+        """The schedule's row table for this ring run forward (keys) or in reverse (queries),
+        built once per ring shape: every layer and pass of a call asks for it."""
+        topo, side = self.ring(reverse), "q" if reverse else "k"
+        return self.sched.memo(("rows", topo.intra, topo.direction, side),
+                               lambda: self.sched.needed_rows(topo.source, side))
 
     def ring(self, reverse: bool = False) -> RingTopology:
         return self.topo.reversed() if reverse else self.topo
@@ -116,7 +126,7 @@ class RingSpec:
         if self.topo is None:
             return None, None
         topo = self.ring(reverse)
-        table = self.sched.needed_rows(topo.source, "q" if reverse else "k")
+        table = self.needed_rows(reverse)
         rows = lambda origin, step: table[origin][step]  # noqa: E731
         check = None
         if self.tag is not None:

@@ -110,13 +110,16 @@ class Profile:
         return Profile(**links, **kernels, **rest)
 
 
-@functools.lru_cache(maxsize=8)
 def load_profile(name_or_path: str | None = None) -> Profile:
     """A shipped profile by name, or a JSON file ``megatron-burst tune`` wrote.
 
     None: ``$MEGATRON_BURST_PROFILE`` if set, else the default (``h200-nvlink``).
     """
-    name = name_or_path or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+    return _load_profile(name_or_path or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE)
+
+
+@functools.lru_cache(maxsize=8)  # keyed on the name read, so a changed variable is seen
+def _load_profile(name: str) -> Profile:
     path = Path(name)
     if not path.suffix:
         path = PROFILES_DIR / f"{name}.json"

@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 import megatron_burst as mb
 from megatron_burst import burst
 from megatron_burst.comm import count_comm, record_sent
+from megatron_burst.cp_topology import CPTopology
 
 from .distributed import run_ranks
 
@@ -135,6 +136,12 @@ BAD_ARGUMENTS = {
     "causal": [dict(causal="False"), dict(causal=1), dict(causal=None)],
     "head_dim": [dict(d=0, softmax_scale=1.0), dict(d=0)],
     "window_size": [dict(window_size=(True, 0)), dict(window_size=(0, False))],
+    # Before the Ulysses all-to-all too: a kernel name is checked with the arguments.
+    "kernel": [dict(kernel="bogus"), dict(kernel="bogus", ulysses_size=2, hq=4, hkv=2)],
+    # A decided topology is used as it is: what it cannot honour is refused, not dropped.
+    "topology": [dict(topology="flat ring"), dict(topology=CPTopology.build(3)),
+                 dict(topology=CPTopology.build(2, backward="ring")),  # call() fixes 'burst'
+                 dict(topology=CPTopology.build(2), ulysses_size=2, hq=4, hkv=2)],
 }
 
 

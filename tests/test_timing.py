@@ -8,7 +8,6 @@ must write a profile the model can load.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 
 import pytest

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-WORDS = 4
 BYTES = 32  # the header's room at the start of a message (int64 words, 16-byte aligned)
 PASSES = {"forward": 0, "backward": 1}
 
@@ -37,8 +36,14 @@ _PENDING: list["_Finished"] = []  # CUDA passes whose comparison is still on its
 
 
 def digest(value: Any) -> int:
-    """63 bits of blake2b over ``repr(value)``: the same in every process (unlike hash())."""
-    raw = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    """``digest_text(repr(value))``."""
+    return digest_text(repr(value))
+
+
+def digest_text(text: str) -> int:
+    """63 bits of blake2b over ``text``: the same in every process (unlike ``hash()``,
+    salted per process for strings), and it fits an int64."""
+    raw = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(raw, "little") >> 1
 
 

@@ -36,18 +36,17 @@ class Packed:
     """
 
     def __init__(self, specs: Sequence[tuple[torch.Size, torch.dtype]], device: torch.device,
-                 *, zero: bool = False, flat: torch.Tensor | None = None):
+                 *, zero: bool = False):
         sizes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
         offsets, total = [], headers.BYTES  # the message's header comes first (headers.py)
         for size in sizes:
             offsets.append(total)
             total += -(-size // _ALIGN) * _ALIGN
-        if flat is None:
-            flat = (torch.zeros if zero else torch.empty)(total, dtype=torch.uint8, device=device)
-        self.flat = flat
-        self.header = flat[:headers.BYTES].view(torch.int64)
+        self.flat = (torch.zeros if zero else torch.empty)(total, dtype=torch.uint8,
+                                                           device=device)
+        self.header = self.flat[:headers.BYTES].view(torch.int64)
         self.nbytes = sum(sizes)  # what the accounting counts: the tensors, not the padding
-        self.views = tuple(flat[o:o + size].view(dtype).view(shape)
+        self.views = tuple(self.flat[o:o + size].view(dtype).view(shape)
                            for o, size, (shape, dtype) in zip(offsets, sizes, specs))
 
     @classmethod
@@ -93,7 +92,7 @@ class Pending:
     """A posted hop: ``wait()`` returns the received tensors (and frees the sent ones),
     after the header check has seen the message (``headers.HeaderCheck``)."""
 
-    def __init__(self, batch: Batch, received: Packed | Sequence[torch.Tensor] | None,
+    def __init__(self, batch: Batch, received: Packed | None,
                  check: "headers.HeaderCheck | None" = None, sender: int = -1):
         self._batch = batch
         self.received = received  # the Packed buffer, so it can be sent on without a copy
@@ -104,10 +103,10 @@ class Pending:
         received = self.received
         if received is None:
             return []
-        if self._check is not None and isinstance(received, Packed):
+        if self._check is not None:
             self._check.received(received.header, self._sender)
             self._check = None  # several waits on one hop check it once
-        return list(received.views if isinstance(received, Packed) else received)
+        return list(received.views)
 
 
 class PeerComm:

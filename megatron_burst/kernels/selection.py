@@ -162,6 +162,7 @@ def _probe_kernels(dtype: torch.dtype, hq: int, hkv: int, d: int,
 
 KERNELS = {"reference": ReferenceAttention, "cpu-flash": CpuFlashAttention,
            "cudnn": CudnnAttention, "torch-flash": TorchFlashAttention}
+KERNEL_NAMES = (*sorted(KERNELS), "flash-attn")  # what ``kernel=`` may force
 
 
 def select_kernel(q: torch.Tensor, k: torch.Tensor, name: str | None = None) -> LocalAttention:
@@ -170,8 +171,7 @@ def select_kernel(q: torch.Tensor, k: torch.Tensor, name: str | None = None) -> 
         if name == "flash-attn":
             return FlashAttnPackage()
         if name not in KERNELS:
-            raise ValueError(f"kernel must be one of {sorted(KERNELS) + ['flash-attn']}, "
-                             f"got {name!r}")
+            raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {name!r}")
         return KERNELS[name]()
     if q.is_cuda:
         return _cuda_kernel(q.dtype, q.shape[2], k.shape[2], q.shape[3],

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import OPTION_FIELDS
+from ..placement import DOCUMENT_LAYOUTS
 from .config_file import read_config_yaml
 from .hardware import HARDWARE, Hardware
 from .config_values import BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text
@@ -134,7 +135,8 @@ class TrainingConfig:
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Dataset and tokenizer. mock: synthetic tokens (no files needed). document_mask: each
-    sample is a pack of documents ending at EOD tokens (--burst-document-mask)."""
+    sample is a pack of documents ending at EOD tokens (--burst-document-mask), sharded
+    over the CP group as document_layout says (--burst-document-layout; unset: whole_docs)."""
 
     mock: bool = False
     data_path: str | None = None
@@ -142,6 +144,7 @@ class DataConfig:
     tokenizer_type: str = "HuggingFaceTokenizer"
     tokenizer_model: str | None = None
     document_mask: bool = False
+    document_layout: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +168,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.position_embedding": ("rope",),
     **{f"burst.{f.name}": tuple(f.metadata["choices"]) for f in OPTION_FIELDS
        if f.name in BURST_KEYS and f.metadata["choices"]},
+    "data.document_layout": DOCUMENT_LAYOUTS,
     "cluster.gpu": tuple(HARDWARE),
     "training.precision": ("bf16", "fp32"),
     "training.recompute": ("none", "selective", "full"),

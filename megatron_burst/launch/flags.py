@@ -164,6 +164,11 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
                               f"micro batch: 'training.micro_batch_size' must be 1, got "
                               f"{tr.micro_batch_size}")
         f += ["--burst-document-mask"]
+        if d.document_layout is not None:
+            f += ["--burst-document-layout", d.document_layout]
+    elif d.document_layout is not None:
+        raise ConfigError("'data.document_layout' shards document masks: set "
+                          "'data.document_mask: true' too")
 
     # Logging and checkpoints.
     f += ["--log-interval", str(tr.log_interval), "--log-throughput",

@@ -90,9 +90,10 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-persist-layer-norm": FIXED,
     "--log-throughput": FIXED,
 }
-# Every --burst-* option of the adapter is a burst.* key (or data.document_mask).
+# Every --burst-* option of the adapter is a burst.* key (or a data.document_* key).
 BURST_PREFIX = "--burst-"
 BURST_KEYS = {"--burst-document-mask": "data.document_mask",
+              "--burst-document-layout": "data.document_layout",
               "--burst-remat-aware": "burst.remat_aware",
               "--burst-profile": "cluster.profile"}
 

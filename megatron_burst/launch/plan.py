@@ -9,7 +9,7 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 """
 from __future__ import annotations
 
-from ..options import remat_problem
+from ..options import AUTO, remat_problem
 from .config import Config, ConfigError
 from .layout_candidates import chosen_prediction
 from .topology import group_ranks_per_node, topology_of
@@ -85,7 +85,7 @@ def validate(cfg: Config) -> list[str]:
         topology_of(cfg)
     except ValueError as e:
         said = str(e)  # the option the resolver's message names first
-        named = min(("ulysses_size", "intra_node_size", "backward"),
+        named = min(("ulysses_size", "intra_node_size", "backward", "profile"),
                     key=lambda n: said.find(n) if n in said else len(said))
         raise ConfigError(f"'burst.{named}': {e}") from None
     per_node = group_ranks_per_node(cfg)
@@ -94,7 +94,7 @@ def validate(cfg: Config) -> list[str]:
              f"{inner} CP ranks per node, but only {per_node} ranks of a CP group share a node "
              f"(gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner ring would "
              f"cross nodes")
-    if per_node < p.context and (inner or 1) < per_node:
+    if b.intra_node_size != AUTO and per_node < p.context and (inner or 1) < per_node:
         warnings.append(f"burst.intra_node_size = {b.intra_node_size} but {per_node} CP ranks "
                         f"share a node: set it to {per_node} to keep more hops on NVLink")
 

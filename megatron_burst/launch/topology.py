@@ -11,23 +11,26 @@ from __future__ import annotations
 import functools
 
 from ..cp_topology import CPTopology, HeadShape
-from ..options import BurstOptions, cp_ranks_per_node, resolve
+from ..options import AUTO, BurstOptions, cp_ranks_per_node, resolve
 from .config import Config
 
 
 def options_of(cfg: Config) -> BurstOptions:
     """The config's BurstAttention options (`burst:` plus the cluster's profile)."""
     b = cfg.burst
+    # The cluster's profile is read by 'auto' here (and by `plan`'s time model in any case).
+    auto = AUTO in (b.backward, b.ulysses_size, b.intra_node_size)
     return BurstOptions(backward=b.backward, ulysses_size=b.ulysses_size,
-                        intra_node_size=b.intra_node_size, profile=cfg.cluster.profile_name)
+                        intra_node_size=b.intra_node_size,
+                        profile=cfg.cluster.profile_name if auto else None)
 
 
 def heads_of(cfg: Config) -> HeadShape:
     """Heads of one TP rank and bytes per element."""
     m, p = cfg.model, cfg.parallel
-    return HeadShape(m.num_attention_heads // p.tensor, m.num_query_groups // p.tensor,
-                     m.hidden_size // m.num_attention_heads,
-                     2 if cfg.training.precision == "bf16" else 4)
+    return HeadShape.of_tp_rank(m.num_attention_heads, m.num_query_groups,
+                                m.hidden_size // m.num_attention_heads, tp=p.tensor,
+                                half=cfg.training.precision == "bf16")
 
 
 def tokens_per_rank(cfg: Config) -> int:

@@ -17,7 +17,7 @@ from typing import Optional
 
 from megatron_burst.cp_topology import COMM_TYPE_ALIASES
 from megatron_burst.megatron.topology import comm_types
-from megatron_burst.options import AUTO, OPTION_FIELDS, TOPOLOGY_OPTIONS, remat_problem
+from megatron_burst.options import AUTO, OPTION_FIELDS, remat_problem
 from megatron_burst.placement import DOCUMENT_LAYOUTS
 
 # What a user writes to ask for BurstAttention (the aliases p2p / a2a+p2p also run it when
@@ -57,16 +57,12 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
     by 'auto' choices (the backward mode is 'auto' unless given). (Each option's own misuse
     is checked where it is applied.)
     """
-    given = [f.name for f in OPTION_FIELDS if getattr(args, f"burst_{f.name}", None)]
+    given = [f.name for f in OPTION_FIELDS
+             if getattr(args, f"burst_{f.name}", None) not in (None, False)]
     flags = ", ".join(flag(name) for name in given)
     if given and not uses_burst(args):
         raise ValueError(f"{flags} need BurstAttention (--cp-comm-type burst or a2a+burst), "
                          f"got --cp-comm-type {args.cp_comm_type}")
-    chosen = [getattr(args, f"burst_{name}", None) for name in TOPOLOGY_OPTIONS
-              if name != "profile"]
-    if getattr(args, "burst_profile", None) and AUTO not in chosen and chosen[0] is not None:
-        raise ValueError("--burst-profile is read only by 'auto' choices; --burst-backward, "
-                         "--burst-intra-node-size and --burst-ulysses-size are all fixed here")
 
 
 def _int_or_auto(text: str):
@@ -74,9 +70,12 @@ def _int_or_auto(text: str):
     if text == AUTO:
         return text
     try:
-        return int(text)
+        count = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {count}")
+    return count
 
 
 def uses_burst(args: argparse.Namespace) -> bool:
@@ -85,7 +84,7 @@ def uses_burst(args: argparse.Namespace) -> bool:
     chosen = [t in BURST_COMM_TYPES for t in types]
     if any(chosen) and not all(chosen):
         raise ValueError(f"--cp-comm-type {types}: burst cannot be mixed per layer with TE modes")
-    if len(set(types)) > 1:
+    if any(chosen) and len(set(types)) > 1:
         raise ValueError(f"--cp-comm-type {types}: give one BurstAttention mode for all layers")
     return all(chosen)
 
@@ -114,7 +113,7 @@ def document_layout_from_args(args: argparse.Namespace) -> Optional[str]:
     dense mask, and GPTModel's RoPE ignores position_ids, so they would do nothing.
     """
     if not args.burst_document_mask:
-        _refuse_ignored_document_flags(args)
+        refuse_dense_mask_flags(args)
         return None
     layout = args.burst_document_layout or DOCUMENT_LAYOUTS[0]
     if not uses_burst(args):
@@ -131,7 +130,9 @@ def document_layout_from_args(args: argparse.Namespace) -> Optional[str]:
     return layout
 
 
-def _refuse_ignored_document_flags(args: argparse.Namespace) -> None:
+def refuse_dense_mask_flags(args: argparse.Namespace) -> None:
+    """Megatron's --reset-* flags where no dense mask is built and RoPE ignores
+    position_ids: they would do nothing (use --burst-document-mask)."""
     if getattr(args, "burst_document_layout", None) is not None:
         raise ValueError("--burst-document-layout needs --burst-document-mask")
     if getattr(args, "reset_attention_mask", False):

@@ -36,12 +36,12 @@ from megatron_burst.megatron import masks
 from megatron_burst.api import burst_attn
 from megatron_burst.cp_topology import CPTopology
 from megatron_burst.megatron.topology import (
-    check_topology,
     layer_heads,
     layer_topology,
     options_from_megatron,
 )
-from megatron_burst.options import BurstOptions, remat_problem
+from megatron_burst.options import (AUTO, BurstOptions, check_decided, fixed_topology,
+                                    remat_problem)
 from megatron_burst.remat import AttentionKeep
 
 logger = logging.getLogger(__name__)
@@ -135,22 +135,22 @@ class BurstDotProductAttention(MegatronModule):
         self.tp_size = tp_size
         self.topology: Optional[CPTopology] = None
         self.options: Optional[BurstOptions] = None  # kept only while 'auto' is undecided
+        # Megatron's CP settings are read either way: a handed-down topology's Ulysses size
+        # counts as given, and --cp-comm-type and the hierarchical sizes must agree with it.
+        given = dict(burst_options or {})
         if topology is not None:
-            self.topology = check_topology(topology, cp_size, self.heads)
+            given.setdefault("ulysses_size", topology.ulysses)
+        options = options_from_megatron(cp_size, cp_comm_type,
+                                        config.hierarchical_context_parallel_sizes, given)
+        if topology is not None:
+            self.topology = check_decided(topology, options, cp=cp_size, heads=self.heads)
+        elif AUTO not in (options.backward, options.ulysses_size, options.intra_node_size):
+            self.topology = layer_topology(options, cp_size, self.heads, 0, tp_size)
         else:
-            # Checked now, so a bad option is named when the model is built; resolved now
-            # when nothing is left to the time model, else at the first call (its tokens).
-            options = options_from_megatron(cp_size, cp_comm_type,
-                                            config.hierarchical_context_parallel_sizes,
-                                            burst_options or {})
-            if "auto" not in (options.backward, options.ulysses_size, options.intra_node_size):
-                self.topology = layer_topology(options, cp_size, self.heads, 0, tp_size)
-            else:
-                self.options = options
-                if options.ulysses_size != "auto":  # what is fixed is checked now all the same
-                    CPTopology.build(cp_size, ulysses=options.ulysses_size, heads=self.heads,
-                                     ranks_per_node=None if options.intra_node_size == "auto"
-                                     else options.intra_node_size)
+            # Resolved at the first call (its tokens); what is fixed is checked now, so a
+            # bad option is named when the model is built.
+            fixed_topology(options, cp=cp_size, heads=self.heads)
+            self.options = options
         # Remat-aware recompute (--burst-remat-aware): this layer's kept attention outputs.
         problem = remat_problem(remat_aware, getattr(config, "recompute_granularity", None))
         if problem:

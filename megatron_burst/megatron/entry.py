@@ -30,6 +30,7 @@ from megatron_burst.link_emulation import maybe_emulate_links
 from megatron_burst.megatron.arguments import (
     burst_checks,
     document_layout_from_args,
+    refuse_dense_mask_flags,
     refuse_ignored_options,
     uses_burst,
 )
@@ -105,9 +106,9 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     """
     maybe_emulate_links()  # $MEGATRON_BURST_EMULATE: slow links between virtual nodes
     refuse_ignored_options(args)
-    documents = document_layout_from_args(args)
-    if not uses_burst(args):
+    if not uses_burst(args):  # Megatron's own CP modes: nothing here is ours to check
         return BurstRun(None, None)
+    documents = document_layout_from_args(args)
     if getattr(args, "hybrid_context_parallel", False):
         raise ValueError("--hybrid-context-parallel gives each sample its own CP group; "
                          "BurstAttention runs one ring over the model's CP group")
@@ -137,6 +138,25 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     for line in run.describe():
         say(f"> {line}")
     return run
+
+
+# What this package's entry point (megatron_burst.megatron.pretrain_gpt) cannot build in any
+# CP mode: its datasets are GPTDataset / MockGPTDataset only.
+_OWN_ENTRY_DATASETS = (("sft", "--sft"), ("fim_data", "--fim-data"))
+
+
+def check_own_entry(args: Any) -> None:
+    """Raise ValueError for Megatron flags this package's entry point would ignore, with or
+    without BurstAttention: datasets it does not build, and (without document masks)
+    --reset-* flags, since it builds no dense mask and GPTModel's RoPE ignores position_ids.
+    Megatron-LM's own pretrain_gpt.py honours them without BurstAttention, so `configure_run`
+    leaves such runs alone."""
+    for name, option in _OWN_ENTRY_DATASETS:
+        if getattr(args, name, False):
+            raise ValueError(f"{option}: megatron_burst.megatron.pretrain_gpt builds GPT "
+                             f"datasets only; use Megatron-LM's pretrain_gpt.py with the patch")
+    if not getattr(args, "burst_document_mask", False):
+        refuse_dense_mask_flags(args)
 
 
 def _check_cuda_graphs(args: Any, documents: Optional[str]) -> None:

@@ -140,13 +140,27 @@ def _layer_spec(args: Any, config: Any, run: Any) -> Any:
     return spec(config) if callable(spec) and not isinstance(spec, type) else spec
 
 
+_RUN: Optional[Any] = None  # entry.BurstRun, made once per run
+
+
+def configure(args: Any, model_cfg: Any = None) -> Any:
+    """The run's BurstAttention choices (`entry.configure_run`), made once: the pre-0.17
+    `pretrain` calls `model_provider` once per virtual pipeline chunk. What only this entry
+    point cannot build is refused first (`entry.check_own_entry`)."""
+    global _RUN
+    if _RUN is None:
+        entry.check_own_entry(args)
+        _RUN = entry.configure_run(args, model_cfg)
+    return _RUN
+
+
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: Optional[int] = None, **kwargs: Any):
     """GPTModel with BurstAttention layers (the pre-0.17 `pretrain` calls this)."""
     from megatron.core.models.gpt import GPTModel
 
     args = get_args()
     config = core_transformer_config_from_args(args)
-    run = entry.configure_run(args)
+    run = configure(args)
     spec = _layer_spec(args, config, run)
     model = GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
@@ -191,7 +205,7 @@ def main() -> None:
 
     args = parse_and_validate_args(extra_args_provider=add_burst_args, args_defaults=defaults)
     model_cfg = gpt_config_from_args(args)
-    entry.configure_run(args, model_cfg)
+    configure(args, model_cfg)
     pretrain(pretrain_cfg_container_from_args(args, model_cfg), train_valid_test_datasets_provider,
              ModelType.encoder_or_decoder, forward_step)
 

@@ -34,13 +34,12 @@ from megatron_burst.options import (
 def layer_heads(config: Any, tp_size: int, head_dim: int) -> HeadShape:
     """Heads one TP rank holds, and bytes per activation element, from a TransformerConfig."""
     heads = config.num_attention_heads
-    groups = config.num_query_groups or heads
-    for count, what in ((heads, "num_attention_heads"), (groups, "num_query_groups")):
-        if count % tp_size:
-            raise ValueError(f"{what} over tensor parallel size: {count} is not divisible by "
-                             f"{tp_size}")
-    half = getattr(config, "bf16", False) or getattr(config, "fp16", False)
-    return HeadShape(heads // tp_size, groups // tp_size, head_dim, 2 if half else 4)
+    return HeadShape.of_tp_rank(heads, config.num_query_groups or heads, head_dim, tp=tp_size,
+                                half=_half(config))
+
+
+def _half(config_or_args: Any) -> bool:
+    return bool(getattr(config_or_args, "bf16", False) or getattr(config_or_args, "fp16", False))
 
 
 def options_from_megatron(cp: int, cp_comm_type: Any,
@@ -88,17 +87,12 @@ def topology_from_args(args: Any) -> CPTopology:
     heads = args.num_attention_heads
     kv = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
     head_dim = getattr(args, "kv_channels", None) or args.hidden_size // heads
-    elem = 2 if (getattr(args, "bf16", False) or getattr(args, "fp16", False)) else 4
-    for name, count in (("--num-attention-heads", heads), ("--num-query-groups", kv)):
-        if count % tp:
-            raise ValueError(f"{name} {count} is not divisible by the tensor parallel size {tp}")
     options = options_from_megatron(cp, args.cp_comm_type,
                                     args.hierarchical_context_parallel_sizes,
                                     options_from_args(args))
     tokens = getattr(args, "micro_batch_size", 1) * args.seq_length // cp
-    return resolve(options, cp=cp, heads=HeadShape(heads // tp, kv // tp, head_dim, elem),
-                   tokens=tokens, cp_ranks_per_node=cp_ranks_per_node(
-                       cp, gpus_per_node=local_gpus(), tp=tp))
+    return layer_topology(options, cp, HeadShape.of_tp_rank(heads, kv, head_dim, tp=tp,
+                                                            half=_half(args)), tokens, tp)
 
 
 def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens: int,
@@ -108,14 +102,6 @@ def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens
     return resolve(options, cp=cp_size, heads=heads, tokens=tokens,
                    cp_ranks_per_node=cp_ranks_per_node(cp_size, gpus_per_node=local_gpus(),
                                                        tp=tp))
-
-
-def check_topology(topology: CPTopology, cp_size: int, heads: HeadShape) -> CPTopology:
-    """A handed-down topology must be the one this layer's group and heads make."""
-    if topology.cp != cp_size or (topology.heads is not None and topology.heads != heads):
-        raise ValueError(f"the layer spec's topology was resolved for cp={topology.cp}, heads "
-                         f"{topology.heads}, but this layer has cp={cp_size}, heads {heads}")
-    return topology
 
 
 def comm_types(cp_comm_type: Any) -> Sequence[Any]:

@@ -50,6 +50,19 @@ def test_the_config_key_becomes_the_flag_and_the_flag_a_layout(tiny_raw, write_c
     assert arguments.document_layout_from_args(_args(plain)) is None
 
 
+def test_the_layout_key_becomes_the_layout_flag(tiny_raw, write_config):
+    cfg = _config(tiny_raw, write_config, document_mask=True, document_layout="zigzag")
+    assert arguments.document_layout_from_args(_args(megatron_flags(cfg))) == "zigzag"
+    with pytest.raises(ConfigError, match="'data.document_mask: true'"):
+        megatron_flags(_config(tiny_raw, write_config, document_mask=False,
+                               document_layout="zigzag"))
+    with pytest.raises(ConfigError, match="data.document_layout"):
+        _config(tiny_raw, write_config, document_layout="diagonal")
+    tiny_raw["megatron_args"] = ["--burst-document-layout", "zigzag"]
+    with pytest.raises(ConfigError, match="data.document_layout"):
+        _config(tiny_raw, write_config, document_mask=True)
+
+
 def test_document_mask_with_more_than_one_sequence_per_micro_batch_fails(tiny_raw,
                                                                          write_config):
     tiny_raw["data"]["document_mask"] = True  # the tiny config has micro_batch_size 2

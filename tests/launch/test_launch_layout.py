@@ -70,8 +70,9 @@ class _Group:
         return self._size
 
 
-def _adapter_layouts(args: argparse.Namespace) -> list[CPTopology]:
-    """The topology BurstDotProductAttention runs: handed down, and resolved by itself."""
+def _layer(args: argparse.Namespace, **params):
+    """The BurstDotProductAttention layer Megatron builds from `args` (CP settings read from
+    them unless `params` override cp_comm_type or hierarchical_sizes)."""
     pytest.importorskip("megatron.core")
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -80,21 +81,21 @@ def _adapter_layouts(args: argparse.Namespace) -> list[CPTopology]:
 
     tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
     groups = types.SimpleNamespace(tp=_Group(tp), cp=_Group(cp))
-    layouts = []
-    for params in (dict(topology=topology_from_args(args)),
-                   dict(burst_options={"backward": args.burst_backward})):
-        config = TransformerConfig(
-            num_layers=2, hidden_size=args.hidden_size,
-            num_attention_heads=args.num_attention_heads,
-            num_query_groups=args.num_query_groups if args.group_query_attention else None,
-            attention_dropout=0.0, bf16=args.bf16, context_parallel_size=cp,
-            hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes)
-        module = BurstDotProductAttention(config, layer_number=2,
-                                          attn_mask_type=AttnMaskType.causal,
-                                          cp_comm_type=args.cp_comm_type[0], pg_collection=groups,
-                                          **params)
-        layouts.append(module.topology)
-    return layouts
+    config = TransformerConfig(
+        num_layers=2, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups if args.group_query_attention else None,
+        attention_dropout=0.0, bf16=args.bf16, context_parallel_size=cp,
+        hierarchical_context_parallel_sizes=params.pop(
+            "hierarchical_sizes", args.hierarchical_context_parallel_sizes))
+    return BurstDotProductAttention(config, layer_number=2, attn_mask_type=AttnMaskType.causal,
+                                    cp_comm_type=params.pop("cp_comm_type", args.cp_comm_type[0]),
+                                    pg_collection=groups, **params)
+
+
+def _adapter_layouts(args: argparse.Namespace) -> list[CPTopology]:
+    """The topology BurstDotProductAttention runs: handed down, and resolved by itself."""
+    return [_layer(args, topology=topology_from_args(args)).topology,
+            _layer(args, burst_options={"backward": args.burst_backward}).topology]
 
 
 def _check(cfg) -> CPTopology:
@@ -152,3 +153,27 @@ def test_one_unit_for_ranks_per_node():
         _from_megatron(8, "a2a", None, heads)
     with pytest.raises(ValueError, match="options.resolve"):
         CPTopology.build(8, backward="auto", heads=heads)  # 'auto' is the resolver's alone
+
+
+def test_a_handed_down_topology_must_agree_with_the_layers_settings(tiny_raw):
+    """A layer given a decided topology still reads Megatron's CP settings and its own
+    options: one that names another algorithm, or another shape, is refused, not dropped."""
+    args = _parse(megatron_flags(_cp8_ulysses2(tiny_raw, ranks_per_node=4), env=ENV))
+    decided = topology_from_args(args)
+    assert _layer(args, topology=decided).topology == decided
+    other = {"burst": "ring", "ring": "burst"}[decided.backward]
+    for params, match in ((dict(cp_comm_type="a2a"), "not a BurstAttention mode"),
+                          (dict(hierarchical_sizes=[4, 2]), "contradicts"),
+                          (dict(burst_options={"backward": other}), "does not do what")):
+        with pytest.raises(ValueError, match=match):
+            _layer(args, topology=decided, **params)
+
+
+def test_a_profile_nothing_reads_is_refused_through_the_spec_too(tiny_raw):
+    """Through a spec provider's options as on the command line: with every choice fixed
+    the time model never runs, so a profile would be ignored."""
+    args = _parse(megatron_flags(_cp8_ulysses2(tiny_raw, ranks_per_node=4), env=ENV))
+    fixed = {"backward": "burst", "profile": "a100-ib"}
+    with pytest.raises(ValueError, match="read only by 'auto'"):
+        _layer(args, burst_options=fixed)
+    assert _layer(args, burst_options={**fixed, "backward": "auto"}).options.profile == "a100-ib"

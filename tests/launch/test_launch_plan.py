@@ -31,6 +31,17 @@ def test_every_config_passes_plan(path):
         assert "burst attention" in text
 
 
+def test_ranks_per_node_advice_follows_the_choice():
+    """A fixed flat ring across nodes gets the advice to keep hops on NVLink; 'auto' left the
+    choice to the time model, which plan must not contradict."""
+    cfg = _cfg("llama2-13b-512k")
+    burst = cfg.burst
+    flat = dataclasses.replace(cfg, burst=dataclasses.replace(burst, intra_node_size=None))
+    assert any("burst.intra_node_size = None" in w for w in validate(flat))
+    auto = dataclasses.replace(cfg, burst=dataclasses.replace(burst, intra_node_size="auto"))
+    assert not any("intra_node_size" in w for w in validate(auto))
+
+
 @pytest.mark.parametrize("path", [p for p in CONFIGS if "cpu" not in p.stem], ids=lambda p: p.stem)
 def test_shipped_gpu_configs_keep_headroom(path):
     # The estimate has ~15% error bars: a shipped config leaves that much of the device free.

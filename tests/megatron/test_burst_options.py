@@ -132,3 +132,33 @@ def test_both_entry_points_call_the_shared_entry() -> None:
     added = [line[1:] for line in patch.splitlines() if line.startswith("+")
              and not line.startswith("+++")]
     assert len(added) < 60, "keep the patch small: the logic lives in the package"
+
+
+def test_runs_without_burst_attention_are_left_alone() -> None:
+    """Megatron-LM's pretrain_gpt.py with the patch calls configure_run for every run once
+    the package is installed: Megatron's own CP modes (one per layer too) and the dense-mask
+    flags its dataloader honours are not ours to refuse there."""
+    for argv in (["--cp-comm-type", "p2p", "a2a"], ["--cp-comm-type", "p2p"]):
+        args = parser().parse_args(argv)
+        args.reset_attention_mask = args.reset_position_ids = True
+        assert entry.configure_run(args, SimpleNamespace()).topology is None, argv
+    with pytest.raises(ValueError, match="burst cannot be mixed per layer"):
+        entry.configure_run(parser().parse_args(["--cp-comm-type", "burst", "p2p"]))
+
+
+@pytest.mark.parametrize("extra, megatron, match", [
+    ([], dict(reset_attention_mask=True), "--reset-attention-mask"),
+    ([], dict(reset_position_ids=True), "--reset-position-ids"),
+    (["--sft"], {}, "--sft"),
+    ([], dict(fim_data=True), "--fim-data"),
+])
+def test_this_entry_point_refuses_what_it_would_ignore(extra, megatron, match) -> None:
+    """This package's entry point builds no dense mask and GPT datasets only, whatever the
+    CP mode: those flags stop the run instead of doing nothing."""
+    for comm in (["--cp-comm-type", "p2p"], BURST):
+        args = parser().parse_args(comm + extra)
+        for key, value in megatron.items():
+            setattr(args, key, value)
+        with pytest.raises(ValueError, match=match):
+            entry.check_own_entry(args)
+    entry.check_own_entry(parser().parse_args(BURST))  # a plain run passes
