@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
 import statistics
 import sys
 import time
@@ -30,6 +28,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import baselines  # noqa: E402
 from ranks import emulated, start_ranks  # noqa: E402
+from documents import pack_lengths  # noqa: E402
 
 import megatron_burst as mb  # noqa: E402
 from megatron_burst import kernels, timing  # noqa: E402
@@ -45,19 +44,13 @@ def doc_lens(total: int, mask: str = "docs") -> tuple[int, ...]:
     """Document lengths of the packed sequence.
 
     ``docs``: a few long documents (40%, 22%, ... 1% of the tokens). ``docs-lognormal``:
-    lengths drawn from a lognormal with mean 2048 (sigma 1), clipped to 128..16384, seeded
-    (random.Random(0)), the last one cut to fit: Llama-3-style pretraining packs.
+    the documents benchmark's Llama-3-style pack (``documents.pack_lengths``, seed 0).
     """
     if mask == "docs":
         lens = [int(total * f) for f in DOC_MIX]
         lens[0] += total - sum(lens)
         return tuple(lens)
-    rng, lens = random.Random(0), []
-    mu = math.log(2048) - 0.5  # mean of a lognormal = exp(mu + sigma^2 / 2)
-    while sum(lens) < total:
-        lens.append(min(16384, max(128, int(rng.lognormvariate(mu, 1.0)))))
-    lens[-1] -= sum(lens) - total
-    return tuple(n for n in lens if n)
+    return pack_lengths(total, "lognormal", 0)
 
 
 def unmasked_pairs(n: int, mask: str) -> float:

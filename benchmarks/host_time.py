@@ -6,8 +6,8 @@ Two parts, every rank on its own GPU, bf16, causal, fwd+bwd:
 
 1. Host time per call: tensors so small (256 tokens per GPU, 16 heads, d 64) that the GPU
    work is negligible, so the wall time of a call is the host's. For each case (the ring
-   with either backward, full attention, a document pack; and PyTorch's SDPA on one GPU as
-   the floor) it times the forward and the backward separately: the time until each
+   with either backward, full attention, a new document pack every call as training feeds
+   them; and PyTorch's SDPA on one GPU as the floor) it times the forward and the backward separately: the time until each
    returned ("host") and until the GPU finished ("wall"), median of --iters. The same call
    captured once in a CUDA graph (torch.cuda.make_graphed_callables) and replayed is timed
    the same way.
@@ -30,6 +30,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import megatron_burst as mb
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ranks import EMULATE_ENV, start_ranks  # noqa: E402
 
 
 def timed(fn, iters: int) -> dict:
@@ -84,11 +87,19 @@ class Case:
                     host_ms=both["host_ms"], wall_ms=both["wall_ms"])
 
 
+def new_packs(total: int):
+    """A new pack of four documents for every call, the same on every rank (as a training
+    batch gives them), so describing and planning a new pack counts in its host time."""
+    gen = torch.Generator().manual_seed(0)
+    while True:
+        cuts = sorted((torch.randperm(total - 1, generator=gen)[:3] + 1).tolist())
+        yield torch.tensor([0, *cuts, total], dtype=torch.int32)
+
+
 def host_cases(world: int, dev) -> list[tuple[str, object, list]]:
     s, hq, hkv, d = 256, 16, 4, 64
     shapes = [(1, s, hq, d), (1, s, hkv, d), (1, s, hkv, d)]
-    total = s * world  # a pack of four documents, one split over the ranks
-    pack = mb.pack_documents(torch.tensor([0, 100, 300, 330, total], dtype=torch.int32))
+    packs = new_packs(s * world)
     cases = [
         ("burst causal, burst bwd", lambda q, k, v: mb.burst_attn(q, k, v, causal=True,
                                                                    backward="burst"), shapes),
@@ -96,9 +107,9 @@ def host_cases(world: int, dev) -> list[tuple[str, object, list]]:
                                                                   backward="ring"), shapes),
         ("burst full, auto bwd", lambda q, k, v: mb.burst_attn(q, k, v), shapes),
     ]
-    if pack is not None:
-        cases.append(("burst whole_docs pack (eager only)", lambda q, k, v: mb.burst_attn(
-            q, k, v, causal=True, layout="whole_docs", cu_seqlens=pack), shapes))
+    cases.append(("burst whole_docs, new pack each call (eager only)", lambda q, k, v:
+                  mb.burst_attn(q, k, v, causal=True, layout="whole_docs",
+                                cu_seqlens=mb.pack_documents(next(packs))), shapes))
     full = [(1, hq, s * world, d)] * 3
     cases.append(("1 GPU SDPA (cuDNN), the whole sequence", cudnn_sdpa, full))
     return cases
@@ -112,7 +123,7 @@ def cudnn_sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def efficiency_cases(world: int) -> list[tuple[str, int, int, int]]:
+def efficiency_cases() -> list[tuple[str, int, int, int]]:
     return [("MHA 32:32 d128", 32, 32, 128), ("GQA 32:8 d128", 32, 8, 128),
             ("GQA 16:4 d64", 16, 4, 64)]
 
@@ -123,9 +134,7 @@ def main() -> None:
     parser.add_argument("--per-gpu", type=int, default=8192)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    rank, world = start_ranks()
     dev = torch.device("cuda", torch.cuda.current_device())
     rows = []
     for name, fn, shapes in host_cases(world, dev):
@@ -141,7 +150,7 @@ def main() -> None:
         if rank == 0:
             print(rows[-2:], flush=True)
     n = args.per_gpu
-    for name, hq, hkv, d in efficiency_cases(world):
+    for name, hq, hkv, d in efficiency_cases():
         shapes = [(1, n, hq, d), (1, n, hkv, d), (1, n, hkv, d)]
         ring = Case(lambda q, k, v: mb.burst_attn(q, k, v, causal=True), shapes, dev, rank)
         eager = ring.parts(args.iters)
@@ -163,7 +172,8 @@ def main() -> None:
     if rank == 0:
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
-                    date=time.strftime("%Y-%m-%d %H:%M:%S"))
+                    date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                    emulate=os.environ.get(EMULATE_ENV))
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         lines = [f"{meta['device']} x{world}, torch {meta['torch']}, {meta['date']}",

@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("--seqs", default="131072,262144", help="h200x8: sequence lengths")
     parser.add_argument("--timeout", type=int, default=240, help="h200x8: seconds per run")
     args = parser.parse_args()
-    head = dict(result_head(), emulate=os.environ.get("MEGATRON_BURST_EMULATE"))
+    head = result_head()
 
     def save(result: dict) -> None:
         with open(args.out, "w") as f:
@@ -279,9 +279,11 @@ def steady_ms(ms_per_iter: list[float], warmup: int) -> float | None:
 
 
 def result_head() -> dict:
-    """What every results file opens with: the device, the date and the exact command."""
+    """What every results file opens with: the device, the date, the exact command and the
+    link emulation its ranks run under (``configure_run`` installs it), if any."""
     return dict(device=_device(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                command=" ".join([sys.executable] + sys.argv))
+                command=" ".join([sys.executable] + sys.argv),
+                emulate=os.environ.get("MEGATRON_BURST_EMULATE"))
 
 
 def save_runs(out: str, head: dict, runs: list[dict], table: str | None = None) -> None:

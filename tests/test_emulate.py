@@ -146,7 +146,18 @@ def test_benchmarks_read_the_switch_when_they_start_their_ranks():
     assert on1 == (True, "")  # installed on every rank, said on rank 0 only
 
 
-@pytest.mark.parametrize("script", ["attention.py", "documents.py", "p2p_ring.py"])
+# Every benchmark whose own ranks run it (`if __name__` and torch.distributed), not the
+# helpers they import (ranks.py starts them; baselines.py holds the peers' code).
+GPU_BENCHMARKS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py")
+                        if "import torch.distributed" in p.read_text()
+                        and "__main__" in p.read_text() and p.name != "ranks.py")
+
+
+def test_the_gpu_benchmarks_are_found():
+    assert {"attention.py", "documents.py", "p2p_ring.py", "host_time.py"} <= set(GPU_BENCHMARKS)
+
+
+@pytest.mark.parametrize("script", GPU_BENCHMARKS)
 def test_each_gpu_benchmark_starts_its_ranks_through_the_switch(script):
     text = (REPO / "benchmarks" / script).read_text()
     assert "start_ranks()" in text and "init_process_group" not in text

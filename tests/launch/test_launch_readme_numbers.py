@@ -16,15 +16,12 @@ from megatron_burst.launch.slurm import TIME_MARGIN
 from megatron_burst.launch.step_time import predict_step
 from megatron_burst.tools.cpu_data import SUCCESSORS
 
+from tests.readme import RESULTS
+from tests.readme import says as _says
+
 from .conftest import CONFIGS, REPO
 
-README = " ".join((REPO / "README.md").read_text().split())  # line breaks as spaces
-RESULTS = REPO / "benchmarks" / "results"
 MIB = 2 ** 20
-
-
-def _says(phrase: str) -> None:
-    assert " ".join(phrase.split()) in README, f"README should say: {phrase}"
 
 
 def test_quick_start_numbers_are_the_configs():
