@@ -26,6 +26,7 @@ from typing import Callable
 from .placement import LAYOUTS, Segment, rank_segments  # noqa: F401  (LAYOUTS re-exported)
 
 INF = 1 << 62
+BLOCK_KINDS = ("full", "causal", "band")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,25 @@ class Block:
     @property
     def k(self) -> slice:
         return slice(self.k_start, self.k_stop)
+
+    @property
+    def flash_window(self) -> tuple[int, int]:
+        """(left, right) of flash-attn's bottom-right-aligned window that equals this block's
+        mask ((-1, -1): every pair, (-1, 0): causal). Flash aligns query i with key
+        i + m - n; blocks are trimmed so that a band's two values are >= 0 (the last row and
+        the last column each see something)."""
+        if self.kind == "full":
+            return -1, -1
+        if self.kind == "causal":
+            return -1, 0
+        n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
+        return (m - n) - self.lo, self.hi - (m - n)
+
+    def describe(self) -> str:
+        """e.g. 'band block of 64 x 80 (key - query in [-16, 0])'."""
+        n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
+        mask = f" (key - query in [{self.lo}, {self.hi}])" if self.kind == "band" else ""
+        return f"{self.kind} block of {n} x {m}{mask}"
 
     @property
     def area(self) -> int:

@@ -87,12 +87,7 @@ def upload_boundaries(calls: Sequence[KernelCall], device: torch.device) -> None
 
 def mask_shape(block: Block) -> tuple[tuple[int, int], bool]:
     """(flash window, causal) under which a varlen kernel computes exactly ``block``."""
-    if block.kind == "full":
-        return (-1, -1), False
-    if block.kind == "causal":
-        return (-1, 0), True
-    n, m = block.q_stop - block.q_start, block.k_stop - block.k_start
-    return ((m - n) - block.lo, block.hi - (m - n)), False
+    return block.flash_window, block.kind == "causal"
 
 
 def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,

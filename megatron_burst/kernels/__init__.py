@@ -6,7 +6,8 @@ One module per job:
   of dense calls (``VarlenByLoop``), and ``surrogate_out`` for the backward;
 - ``reference``: the kernels that run anywhere (``ReferenceAttention``, ``CpuFlashAttention``);
 - ``cuda``: cuDNN, PyTorch's flash and the ``flash_attn`` package;
-- ``selection``: which of them runs (``select_kernel``, ``BandDispatch``, ``KERNELS``).
+- ``selection``: which of them runs, checked against a call's blocks (``select_kernel``,
+  ``BandDispatch``, ``KERNELS``).
 
 Backends: ``flash_attn`` (the package, when importable), PyTorch's built-in CUDA kernels
 (cuDNN, then flash: each is probed once and skipped if it fails; band blocks go to
@@ -18,15 +19,15 @@ The names below are re-exported so that ``from megatron_burst.kernels import X``
 """
 from __future__ import annotations
 
-from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention, flash_window
-from .protocol import LocalAttention, VarlenByLoop, surrogate_out
+from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention
+from .protocol import Capabilities, LocalAttention, VarlenByLoop, surrogate_out, working_dtype
 from .reference import CpuFlashAttention, ReferenceAttention, visible
-from .selection import (KERNELS, VARLEN_DENSE_MIN_AREA, BandDispatch, default_scale,
-                        select_kernel)
+from .selection import (KERNEL_NAMES, KERNELS, VARLEN_DENSE_MIN_AREA, BandDispatch,
+                        default_scale, select_kernel)
 
 __all__ = [
-    "BandDispatch", "CpuFlashAttention", "CudnnAttention", "FlashAttnPackage", "KERNELS",
-    "LocalAttention", "ReferenceAttention", "TorchFlashAttention", "VARLEN_DENSE_MIN_AREA",
-    "VarlenByLoop", "default_scale", "flash_window", "select_kernel", "surrogate_out",
-    "visible",
+    "BandDispatch", "Capabilities", "CpuFlashAttention", "CudnnAttention", "FlashAttnPackage",
+    "KERNELS", "KERNEL_NAMES", "LocalAttention", "ReferenceAttention", "TorchFlashAttention",
+    "VARLEN_DENSE_MIN_AREA", "VarlenByLoop", "default_scale", "select_kernel",
+    "surrogate_out", "visible", "working_dtype",
 ]

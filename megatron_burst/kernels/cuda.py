@@ -9,18 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from ..schedule import Block
-from .protocol import VarlenByLoop, _heads
+from .protocol import HALF, Capabilities, VarlenByLoop, _heads
 
-
-def flash_window(block: Block) -> tuple[int, int]:
-    """(left, right) for flash-attn's bottom-right-aligned window that equals the band.
-
-    Flash aligns query i with key i + m - n. Blocks are trimmed so that both values are
-    >= 0 (schedule.py: the last row and the last column each see something).
-    """
-    n, m = block.q_stop - block.q_start, block.k_stop - block.k_start
-    return (m - n) - block.lo, block.hi - (m - n)
+# What PyTorch's and flash-attn's fused kernels take (the probe in selection.py checks the
+# rest on the GPU at hand).
+_FUSED = dict(devices=frozenset({"cuda"}), dtypes=HALF, max_head_dim=256, head_dim_multiple=8)
 
 
 def _expand_kv(t: torch.Tensor, hq: int) -> torch.Tensor:
@@ -37,6 +30,9 @@ class CudnnAttention(VarlenByLoop):
     """cuDNN fused attention through PyTorch (fastest on Hopper: ~550 TFLOP/s fwd+bwd)."""
 
     name = "cudnn"
+    # cuDNN's masks here are none and top-left causal: no windows; it refuses a block of
+    # one query against one key (tiny padded documents).
+    capabilities = Capabilities(kinds=frozenset({"full", "causal"}), min_side=2, **_FUSED)
 
     def forward(self, q, k, v, block, scale):
         hq = q.shape[2]
@@ -64,10 +60,11 @@ class TorchFlashAttention(VarlenByLoop):
     """FlashAttention-2 as built into PyTorch (bshd-native, GQA-native)."""
 
     name = "torch-flash"
+    capabilities = Capabilities(one_launch_varlen=True, **_FUSED)
 
     @staticmethod
     def _window(block):
-        return flash_window(block) if block.kind == "band" else (None, None)
+        return block.flash_window if block.kind == "band" else (None, None)
 
     def forward(self, q, k, v, block, scale):
         left, right = self._window(block)
@@ -114,22 +111,29 @@ class FlashAttnPackage(VarlenByLoop):
     """The ``flash_attn`` package (Dao-AILab), preferred on CUDA when installed."""
 
     name = "flash-attn"
+    capabilities = Capabilities(one_launch_varlen=True, **_FUSED)
 
     def __init__(self):
         from flash_attn import flash_attn_interface as fai  # noqa: F401
         self._fai = fai
 
+    @staticmethod
+    def _window(block):
+        return (-1, -1) if block.kind != "band" else block.flash_window
+
     def forward(self, q, k, v, block, scale):
+        left, right = self._window(block)
         res = self._fai._flash_attn_forward(q, k, v, 0.0, scale, causal=block.causal,
-                                            window_size_left=-1, window_size_right=-1,
+                                            window_size_left=left, window_size_right=right,
                                             softcap=0.0, alibi_slopes=None,
                                             return_softmax=False)
         return res[0], res[1].float()
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
+        left, right = self._window(block)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        self._fai._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale,
-                                       block.causal, -1, -1, 0.0, None, False)
+        self._fai._flash_attn_backward(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, 0.0,
+                                       scale, block.causal, left, right, 0.0, None, False)
         return dq, dk, dv
 
     # flash-attn 2.x's varlen entry points; a version whose signature differs fails the

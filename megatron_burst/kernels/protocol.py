@@ -18,6 +18,10 @@ backend does it by a loop of its own dense calls (``VarlenByLoop``), which is al
 CPU tests exercise the packing. ``dense_min_area`` tells ``varlen.plan_calls`` from which
 block size a dense call beats the varlen kernel.
 
+Every backend states what it can run (``Capabilities``: devices, dtypes, block kinds, head
+dims, smallest block): ``selection.select_kernel`` checks a call's blocks against it before
+the call's first message, so a kernel is never handed a block it would compute wrongly.
+
 Tensors are ``[b, s, h, d]`` views (bshd; sbhd inputs arrive as strided views, never
 copied). K/V may have fewer heads than Q (GQA/MQA). ``lse`` is fp32 ``[b, hq, s]``.
 ``backward`` receives the *final* (merged) ``out`` and ``lse`` of the whole ring, so each
@@ -27,16 +31,74 @@ instead of O (see ``surrogate_out``).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 import torch
 
-from ..schedule import Block
+from ..schedule import BLOCK_KINDS, Block
+
+HALF = frozenset({torch.float16, torch.bfloat16})
+FLOATS = HALF | {torch.float32, torch.float64}
+
+
+def working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of every accumulator, lse and merge: fp32, or fp64 for fp64 inputs (so the
+    tests can check to 1e-12)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a kernel computes exactly: anything else is refused before it runs.
+
+    ``kinds``: the block kinds one dense call runs ('full', 'causal', 'band');
+    ``one_launch_varlen``: whether a varlen call is one launch (else one dense call per
+    block, ``VarlenByLoop``); ``max_head_dim`` / ``head_dim_multiple``: the head dims it
+    takes; ``min_side``: the fewest query rows or key rows a block may have.
+    """
+
+    devices: frozenset
+    dtypes: frozenset
+    kinds: frozenset = frozenset(BLOCK_KINDS)
+    one_launch_varlen: bool = False
+    max_head_dim: int | None = None
+    head_dim_multiple: int = 1
+    min_side: int = 1
+
+    def tensor_refusal(self, device_type: str, dtype: torch.dtype, head_dim: int) -> str | None:
+        """Why tensors of this device, dtype and head dim cannot run here, or None."""
+        if device_type not in self.devices:
+            return f"runs on {sorted(self.devices)}, not on {device_type} tensors"
+        if dtype not in self.dtypes:
+            return f"takes {sorted(str(d) for d in self.dtypes)}, not {dtype}"
+        if (self.max_head_dim is not None and head_dim > self.max_head_dim) or (
+                head_dim % self.head_dim_multiple):
+            return (f"takes head dims that are multiples of {self.head_dim_multiple} up to "
+                    f"{self.max_head_dim}, not {head_dim}")
+        return None
+
+    def block_refusal(self, block: Block) -> str | None:
+        """Why this block cannot run here, or None."""
+        if block.kind not in self.kinds:
+            return f"runs {sorted(self.kinds)} blocks, not {block.kind} ({block.describe()})"
+        if min(block.q_stop - block.q_start, block.k_stop - block.k_start) < self.min_side:
+            return f"needs blocks of at least {self.min_side} rows, not {block.describe()}"
+        return None
+
+    def admits(self, block: Block) -> bool:
+        return self.block_refusal(block) is None
+
+    @property
+    def runs_every_block(self) -> bool:
+        """Whether no block is refused: every kind, down to one row."""
+        return self.kinds >= set(BLOCK_KINDS) and self.min_side <= 1
 
 
 class LocalAttention(Protocol):
     name: str
     dense_min_area: float
+    capabilities: Capabilities
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: Block,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -79,11 +141,6 @@ class VarlenByLoop:
                                out[None, qs], lse[None, :, qs], blk, scale)
                  for qs, ks, blk in _sequences(call)]
         return tuple(torch.cat([g[i][0] for g in grads]) for i in range(3))
-
-
-def _lse_dtype(lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """lse is fp32, or fp64 for fp64 inputs."""
-    return lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
 def _heads(t: torch.Tensor) -> torch.Tensor:

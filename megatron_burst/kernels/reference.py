@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..schedule import Block
-from .protocol import VarlenByLoop, _heads, _lse_dtype
+from .protocol import FLOATS, Capabilities, VarlenByLoop, _heads, working_dtype
 
 
 def visible(block: Block, device: torch.device) -> torch.Tensor:
@@ -29,6 +29,7 @@ class ReferenceAttention(VarlenByLoop):
     """Plain PyTorch: materialises the block's scores. For tests and tiny shapes only."""
 
     name = "reference"
+    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), dtypes=FLOATS)
 
     def _probs(self, q, k, block, scale):
         hq, hkv = q.shape[2], k.shape[2]
@@ -41,17 +42,17 @@ class ReferenceAttention(VarlenByLoop):
     def forward(self, q, k, v, block, scale):
         hq, hkv = q.shape[2], k.shape[2]
         vv = v.repeat_interleave(hq // hkv, dim=2) if hq != hkv else v
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        work = working_dtype(q.dtype)
         s = self._probs(q.to(work), k.to(work), block, scale)
         lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0).unsqueeze(-1))
         out = torch.einsum("bhqk,bkhd->bqhd", p, vv.to(work))
-        return out.to(q.dtype), _lse_dtype(lse, q)
+        return out.to(q.dtype), lse
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         hq, hkv = q.shape[2], k.shape[2]
         g = hq // hkv
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        work = working_dtype(q.dtype)
         q_, k_, v_, do_ = (t.to(work) for t in (q, k, v, dout))
         vv = v_.repeat_interleave(g, dim=2) if g > 1 else v_
         kk = k_.repeat_interleave(g, dim=2) if g > 1 else k_
@@ -79,6 +80,7 @@ class CpuFlashAttention(VarlenByLoop):
     """
 
     name = "cpu-flash"
+    capabilities = Capabilities(devices=frozenset({"cpu"}), dtypes=FLOATS)
 
     @staticmethod
     def _bias(block, q):
@@ -93,11 +95,11 @@ class CpuFlashAttention(VarlenByLoop):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             _heads(q), _heads(k), _heads(v), 0.0, block.causal,
             attn_mask=self._bias(block, q), scale=scale)
-        return out.transpose(1, 2), _lse_dtype(lse, q)
+        return out.transpose(1, 2), lse.to(working_dtype(q.dtype))
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         # The op takes lse in the dtype it produces: fp32 for fp32/bf16, fp64 for fp64.
-        lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        lse = lse.to(working_dtype(q.dtype))
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             _heads(dout), _heads(q), _heads(k), _heads(v), _heads(out), lse, 0.0,
             block.causal, attn_mask=self._bias(block, q), scale=scale)

@@ -1,28 +1,51 @@
-"""Which kernel runs: probed once per shape, chosen by name, or dispatched per block.
+"""Which kernel runs a call: chosen once, checked against the call's blocks before it runs.
 
-Why apart: choosing needs every backend, and no backend needs the choice. On CUDA each
-candidate (``flash_attn`` when importable, then PyTorch's cuDNN and flash) is probed once
-with a tiny fwd+bwd against the reference and skipped if it fails (``_cuda_kernel``);
-``BandDispatch`` sends dense blocks to the fastest and band blocks to flash, which takes
-windows. On CPU the CPU flash kernel runs, and the plain reference is the last resort.
+Why apart: choosing needs every backend, and no backend needs the choice. ``select_kernel``
+is the one place a call's kernel is decided (``prepare`` asks, before the call's first
+message): either the fastest that works, or the one ``kernel=`` forces by name. Either way
+the choice is checked against what the call will ask of it:
+
+- the tensors (device, dtype, head dim) and every block of the call's schedule against the
+  kernel's ``Capabilities``: a block it cannot compute (a sliding-window band for cuDNN,
+  CUDA tensors for the CPU kernel) raises ValueError naming the kernel and the block;
+- the kernel itself, once per kernel, head shape, dtype, device and block kind: a tiny
+  forward and backward against the plain reference (``_probe``). Automatic choice skips a
+  backend that fails its probe; a forced kernel that fails raises.
+
+Automatic choice: on CUDA, ``flash_attn`` when importable, then PyTorch's cuDNN and flash;
+``BandDispatch`` sends each block to the fastest kernel that admits it (band blocks and
+small blocks to flash, which takes windows and any size). On CPU the CPU flash kernel, and
+the plain reference is the last resort everywhere.
 """
 from __future__ import annotations
 
+import collections
 import math
+from typing import Callable, Iterable
 
 import torch
 
 from ..schedule import Block
 from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention
-from .protocol import LocalAttention, VarlenByLoop
+from .protocol import Capabilities, LocalAttention, VarlenByLoop
 from .reference import CpuFlashAttention, ReferenceAttention
+
+KERNELS = {"reference": ReferenceAttention, "cpu-flash": CpuFlashAttention,
+           "cudnn": CudnnAttention, "torch-flash": TorchFlashAttention,
+           "flash-attn": FlashAttnPackage}
+KERNEL_NAMES = tuple(sorted(KERNELS))  # what ``kernel=`` may force
+
+
+def default_scale(head_dim: int) -> float:
+    """The softmax scale when none is given: 1 / sqrt(head dim of Q and K)."""
+    return 1.0 / math.sqrt(head_dim)
 
 
 def _agrees(got: tuple, ref: tuple) -> bool:
     """(out, lse, dq, dk, dv) against the reference's, at bf16-level tolerances."""
     out, lse, *grads = got
     r_out, r_lse, *r_grads = ref
-    ok = torch.allclose(lse, r_lse, atol=2e-2) and torch.allclose(
+    ok = torch.allclose(lse.float(), r_lse.float(), atol=2e-2) and torch.allclose(
         out.float(), r_out.float(), atol=3e-2)
     for g, rg in zip(grads, r_grads):
         ok = ok and g.shape == rg.shape and torch.allclose(g.float(), rg.float(),
@@ -30,39 +53,70 @@ def _agrees(got: tuple, ref: tuple) -> bool:
     return bool(ok)
 
 
+_PROBE_BLOCKS = {"full": Block(0, 96, 0, 128, "full"), "causal": Block(0, 128, 0, 128, "causal"),
+                 "band": Block(0, 128, 0, 128, "band", -40, 3)}
+
+
 def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
-           device: torch.device, band: bool = False) -> bool:
-    """Run a tiny causal (or band) fwd+bwd against the reference; False if anything fails."""
+           device: torch.device, kind: str) -> bool:
+    """A tiny fwd+bwd of one ``kind`` block against the reference; False if it fails."""
     try:
         gen = torch.Generator(device="cpu").manual_seed(0)
-        shape_q, shape_k = (1, 128, hq, d), (1, 128, hkv, d)
-        q, k, v, do = (torch.randn(s, generator=gen).to(device, dtype)
-                       for s in (shape_q, shape_k, shape_k, shape_q))
-        blk = Block(0, 128, 0, 128, *(("band", -40, 3) if band else ("causal",)))
-        scale = d ** -0.5
-        ref = ReferenceAttention()
+        blk = _PROBE_BLOCKS[kind]
+        n, m = blk.q_stop, blk.k_stop
+        q, do = (torch.randn(1, n, hq, d, generator=gen).to(device, dtype) for _ in range(2))
+        k, v = (torch.randn(1, m, hkv, d, generator=gen).to(device, dtype) for _ in range(2))
+        scale, ref = d ** -0.5, ReferenceAttention()
         out, lse = kernel.forward(q, k, v, blk, scale)
         r_out, r_lse = ref.forward(q, k, v, blk, scale)
         grads = kernel.backward(do, q, k, v, r_out, r_lse, blk, scale)
         r_grads = ref.backward(do, q, k, v, r_out, r_lse, blk, scale)
         return _agrees((out, lse, *grads), (r_out, r_lse, *r_grads))
-    except Exception:  # an op missing or refusing this shape/arch: try the next backend
+    except Exception:  # an op missing or refusing this shape/arch: not usable here
+        return False
+
+
+def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
+                  device: torch.device) -> bool:
+    """Its one-launch varlen form against the reference's loop, on three causal sequences of
+    different lengths, given the reference's lse (as the ring's backward gives it)."""
+    from ..varlen import plan_calls
+    try:
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        blocks, a = [], 0
+        for n in (37, 128, 90):
+            blocks.append(Block(a, a + n, a, a + n, "causal"))
+            a += n
+        (call,) = plan_calls(blocks, varlen=True, dense_min_area=float("inf"))
+        q, do = (torch.randn(a, hq, d, generator=gen).to(device, dtype) for _ in range(2))
+        k, v = (torch.randn(a, hkv, d, generator=gen).to(device, dtype) for _ in range(2))
+        scale, ref = d ** -0.5, ReferenceAttention()
+        out, lse = kernel.forward_varlen(q, k, v, call, scale)
+        r_out, r_lse = ref.forward_varlen(q, k, v, call, scale)
+        grads = kernel.backward_varlen(do, q, k, v, r_out, r_lse, call, scale)
+        r_grads = ref.backward_varlen(do, q, k, v, r_out, r_lse, call, scale)
+        return _agrees((out, lse, *grads), (r_out, r_lse, *r_grads))
+    except Exception:  # an op missing or refusing this shape/arch: no one-launch varlen
         return False
 
 
 class BandDispatch(VarlenByLoop):
-    """Dense blocks (full, causal) to the fastest kernel; band blocks, and blocks too small
-    for cuDNN (it refuses s_q = s_kv = 1, which tiny padded documents produce), to the
-    kernel that takes windows and any size."""
+    """Each block to the fastest of its kernels that admits it: dense blocks to ``dense``;
+    band blocks, and blocks too small to be worth cuDNN, to ``band`` (flash: windows and any
+    size); varlen calls to ``varlen``, a one-launch kernel that passed its probe, if any."""
 
     SMALL = 128
 
     def __init__(self, dense: LocalAttention, band: LocalAttention,
                  varlen: LocalAttention | None = None):
-        self.dense, self.band = dense, band
+        self.dense, self.band, self.varlen = dense, band, varlen
         self.name = dense.name if dense is band else f"{dense.name}+{band.name}"
-        # A one-launch varlen kernel (checked by the probe), else the loop of our own calls.
-        self.varlen = varlen
+        # What any of them runs: each block then goes to one that admits it.
+        caps = [dense.capabilities, band.capabilities]
+        self.capabilities = Capabilities(
+            devices=caps[0].devices & caps[1].devices, dtypes=caps[0].dtypes & caps[1].dtypes,
+            kinds=caps[0].kinds | caps[1].kinds, one_launch_varlen=varlen is not None,
+            min_side=min(c.min_side for c in caps))
         if varlen is not None:
             self.name += f", varlen {varlen.name}"
             # The same kernel for both: pack everything; else big blocks go dense.
@@ -71,7 +125,10 @@ class BandDispatch(VarlenByLoop):
 
     def _pick(self, block: Block) -> LocalAttention:
         small = min(block.q_stop - block.q_start, block.k_stop - block.k_start) < self.SMALL
-        return self.band if block.kind == "band" or small else self.dense
+        for kernel in ((self.band, self.dense) if small else (self.dense, self.band)):
+            if kernel.capabilities.admits(block):
+                return kernel
+        raise ValueError(f"burst_attn: no kernel of {self.name} runs a {block.describe()}")
 
     def forward(self, q, k, v, block, scale):
         return self._pick(block).forward(q, k, v, block, scale)
@@ -95,53 +152,34 @@ class BandDispatch(VarlenByLoop):
 # (~20-50 us) is worth less than the slower kernel costs above ~1.5K x 1.5K pairs.
 VARLEN_DENSE_MIN_AREA = float(2 ** 21)
 
-
-def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
-                  device: torch.device) -> bool:
-    """Its varlen form against the reference's loop, on three causal sequences of different
-    lengths, given the reference's lse (as the ring's backward gives the merged lse)."""
-    from ..varlen import plan_calls
-    try:
-        gen = torch.Generator(device="cpu").manual_seed(1)
-        lens = (37, 128, 90)
-        blocks, a = [], 0
-        for n in lens:
-            blocks.append(Block(a, a + n, a, a + n, "causal"))
-            a += n
-        (call,) = plan_calls(blocks, varlen=True, dense_min_area=float("inf"))
-        q, do = (torch.randn(a, hq, d, generator=gen).to(device, dtype) for _ in range(2))
-        k, v = (torch.randn(a, hkv, d, generator=gen).to(device, dtype) for _ in range(2))
-        scale, ref = d ** -0.5, ReferenceAttention()
-        out, lse = kernel.forward_varlen(q, k, v, call, scale)
-        r_out, r_lse = ref.forward_varlen(q, k, v, call, scale)
-        grads = kernel.backward_varlen(do, q, k, v, r_out, r_lse, call, scale)
-        r_grads = ref.backward_varlen(do, q, k, v, r_out, r_lse, call, scale)
-        return _agrees((out, lse, *grads), (r_out, r_lse, *r_grads))
-    except Exception:  # an op missing or refusing this shape/arch: no one-launch varlen
-        return False
+_CHECKED: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
+_CHECKED_SIZE = 256  # kernels x head shapes x kinds: a run has a handful
 
 
-_CHOSEN: dict[tuple, LocalAttention] = {}  # (dtype, hq, hkv, d, device index) -> kernel
-
-
-def _cuda_kernel(dtype: torch.dtype, hq: int, hkv: int, d: int, index: int) -> LocalAttention:
-    """The kernel chosen for this head shape on this GPU, probed once.
+def _once(key: tuple, compute):
+    """``compute()`` once per ``key`` (a value: names, shapes, dtypes, devices), bounded.
 
     Probing runs small kernels and copies from the host: inside a CUDA graph capture it
-    would fail and fall back to the slow reference kernel without a word, so a capture that
-    reaches a shape never probed raises instead (run the call once before capturing)."""
-    key = (dtype, hq, hkv, d, index)
-    if key not in _CHOSEN:
-        if torch.cuda.is_current_stream_capturing():
-            raise ValueError(f"burst_attn: no kernel probed yet for {hq}:{hkv} heads of "
-                             f"dim {d} in {dtype}; run the call once outside the CUDA graph "
-                             f"capture first (make_graphed_callables' warm-up does)")
-        _CHOSEN[key] = _probe_kernels(dtype, hq, hkv, d, torch.device("cuda", index))
-    return _CHOSEN[key]
+    would fail, so a capture that reaches an unprobed shape raises instead."""
+    if key not in _CHECKED:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise ValueError(f"burst_attn: kernel {key[0]!r} not checked yet for {key[1:]}; run "
+                             f"the call once outside the CUDA graph capture first "
+                             f"(make_graphed_callables' warm-up does)")
+        _CHECKED[key] = compute()
+        if len(_CHECKED) > _CHECKED_SIZE:
+            _CHECKED.popitem(last=False)
+    return _CHECKED[key]
 
 
-def _probe_kernels(dtype: torch.dtype, hq: int, hkv: int, d: int,
-                   device: torch.device) -> LocalAttention:
+def _auto(dtype: torch.dtype, hq: int, hkv: int, d: int, device: torch.device
+          ) -> LocalAttention:
+    """The fastest backends that pass their probes for this head shape on this device."""
+    if device.type != "cuda":
+        cpu = CpuFlashAttention()
+        usable = (cpu.capabilities.tensor_refusal(device.type, dtype, d) is None
+                  and all(_probe(cpu, dtype, hq, hkv, d, device, kind) for kind in _PROBE_BLOCKS))
+        return cpu if usable else ReferenceAttention()
     candidates: list[LocalAttention] = []
     try:
         candidates.append(FlashAttnPackage())
@@ -150,36 +188,68 @@ def _probe_kernels(dtype: torch.dtype, hq: int, hkv: int, d: int,
     # PyTorch's memory-efficient kernel is not in the chain: its backward, given an lse
     # it did not produce itself, returned wrong gradients on H200 (torch 2.11).
     candidates += [CudnnAttention(), TorchFlashAttention()]
-    dense = next((c for c in candidates if _probe(c, dtype, hq, hkv, d, device)),
-                 ReferenceAttention())
-    # Windows and padded documents need a band: only flash (PyTorch's) expresses it.
-    band = next((c for c in candidates if isinstance(c, TorchFlashAttention)
-                 and _probe(c, dtype, hq, hkv, d, device, band=True)), ReferenceAttention())
-    varlen = next((c for c in candidates if isinstance(c, (FlashAttnPackage, TorchFlashAttention))
+    ok = [c for c in candidates if c.capabilities.tensor_refusal("cuda", dtype, d) is None]
+    dense = next((c for c in ok if all(_probe(c, dtype, hq, hkv, d, device, kind)
+                                       for kind in ("full", "causal"))), ReferenceAttention())
+    band = next((c for c in ok if "band" in c.capabilities.kinds and c.capabilities.min_side == 1
+                 and _probe(c, dtype, hq, hkv, d, device, "band")), ReferenceAttention())
+    varlen = next((c for c in ok if c.capabilities.one_launch_varlen
                    and _probe_varlen(c, dtype, hq, hkv, d, device)), None)
     return BandDispatch(dense, band, varlen)
 
 
-KERNELS = {"reference": ReferenceAttention, "cpu-flash": CpuFlashAttention,
-           "cudnn": CudnnAttention, "torch-flash": TorchFlashAttention}
-KERNEL_NAMES = (*sorted(KERNELS), "flash-attn")  # what ``kernel=`` may force
+def _forced(name: str, dtype: torch.dtype, hq: int, hkv: int, d: int,
+            device: torch.device) -> LocalAttention:
+    """The kernel ``name`` names, checked for these tensors (before any block)."""
+    if name not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNEL_NAMES} or None, got {name!r}")
+    try:
+        kernel = KERNELS[name]()
+    except ImportError as err:
+        raise ValueError(f"kernel={name!r} is not available here ({err})") from None
+    refusal = kernel.capabilities.tensor_refusal(device.type, dtype, d)
+    if refusal:
+        raise ValueError(f"kernel={name!r} {refusal}")
+    return kernel
+
+
+def choose_kernel(name: str | None, dtype: torch.dtype, hq: int, hkv: int, d: int,
+                  device: torch.device, *, blocks: Callable[[], Iterable[Block]] = tuple,
+                  varlen: bool = False) -> LocalAttention:
+    """The kernel for attention of ``hq``:``hkv`` heads of dim ``d``: the fastest that works,
+    or the one ``name`` forces; checked against ``blocks()`` (every block the call will run)
+    and, with ``varlen``, its one-launch varlen form, as the module docstring says. Raises
+    ValueError naming the kernel and what it cannot run."""
+    shape = (str(dtype), hq, hkv, d, str(device))
+    if name is None:
+        kernel = _once(("auto", *shape), lambda: _auto(dtype, hq, hkv, d, device))
+        if kernel.capabilities.runs_every_block:
+            return kernel  # the automatic choice holds a kernel for every block
+    else:
+        kernel = _once((name, *shape), lambda: _forced(name, dtype, hq, hkv, d, device))
+    kinds = set()
+    for blk in blocks():
+        refusal = kernel.capabilities.block_refusal(blk)
+        if refusal:
+            raise ValueError(f"kernel={name or kernel.name!r} {refusal}: it would compute "
+                             f"another mask; leave kernel=None to choose one that runs it")
+        kinds.add(blk.kind)
+    if name is not None and name != "reference":  # the reference is the yardstick itself
+        for kind in sorted(kinds):
+            if not _once((name, *shape, kind),
+                         lambda kind=kind: _probe(kernel, dtype, hq, hkv, d, device, kind)):
+                raise ValueError(f"kernel={name!r} fails its check on {kind} blocks of "
+                                 f"{hq}:{hkv} heads of dim {d} in {dtype} on {device} (it "
+                                 f"raised, or its result differs from the reference)")
+        if varlen and kernel.capabilities.one_launch_varlen and not _once(
+                (name, *shape, "varlen"),
+                lambda: _probe_varlen(kernel, dtype, hq, hkv, d, device)):
+            raise ValueError(f"kernel={name!r} fails its check on varlen calls of {hq}:{hkv} "
+                             f"heads of dim {d} in {dtype} on {device}")
+    return kernel
 
 
 def select_kernel(q: torch.Tensor, k: torch.Tensor, name: str | None = None) -> LocalAttention:
-    """The fastest working backend for these tensors, or the one ``name`` forces."""
-    if name is not None:
-        if name == "flash-attn":
-            return FlashAttnPackage()
-        if name not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {name!r}")
-        return KERNELS[name]()
-    if q.is_cuda:
-        return _cuda_kernel(q.dtype, q.shape[2], k.shape[2], q.shape[3],
-                            q.device.index or 0)
-    if q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        return CpuFlashAttention()
-    return ReferenceAttention()
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+    """``choose_kernel`` for tensors ``q``, ``k`` (bshd), without a call's blocks (the
+    benchmarks' and ``tune``'s dense calls)."""
+    return choose_kernel(name, q.dtype, q.shape[2], k.shape[2], q.shape[3], q.device)
