@@ -38,9 +38,9 @@ all-gather while another is already in the ring.
 So ``first`` never hangs a program that passes agreeing arguments, and turns a
 disagreement into an error whenever it can; it is the default.
 
-A rank whose own arguments are invalid joins the check too, with ``failed_signature``
-(its error in place of the arguments), so its peers raise the same error naming it
-instead of waiting for it in the ring.
+A rank whose own arguments are invalid joins the check too, with
+``call.failed_signature`` (its error in place of the arguments), so its peers raise the
+same error naming it instead of waiting for it in the ring.
 
 Outside this argument: every rank must run with the same mode (a rank with ``off`` never
 joins the collective its peers run).
@@ -54,6 +54,7 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
+from .call import failed_signature
 from .comm.headers import digest_text
 from .comm.waits import wait_bounded
 from .sharding import group_ranks
@@ -75,47 +76,6 @@ def require_member(group: dist.ProcessGroup | None) -> None:
             f"burst_attn: this process (global rank {dist.get_rank()}) is not a member of "
             f"the group it passed (dist.new_group returns a placeholder to the ranks it "
             f"leaves out): pass the context-parallel group this rank belongs to")
-
-
-FIELDS = ("batch", "s_local", "hq", "hkv", "head_dim", "dtype", "device", "requires_grad",
-          "causal", "softmax_scale", "window_size", "layout", "backward", "qkv_format",
-          "intra_node_size", "ulysses_size", "kernel", "cu_seqlens", "reuse_kept", "error")
-
-
-def failed_signature(error: str) -> dict[str, object]:
-    """The signature of a rank whose arguments failed its own validation."""
-    return {**{name: None for name in FIELDS}, "error": error}
-
-
-def signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              documents: str | None, *, causal: bool,
-              softmax_scale: float | None, window_size: tuple[int, int], layout: str,
-              backward: str, qkv_format: str, intra_node_size: int | None,
-              ulysses_size: int, kernel: str | None,
-              reuse_kept: bool = False) -> dict[str, object]:
-    """What every rank must agree on, as hashable values with stable reprs.
-
-    Arguments must already be validated (``prepare._validate``), so shapes are consistent.
-    The device index is left out on purpose: each rank has its own GPU.
-    """
-    seq_first = qkv_format == "sbhd"
-    return {
-        "batch": q.shape[1] if seq_first else q.shape[0],
-        "s_local": q.shape[0] if seq_first else q.shape[1],
-        "hq": q.shape[2], "hkv": k.shape[2], "head_dim": q.shape[3],
-        "dtype": q.dtype, "device": q.device.type,
-        # The backward ring runs only where autograd will call it: all ranks or none.
-        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
-        "causal": causal,
-        "softmax_scale": None if softmax_scale is None else float(softmax_scale),
-        "window_size": tuple(window_size), "layout": layout, "backward": backward,
-        "qkv_format": qkv_format, "intra_node_size": intra_node_size,
-        "ulysses_size": ulysses_size, "kernel": kernel,
-        "cu_seqlens": documents,  # documents.describe_lengths: lengths and their digest
-        # A rank that rebuilds attention from a kept output runs no ring: all or none.
-        "reuse_kept": reuse_kept,
-        "error": None,
-    }
 
 
 def _mode() -> str:
@@ -209,3 +169,27 @@ def _disagreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
 
 def _ranks_text(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
+def tell_peers(group: dist.ProcessGroup | None, error: Exception) -> None:
+    """Raise ``error`` here and, through the argument check, on every rank of ``group``: what
+    ``burst_attn`` does when its own checks fail (the caller's checks fail alike)."""
+    said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+    check_agreement(group, failed_signature(said))
+    raise error
+
+
+def check_outcome(group: dist.ProcessGroup | None, error: Exception | None) -> None:
+    """For a check whose result can differ by rank and by call (it reads the call's data):
+    every rank's outcome, every call, in one small all-gather; if any failed, every rank
+    raises the same ValueError naming the ranks and their errors."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) < 2:
+        if error is not None:
+            raise error
+        return
+    said = None if error is None else (str(error) if isinstance(error, ValueError)
+                                       else f"{type(error).__name__}: {error}")
+    table = _exchange(group, [_field_hash("error", said)])
+    if len({row[0] for row in table}) > 1 or said is not None:
+        raise ValueError(_disagreement(group, failed_signature(said) if said else
+                                       {"error": None}, ["error"], table))

@@ -23,8 +23,7 @@ import torch
 
 from .comm import headers
 from .comm.rings import AccumulatorRoute
-from .kernels.protocol import LocalAttention, surrogate_out
-from .kernels.selection import select_kernel
+from .kernels.protocol import LocalAttention, surrogate_out, working_dtype
 from .ring_spec import RingSpec
 from .varlen import run_backward, run_forward
 
@@ -34,12 +33,12 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
     """Forward ring. Returns (out in q's dtype and layout, lse [b, hq, s] fp32)."""
     qb = spec.bshd(q)
     b, s, hq, _ = qb.shape
-    acc = _acc_dtype(q)
+    acc = working_dtype(q.dtype)
     whole = spec.whole_block(s, spec.bshd(k).shape[1])
     if whole is not None:
         o, o_lse = kernel.forward(qb, spec.bshd(k), spec.bshd(v), whole, spec.scale)
         return spec.bshd(o).contiguous(), o_lse.to(acc)
-    fresh, _ = spec.fresh_at_step0(kernel, b, s, spec.bshd(k).shape[1], q.device)
+    fresh, _ = spec.fresh_at_step0(b, s, spec.bshd(k).shape[1], q.device)
     out = _accumulator(q.shape, acc, q.device, fresh)
     out_b = spec.bshd(out)
     lse = torch.empty((b, hq, s), dtype=acc, device=q.device)
@@ -52,7 +51,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
             ring.post(step, kv)
         if kv is not None:  # None: nothing of this step's keys is used here
             kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-            for call in spec.calls(spec.me, spec.source(step), kernel, b, q.device):
+            for call in spec.calls(spec.me, spec.source(step), b, q.device):
                 run_forward(kernel, call, qb, kb, vb, out_b, lse, spec.scale,
                             fresh=fresh and step == 0)
         if step < last:
@@ -75,11 +74,6 @@ def _finish(ring, grads=None) -> tuple:
 def _accumulator(shape, dtype, device, fresh: bool) -> torch.Tensor:
     """Uninitialised when step 0 writes every row (``fresh``), else zeros."""
     return (torch.empty if fresh else torch.zeros)(shape, dtype=dtype, device=device)
-
-
-def _acc_dtype(t: torch.Tensor) -> torch.dtype:
-    """Accumulators are fp32, or fp64 for fp64 inputs (so tests can check to 1e-12)."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _backward_lse(lse: torch.Tensor) -> torch.Tensor:
@@ -143,9 +137,8 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if whole is not None:
         grads = kernel.backward(dob, qb, spec.bshd(k), spec.bshd(v), ob, lse, whole, spec.scale)
         return tuple(spec.bshd(g) for g in grads)
-    acc_dtype = _acc_dtype(q)
-    fresh = spec.fresh_at_step0(kernel, qb.shape[0], qb.shape[1], spec.bshd(k).shape[1],
-                                 q.device)
+    acc_dtype = working_dtype(q.dtype)
+    fresh = spec.fresh_at_step0(qb.shape[0], qb.shape[1], spec.bshd(k).shape[1], q.device)
     dq = _accumulator(q.shape, acc_dtype, q.device, fresh[0])
     dq_b = spec.bshd(dq)
     ring, route = spec.movers((k, v), (spec.row_dim,) * 2,
@@ -162,7 +155,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         if kv is not None:
             kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
             dk_b, dv_b = (spec.bshd(t) for t in target)
-            for call in spec.calls(spec.me, src, kernel, qb.shape[0], q.device):
+            for call in spec.calls(spec.me, src, qb.shape[0], q.device):
                 run_backward(kernel, call, dob, qb, kb, vb, ob, lse, spec.scale, dq_b, dk_b,
                              dv_b, fresh if step == 0 else (False, False))
         grads.pass_on(step, acc)
@@ -181,9 +174,8 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     step 0 uses it; visitors' queries come with delta, from which their surrogate is built.
     """
     kb, vb = spec.bshd(k), spec.bshd(v)
-    acc_dtype = _acc_dtype(q)
-    fresh = spec.fresh_at_step0(kernel, kb.shape[0], spec.bshd(q).shape[1], kb.shape[1],
-                                 q.device)
+    acc_dtype = working_dtype(q.dtype)
+    fresh = spec.fresh_at_step0(kb.shape[0], spec.bshd(q).shape[1], kb.shape[1], q.device)
     dk = _accumulator(k.shape, acc_dtype, k.device, fresh[1])
     dv = _accumulator(v.shape, acc_dtype, v.device, fresh[1])
     dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
@@ -207,7 +199,7 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             oj_b = spec.bshd(out) if step == 0 else surrogate_out(doj_b, deltaj)
             dq_b = spec.bshd(target[0])
             # The visitor's queries against our keys: the same blocks the forward computed.
-            for call in spec.calls(visitor, spec.me, kernel, qj_b.shape[0], q.device):
+            for call in spec.calls(visitor, spec.me, qj_b.shape[0], q.device):
                 run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, spec.scale, dq_b,
                              dk_b, dv_b, fresh if step == 0 else (False, False))
         grads.pass_on(step, acc)
@@ -220,45 +212,78 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 class BurstAttentionFunction(torch.autograd.Function):
     """Autograd wrapper: ``apply(q, k, v, spec[, kept]) -> (out, lse)``; differentiable in
     q, k, v. ``kept``: (out, lse) of this very call from an earlier forward (remat.py): the
-    ring forward is skipped and the backward runs from them."""
+    ring forward is skipped and the backward runs from them. The kernel is the one
+    ``prepare`` chose and checked against the call's blocks (``spec.kernel``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, spec: RingSpec, kept=None):
-        kernel = select_kernel(spec.bshd(q), spec.bshd(k), spec.kernel)
         if kept is None:
-            out, lse = ring_forward(q, k, v, spec, kernel)
+            out, lse = ring_forward(q, k, v, spec, spec.kernel)
         else:  # a recompute: this call's output was kept from its first forward (remat.py)
             out, lse = (t.view_as(t) for t in kept)
         # An unused lse then arrives as None, not a tensor of zeros, so the ring backward
         # can use the real O instead of rebuilding one that folds in dlse.
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.spec, ctx.kernel = spec, kernel
+        ctx.spec = spec
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        spec, kernel = ctx.spec, ctx.kernel
+        spec = ctx.spec
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        blse = _backward_lse(lse)
-        # delta = rowsum(dO * O); a gradient on lse enters as delta -= dlse, because
-        # d lse_i / d s_ij = P_ij, the same factor the softmax backward applies to delta.
-        # With one member nothing travels, and the ring mode's single kernel call is cheapest.
-        mode = spec.backward if spec.topo is not None else "ring"
-        need_delta = mode == "burst" or dlse is not None
-        if need_delta:
-            acc = lse.dtype
-            delta = (spec.bshd(dout).to(acc) * spec.bshd(out).to(acc)).sum(-1).transpose(1, 2)
-            if dlse is not None:
-                delta = delta - dlse
-            delta = delta.contiguous()
-        # bshd() is its own inverse, so this hands the surrogate back in the user layout.
-        o = out if dlse is None else spec.bshd(surrogate_out(spec.bshd(dout), delta))
-        if mode == "burst":
-            dq, dk, dv = ring_backward_burst(dout, q, k, v, o, blse, delta, spec, kernel)
+        if dlse is None:
+            dq, dk, dv = _backward(spec, q, k, v, dout, out, lse, None)
         else:
-            dq, dk, dv = ring_backward_kv(dout, q, k, v, o, blse, spec, kernel)
+            dq, dk, dv = _backward_with_lse(spec, q, k, v, dout, out, lse, dlse)
         headers.poll()  # a pass that received another call's message raises here
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
+
+def _rowsum(spec: RingSpec, a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Tensor:
+    """rowsum(a * b) over the head dim, [b, h, s] in ``dtype`` (a, b in the user layout)."""
+    return (spec.bshd(a).to(dtype) * spec.bshd(b).to(dtype)).sum(-1).transpose(1, 2)
+
+
+def _backward(spec: RingSpec, q, k, v, dout, out, lse, delta) -> Grads:
+    """The ring backward of ``dout`` given ``delta`` (None: rowsum(dout * out), the plain
+    softmax backward). The kernels read O only to form delta, so another delta enters as the
+    surrogate O' with rowsum(dout * O') == delta (``surrogate_out``); ``dout`` must then be
+    nonzero on every row whose delta is (``_backward_with_lse`` makes it so)."""
+    blse = _backward_lse(lse)
+    # With one member nothing travels, and the ring mode's single kernel call is cheapest.
+    mode = spec.backward if spec.topo is not None else "ring"
+    o = out
+    if delta is not None:
+        delta = delta.contiguous()
+        # bshd() is its own inverse, so this hands the surrogate back in the user layout.
+        o = spec.bshd(surrogate_out(spec.bshd(dout), delta))
+    elif mode == "burst":  # visitors' queries travel with delta, not O
+        delta = _rowsum(spec, dout, out, lse.dtype).contiguous()
+    if mode == "burst":
+        return ring_backward_burst(dout, q, k, v, o, blse, delta, spec, spec.kernel)
+    return ring_backward_kv(dout, q, k, v, o, blse, spec, spec.kernel)
+
+
+def _backward_with_lse(spec: RingSpec, q, k, v, dout, out, lse, dlse) -> Grads:
+    """The backward of (dout, dlse), exact whatever dout is.
+
+    A gradient on lse enters the softmax backward as delta -= dlse (d lse_i / d s_ij = P_ij,
+    the factor the softmax backward applies to delta). The kernels take delta only through
+    O' with rowsum(dout * O') = delta, which no O' gives on a row whose dout is zero while
+    its dlse is not (a token out of the loss). The backward is linear in (dout, delta), so
+    such rows borrow a stand-in W (|dlse_i| / sqrt(d) in every element, zero elsewhere):
+    grads(dout + W, delta) - grads(W, rowsum(W * O)) = grads(dout, delta). The second
+    backward is the stand-in's own gradient; every rank runs both, whatever its rows.
+    """
+    acc = lse.dtype
+    zero_rows = spec.bshd(dout).abs().amax(-1) == 0  # [b, s, h]
+    size = dlse.to(acc).abs().transpose(1, 2) * (out.shape[-1] ** -0.5)
+    stand_in = spec.bshd(torch.where(zero_rows, size, torch.zeros_like(size)).unsqueeze(-1)
+                         .expand(spec.bshd(dout).shape).to(dout.dtype)).contiguous()
+    lifted = dout + stand_in
+    delta = _rowsum(spec, lifted, out, acc) - dlse.to(acc)
+    grads = _backward(spec, q, k, v, lifted, out, lse, delta)
+    own = _backward(spec, q, k, v, stand_in, out, lse, None)
+    return tuple(g.to(acc) - h.to(acc) for g, h in zip(grads, own))

@@ -10,8 +10,9 @@ default) it imports nothing and changes nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any
+from typing import Any, Sequence
 
 ENV = "MEGATRON_BURST_EMULATE"  # e.g. "node_size=2,gbps=25,latency_us=5"
 
@@ -25,3 +26,52 @@ def maybe_emulate_links() -> Any:
     from megatron_burst.tools.emulate import install_from_env
 
     return install_from_env()
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualNodes:
+    """``node_size`` consecutive global ranks per virtual node, joined by a slow link."""
+
+    node_size: int
+    gbps: float
+    latency_us: float = 5.0
+
+    @staticmethod
+    def parse(text: str) -> "VirtualNodes":
+        """'node_size=2,gbps=25,latency_us=5' (latency optional)."""
+        try:
+            fields = dict(item.split("=", 1) for item in text.replace(" ", "").split(","))
+            nodes = VirtualNodes(int(fields.pop("node_size")), float(fields.pop("gbps")),
+                                 float(fields.pop("latency_us", 5.0)))
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{ENV}={text!r}: expected 'node_size=N,gbps=G[,latency_us=L]' "
+                             f"({e})") from None
+        if fields or nodes.node_size < 1 or nodes.gbps <= 0 or nodes.latency_us < 0:
+            raise ValueError(f"{ENV}={text!r}: unknown fields {sorted(fields)} or values out "
+                             f"of range")
+        return nodes
+
+    def crosses(self, a: int, b: int) -> bool:
+        return a // self.node_size != b // self.node_size
+
+    def seconds(self, nbytes: int) -> float:
+        """Emulated time of one message of ``nbytes`` across the slow link."""
+        return self.latency_us * 1e-6 + nbytes / (self.gbps * 1e9)
+
+    def cross_bytes_alltoall(self, me: int, ranks: Sequence[int], per_peer: int) -> int:
+        """Bytes ``me`` receives from other virtual nodes in an all-to-all of equal pieces."""
+        return per_peer * sum(1 for r in ranks if self.crosses(me, r))
+
+    def cross_bytes_ring_gather(self, me: int, ranks: Sequence[int], piece: int) -> int:
+        """All-gather / reduce-scatter as NCCL runs them, a ring: each of the world-1 steps
+        moves one piece in from the ring neighbour, slow when the neighbour is remote."""
+        pos = ranks.index(me)
+        prev = ranks[pos - 1]
+        return piece * (len(ranks) - 1) if self.crosses(me, prev) else 0
+
+
+def virtual_nodes() -> "VirtualNodes | None":
+    """The virtual nodes ``$MEGATRON_BURST_EMULATE`` describes, or None when it is unset:
+    what the resolver counts ranks per node by while the emulator is on (``cluster``)."""
+    text = os.environ.get(ENV)
+    return VirtualNodes.parse(text) if text else None

@@ -1,4 +1,4 @@
-"""The BurstAttention options, described once, and the one resolver that decides 'auto'.
+"""The BurstAttention options, described once and valid by construction, and the one resolver.
 
 ``BurstOptions`` is the schema of every knob a user sets: what ``burst_attn`` takes as
 keywords, what the ``--burst-*`` flags, the YAML ``burst:`` keys and the spec provider's
@@ -6,10 +6,16 @@ keywords are derived from (``OPTION_FIELDS``), each value spelled one way: a fla
 ``intra_node_size=None`` everywhere (YAML ``null``; a count of 1 rank per node is a flat
 ring too), 'auto' means the time model decides.
 
+A ``BurstOptions`` cannot hold a bad value: every field and every rule between fields is
+checked when it is made (``OptionError``, a ValueError naming the option). What a user did
+not give is told apart from what they gave, even when the two values are equal: a field
+left out holds its default and is absent from ``given`` (so ``ulysses_size=1`` passed next
+to a decided topology of Ulysses 2 is a contradiction, while leaving it out is not).
+
 ``resolve`` is the only function that turns options into a decided ``CPTopology``: it is
 where 'auto' (backward mode, Ulysses split, double ring) is settled, by the time model
-(``timing``) with the cluster's profile, and where ranks per node come from
-(``cp_ranks_per_node``). Every entry point calls it once and hands the value down.
+(``timing``) with the cluster's profile. Every entry point calls it once and hands the value
+down; ranks per node come from one place, ``cluster.ranks_per_node``.
 """
 from __future__ import annotations
 
@@ -17,21 +23,70 @@ import dataclasses
 import functools
 import logging
 import os
-from typing import Any, Sequence
+import re
+from typing import Any, Mapping, Sequence
 
 from .cp_topology import BACKWARD_MODES, CPTopology, HeadShape
 from .placement import DOCUMENT_LAYOUTS
-from .timing import PROFILE_ENV, choose, load_profile
+from .timing import PROFILE_ENV, choose, load_profile, profile_key
 
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 
 
+class NotGiven:
+    """The value of an option nobody set, distinct from every value a user can pass (its
+    repr shows the default it stands for)."""
+
+    __slots__ = ("default",)
+
+    def __init__(self, default: Any = None):
+        self.default = default
+
+    def __repr__(self) -> str:
+        return f"{self.default!r} (not given)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NotGiven) and other.default == self.default
+
+    def __hash__(self) -> int:
+        return hash((NotGiven, self.default))
+
+
+NOT_GIVEN: Any = NotGiven()
+
+
+def is_given(value: Any) -> bool:
+    """Whether ``value`` was set by someone (is not a ``NotGiven``)."""
+    return not isinstance(value, NotGiven)
+
+
+class OptionError(ValueError):
+    """A BurstOptions value (or combination) that cannot be honoured. ``option`` names the
+    field, so each entry point can say it its own way (``--burst-x``, ``burst.x``, x=);
+    other options the reason names are written ``{name}`` in it."""
+
+    def __init__(self, option: str, reason: str):
+        super().__init__(self._say(option, reason, str))
+        self.option, self.reason = option, reason
+
+    @staticmethod
+    def _say(option: str, reason: str, spelling) -> str:
+        names = {f.name for f in OPTION_FIELDS}
+        spelled = re.sub(r"\{(\w+)\}", lambda m: spelling(m.group(1)) if m.group(1) in names
+                         else m.group(0), reason)
+        return f"{spelling(option)} {spelled}"
+
+    def spelled(self, spelling) -> str:
+        """The message with every option written as ``spelling(name)`` says."""
+        return self._say(self.option, self.reason, spelling)
+
+
 def _option(default: Any, help: str, *, choices: Sequence[str] | None = None,
-            auto: bool = False) -> Any:
-    return dataclasses.field(default=default, metadata=dict(help=help, choices=choices,
-                                                            auto=auto))
+            auto: bool = False, kind: type | None = None) -> Any:
+    return dataclasses.field(default=NotGiven(default), metadata=dict(
+        default=default, help=help, choices=choices, auto=auto, kind=kind))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,43 +109,105 @@ class BurstOptions:
         "$MEGATRON_BURST_PROFILE, else h200-nvlink.")
     remat_aware: bool = _option(
         False, "With full recompute: keep each layer's attention output and lse from the "
-        "first forward, so the recompute skips the attention ring.")
+        "first forward, so the recompute skips the attention ring.", kind=bool)
     document_mask: bool = _option(
         False, "Packed documents: a document ends after each EOD token; attention stays "
-        "inside documents and positions restart in each (needs micro batch size 1).")
+        "inside documents and positions restart in each (needs micro batch size 1).",
+        kind=bool)
     document_layout: str | None = _option(
         None, "How document masks shard the documents over the CP group (default "
         "whole_docs; zigzag pads every document to 2*cp).", choices=DOCUMENT_LAYOUTS)
+    # The fields set explicitly, whatever their value (filled in by __post_init__).
+    given: frozenset = dataclasses.field(init=False, default=frozenset(), repr=False)
 
-    def checked(self) -> "BurstOptions":
-        """Raise ValueError naming the option whose value is not one it takes."""
-        for f in dataclasses.fields(self):
-            value, meta = getattr(self, f.name), f.metadata
-            if meta["choices"] and value is not None and value not in meta["choices"]:
-                raise ValueError(f"{f.name} must be one of {tuple(meta['choices'])}, got "
-                                 f"{value!r}")
-            if meta["auto"] and value is not None and value != AUTO and not (
-                    isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                raise ValueError(f"{f.name} must be a positive int or 'auto', got {value!r}")
-        for name in ("remat_aware", "document_mask"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.profile is not None and AUTO not in (self.backward, self.ulysses_size,
-                                                     self.intra_node_size):
-            raise ValueError("profile is read only by 'auto' choices; backward, "
-                             "intra_node_size and ulysses_size are all fixed here")
-        return self
+    def __post_init__(self) -> None:
+        names = []
+        for f in OPTION_FIELDS:
+            value = getattr(self, f.name)
+            if not is_given(value):
+                object.__setattr__(self, f.name, f.metadata["default"])
+            else:
+                names.append(f.name)
+                _check_field(f, value)
+        object.__setattr__(self, "given", frozenset(names))
+        if "profile" in self.given and self.profile is not None and AUTO not in (
+                self.backward, self.ulysses_size, self.intra_node_size):
+            raise OptionError("profile", "is read only by 'auto' choices; {backward}, "
+                              "{intra_node_size} and {ulysses_size} are all fixed here")
+        if self.document_layout is not None and not self.document_mask:
+            raise OptionError("document_layout", "shards document masks: it needs "
+                              "{document_mask}")
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> "BurstOptions":
+        """Options from a mapping in which None means not given (argparse, YAML, keywords)."""
+        unknown = sorted(set(values) - {f.name for f in OPTION_FIELDS})
+        if unknown:
+            raise OptionError(unknown[0], "is not an option; the options are "
+                              + ", ".join("{%s}" % f.name for f in OPTION_FIELDS))
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+    def fixes(self) -> dict[str, Any]:
+        """The topology fields this asks for by value (given, and not 'auto'), by the
+        names ``CPTopology.build`` takes."""
+        names = {"backward": "backward", "ulysses_size": "ulysses",
+                 "intra_node_size": "ranks_per_node"}
+        return {names[n]: getattr(self, n) for n in names
+                if n in self.given and getattr(self, n) != AUTO}
+
+    @property
+    def has_auto(self) -> bool:
+        return AUTO in (self.backward, self.ulysses_size, self.intra_node_size)
+
+    def run_problem(self, *, micro_batch_size: int, pipeline: int, sequence_parallel: bool,
+                    recompute: str | None) -> OptionError | None:
+        """What this run's settings keep these options from doing, or None (the rules that
+        need the run: micro batch, pipeline, sequence parallelism, recompute)."""
+        if self.document_mask and micro_batch_size != 1:
+            return OptionError("document_mask", f"packs documents into one sequence per "
+                               f"micro batch: it needs micro batch size 1, got "
+                               f"{micro_batch_size}")
+        if self.document_layout == "zigzag" and (pipeline > 1 or sequence_parallel):
+            # Zigzag pads each document to a multiple of 2*cp, so a rank's length changes
+            # from batch to batch; pipeline sends and sequence-parallel splits need s/cp.
+            return OptionError("document_layout", "zigzag needs pipeline parallel size 1 "
+                               "and no sequence parallelism; use whole_docs (every rank "
+                               "holds s/cp)")
+        problem = remat_problem(self.remat_aware, recompute)
+        return OptionError("remat_aware", problem) if problem else None
 
 
-OPTION_FIELDS = tuple(dataclasses.fields(BurstOptions))
+def _check_field(f: dataclasses.Field, value: Any) -> None:
+    """Raise OptionError unless ``value`` is one that field ``f`` takes."""
+    meta = f.metadata
+    if meta["kind"] is bool:
+        if not isinstance(value, bool):
+            raise OptionError(f.name, f"must be true or false, got {value!r}")
+    elif meta["choices"] is not None:
+        if value is not None and value not in meta["choices"]:
+            raise OptionError(f.name, f"must be one of {tuple(meta['choices'])}, got "
+                              f"{value!r}")
+    elif meta["auto"]:
+        none_ok = meta["default"] is None
+        if not ((none_ok and value is None) or value == AUTO or (
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
+            raise OptionError(f.name, f"must be a positive int or 'auto'"
+                              f"{' or None' if none_ok else ''}, got {value!r}")
+    elif value is not None and not isinstance(value, str):
+        raise OptionError(f.name, f"must be a string or None, got {value!r}")
+
+
+OPTION_FIELDS = tuple(f for f in dataclasses.fields(BurstOptions) if f.name != "given")
 
 
 def remat_problem(remat_aware: bool, recompute: str | None) -> str | None:
     """Why ``remat_aware`` cannot be honoured with this recompute setting, or None."""
     if remat_aware and recompute != "full":
-        return (f"remat-aware recompute keeps attention's output for the full recompute; it "
-                f"does nothing with recompute {recompute or 'off'} (needs full)")
+        return (f"keeps attention's output for the full recompute; it does nothing with "
+                f"recompute {recompute or 'off'} (needs full)")
     return None
+
+
 # The options that shape the CP topology (the rest shape the run around it).
 TOPOLOGY_OPTIONS = ("backward", "ulysses_size", "intra_node_size", "profile")
 
@@ -98,11 +215,13 @@ TOPOLOGY_OPTIONS = ("backward", "ulysses_size", "intra_node_size", "profile")
 def resolve(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
             cp_ranks_per_node: int | None, causal: bool = True) -> CPTopology:
     """The decided topology for a CP group of ``cp`` ranks (``tokens`` per rank: batch x
-    local sequence; ``cp_ranks_per_node``: ranks of the group on one node, None: all)."""
-    options.checked()
-    profile = options.profile or os.environ.get(PROFILE_ENV)  # part of the cache's key
+    local sequence; ``cp_ranks_per_node``: ranks of the group on one node, None: all, as
+    ``cluster.ranks_per_node`` gives them)."""
+    profile = options.profile or os.environ.get(PROFILE_ENV)
+    # The profile's identity and content, so a profile rewritten by `tune` is read again.
     return _resolve(cp, heads, tokens, cp_ranks_per_node, bool(causal), options.backward,
-                    options.ulysses_size, options.intra_node_size, profile)
+                    options.ulysses_size, options.intra_node_size,
+                    profile_key(profile) if options.has_auto else None)
 
 
 def fixed_topology(options: BurstOptions, *, cp: int, heads: HeadShape) -> CPTopology:
@@ -118,16 +237,14 @@ def check_decided(topology: CPTopology, options: BurstOptions, *, cp: int,
                   heads: HeadShape) -> CPTopology:
     """A topology decided elsewhere (once per run), checked where it is used: made for this
     group and these heads (element size aside: it only weighs the time model's choice), and
-    doing what ``options`` fix ('auto' and unset options fix nothing)."""
+    doing what ``options`` fix (every option given by value; 'auto' and options not given
+    fix nothing)."""
     made_for = None if topology.heads is None else (
         topology.heads.hq, topology.heads.hkv, topology.heads.head_dim)
     if topology.cp != cp or made_for not in (None, (heads.hq, heads.hkv, heads.head_dim)):
         raise ValueError(f"topology was resolved for cp={topology.cp} and heads "
                          f"{topology.heads}, but here cp={cp} and heads are {heads}")
-    options.checked()
-    asked = {name: value for name, value, unset in (
-        ("backward", options.backward, AUTO), ("ulysses", options.ulysses_size, 1),
-        ("ranks_per_node", options.intra_node_size, None)) if value not in (AUTO, unset)}
+    asked = options.fixes()
     if asked:
         held = dict(ulysses=topology.ulysses, ranks_per_node=topology.ranks_per_node,
                     backward=topology.backward)
@@ -137,49 +254,24 @@ def check_decided(topology: CPTopology, options: BurstOptions, *, cp: int,
             same = False
         if not same:
             raise ValueError(f"the topology given ({topology.describe()}) does not do what "
-                             f"the options fix: {asked}")
+                             f"the options given with it fix: {asked}")
     return topology
 
 
 @functools.lru_cache(maxsize=256)  # every layer of a model, and every call, asks alike
 def _resolve(cp: int, heads: HeadShape, tokens: int, cp_ranks_per_node: int | None,
              causal: bool, backward: str, ulysses: int | str, per_node: int | str | None,
-             profile: str | None) -> CPTopology:
+             profile: tuple | None) -> CPTopology:
     fixed = fixed_topology(BurstOptions(backward=backward, ulysses_size=ulysses,
                                         intra_node_size=per_node), cp=cp, heads=heads)
     if AUTO not in (backward, ulysses, per_node):
         return fixed
-    ranked = choose(cp, heads, tokens=tokens, causal=causal, prof=load_profile(profile),
+    prof = load_profile(profile[0])
+    ranked = choose(cp, heads, tokens=tokens, causal=causal, prof=prof,
                     cp_ranks_per_node=cp_ranks_per_node,
                     ulysses=AUTO if ulysses == AUTO else fixed.ulysses,
                     ranks_per_node=AUTO if per_node == AUTO else fixed.ranks_per_node,
                     backward=backward)
     logger.info("burst auto (%d tokens per rank, %s, profile %s): %s", tokens,
-                "causal" if causal else "full", load_profile(profile).name,
-                ranked[0].describe())
+                "causal" if causal else "full", prof.name, ranked[0].describe())
     return ranked[0].layout
-
-
-def cp_ranks_per_node(cp: int, *, gpus_per_node: int | None, tp: int = 1,
-                      group_ranks: Sequence[int] | None = None,
-                      rank: int | None = None) -> int | None:
-    """How many ranks of a CP group share a node (None: unknown, taken as all of them).
-
-    With the group's global ranks (and this rank's), counted exactly, nodes being
-    ``gpus_per_node`` consecutive global ranks; without them, Megatron's rank order (TP
-    innermost, then CP) gives ``gpus_per_node / tp`` of the group per node.
-    """
-    if not gpus_per_node or gpus_per_node <= 0:
-        return None
-    if group_ranks is not None and rank is not None:
-        node = rank // gpus_per_node
-        return sum(1 for r in group_ranks if r // gpus_per_node == node)
-    return max(1, min(cp, gpus_per_node // max(tp, 1)))
-
-
-def local_gpus() -> int | None:
-    """Ranks per node as torchrun says (LOCAL_WORLD_SIZE), or None outside torchrun."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-    return local if local > 0 else None
-
-

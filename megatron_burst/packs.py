@@ -5,15 +5,15 @@ the backward see the same pack. ``DocumentPack`` is that pack described once: th
 (read to the host once), a digest for the ranks' agreement check, and the ring schedules
 (placement, blocks, kernel-call plans, device boundary tensors) made for it, so the layers
 after the first and the backward reuse them. Build one per batch with ``pack_documents``
-and pass it wherever ``cu_seqlens`` goes; a plain boundaries tensor works too (its pack is
-found again from the tensor, and the schedule in a small cache keyed by the lengths).
+and pass it wherever ``cu_seqlens`` goes; a plain boundaries tensor works too (it is read at
+every call and its pack found again by content, in a small cache keyed by the lengths).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import struct
-import weakref
 
 import torch
 
@@ -25,7 +25,8 @@ class DocumentPack:
 
     ``lens``: document lengths (host ints); ``described``: what the agreement check
     compares; ``schedules``: the ring schedules made for this pack, by
-    (layout, world, mask, ulysses), filled by ``burst_attn``.
+    (layout, world, mask, ulysses), filled by ``burst_attn``. Two packs of the same lengths
+    are equal (and hash alike): caches keyed by a pack are keyed by its content.
     """
 
     cu_seqlens: torch.Tensor  # int32, on the host
@@ -33,15 +34,29 @@ class DocumentPack:
     described: str
     schedules: dict = dataclasses.field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        self._hash = hash(self.lens)  # a pack keys every layer's call: hash it once
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, DocumentPack) and self._hash == other._hash
+                                 and self.lens == other.lens)
+
+
+INT32_MAX = 2 ** 31 - 1  # the kernels read boundaries as int32
+PACK_CACHE = 16  # packs kept by content (a batch's pack, found again by every layer)
+
 
 def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
     """The ``DocumentPack`` of boundaries ``cu_seqlens`` [0, n0, n0+n1, ...], checked.
 
     Raises ValueError naming ``cu_seqlens`` unless it is a 1-D integer tensor of at least
-    two entries that starts at 0 and never decreases. The boundaries are read to the host
-    once per tensor: the same tensor, unchanged, gives the same pack back (a CUDA tensor
-    passed to every layer would otherwise cost a device synchronisation per layer, and
-    each layer would plan the pack again).
+    two entries that starts at 0, never decreases and fits int32. The boundaries are read
+    every time (a CUDA tensor: one small copy to the host, which waits for the stream): the
+    pack is found by their content, so a buffer rewritten in place by any means is seen.
+    Build the pack once per batch and pass it instead to read them once.
     """
     if isinstance(cu_seqlens, DocumentPack):
         return cu_seqlens
@@ -49,22 +64,27 @@ def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
             or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2):
         raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
                          "[0, n0, n0+n1, ...]")
-    seen = _PACKS.get(id(cu_seqlens))
-    if seen is not None and seen[0]() is cu_seqlens and seen[1] == cu_seqlens._version:
-        return seen[2]
     bounds = cu_seqlens.tolist()
     if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {bounds[:8]}"
                          f"{'...' if len(bounds) > 8 else ''}")
+    if bounds[-1] > INT32_MAX:
+        raise ValueError(f"cu_seqlens must fit int32 (the kernels read boundaries as int32): "
+                         f"its last boundary is {bounds[-1]} > {INT32_MAX}")
     lens = tuple(b - a for a, b in zip(bounds, bounds[1:]))
-    pack = DocumentPack(torch.tensor(bounds, dtype=torch.int32), lens, describe_lengths(lens))
-    key = id(cu_seqlens)  # by identity: tensors compare elementwise, so no WeakKeyDictionary
-    _PACKS[key] = (weakref.ref(cu_seqlens, lambda _: _PACKS.pop(key, None)),
-                   cu_seqlens._version, pack)
+    pack = _PACKS.get(lens)
+    if pack is None:
+        pack = DocumentPack(torch.tensor(bounds, dtype=torch.int32), lens,
+                            describe_lengths(lens))
+        _PACKS[lens] = pack
+        if len(_PACKS) > PACK_CACHE:
+            _PACKS.popitem(last=False)
+    else:
+        _PACKS.move_to_end(lens)
     return pack
 
 
-_PACKS: dict[int, tuple[weakref.ref, int, DocumentPack]] = {}
+_PACKS: "collections.OrderedDict[tuple[int, ...], DocumentPack]" = collections.OrderedDict()
 
 
 def doc_lengths(cu_seqlens: "torch.Tensor | DocumentPack") -> tuple[int, ...]:

@@ -5,7 +5,8 @@ step; a ``RingSpec`` adds the call's ring (topology and position), its scale, ba
 and message tag, and turns the schedule into what the loops run: the kernel calls of each
 pair of members, with their boundaries already on the device (``calls``, planned once per
 schedule; ``prepare`` plans a document pack's before the call's first collective), and the
-payload and accumulator movers of each pass (``movers``).
+payload and accumulator movers of each pass (``movers``). Its kernel is chosen and checked
+against its blocks by ``prepare`` (``kernels.selection.choose_kernel``).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class RingSpec:
     scale: float
     backward: str  # 'burst' or 'ring' (auto already resolved)
     seq_first: bool  # tensors are [s, b, h, d]
-    kernel: str | None = None  # force a LocalAttention backend by name (tests, benchmarks)
+    kernel: LocalAttention | None = None  # chosen and checked by ``prepare``
     # False for document packs: their block sizes change with every batch, so every block
     # goes to a kernel that builds nothing per shape (varlen.plan_calls, ``shape_free``).
     fixed_shapes: bool = True
@@ -74,12 +75,12 @@ class RingSpec:
         """The tensor seen as [b, s, h, d] (a view, never a copy; its own inverse)."""
         return t.transpose(0, 1) if self.seq_first else t
 
-    def calls(self, q_member: int, k_member: int, kernel: LocalAttention,
-              batch: int, device: torch.device) -> tuple[KernelCall, ...]:
+    def calls(self, q_member: int, k_member: int, batch: int,
+              device: torch.device) -> tuple[KernelCall, ...]:
         """The kernel calls of ``q_member``'s queries against ``k_member``'s keys, with their
         boundaries already on ``device`` (planned and copied once per schedule)."""
         varlen = batch == 1  # packed documents are one row; a batch runs block by block
-        area = self._dense_min_area(kernel)
+        area = self._dense_min_area()
         key = ("calls", q_member, k_member, varlen, area)
 
         def plan():
@@ -89,34 +90,40 @@ class RingSpec:
             return calls
         return self.sched.memo(key, plan)
 
-    def _dense_min_area(self, kernel: LocalAttention | None) -> float | None:
+    def _dense_min_area(self) -> float | None:
         """The kernel's dense threshold; None for a pack's shape-free plans, which do not
-        depend on the kernel (so ``prepare`` can make them before it is chosen)."""
-        return None if not self.fixed_shapes else kernel.dense_min_area
+        depend on the kernel."""
+        return None if not self.fixed_shapes else self.kernel.dense_min_area
 
-    def prepare(self, device: torch.device, backward: bool) -> None:
-        """Plan a document pack's kernel calls now, for the forward and (``backward``) the
-        backward pass: pure host work, done before the call's first collective so that it
-        overlaps the GPU's queued work instead of following a synchronisation. A plain
-        sequence's plans are made at its first call and cached with its shape."""
-        if self.fixed_shapes:
-            return
+    def pairs(self, backward: bool) -> tuple[tuple[int, int], ...]:
+        """(query member, key member) of every block this rank computes: its queries
+        against each step's keys, and with the burst ``backward`` each visitor's queries
+        against its keys."""
         pairs = {(self.me, self.source(step)) for step in range(self.last_step + 1)}
         if backward and self.backward == "burst" and self.topo is not None:
             pairs |= {(self.source(step, reverse=True), self.me)
                       for step in range(self.last_step + 1)}
-        for q_member, k_member in sorted(pairs):
-            self.calls(q_member, k_member, None, 1, device)
+        return tuple(sorted(pairs))
 
-    def fresh_at_step0(self, kernel: LocalAttention, batch: int, q_rows: int,
-                       k_rows: int, device: torch.device) -> tuple[bool, bool]:
+    def plan(self, pairs: tuple[tuple[int, int], ...], device: torch.device) -> None:
+        """Plan a document pack's kernel calls for ``pairs`` now: pure host work, done before
+        the call's first collective so that it overlaps the GPU's queued work instead of
+        following a synchronisation. A plain sequence's plans are made at its first call
+        and cached with its shape."""
+        if self.fixed_shapes:
+            return
+        for q_member, k_member in pairs:
+            self.calls(q_member, k_member, 1, device)
+
+    def fresh_at_step0(self, batch: int, q_rows: int, k_rows: int,
+                       device: torch.device) -> tuple[bool, bool]:
         """Whether step 0 (a member against its own keys) writes every query row, and
         every key row, exactly once: then the accumulators start uninitialised and step 0
         writes into them (most of the work with documents kept whole, all of it on one
         rank, and the diagonal of a plain sequence)."""
-        calls = self.calls(self.me, self.me, kernel, batch, device)
+        calls = self.calls(self.me, self.me, batch, device)
         return self.sched.memo(
-            ("fresh", self.me, batch == 1, self._dense_min_area(kernel), q_rows, k_rows),
+            ("fresh", self.me, batch == 1, self._dense_min_area(), q_rows, k_rows),
             lambda: (covers(calls, q_rows, "q"), covers(calls, k_rows, "k")))
 
     def movers(self, payload, row_dims, accumulators, phase: str, reverse: bool = False

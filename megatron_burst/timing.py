@@ -113,16 +113,31 @@ class Profile:
 def load_profile(name_or_path: str | None = None) -> Profile:
     """A shipped profile by name, or a JSON file ``megatron-burst tune`` wrote.
 
-    None: ``$MEGATRON_BURST_PROFILE`` if set, else the default (``h200-nvlink``).
+    None: ``$MEGATRON_BURST_PROFILE`` if set, else the default (``h200-nvlink``). Read again
+    whenever the file changes (the cache is keyed by ``profile_key``).
     """
-    return _load_profile(name_or_path or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE)
+    return _load_profile(*profile_key(name_or_path))
 
 
-@functools.lru_cache(maxsize=8)  # keyed on the name read, so a changed variable is seen
-def _load_profile(name: str) -> Profile:
+def profile_key(name_or_path: str | None = None) -> tuple[str, int | None, int | None]:
+    """What a profile's content is known by: its name or path with the file's modification
+    time and size, so a profile rewritten by ``tune`` is never served from a cache."""
+    name = name_or_path or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+    try:
+        st = _profile_path(name).stat()
+    except OSError:
+        return name, None, None
+    return name, st.st_mtime_ns, st.st_size
+
+
+def _profile_path(name: str) -> Path:
     path = Path(name)
-    if not path.suffix:
-        path = PROFILES_DIR / f"{name}.json"
+    return PROFILES_DIR / f"{name}.json" if not path.suffix else path
+
+
+@functools.lru_cache(maxsize=8)
+def _load_profile(name: str, mtime_ns: int | None, size: int | None) -> Profile:
+    path = _profile_path(name)
     if not path.is_file():
         shipped = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
         raise ValueError(f"profile {name!r}: no such file, and not one of the shipped "

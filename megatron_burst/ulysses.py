@@ -4,7 +4,8 @@ Before the ring, each rank of a Ulysses group trades heads for sequence: it send
 slice u of its shard to member u and receives its own head slice of every member's shard,
 ending with 1/U of the heads over U shards of the sequence. The burst ring then runs
 across groups (USP / BurstEngine's hybrid). After the ring the inverse all-to-all brings
-the output back. Both directions are autograd functions whose backward is the other.
+the output back. Both directions are autograd functions whose backward is the other. Every
+piece carries the call's header (``tag``), checked on arrival.
 """
 from __future__ import annotations
 
@@ -14,39 +15,42 @@ import torch
 import torch.distributed as dist
 
 from .comm.exchange import exchange
+from .comm.headers import CallTag, HeaderCheck
 
 
 def _shuffle(x: torch.Tensor, peers: Sequence[int], me: int, group, split_dim: int,
-             cat_dim: int, phase: str) -> torch.Tensor:
+             cat_dim: int, phase: str, tag: CallTag | None) -> torch.Tensor:
     """Split ``x`` in len(peers) along ``split_dim``, piece u to peers[u]; concatenate what
     arrives along ``cat_dim`` in peer order."""
     pieces = x.chunk(len(peers), dim=split_dim)
     sends = {p: pieces[u] for u, p in enumerate(peers) if p != me}
-    got = exchange(group, sends, {p: pieces[peers.index(me)] for p in peers if p != me}, phase)
+    check = None if tag is None else HeaderCheck(tag, phase, x.device, me)
+    got = exchange(group, sends, {p: pieces[peers.index(me)] for p in peers if p != me}, phase,
+                   check)
     mine = pieces[peers.index(me)]
     return torch.cat([mine if p == me else got[p] for p in peers], dim=cat_dim)
 
 
 class _Shuffle(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, peers, me, group, split_dim, cat_dim):
-        ctx.args = (peers, me, group, split_dim, cat_dim)
-        return _shuffle(x, peers, me, group, split_dim, cat_dim, "forward")
+    def forward(ctx, x, peers, me, group, split_dim, cat_dim, tag):
+        ctx.args = (peers, me, group, split_dim, cat_dim, tag)
+        return _shuffle(x, peers, me, group, split_dim, cat_dim, "forward", tag)
 
     @staticmethod
     def backward(ctx, grad):
-        peers, me, group, split_dim, cat_dim = ctx.args
-        return (_shuffle(grad, peers, me, group, cat_dim, split_dim, "backward"),
-                None, None, None, None, None)
+        peers, me, group, split_dim, cat_dim, tag = ctx.args
+        return (_shuffle(grad, peers, me, group, cat_dim, split_dim, "backward",
+                         tag), None, None, None, None, None, None)
 
 
 def heads_to_sequence(x: torch.Tensor, peers: Sequence[int], group, seq_dim: int,
-                      head_dim: int) -> torch.Tensor:
+                      head_dim: int, tag: CallTag | None = None) -> torch.Tensor:
     """[.., s, .., h, ..] on each of U peers -> [.., U*s, .., h/U, ..] (peer order)."""
-    return _Shuffle.apply(x, tuple(peers), dist.get_rank(), group, head_dim, seq_dim)
+    return _Shuffle.apply(x, tuple(peers), dist.get_rank(), group, head_dim, seq_dim, tag)
 
 
 def sequence_to_heads(x: torch.Tensor, peers: Sequence[int], group, seq_dim: int,
-                      head_dim: int) -> torch.Tensor:
+                      head_dim: int, tag: CallTag | None = None) -> torch.Tensor:
     """The inverse of ``heads_to_sequence``."""
-    return _Shuffle.apply(x, tuple(peers), dist.get_rank(), group, seq_dim, head_dim)
+    return _Shuffle.apply(x, tuple(peers), dist.get_rank(), group, seq_dim, head_dim, tag)

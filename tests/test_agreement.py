@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import megatron_burst as mb
-from megatron_burst import burst
+from megatron_burst import prepare
 from megatron_burst.comm import count_comm, record_sent
 from megatron_burst.cp_topology import CPTopology
 
@@ -219,7 +219,7 @@ class _FailingKernel:
 def fault_worker(rank: int, world: int, timeout_s: float, peers_done) -> dict:
     os.environ["MEGATRON_BURST_TIMEOUT_S"] = str(timeout_s)
     if rank == 1:
-        burst.select_kernel = lambda *args: _FailingKernel()
+        prepare.choose_kernel = lambda *args, **kwargs: _FailingKernel()
     start = time.monotonic()
     try:
         call(rank, causal=False, layout="contiguous")

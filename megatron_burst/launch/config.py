@@ -74,7 +74,8 @@ class ParallelConfig:
 # defaults and help: one spelling for each value (a flat ring is `intra_node_size: null`).
 BURST_KEYS = ("backward", "ulysses_size", "intra_node_size", "remat_aware")
 BurstConfig = dataclasses.make_dataclass(
-    "BurstConfig", [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+    "BurstConfig", [(f.name, f.type, dataclasses.field(default=f.metadata["default"],
+                                                        metadata=f.metadata))
                     for f in OPTION_FIELDS if f.name in BURST_KEYS], frozen=True)
 BurstConfig.__doc__ = "BurstAttention options (megatron_burst.options.BurstOptions' fields)."
 BurstConfig.__module__ = __name__

@@ -14,7 +14,7 @@ import shlex
 import typing
 
 from ..cp_topology import RING_COMM_TYPE
-from .topology import topology_of
+from .topology import run_problem, topology_of
 from .config import VARIABLE, Config, ConfigError, expand_vars
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
@@ -158,17 +158,13 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
         f += ["--tokenizer-model", path(d.tokenizer_model, "data.tokenizer_model")]
     if d.tokenizer_type == "NullTokenizer":
         f += ["--vocab-size", str(m.vocab_size)]
+    problem = run_problem(cfg)  # the schema's rules; the adapter's too, here before a job queues
+    if problem is not None:
+        raise problem
     if d.document_mask:
-        if tr.micro_batch_size != 1:  # refused by the adapter too; here before a job queues
-            raise ConfigError(f"'data.document_mask' packs documents into one sequence per "
-                              f"micro batch: 'training.micro_batch_size' must be 1, got "
-                              f"{tr.micro_batch_size}")
         f += ["--burst-document-mask"]
         if d.document_layout is not None:
             f += ["--burst-document-layout", d.document_layout]
-    elif d.document_layout is not None:
-        raise ConfigError("'data.document_layout' shards document masks: set "
-                          "'data.document_mask: true' too")
 
     # Logging and checkpoints.
     f += ["--log-interval", str(tr.log_interval), "--log-throughput",

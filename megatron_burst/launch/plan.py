@@ -9,10 +9,10 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 """
 from __future__ import annotations
 
-from ..options import AUTO, remat_problem
+from ..options import AUTO
 from .config import Config, ConfigError
 from .layout_candidates import chosen_prediction
-from .topology import group_ranks_per_node, topology_of
+from .topology import group_ranks_per_node, run_problem, topology_of
 from .memory import GIB, estimate_memory
 from .plan_report import report
 
@@ -79,8 +79,9 @@ def validate(cfg: Config) -> list[str]:
 
     # BurstAttention: the one resolver checks the Ulysses split against the heads and the
     # double ring against the group (options.resolve, as every run resolves it).
-    problem = remat_problem(b.remat_aware, tr.recompute)
-    _require(problem is None, "burst.remat_aware", f"{problem} (training.recompute: full)")
+    problem = run_problem(cfg)  # the schema's rules between options and the run
+    if problem is not None:
+        raise problem
     try:
         topology_of(cfg)
     except ValueError as e:

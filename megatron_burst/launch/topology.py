@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 
+from .. import cluster
 from ..cp_topology import CPTopology, HeadShape
-from ..options import AUTO, BurstOptions, cp_ranks_per_node, resolve
-from .config import Config
+from ..options import AUTO, BurstOptions, OptionError, resolve
+from .config import Config, ConfigError
 
 
 def options_of(cfg: Config) -> BurstOptions:
@@ -23,6 +24,42 @@ def options_of(cfg: Config) -> BurstOptions:
     return BurstOptions(backward=b.backward, ulysses_size=b.ulysses_size,
                         intra_node_size=b.intra_node_size,
                         profile=cfg.cluster.profile_name if auto else None)
+
+
+# Where a config holds each option (the rest are under `burst:`).
+CONFIG_KEYS = {"document_mask": "data.document_mask", "document_layout": "data.document_layout",
+               "profile": "cluster.profile"}
+
+
+def config_key(option: str) -> str:
+    """The dotted config key of a BurstOptions field."""
+    return CONFIG_KEYS.get(option, f"burst.{option}")
+
+
+def run_problem(cfg: Config) -> ConfigError | None:
+    """What keeps the config's BurstAttention options from doing what they say, by the
+    schema's own rules (``BurstOptions`` and its ``run_problem``), naming the config key."""
+    b, d, p, tr = cfg.burst, cfg.data, cfg.parallel, cfg.training
+    spell = lambda name: f"'{config_key(name)}'"  # noqa: E731
+    try:
+        options = BurstOptions(backward=b.backward, ulysses_size=b.ulysses_size,
+                               intra_node_size=b.intra_node_size, remat_aware=b.remat_aware,
+                               document_mask=d.document_mask,
+                               document_layout=d.document_layout)
+    except OptionError as err:
+        return ConfigError(err.spelled(spell))
+    problem = options.run_problem(micro_batch_size=tr.micro_batch_size, pipeline=p.pipeline,
+                                  sequence_parallel=p.sequence_parallel and p.tensor > 1,
+                                  recompute=tr.recompute)
+    if problem is None:
+        return None
+    return ConfigError(problem.spelled(spell) + _RUN_KEYS.get(problem.option, ""))
+
+
+# Where the schema's rule names a run setting, the config key that sets it.
+_RUN_KEYS = {"remat_aware": " ('training.recompute': full)",
+             "document_mask": " ('training.micro_batch_size')",
+             "document_layout": " ('parallel.pipeline', 'parallel.sequence_parallel')"}
 
 
 def heads_of(cfg: Config) -> HeadShape:
@@ -41,7 +78,8 @@ def tokens_per_rank(cfg: Config) -> int:
 def group_ranks_per_node(cfg: Config) -> int:
     """Ranks of one CP group that share a node (Megatron orders ranks TP innermost)."""
     p = cfg.parallel
-    return cp_ranks_per_node(p.context, gpus_per_node=cfg.cluster.gpus_per_node, tp=p.tensor)
+    size = cluster.node_size(explicit=cfg.cluster.gpus_per_node)  # the config states it
+    return cluster.ranks_per_node(p.context, size, tp=p.tensor)
 
 
 def topology_of(cfg: Config) -> CPTopology:

@@ -6,8 +6,10 @@ the flag's type, choices and help come from it). Megatron's own --cp-comm-type a
 takes any string, so `--cp-comm-type burst` / `a2a+burst` parse as they are. The checks
 here run on every rank before any communication: `refuse_ignored_options` (an option that
 would change nothing stops the run), `burst_checks` (what the run could not honour) and
-`document_layout_from_args` (the document options; Megatron's --reset-* flags, which the
-entry point would otherwise ignore, are refused). The run's topology is resolved once by
+`document_layout_from_args` (the schema's rules between the options and the run, and the
+document options; Megatron's --reset-* flags, which the entry point would otherwise
+ignore, are refused). The options themselves are checked by the schema they are read into
+(`options_from_all_args`). The run's topology is resolved once by
 `megatron_burst.megatron.topology.topology_from_args`.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Optional
 
 from megatron_burst.cp_topology import COMM_TYPE_ALIASES
 from megatron_burst.megatron.topology import comm_types
-from megatron_burst.options import AUTO, OPTION_FIELDS, remat_problem
+from megatron_burst.options import AUTO, OPTION_FIELDS, BurstOptions, OptionError
 from megatron_burst.placement import DOCUMENT_LAYOUTS
 
 # What a user writes to ask for BurstAttention (the aliases p2p / a2a+p2p also run it when
@@ -65,6 +67,17 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
                          f"got --cp-comm-type {args.cp_comm_type}")
 
 
+def options_from_all_args(args: argparse.Namespace) -> BurstOptions:
+    """Every --burst-* option the command line gives, as the schema's value (so checked by
+    it, its rules between options included); an error names the flag."""
+    values = {f.name: getattr(args, f"burst_{f.name}", None) for f in OPTION_FIELDS}
+    values = {name: value for name, value in values.items() if value not in (None, False)}
+    try:
+        return BurstOptions.of(values)
+    except OptionError as err:
+        raise ValueError(err.spelled(flag)) from None
+
+
 def _int_or_auto(text: str):
     """argparse type: a positive count, or 'auto'."""
     if text == AUTO:
@@ -99,14 +112,30 @@ def burst_checks(args: argparse.Namespace) -> None:
     if args.attention_dropout:
         raise ValueError(f"BurstAttention has no attention dropout; pass --attention-dropout 0 "
                          f"(got {args.attention_dropout})")
-    problem = remat_problem(bool(getattr(args, "burst_remat_aware", False)),
-                            getattr(args, "recompute_granularity", None))
+
+
+# Where the schema's rule names a run setting, the Megatron flag that sets it.
+_MEGATRON_SPELLING = {"remat_aware": " (--recompute-granularity full)",
+                      "document_mask": " (--micro-batch-size 1)",
+                      "document_layout": " (--pipeline-model-parallel-size, "
+                                         "--sequence-parallel)"}
+
+
+def run_rules(args: argparse.Namespace) -> None:
+    """Raise ValueError where the --burst-* options cannot do what they say in this run, by
+    the schema's rules (``BurstOptions.run_problem``), naming the flags."""
+    problem = options_from_all_args(args).run_problem(
+        micro_batch_size=args.micro_batch_size,
+        pipeline=getattr(args, "pipeline_model_parallel_size", 1),
+        sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+        recompute=getattr(args, "recompute_granularity", None))
     if problem:
-        raise ValueError(f"--burst-remat-aware: {problem} (--recompute-granularity full)")
+        raise ValueError(problem.spelled(flag) + _MEGATRON_SPELLING.get(problem.option, ""))
 
 
 def document_layout_from_args(args: argparse.Namespace) -> Optional[str]:
-    """The layout of document batches, or None without --burst-document-mask.
+    """The layout of document batches, or None without --burst-document-mask, once the
+    schema's rules hold for the run (``run_rules``).
 
     Raises ValueError for settings the document path cannot honour, and for Megatron's
     --reset-attention-mask / --reset-position-ids without it: the entry point builds no
@@ -114,27 +143,18 @@ def document_layout_from_args(args: argparse.Namespace) -> Optional[str]:
     """
     if not args.burst_document_mask:
         refuse_dense_mask_flags(args)
-        return None
-    layout = args.burst_document_layout or DOCUMENT_LAYOUTS[0]
-    if not uses_burst(args):
+    elif not uses_burst(args):
         raise ValueError(f"--burst-document-mask needs BurstAttention (--cp-comm-type burst "
                          f"or a2a+burst), got --cp-comm-type {args.cp_comm_type}")
-    if args.micro_batch_size != 1:
-        raise ValueError(f"--burst-document-mask packs documents into one sequence per micro "
-                         f"batch: it needs --micro-batch-size 1, got {args.micro_batch_size}")
-    if layout == "zigzag" and (args.pipeline_model_parallel_size > 1 or args.sequence_parallel):
-        # Zigzag pads each document to a multiple of 2*cp, so a rank's length changes from
-        # batch to batch; pipeline sends and sequence-parallel splits need a fixed s/cp.
-        raise ValueError("--burst-document-layout zigzag needs --pipeline-model-parallel-size "
-                         "1 and no --sequence-parallel; use whole_docs (every rank holds s/cp)")
-    return layout
+    run_rules(args)
+    if not args.burst_document_mask:
+        return None
+    return args.burst_document_layout or DOCUMENT_LAYOUTS[0]
 
 
 def refuse_dense_mask_flags(args: argparse.Namespace) -> None:
     """Megatron's --reset-* flags where no dense mask is built and RoPE ignores
     position_ids: they would do nothing (use --burst-document-mask)."""
-    if getattr(args, "burst_document_layout", None) is not None:
-        raise ValueError("--burst-document-layout needs --burst-document-mask")
     if getattr(args, "reset_attention_mask", False):
         raise ValueError("--reset-attention-mask: this entry point builds no dense [s, s] "
                          "mask; use --burst-document-mask for documents split at EOD")

@@ -19,7 +19,6 @@ never a silent fallback (compare Megatron-Bridge #2667, a silently disabled CP).
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Mapping, Optional, Tuple
 
 import torch
@@ -32,9 +31,12 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 
+from megatron_burst.agree import check_outcome, tell_peers
+from megatron_burst.call_count import check_calls
 from megatron_burst.megatron import masks
-from megatron_burst.api import burst_attn
+from megatron_burst.api import burst_attn, calls_made
 from megatron_burst.cp_topology import CPTopology
+from megatron_burst.kernels.selection import default_scale
 from megatron_burst.megatron.topology import (
     layer_heads,
     layer_topology,
@@ -42,7 +44,7 @@ from megatron_burst.megatron.topology import (
 )
 from megatron_burst.options import (AUTO, BurstOptions, check_decided, fixed_topology,
                                     remat_problem)
-from megatron_burst.remat import AttentionKeep
+from megatron_burst.remat import AttentionKeep, in_backward
 
 logger = logging.getLogger(__name__)
 
@@ -155,12 +157,14 @@ class BurstDotProductAttention(MegatronModule):
         problem = remat_problem(remat_aware, getattr(config, "recompute_granularity", None))
         if problem:
             raise ValueError(f"remat_aware: {problem} (config.recompute_granularity)")
-        self.keep = AttentionKeep() if remat_aware else None
+        self.keep = AttentionKeep(limit=_keep_limit(config)) if remat_aware else None
+        name = _group_name(cp_group)
+        _FIRST_LAYER[name] = min(_FIRST_LAYER.get(name, self.layer_number), self.layer_number)
         # apply_query_key_layer_scaling divides the scale by layer_number and multiplies the
         # fp32 scores back by it (an fp16 overflow guard): the net softmax scale is unchanged,
         # and BurstAttention's kernels already merge in fp32, so the base scale is the answer.
         self.softmax_scale = (
-            softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.k_channels)
+            softmax_scale if softmax_scale is not None else default_scale(self.k_channels)
         )
         if is_layer_window_attention(
             config.window_size, getattr(config, "window_attn_skip_freq", None), layer_number
@@ -193,8 +197,41 @@ class BurstDotProductAttention(MegatronModule):
 
         The mask comes from the mask type and `packed_seq_params` (`masks.documents_of`);
         `attention_mask` is not read, and is refused where it says more than they do
-        (`masks.check_attention_mask`).
+        (`masks.check_attention_mask`). A check that fails on one rank fails on every rank
+        of the CP group, before any message moves (`agree`).
         """
+        if self.layer_number == _FIRST_LAYER.get(_group_name(self.cp_group)) and not in_backward():
+            # A micro-batch's first forward reaches this stage's first layer: every rank of
+            # the group must have made as many attention calls as its peers (call_count).
+            check_calls(self.cp_group, calls_made(self.cp_group))
+        try:
+            thd, kwargs_for_burst = self._burst_arguments(query, key, value, attention_mask,
+                                                          attn_mask_type, attention_bias,
+                                                          packed_seq_params)
+            error = None
+        except ValueError as err:
+            error = err
+        if attention_mask is not None or (packed_seq_params is not None
+                                          and packed_seq_params.qkv_format == "thd"):
+            # These checks read this call's data (the mask, the boundaries): their outcome
+            # can differ by rank and by call, so every call compares them.
+            check_outcome(self.cp_group, error)
+        elif error is not None:
+            tell_peers(self.cp_group, error)  # as burst_attn does for its own checks
+        if thd:
+            # [t, h, d] -> [1, t, h, d]: a packed sequence is one batch row of documents.
+            query, key, value = (x.unsqueeze(0) for x in (query, key, value))
+        out = burst_attn(query, key, value, self.cp_group, **kwargs_for_burst)
+        if thd:
+            return out.reshape(out.size(1), -1)
+        return out.reshape(out.size(0), out.size(1), -1)
+
+    def _burst_arguments(self, query: Tensor, key: Tensor, value: Tensor,
+                         attention_mask: Optional[Tensor], attn_mask_type: Optional[AttnMaskType],
+                         attention_bias: Optional[Tensor],
+                         packed_seq_params: Optional[PackedSeqParams]) -> Tuple[bool, dict]:
+        """(THD?, burst_attn's keyword arguments) for this call, or ValueError for what it
+        cannot honour (this rank's checks; ``forward`` tells the peers)."""
         if attention_bias is not None:
             raise ValueError("BurstAttention does not support attention_bias")
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
@@ -207,26 +244,18 @@ class BurstDotProductAttention(MegatronModule):
                 "RoPE ignores position_ids)"
             )
         thd = docs is not None and docs.qkv_format == "thd"
-        if thd:
-            # [t, h, d] -> [1, t, h, d]: a packed sequence is one batch row of documents.
-            query, key, value = (x.unsqueeze(0) for x in (query, key, value))
-        seq_dim = 1 if thd else 0
-        masks.check_attention_mask(attention_mask, mask_type, docs, query.size(seq_dim),
-                                   self.cp_group)
+        s_local = query.size(0)  # [t, h, d] and [s, b, h, d] both lead with the sequence
+        masks.check_attention_mask(attention_mask, mask_type, docs, s_local, self.cp_group)
         cp = self.cp_group.size()
-        if docs is None and query.size(seq_dim) % 2:
+        if docs is None and s_local % 2:
             raise ValueError(
-                f"sequence length {query.size(seq_dim) * cp} is not divisible "
-                f"by 2*cp = {2 * cp} (zigzag layout)"
+                f"sequence length {s_local * cp} is not divisible by 2*cp = {2 * cp} (zigzag "
+                f"layout)"
             )
         if self.topology is None:  # options with 'auto': decided now that the tokens are known
-            tokens = query.size(seq_dim) * (query.size(1) if not thd else 1)
+            tokens = s_local * (query.size(1) if not thd else 1)
             self.topology = layer_topology(self.options, cp, self.heads, tokens, self.tp_size)
-        out = burst_attn(
-            query,
-            key,
-            value,
-            self.cp_group,
+        return thd, dict(
             causal=causal,
             softmax_scale=self.softmax_scale,
             window_size=self.window_size,
@@ -239,6 +268,21 @@ class BurstDotProductAttention(MegatronModule):
             keep=self.keep if self.training else None,
             call_label=self.layer_number,  # a peer in another layer's call is caught
         )
-        if thd:
-            return out.reshape(out.size(1), -1)
-        return out.reshape(out.size(0), out.size(1), -1)
+
+
+# The first BurstAttention layer built on each CP group in this process (by group name):
+# where each micro-batch's forward starts on this pipeline stage.
+_FIRST_LAYER: dict[Optional[str], int] = {}
+
+
+def _group_name(group: Any) -> Optional[str]:
+    return getattr(group, "group_name", None)
+
+
+def _keep_limit(config: TransformerConfig) -> int:
+    """Micro-batches a layer can have in flight (1F1B: up to the pipeline size; interleaved:
+    up to twice the stages times the chunks), with room: kept outputs beyond it are dropped
+    (their recomputes then run the ring, exact and slower)."""
+    pp = getattr(config, "pipeline_model_parallel_size", 1) or 1
+    vpp = getattr(config, "virtual_pipeline_model_parallel_size", None) or 1
+    return 2 * pp * vpp + 2

@@ -68,7 +68,7 @@ class BurstSpecProvider(BackendSpecProvider):
             raise ValueError(f"BurstSpecProvider: unknown option(s) {unknown}; the options are "
                              f"{list(TOPOLOGY_OPTIONS)}")
         given = {k: v for k, v in options.items() if v is not None}
-        BurstOptions(**given).checked()  # a bad value is named when the spec is made
+        BurstOptions.of(given)  # a bad value is named when the spec is made
         if topology is not None and given:
             raise ValueError(f"BurstSpecProvider: give a decided topology or options, not both "
                              f"(got topology and {sorted(given)})")

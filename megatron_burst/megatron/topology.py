@@ -22,13 +22,9 @@ from megatron_burst.cp_topology import (
     CPTopology,
     HeadShape,
 )
-from megatron_burst.options import (
-    TOPOLOGY_OPTIONS,
-    BurstOptions,
-    cp_ranks_per_node,
-    local_gpus,
-    resolve,
-)
+from megatron_burst.cluster import node_size, ranks_per_node
+from megatron_burst.options import TOPOLOGY_OPTIONS, BurstOptions, resolve
+from megatron_burst.timing import load_profile
 
 
 def layer_heads(config: Any, tp_size: int, head_dim: int) -> HeadShape:
@@ -67,11 +63,11 @@ def options_from_megatron(cp: int, cp_comm_type: Any,
     if comm == HYBRID_COMM_TYPE and u_hier is None and given.get("ulysses_size") is None:
         raise ValueError(f"cp_comm_type='{HYBRID_COMM_TYPE}' needs --burst-ulysses-size or "
                          f"--hierarchical-context-parallel-sizes (Ulysses size first)")
-    options = {name: value for name, value in given.items() if value is not None}
-    options["ulysses_size"] = _agree("ulysses_size", given.get("ulysses_size"), u_hier, 1)
+    options = dict(given)
+    options["ulysses_size"] = _agree("ulysses_size", given.get("ulysses_size"), u_hier)
     options["intra_node_size"] = _agree("intra_node_size", given.get("intra_node_size"),
-                                        per_node_hier, None)
-    return BurstOptions(**options)
+                                        per_node_hier)
+    return BurstOptions.of(options)  # what neither gives stays not given
 
 
 def options_from_args(args: Any) -> dict:
@@ -98,10 +94,13 @@ def topology_from_args(args: Any) -> CPTopology:
 def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens: int,
                    tp: int) -> CPTopology:
     """The topology of a layer built without one (see the module docstring), from its
-    options as `options_from_megatron` merged them."""
-    return resolve(options, cp=cp_size, heads=heads, tokens=tokens,
-                   cp_ranks_per_node=cp_ranks_per_node(cp_size, gpus_per_node=local_gpus(),
-                                                       tp=tp))
+    options as `options_from_megatron` merged them; ranks per node by Megatron's rank order
+    (TP innermost) from the one cluster view."""
+    per_node = None
+    if options.has_auto:  # only 'auto' weighs where the ranks sit
+        size = node_size(profile_gpus=load_profile(options.profile).gpus_per_node)
+        per_node = ranks_per_node(cp_size, size, tp=tp)
+    return resolve(options, cp=cp_size, heads=heads, tokens=tokens, cp_ranks_per_node=per_node)
 
 
 def comm_types(cp_comm_type: Any) -> Sequence[Any]:
@@ -126,13 +125,12 @@ def _read_hierarchy(comm: str, hier: list[int]) -> tuple[int | None, int | None]
     return None, hier[0]
 
 
-def _agree(name: str, explicit: int | None, implied: int | None, default: int | None
-           ) -> int | None:
-    """The explicit value, else the hierarchical sizes' value; both given must be equal."""
-    if explicit is not None and implied is not None and int(explicit) != implied:
+def _agree(name: str, explicit: int | None, implied: int | None) -> int | None:
+    """The explicit value, else the hierarchical sizes' value (None: neither gives one);
+    both given must be equal."""
+    if explicit is not None and implied is not None and explicit != implied:
         raise ValueError(f"burst {name}={explicit} contradicts "
                          f"hierarchical_context_parallel_sizes (which give {implied})")
-    value = explicit if explicit is not None else implied
-    return default if value is None else value
+    return explicit if explicit is not None else implied
 
 

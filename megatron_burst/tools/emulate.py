@@ -23,60 +23,17 @@ its cross-node traffic is not slowed, so benchmarks leave it out under emulation
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from ..link_emulation import ENV
+from ..link_emulation import ENV, VirtualNodes
 
 _ACTIVE: Emulation | None = None  # what install_from_env installed in this process
-
-
-@dataclasses.dataclass(frozen=True)
-class VirtualNodes:
-    """``node_size`` consecutive global ranks per virtual node, joined by a slow link."""
-
-    node_size: int
-    gbps: float
-    latency_us: float = 5.0
-
-    @staticmethod
-    def parse(text: str) -> "VirtualNodes":
-        """'node_size=2,gbps=25,latency_us=5' (latency optional)."""
-        try:
-            fields = dict(item.split("=", 1) for item in text.replace(" ", "").split(","))
-            nodes = VirtualNodes(int(fields.pop("node_size")), float(fields.pop("gbps")),
-                                 float(fields.pop("latency_us", 5.0)))
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"{ENV}={text!r}: expected 'node_size=N,gbps=G[,latency_us=L]' "
-                             f"({e})") from None
-        if fields or nodes.node_size < 1 or nodes.gbps <= 0 or nodes.latency_us < 0:
-            raise ValueError(f"{ENV}={text!r}: unknown fields {sorted(fields)} or values out "
-                             f"of range")
-        return nodes
-
-    def crosses(self, a: int, b: int) -> bool:
-        return a // self.node_size != b // self.node_size
-
-    def seconds(self, nbytes: int) -> float:
-        """Emulated time of one message of ``nbytes`` across the slow link."""
-        return self.latency_us * 1e-6 + nbytes / (self.gbps * 1e9)
-
-    def cross_bytes_alltoall(self, me: int, ranks: Sequence[int], per_peer: int) -> int:
-        """Bytes ``me`` receives from other virtual nodes in an all-to-all of equal pieces."""
-        return per_peer * sum(1 for r in ranks if self.crosses(me, r))
-
-    def cross_bytes_ring_gather(self, me: int, ranks: Sequence[int], piece: int) -> int:
-        """All-gather / reduce-scatter as NCCL runs them, a ring: each of the world-1 steps
-        moves one piece in from the ring neighbour, slow when the neighbour is remote."""
-        pos = ranks.index(me)
-        prev = ranks[pos - 1]
-        return piece * (len(ranks) - 1) if self.crosses(me, prev) else 0
 
 
 class _Link:

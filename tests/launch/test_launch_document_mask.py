@@ -51,9 +51,15 @@ def test_the_config_key_becomes_the_flag_and_the_flag_a_layout(tiny_raw, write_c
 
 
 def test_the_layout_key_becomes_the_layout_flag(tiny_raw, write_config):
+    with pytest.raises(ConfigError, match="'data.document_layout' zigzag needs .* no sequence "
+                                          "parallelism"):  # the tiny config's TP=2 with SP
+        megatron_flags(_config(tiny_raw, write_config, document_mask=True,
+                               document_layout="zigzag"))
+    tiny_raw["parallel"]["sequence_parallel"] = False
     cfg = _config(tiny_raw, write_config, document_mask=True, document_layout="zigzag")
     assert arguments.document_layout_from_args(_args(megatron_flags(cfg))) == "zigzag"
-    with pytest.raises(ConfigError, match="'data.document_mask: true'"):
+    with pytest.raises(ConfigError, match="'data.document_layout' shards document masks: it "
+                                          "needs 'data.document_mask'"):
         megatron_flags(_config(tiny_raw, write_config, document_mask=False,
                                document_layout="zigzag"))
     with pytest.raises(ConfigError, match="data.document_layout"):
@@ -66,7 +72,8 @@ def test_the_layout_key_becomes_the_layout_flag(tiny_raw, write_config):
 def test_document_mask_with_more_than_one_sequence_per_micro_batch_fails(tiny_raw,
                                                                          write_config):
     tiny_raw["data"]["document_mask"] = True  # the tiny config has micro_batch_size 2
-    with pytest.raises(ConfigError, match="'training.micro_batch_size' must be 1"):
+    with pytest.raises(ConfigError, match="needs micro batch size 1, got 2 "
+                                          r"\('training.micro_batch_size'\)"):
         megatron_flags(load_config(write_config(tiny_raw)))
 
 

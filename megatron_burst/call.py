@@ -1,0 +1,138 @@
+"""A ``burst_attn`` call's arguments as one value, validated once.
+
+Everything about a call besides its tensors and its group is a ``BurstCall``: made and
+checked in ``burst_attn`` (a bad argument raises ValueError naming it, before any
+communication), frozen, compared and hashed by value. The prepared-call cache key, the
+ranks' agreement signature and the preparation all derive from it (``prepare``), so they
+can never read the arguments differently, and a new argument is one new field here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from .cp_topology import CPTopology
+from .kernels.selection import KERNEL_NAMES
+from .options import NOT_GIVEN, BurstOptions
+from .packs import DocumentPack, pack_documents
+from .placement import LAYOUTS
+from .remat import AttentionKeep
+
+QKV_FORMATS = ("bshd", "sbhd")
+
+
+@dataclasses.dataclass(frozen=True)
+class BurstCall:
+    """The non-tensor arguments of one call (see the module docstring), each field named as
+    ``burst_attn``'s argument it holds (so an error can name it)."""
+
+    causal: bool
+    softmax_scale: float | None
+    window_size: tuple[int, int]
+    layout: str
+    qkv_format: str
+    kernel: str | None
+    call_label: int | str | None  # the caller's name for the call site
+    options: BurstOptions  # backward, ulysses_size, intra_node_size, as given
+    topology: CPTopology | None  # decided elsewhere, or None: resolved from ``options``
+    cu_seqlens: DocumentPack | None  # the documents, as their pack (compared by content)
+    keep: bool  # an AttentionKeep was passed
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.causal, bool):  # "False" or None would silently pick a mask
+            raise ValueError(f"causal must be a bool, got {self.causal!r}")
+        scale = self.softmax_scale
+        if scale is not None and not (isinstance(scale, (int, float))
+                                      and not isinstance(scale, bool) and math.isfinite(scale)
+                                      and scale > 0):
+            raise ValueError(f"softmax_scale must be a finite positive number or None, got "
+                             f"{scale!r}")
+        window = self.window_size
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1
+                           for w in window)):
+            raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), got "
+                             f"{window!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.qkv_format not in QKV_FORMATS:
+            raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got "
+                             f"{self.qkv_format!r}")
+        if self.kernel is not None and self.kernel not in KERNEL_NAMES:
+            raise ValueError(f"kernel must be one of {KERNEL_NAMES} or None, got "
+                             f"{self.kernel!r}")
+        label = self.call_label
+        if label is not None and (not isinstance(label, (int, str)) or isinstance(label, bool)):
+            raise ValueError(f"call_label must be an int, a str or None, got {label!r}")
+        if self.topology is not None and not isinstance(self.topology, CPTopology):
+            raise ValueError(f"topology must be a megatron_burst CPTopology or None, got "
+                             f"{type(self.topology).__name__}")
+        # One spelling of each value, so equal calls compare (and hash) equal.
+        object.__setattr__(self, "window_size", tuple(window))
+        if scale is not None:
+            object.__setattr__(self, "softmax_scale", float(scale))
+
+    @staticmethod
+    def of(*, causal: Any, softmax_scale: Any, window_size: Any, layout: Any,
+           backward: Any, qkv_format: Any, intra_node_size: Any, ulysses_size: Any,
+           cu_seqlens: Any, kernel: Any, keep: Any, call_label: Any,
+           topology: Any) -> "BurstCall":
+        """The call of ``burst_attn``'s keyword arguments (options left out are NOT_GIVEN)."""
+        if keep is not None and not isinstance(keep, AttentionKeep):
+            raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
+                             f"{type(keep).__name__}")
+        options = BurstOptions(backward=backward, ulysses_size=ulysses_size,
+                               intra_node_size=intra_node_size)
+        return BurstCall(causal, softmax_scale, window_size, layout, qkv_format, kernel,
+                         call_label, options, topology,
+                         None if cu_seqlens is None else pack_documents(cu_seqlens),
+                         keep is not None)
+
+    @property
+    def needs_cluster(self) -> bool:
+        """Whether preparing reads the cluster (profile, ranks per node): 'auto' to settle."""
+        return self.topology is None and self.options.has_auto
+
+
+# What a call's signature holds besides these fields' values (``signature``), in order.
+TENSOR_FIELDS = ("batch", "s_local", "hq", "hkv", "head_dim", "dtype", "device",
+                 "requires_grad")
+TOPOLOGY_FIELDS = ("backward", "ulysses_size", "intra_node_size")
+_SIGNED = tuple(f.name for f in dataclasses.fields(BurstCall)
+                if f.name not in ("options", "topology"))
+SIGNATURE_FIELDS = (*TENSOR_FIELDS, *_SIGNED, *TOPOLOGY_FIELDS, "error")
+
+
+def signature(call: BurstCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              topology: CPTopology) -> dict[str, object]:
+    """What every rank must agree on, as hashable values with stable reprs: the tensors'
+    shapes and dtype, every field of ``call`` (documents by their description), and the
+    resolved topology ('auto' must have resolved alike everywhere). The device index is
+    left out on purpose: each rank has its own GPU."""
+    seq_first = call.qkv_format == "sbhd"
+    sig: dict[str, object] = {
+        "batch": q.shape[1] if seq_first else q.shape[0],
+        "s_local": q.shape[0] if seq_first else q.shape[1],
+        "hq": q.shape[2], "hkv": k.shape[2], "head_dim": q.shape[3],
+        "dtype": q.dtype, "device": q.device.type,
+        # The backward ring runs only where autograd will call it: all ranks or none.
+        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+    }
+    for name in _SIGNED:
+        value = getattr(call, name)
+        sig[name] = value.described if isinstance(value, DocumentPack) else value
+    sig.update(backward=topology.backward, ulysses_size=topology.ulysses,
+               intra_node_size=topology.ranks_per_node, error=None)
+    return sig
+
+
+def failed_signature(error: str) -> dict[str, object]:
+    """The signature of a rank whose arguments failed its own validation."""
+    return {**{name: None for name in SIGNATURE_FIELDS}, "error": error}
+
+
+__all__ = ["BurstCall", "NOT_GIVEN", "QKV_FORMATS", "SIGNATURE_FIELDS", "failed_signature",
+           "signature"]

@@ -1,0 +1,66 @@
+"""How many ranks of a context-parallel group share a node: one answer, one priority order.
+
+The resolver (``options.resolve``) weighs a layout's links by where its ranks sit: a ring
+hop inside a node rides NVLink, one between nodes the network. Every entry point asks here,
+and the answer comes from the first of these that is known:
+
+1. explicit: ranks per node the caller states (a config's ``cluster.gpus_per_node``, a
+   double ring's ``intra_node_size`` given by value);
+2. the link emulator's virtual nodes (``$MEGATRON_BURST_EMULATE``), so that 'auto' plans
+   for the network the benchmark emulates rather than for the real NVLink host;
+3. torchrun's ``LOCAL_WORLD_SIZE``: nodes are that many consecutive global ranks;
+4. the cluster profile's ``gpus_per_node`` (what ``megatron-burst tune`` measured on).
+
+With the group's global ranks the count is exact; without them, Megatron's rank order (TP
+innermost, then CP) gives ``gpus_per_node / tp`` of the group per node.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+from .link_emulation import ENV as EMULATE_ENV, virtual_nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSize:
+    """GPUs per node and where that number came from (for logs and plans)."""
+
+    gpus_per_node: int | None
+    source: str
+
+
+def node_size(explicit: int | None = None, profile_gpus: int | None = None) -> NodeSize:
+    """GPUs (ranks) per node, by the priority order of the module docstring."""
+    if explicit is not None:
+        return NodeSize(explicit, "explicit")
+    nodes = virtual_nodes()
+    if nodes is not None:
+        return NodeSize(nodes.node_size, "emulated nodes ($MEGATRON_BURST_EMULATE)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    if local > 0:
+        return NodeSize(local, "LOCAL_WORLD_SIZE")
+    if profile_gpus:
+        return NodeSize(profile_gpus, "the cluster profile")
+    return NodeSize(None, "unknown")
+
+
+def ranks_per_node(cp: int, size: NodeSize, *, tp: int = 1,
+                   group_ranks: Sequence[int] | None = None,
+                   rank: int | None = None) -> int | None:
+    """Ranks of a CP group of ``cp`` that share this rank's node (None: unknown, taken as
+    all of them). Exact from ``group_ranks`` (global) and this ``rank``; otherwise from
+    Megatron's rank order."""
+    per = size.gpus_per_node
+    if not per or per <= 0:
+        return None
+    if group_ranks is not None and rank is not None:
+        node = rank // per
+        return sum(1 for r in group_ranks if r // per == node)
+    return max(1, min(cp, per // max(tp, 1)))
+
+
+def view_key() -> tuple:
+    """What ``node_size`` reads from the environment, for caches of decisions it shapes."""
+    return os.environ.get(EMULATE_ENV), os.environ.get("LOCAL_WORLD_SIZE")
