@@ -47,10 +47,14 @@ def pairing_worker(rank: int, world: int, case: str) -> str:
     if case == "check off":
         os.environ["MEGATRON_BURST_AGREE"] = "off"
         return _outcome(lambda: call(rank, causal=rank != 1))
+    if case == "other shapes":  # messages of other sizes: gloo used to end the process
+        os.environ["MEGATRON_BURST_AGREE"] = "off"
+        return _outcome(lambda: call(rank, s=16 if rank == 1 else 8, grad=True))
     raise ValueError(case)
 
 
-@pytest.mark.parametrize("case", ["other layer", "cached signature", "check off"])
+@pytest.mark.parametrize("case", ["other layer", "cached signature", "check off",
+                                  "other shapes"])
 def test_calls_that_pair_wrongly_raise(case: str) -> None:
     outcomes = run_ranks(3, pairing_worker, case, timeout=120, barrier=False)
     assert all(o != "no error" for o in outcomes), outcomes

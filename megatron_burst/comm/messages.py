@@ -10,7 +10,10 @@ ring hang, Megatron-LM #1151, ring-flash-attention #39).
 
 On CUDA the transfers run on NCCL's own streams; ``Pending.wait()`` makes the current
 stream wait for them without blocking the host, so the kernels queued before it overlap
-the transfer. On CPU (gloo) each wait is bounded (``waits.wait_bounded``).
+the transfer. On CPU (gloo) each wait is bounded (``waits.wait_bounded``), and every hop
+first trades its headers with the message sizes as small messages of their own: gloo ends
+the receiving process (``std::terminate``, no Python error) when a message is not the size
+posted for it, so calls that pair wrongly must be caught before a payload moves.
 """
 from __future__ import annotations
 
@@ -139,6 +142,8 @@ class PeerComm:
         each other. Returns a Pending per receive (all of them the first when there is none
         to receive: it then only holds the sent buffers until the batch completes).
         """
+        if (sends or recvs) and (sends or recvs)[0][0].flat.device.type == "cpu":
+            self._trade_headers(sends, recvs)
         ops, what = [], []
         for buf, to in sends:
             if self.check is not None:
@@ -154,3 +159,28 @@ class PeerComm:
                       what, device)
         return ([Pending(batch, buf, self.check, frm) for buf, frm in recvs]
                 or [Pending(batch, None)])
+
+    def _trade_headers(self, sends: Sequence[tuple[Packed, int]],
+                       recvs: Sequence[tuple[Packed, int]]) -> None:
+        """gloo: each hop's header and size as a message of its own, checked before the
+        payload is posted; a mismatch raises ValueError here instead of ending the process."""
+        words = self.check.tag.words(self.phase) if self.check is not None else (0, 0, 0, 0)
+        ops, got, what = [], [], []
+        for buf, to in sends:
+            ops.append(dist.P2POp(dist.isend, torch.tensor([*words, buf.flat.numel()]), to,
+                                  self.group))
+            what.append(f"for rank {to} to take a ring hop's header ({self.phase})")
+        for buf, frm in recvs:
+            got.append(torch.empty(5, dtype=torch.int64))
+            ops.append(dist.P2POp(dist.irecv, got[-1], frm, self.group))
+            what.append(f"for a ring hop's header from rank {frm} ({self.phase})")
+        Batch(dist.batch_isend_irecv(ops), what=what).wait()
+        rank = dist.get_rank()
+        for (buf, frm), header in zip(recvs, got):
+            header = tuple(header.tolist())
+            if self.check is not None and header[:4] != tuple(words):
+                raise ValueError(headers.mismatch(rank, frm, header[:4], tuple(words)))
+            if header[4] != buf.flat.numel():
+                raise ValueError(f"burst_attn: rank {rank} expects a message of {buf.flat.numel()} "
+                                 f"bytes from rank {frm} ({self.phase}), which sends "
+                                 f"{header[4]}: the ranks' calls pair up wrongly (other shapes)")
