@@ -49,17 +49,14 @@ def cmd_flags(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
+    from .job_plan import job_plan
     from .plan import validate
-    from .slurm import predicted_time_limit, sbatch_script
+    from .slurm import sbatch_script
 
     cfg, notes = load_for_command(args)
     validate(cfg)
-    time = args.time
-    if time is None:
-        predicted = predicted_time_limit(cfg)
-        time, notes = predicted.limit, [*notes, predicted.explanation]
-    text = sbatch_script(cfg, args.config, partition=args.partition, time=time,
-                         account=args.account, job_name=args.job_name)
+    text = sbatch_script(cfg, args.config, partition=args.partition, time=args.time,
+                         account=args.account, job_name=args.job_name, setup=args.setup)
     if args.output:
         out, where = Path(args.output), ""
     else:  # never beside the sources: runs/ is where jobs write, and git ignores it
@@ -70,6 +67,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     out.chmod(0o755)
     for note in notes:
         print(f"note: {note}")
+    print("\n".join(job_plan(cfg, args.time).lines()))
     print(f"wrote {out}{where}: sbatch {out}")
     return 0
 
