@@ -5,7 +5,7 @@
     megatron-burst run   CONFIG [--cpu] [--iters N] [--no-compare] [--dry-run]
     megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--setup FILE] [-o FILE]
     megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--force]
-    megatron-burst data  --sample-corpus DIR          an offline corpus, tokenizer and dataset
+    megatron-burst data  --sample-corpus DIR [--keep-existing]   an offline corpus, tokenizer, dataset
     megatron-burst tune  --out PROFILE.json [--nproc N] [--quick]   measure this host for 'auto'
 
 Every error, in a config or on the command line, is one line on stderr naming the key or
@@ -145,6 +145,10 @@ def _add_data_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true",
                    help="replace outputs that exist already (they stay as they were until the "
                         "new ones are complete)")
+    p.add_argument("--keep-existing", action="store_true",
+                   help="--sample-corpus: if DIR holds a complete sample (corpus, tokenizer of "
+                        "the same vocabulary, dataset), keep it and say so instead of refusing; "
+                        "so the quick start can be run again")
 
 
 def _add_tune_command(sub: argparse._SubParsersAction) -> None:

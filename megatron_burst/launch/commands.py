@@ -76,16 +76,28 @@ def cmd_data(args: argparse.Namespace) -> int:
     from .data import DataError, tokenize_jsonl
 
     if args.sample_corpus is not None:
-        from .sample_data import DEFAULT_VOCAB_SIZE, write_sample
+        from .sample_data import DEFAULT_VOCAB_SIZE, existing_sample, write_sample
 
         given = [name for name, value in (("CORPUS", args.corpus), ("--tokenizer", args.tokenizer),
                                           ("--output-prefix", args.output_prefix)) if value]
         if given:
             raise DataError(f"--sample-corpus makes its own corpus, tokenizer and prefix; "
                             f"drop {', '.join(given)}")
-        print(write_sample(args.sample_corpus, args.vocab_size or DEFAULT_VOCAB_SIZE,
+        vocab = args.vocab_size or DEFAULT_VOCAB_SIZE
+        if args.keep_existing:
+            if args.force:
+                raise DataError("--keep-existing keeps a complete sample and --force replaces "
+                                "it: pass one of them")
+            kept = existing_sample(args.sample_corpus, vocab)
+            if kept:
+                print(kept)
+                return 0
+        print(write_sample(args.sample_corpus, vocab,
                            force=args.force).describe())
         return 0
+    if args.keep_existing:
+        raise DataError("--keep-existing keeps the sample of --sample-corpus; for a corpus of "
+                        "your own, outputs that exist need --force")
     if args.vocab_size is not None:
         raise DataError("--vocab-size sizes the tokenizer --sample-corpus trains; a corpus of "
                         "your own takes the vocabulary of --tokenizer")
