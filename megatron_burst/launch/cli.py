@@ -113,7 +113,8 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
                                   "until done; the output says how many allocations it expects")
     p.add_argument("--setup", metavar="FILE",
                    help="a file the script sources before anything else (module load, venv or "
-                        "conda activation); default slurm.setup")
+                        "conda activation; a relative path starts from the folder sbatch is run "
+                        "in); default slurm.setup")
     p.add_argument("--job-name", help="SLURM job name (default: the config file's name); "
                                       "letters, digits and . _ + - only")
     p.add_argument("-o", "--output", metavar="FILE",

@@ -36,7 +36,8 @@ def setup_lines(setup: str | None, config_path: str) -> list[str]:
         return []
     path = double_quoted(setup)
     message = double_quoted(f"error: the set-up file {setup} (slurm.setup / --setup) is not a "
-                            f"readable file on $(hostname)")
+                            f"readable file (a relative path starts from the folder sbatch "
+                            f"was run in)")
     return [
         "",
         "# The job's environment: a batch job does not inherit the submitting shell's.",

@@ -105,7 +105,7 @@ def _hostile(cfg):
     (as a config built in Python would be)."""
     return dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, name='x"; touch PWNED; echo "'),
-        data=dataclasses.replace(cfg.data, data_path="/d/$(touch PWNED) `touch PWNED` ' x",
+        data=dataclasses.replace(cfg.data, data_path="0.5 /d/$(touch 0.5 PWNED)`touch;PWNED`'",
                                  tokenizer_model='/t/"$(touch PWNED)";touch PWNED'),
         megatron_args=["--wandb-project", "$(touch PWNED)'\"", "--wandb-exp-name", "a b;c"])
 
@@ -122,7 +122,8 @@ def test_script_runs_no_config_value_as_shell(tmp_path):
     assert args[args.index("--wandb-exp-name") + 1] == "a b;c"
     # The data path is split into words (a blend), each taken literally.
     start = args.index("--data-path") + 1
-    assert args[start:start + 3] == ["/d/$(touch", "PWNED)", "`touch"]
+    assert args[start:args.index("--split")] == ["0.5", "/d/$(touch", "0.5",
+                                                 "PWNED)`touch;PWNED`'"]
 
 
 def _directives(text: str) -> list[str]:

@@ -15,6 +15,7 @@ from megatron_burst.launch.cli import main
 from megatron_burst.launch.config import ConfigError, load_config
 from megatron_burst.launch.job_plan import (DEFAULT_ALLOCATION_MIN, SAVE_SHARE,
                                             checkpoint_bytes, job_plan)
+from megatron_burst.launch.runtime_deps import run_needs
 from megatron_burst.launch.slurm import sbatch_script
 from megatron_burst.launch.slurm_time import parse_time_limit
 
@@ -50,6 +51,9 @@ def test_every_shipped_config_gets_a_limit_partitions_take(path, in_tmp, capsys)
     assert f"--save-interval {plan.save_interval} " in text
     assert f"save interval: {plan.save_interval:,} iterations" in out
     assert "#SBATCH --mem=0" in text and '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in text
+    # The pre-flight imports what the run will, in the run's order.
+    modules = [need.module for need in run_needs(load_config(path))]
+    assert f"# What the run imports ({', '.join(modules)})" in text
 
 
 def test_saves_and_the_exit_margin_follow_the_checkpoint():
