@@ -102,11 +102,12 @@ def read_runs(results: Path) -> tuple[list[MeasuredRun], list[tuple[str, str]]]:
     used, skipped = [], []
     for path in sorted(results.glob("megatron_*.json")):
         head = json.loads(path.read_text())
-        gpu = next((kind for name, kind in DEVICES.items() if name in head["device"]), None)
+        device = head.get("device", "an unnamed device")
+        gpu = next((kind for name, kind in DEVICES.items() if name in device), None)
         for run in head["runs"]:
             label = f"{path.name}: {run['name']}"
             flags = megatron_flags_of(run.get("command", ""))
-            why = why_unmodelled(run, flags) or (None if gpu else f"device {head['device']}")
+            why = why_unmodelled(run, flags) or (None if gpu else f"device {device}")
             if why:
                 skipped.append((label, why))
                 continue
