@@ -13,13 +13,20 @@ and the sbatch scripts make the same check with the same words.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
+import re
 import sys
+from pathlib import Path
 
 TRAINING_NEEDS = ("megatron_burst.megatron.pretrain_gpt needs megatron.training, which ships "
                   "in megatron-core >= 0.17 (Python >= 3.12: pip install -e '.[megatron,train]') "
-                  "or with a Megatron-LM checkout on PYTHONPATH")
+                  "or with a Megatron-LM checkout on PYTHONPATH (core_v0.18.0 and later, "
+                  "core_v0.19.0 included, need Python >= 3.12; core_v0.17.x runs on 3.11)")
+# Megatron-LM core_v0.18.0 and later import typing.override (new in Python 3.12) from
+# megatron.training; on 3.11 that import fails with this in its message.
+NEEDS_PYTHON_312 = "override"
 
 
 def _importable(module: str) -> bool:
@@ -30,26 +37,65 @@ def _importable(module: str) -> bool:
         return False
 
 
-def installed_megatron_core() -> str:
-    """'megatron-core X on Python Y', or that megatron-core is missing, for messages."""
+def _python() -> tuple[int, int]:
+    """This interpreter's (major, minor) version."""
+    return sys.version_info.major, sys.version_info.minor
+
+
+def _tree_version(core_dir: Path) -> str | None:
+    """The version a megatron/core folder declares (package_info.py), read without importing."""
     try:
-        core = f"megatron-core {importlib.metadata.version('megatron-core')}"
+        text = (core_dir / "package_info.py").read_text()
+    except OSError:
+        return None
+    parts = [re.search(rf"^{name}\s*=\s*(\d+)", text, re.MULTILINE)
+             for name in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) for m in parts) if all(parts) else None
+
+
+def installed_megatron_core() -> str:
+    """Which megatron.core this interpreter imports, and the Python, for messages: the pip
+    distribution ('megatron-core 0.16.1') or a checkout on PYTHONPATH ('Megatron-LM at PATH
+    (core 0.19.0)'), since a checkout hides the installed wheel."""
+    python = "Python {}.{}".format(*_python())
+    try:
+        spec = importlib.util.find_spec("megatron.core")
+    except ImportError:
+        spec = None
+    if spec is None or not spec.origin:
+        return f"no megatron-core on {python}"
+    core_dir = Path(spec.origin).resolve().parent
+    version = _tree_version(core_dir) or "of unknown version"
+    try:
+        dist = importlib.metadata.distribution("megatron-core")
+        wheel_dir = Path(str(dist.locate_file("megatron/core"))).resolve()
     except importlib.metadata.PackageNotFoundError:
-        core = "no megatron-core"
-    return f"{core} on Python {sys.version_info.major}.{sys.version_info.minor}"
+        wheel_dir = None
+    if wheel_dir == core_dir:
+        return f"megatron-core {dist.version} on {python}"
+    return f"Megatron-LM at {core_dir.parent.parent} (core {version}) on {python}"
 
 
 def missing_training_message(error: BaseException | None = None) -> str:
-    """One line: what the entry point needs and what this environment has."""
-    why = f"; import failed: {error}" if error is not None else ""
+    """One line: what the entry point needs, what this environment has and why it failed."""
+    why = ""
+    if error is not None:
+        why = f"; import failed: {error}"
+        if NEEDS_PYTHON_312 in str(error) and _python() < (3, 12):
+            why += (" (this Megatron needs Python >= 3.12: use Python 3.12, or a "
+                    "core_v0.17.x checkout on Python 3.11)")
     return f"{TRAINING_NEEDS}; this environment has {installed_megatron_core()}{why}"
 
 
 def training_entry_point_problem() -> str | None:
     """None if the Megatron entry point can import its training loop, else why not."""
-    if _importable("megatron.training"):
-        return None
-    return missing_training_message()
+    if not _importable("megatron.training"):
+        return missing_training_message()
+    try:  # found is not importable: a checkout that needs a newer Python fails here
+        importlib.import_module("megatron.training")
+    except Exception as error:  # noqa: BLE001 - whatever stops the import stops the run
+        return missing_training_message(error)
+    return None
 
 
 def megatron_core_problem(purpose: str) -> str | None:

@@ -3,9 +3,9 @@
     megatron-burst plan  CONFIG [--nodes N]          does it fit, what it costs, how long it takes
     megatron-burst flags CONFIG [--nodes N] [--keep-vars] [--launcher torchrun]   the command line
     megatron-burst run   CONFIG [--cpu] [--iters N] [--no-compare] [--dry-run]
-    megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--account A] [-o FILE]
+    megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--setup FILE] [-o FILE]
     megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--force]
-    megatron-burst data  --sample-corpus DIR          an offline corpus, tokenizer and dataset
+    megatron-burst data  --sample-corpus DIR [--keep-existing]   an offline corpus, tokenizer, dataset
     megatron-burst tune  --out PROFILE.json [--nproc N] [--quick]   measure this host for 'auto'
 
 Every error, in a config or on the command line, is one line on stderr naming the key or
@@ -73,8 +73,10 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", help=CONFIG_HELP)
     p.add_argument("--nodes", type=positive_int, help=NODES_HELP)
     p.add_argument("--keep-vars", action="store_true",
-                   help='print ${VARIABLES} unexpanded, in double quotes ("${DATA_PATH}"), '
-                        "for the shell the command is pasted into to fill in")
+                   help='print ${VARIABLES} unexpanded, in double quotes ("${TOKENIZER_MODEL}"), '
+                        "for the shell the command is pasted into to fill in; the data path's "
+                        "unquoted (${DATA_PATH:?...}), so a blend \"0.7 a 0.3 b\" becomes its "
+                        "words and an unset or empty one stops the command")
     p.add_argument("--launcher", choices=("none", "torchrun"), default="none",
                    help="torchrun: print the whole launch line (environment, torchrun with "
                         "--standalone, or the c10d rendezvous at ${MASTER_ADDR}:${MASTER_PORT} "
@@ -97,13 +99,22 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
 
     p = _command(sub, "slurm", "write an sbatch script for a multi-node job",
                  "Write an sbatch script: one torchrun per node under srun, c10d rendezvous, "
-                 "a folder per job, save before the time limit and requeue until done.")
+                 "a folder per job (under slurm.run_root, else $RUN_ROOT, else runs/ in the "
+                 "submit folder), saves sized to the checkpoint, save before the time limit "
+                 "and requeue until done, stopping if an allocation saves no progress.")
     p.add_argument("config", help=CONFIG_HELP)
     p.add_argument("--nodes", type=positive_int, help=NODES_HELP + " (default cluster.nodes)")
     p.add_argument("--partition", help="SLURM partition (or a comma-separated list)")
     p.add_argument("--account", help="SLURM account to charge")
-    p.add_argument("--time", help="SLURM time limit, e.g. 04:00:00 or 2-00:00:00 (default: the "
-                                  "job time plan predicts, with margins; the output says how)")
+    p.add_argument("--time", help="one allocation's SLURM time limit, in any format sbatch "
+                                  "takes (30 = 30 minutes, 04:00:00, 2-12 = 2 days 12 hours, "
+                                  "UNLIMITED); default slurm.time_limit, else the shorter of "
+                                  "24 hours and the whole job. A longer job requeues itself "
+                                  "until done; the output says how many allocations it expects")
+    p.add_argument("--setup", metavar="FILE",
+                   help="a file the script sources before anything else (module load, venv or "
+                        "conda activation; a relative path starts from the folder sbatch is run "
+                        "in); default slurm.setup")
     p.add_argument("--job-name", help="SLURM job name (default: the config file's name); "
                                       "letters, digits and . _ + - only")
     p.add_argument("-o", "--output", metavar="FILE",
@@ -135,6 +146,10 @@ def _add_data_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true",
                    help="replace outputs that exist already (they stay as they were until the "
                         "new ones are complete)")
+    p.add_argument("--keep-existing", action="store_true",
+                   help="--sample-corpus: if DIR holds a complete sample (corpus, tokenizer of "
+                        "the same vocabulary, dataset), keep it and say so instead of refusing; "
+                        "so the quick start can be run again")
 
 
 def _add_tune_command(sub: argparse._SubParsersAction) -> None:

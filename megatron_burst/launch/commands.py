@@ -49,17 +49,14 @@ def cmd_flags(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
+    from .job_plan import job_plan
     from .plan import validate
-    from .slurm import predicted_time_limit, sbatch_script
+    from .slurm import sbatch_script
 
     cfg, notes = load_for_command(args)
     validate(cfg)
-    time = args.time
-    if time is None:
-        predicted = predicted_time_limit(cfg)
-        time, notes = predicted.limit, [*notes, predicted.explanation]
-    text = sbatch_script(cfg, args.config, partition=args.partition, time=time,
-                         account=args.account, job_name=args.job_name)
+    text = sbatch_script(cfg, args.config, partition=args.partition, time=args.time,
+                         account=args.account, job_name=args.job_name, setup=args.setup)
     if args.output:
         out, where = Path(args.output), ""
     else:  # never beside the sources: runs/ is where jobs write, and git ignores it
@@ -70,6 +67,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     out.chmod(0o755)
     for note in notes:
         print(f"note: {note}")
+    print("\n".join(job_plan(cfg, args.time).lines()))
     print(f"wrote {out}{where}: sbatch {out}")
     return 0
 
@@ -78,16 +76,28 @@ def cmd_data(args: argparse.Namespace) -> int:
     from .data import DataError, tokenize_jsonl
 
     if args.sample_corpus is not None:
-        from .sample_data import DEFAULT_VOCAB_SIZE, write_sample
+        from .sample_data import DEFAULT_VOCAB_SIZE, existing_sample, write_sample
 
         given = [name for name, value in (("CORPUS", args.corpus), ("--tokenizer", args.tokenizer),
                                           ("--output-prefix", args.output_prefix)) if value]
         if given:
             raise DataError(f"--sample-corpus makes its own corpus, tokenizer and prefix; "
                             f"drop {', '.join(given)}")
-        print(write_sample(args.sample_corpus, args.vocab_size or DEFAULT_VOCAB_SIZE,
+        vocab = args.vocab_size or DEFAULT_VOCAB_SIZE
+        if args.keep_existing:
+            if args.force:
+                raise DataError("--keep-existing keeps a complete sample and --force replaces "
+                                "it: pass one of them")
+            kept = existing_sample(args.sample_corpus, vocab)
+            if kept:
+                print(kept)
+                return 0
+        print(write_sample(args.sample_corpus, vocab,
                            force=args.force).describe())
         return 0
+    if args.keep_existing:
+        raise DataError("--keep-existing keeps the sample of --sample-corpus; for a corpus of "
+                        "your own, outputs that exist need --force")
     if args.vocab_size is not None:
         raise DataError("--vocab-size sizes the tokenizer --sample-corpus trains; a corpus of "
                         "your own takes the vocabulary of --tokenizer")

@@ -1,7 +1,7 @@
 """The YAML schema of a training run: dataclasses, a strict loader, and ${VAR} expansion.
 
-A config file has five sections (model, parallel, burst, cluster, training) and an
-optional data section. Loading is strict: an unknown or misspelt key, a value of the wrong
+A config file has five sections (model, parallel, burst, cluster, training) and optional
+data and slurm sections. Loading is strict: an unknown or misspelt key, a value of the wrong
 type, a choice outside its list or a number outside its range (a count below 1, a negative
 rate) fails with a ConfigError that names the key as a dotted path (``model.hidden_size``),
 so a typo never silently falls back to a default and no later step sees a negative size.
@@ -91,6 +91,10 @@ class ClusterConfig:
     # The time model's profile: a file `megatron-burst tune` wrote, or a shipped name; by
     # default the one named for the GPU (a100-ib, h200-nvlink).
     profile: str | None = None
+    # GB/s at which the job writes a checkpoint (all ranks together, to the checkpoint
+    # folder's file system): sizes the time a save takes, hence the save interval and the
+    # margin before the time limit. Shared parallel file systems give ~1-20; measure yours.
+    checkpoint_write_gbps: float = 2.0
 
     @property
     def hardware(self) -> Hardware:
@@ -128,7 +132,8 @@ class TrainingConfig:
     distributed_optimizer: bool = True
     seed: int = 1234
     log_interval: int = 1
-    save_interval: int = 1000
+    # None: derived from the predicted step time and the checkpoint's write time (job_plan).
+    save_interval: int | None = None
     eval_interval: int = 1000
     eval_iters: int = 0
 
@@ -149,6 +154,21 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SlurmConfig:
+    """How `megatron-burst slurm` writes the batch job (each has a command-line override)."""
+
+    # One allocation's SLURM --time, in any format sbatch takes; None: the shorter of
+    # job_plan.DEFAULT_ALLOCATION and the whole job. Longer jobs requeue until done.
+    time_limit: str | None = None
+    # A file the script sources before anything else: module load, venv or conda activation.
+    setup: str | None = None
+    # Where job folders go (checkpoints, logs); None: ${RUN_ROOT}, else $SLURM_SUBMIT_DIR/runs.
+    run_root: str | None = None
+    # CPUs for each node's torchrun; None: every CPU of the node ($SLURM_CPUS_ON_NODE).
+    cpus_per_task: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """One training run: the whole file."""
 
@@ -158,6 +178,7 @@ class Config:
     cluster: ClusterConfig = ClusterConfig()
     burst: BurstConfig = BurstConfig()
     data: DataConfig = DataConfig(mock=True, tokenizer_type="NullTokenizer")
+    slurm: SlurmConfig = SlurmConfig()
     # Extra Megatron flags appended verbatim (checked by Megatron's own parser in tests).
     megatron_args: list[str] = dataclasses.field(default_factory=list)
 
@@ -177,9 +198,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "training.lr_decay_style": ("cosine", "linear", "constant"),
     "data.tokenizer_type": ("HuggingFaceTokenizer", "Llama2Tokenizer", "NullTokenizer"),
 }
-
-
-
 
 
 def load_config(path: str | os.PathLike) -> Config:
@@ -278,7 +296,8 @@ def expand_vars(text: str, key: str, env: typing.Mapping[str, str] | None = None
 def variables(cfg: Config) -> list[str]:
     """Names of the ${VAR} variables a config uses, in order of first use."""
     seen: list[str] = []
-    for text in [cfg.data.data_path, cfg.data.tokenizer_model, *cfg.megatron_args]:
+    for text in [cfg.data.data_path, cfg.data.tokenizer_model, cfg.slurm.setup,
+                 cfg.slurm.run_root, *cfg.megatron_args]:
         for name in VARIABLE.findall(text or ""):
             if name not in seen:
                 seen.append(name)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .config import Config, load_config
 from .hardware import HARDWARE
+from .job_plan import job_plan
 from .layout_candidates import chosen_prediction
 from .memory import GIB, estimate_memory
 from .plan_report import ring_traffic
@@ -51,7 +52,7 @@ def _sentences(cfg: Config) -> list[str]:
     if p.context > 1:
         t = ring_traffic(cfg)
         line = (f"Attention: {t['layout'].describe()}; per layer and microbatch a rank sends "
-                f"{format_bytes(t['forward'])} forward and {format_bytes(t['backward'])} "
+                f"at most {format_bytes(t['forward'])} forward and {format_bytes(t['backward'])} "
                 f"backward")
         if c.hardware.timed:
             pred = chosen_prediction(cfg)
@@ -67,6 +68,12 @@ def _sentences(cfg: Config) -> list[str]:
                    f"microbatch(es)), {step.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU "
                    f"{100 * step.mfu:.0f}%; training.train_iters {tr.train_iters:,}: "
                    f"{format_duration(tr.train_iters * step.step_s)}.")
+        job = job_plan(cfg)
+        out.append(f"Job (`slurm`): {job.allocations} allocation(s) of --time {job.limit}; a "
+                   f"{format_bytes(job.checkpoint_bytes)} checkpoint every {job.save_interval:,} "
+                   f"iterations ({format_duration(job.save_s)} each at "
+                   f"{job.write_gbps:g} GB/s); exit {job.exit_margin_min} min before the "
+                   f"limit.")
     return out
 
 

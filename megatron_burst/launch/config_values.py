@@ -59,6 +59,8 @@ BOUNDS: dict[str, Bound] = {
     "burst.ulysses_size": COUNT,
     "cluster.nodes": COUNT,
     "cluster.gpus_per_node": COUNT,
+    "cluster.checkpoint_write_gbps": POSITIVE,
+    "slurm.cpus_per_task": COUNT,
     **{f"training.{name}": COUNT for name in (
         "micro_batch_size", "global_batch_size", "train_iters", "recompute_num_layers",
         "log_interval", "save_interval", "eval_interval")},
@@ -116,5 +118,15 @@ def check_split(value: str, key: str) -> None:
                           f"must be above 0")
 
 
+def check_time_limit(value: str, key: str) -> None:
+    """'slurm.time_limit': a limit sbatch --time takes (``slurm_time``)."""
+    from .slurm_time import parse_time_limit
+
+    try:
+        parse_time_limit(value, f"'{key}'")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 # Checks of particular text keys, beyond the rules every text follows (check_text).
-TEXT_RULES = {"data.split": check_split}
+TEXT_RULES = {"data.split": check_split, "slurm.time_limit": check_time_limit}

@@ -152,7 +152,10 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     if d.mock:
         f += ["--mock-data"]
     elif d.data_path:
-        f += ["--data-path", *path(d.data_path, "data.data_path").split(), "--split", d.split]
+        words = data_path_words(path(d.data_path, "data.data_path"), d.data_path)
+        if not expand:  # kept whole: the sbatch script or the pasted line splits it
+            words = [d.data_path]
+        f += ["--data-path", *words, "--split", d.split]
     f += ["--tokenizer-type", d.tokenizer_type]
     if d.tokenizer_model:
         f += ["--tokenizer-model", path(d.tokenizer_model, "data.tokenizer_model")]
@@ -177,6 +180,38 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     return f
 
 
+def data_path_words(text: str, written: str) -> list[str]:
+    """The words of an expanded data path: one dataset prefix, or a blend of weight-prefix
+    pairs ("0.7 a 0.3 b"); ConfigError for an empty one or a blend Megatron would refuse."""
+    words = text.split()
+    where = f"'data.data_path' ({written!r} gives {text!r})"
+    if not words:
+        raise ConfigError(f"{where} is empty: set it to a dataset prefix or a blend of "
+                          f"weight-prefix pairs")
+    if len(words) > 1:
+        weights = words[::2]
+        if len(words) % 2 or not all(re.fullmatch(r"\d+(\.\d*)?|\.\d+", w) for w in weights):
+            raise ConfigError(f"{where}: a blend is weight-prefix pairs, e.g. \"0.7 a 0.3 "
+                              f"b\"; got {len(words)} words")
+    return words
+
+
+def split_word(token: str) -> str:
+    """``token`` for a pasted command line where each ${NAME} may hold several words (a data
+    blend): unquoted, so the shell splits it, with ``:?`` so an unset or empty one stops the
+    command with a message; the text around it single-quoted."""
+    out, at = [], 0
+    for m in VARIABLE.finditer(token):
+        if m.start() > at:
+            out.append(shlex.quote(token[at:m.start()]))
+        name = m.group(1)
+        out.append(f"${{{name}:?set {name}: one dataset prefix or a weight-prefix blend}}")
+        at = m.end()
+    if at < len(token):
+        out.append(shlex.quote(token[at:]))
+    return "".join(out)
+
+
 def double_quoted(token: str) -> str:
     """``token`` for bash: bare when plainly safe, else in double quotes, so that a ${VAR} in
     it expands and nothing else does: '"', '\\', '`' and any '$' that does not begin a
@@ -197,11 +232,17 @@ def shell_word(token: str) -> str:
 
 
 def format_flags(flags: list[str]) -> str:
-    """One flag (with its values) per line, shell-continued, for printing."""
+    """One flag (with its values) per line, shell-continued, for printing. A data path's
+    words are each quoted, and a ${VAR} in one (``--keep-vars``) is left for the shell to
+    split into words (``split_word``)."""
     lines: list[str] = []
+    flag = None
     for a in flags:
         if a.startswith("--") or not lines:
+            flag = a
             lines.append(shell_word(a))
         else:
-            lines[-1] += " " + shell_word(a)
+            words = ([split_word(w) for w in a.split()] if flag == "--data-path"
+                     else [shell_word(a)])
+            lines[-1] += " " + " ".join(words)
     return " \\\n    ".join(lines)

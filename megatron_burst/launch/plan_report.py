@@ -16,8 +16,10 @@ from .topology import topology_of
 from .layout_candidates import layout_rows, tie_note
 from .topology import group_ranks_per_node, tokens_per_rank
 from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes, ring_buffer_bytes
-from .step_time import ATTENTION_FORWARD_SHARE, StepTime, format_duration, predict_step
+from .step_time import (ATTENTION_FORWARD_SHARE, STEP_MARGIN, StepTime, format_duration,
+                        predict_step)
 from .units import UNITS_NOTE, format_bytes, format_count
+from .job_plan import job_plan
 
 
 def ring_traffic(cfg: Config) -> dict[str, object]:
@@ -84,11 +86,14 @@ def _attention_lines(cfg: Config) -> list[str]:
         "",
         f"burst attention: {layout.describe()}; {_topology(cfg, layout)}"
         + (f", Ulysses all-to-all over {layout.ulysses}" if layout.ulysses > 1 else ""),
-        f"  per layer and microbatch, each rank sends: forward {format_bytes(t['forward'])} "
+        f"  per layer and microbatch, a rank sends at most: forward {format_bytes(t['forward'])} "
         f"({layout.ring_size - 1} hop(s) of {format_bytes(t['forward_hop'])} K/V)",
         f"  backward '{layout.backward}' {format_bytes(t['backward'])} "
         f"(the '{other}' backward would send {format_bytes(t['other_backward'])})"
         + (" [chosen by auto]" if b.backward == "auto" else ""),
+        f"  (a bound for every rank: each row on every hop; under the causal mask the zigzag "
+        f"schedule skips rows no later step uses, so most ranks send less, e.g. what `run` "
+        f"counts on rank 0)",
         f"  ring buffers and fp32 accumulators: {format_bytes(ring_buffer_bytes(cfg))} per "
         f"rank (in the workspace above)",
     ]
@@ -121,7 +126,7 @@ def _step_lines(cfg: Config, step: StepTime | None) -> list[str]:
     tr = cfg.training
     parts = [("attention", step.attention_s), ("matmuls", step.matmul_s),
              ("TP collectives", step.tp_comm_s), ("recompute", step.recompute_s),
-             ("logits", step.logits_s)]
+             ("logits", step.logits_s), ("rest of the layers (calibrated)", step.rest_s)]
     out = ["", f"step time (time model; {step.layers} layers on the busiest stage):",
            "  one microbatch: " + ", ".join(f"{name} {format_duration(s)}"
                                               for name, s in parts if s)
@@ -137,8 +142,14 @@ def _step_lines(cfg: Config, step: StepTime | None) -> list[str]:
     out.append(f"  training.train_iters {tr.train_iters:,} x {step.tokens:,} tokens = "
                f"{format_count(total_tokens)} tokens: {format_duration(tr.train_iters * step.step_s)}"
                f" on {step.gpus} GPUs")
+    out.append(f"  calibrated: the rest of the layers (norms, RoPE, SwiGLU, residuals, the loss) "
+               f"is fitted to measured H200 runs (`python -m megatron_burst.launch.calibration "
+               f"benchmarks/results` prints each run's error); a job adds {STEP_MARGIN:.0%}, the "
+               f"worst under-prediction there")
     out.append("  not counted: data-parallel gradient reduction (overlapped), the optimizer "
-               "step, start-up, checkpoint saves")
+               "step; start-up and checkpoint saves are the job's (below)")
+    out += ["", "as a SLURM job (`megatron-burst slurm`):"]
+    out += [f"  {line}" for line in job_plan(cfg).lines()]
     return out
 
 

@@ -12,6 +12,7 @@ from .commands import load_for_command
 from .config import Config, ConfigError
 from .flags import LAUNCH_ENV, megatron_flags, torchrun_words
 from .plan import validate
+from .runtime_deps import import_problem, run_needs
 
 
 class LaunchError(ValueError):
@@ -43,12 +44,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _run_on_gpus(cfg, args, torch.cuda.device_count())
 
 
+def check_imports(cfg: Config) -> None:
+    """Import what the run of ``cfg`` will (its layout's and tokenizer's modules included),
+    so a missing one stops it here, in one line, not in every rank after start-up."""
+    problem = import_problem(run_needs(cfg))
+    if problem:
+        raise LaunchError(problem)
+
+
 def _run_on_cpu(cfg: Config, args: argparse.Namespace) -> int:
     """Gloo ranks on this host; --dry-run makes every check the real run makes first."""
     from ..tools.cpu_data import open_batch_source
     from ..tools.cpu_run import check_cpu_config, describe_cpu_run, run_cpu
 
     tokenizer = check_cpu_config(cfg)
+    check_imports(cfg)
     if args.dry_run:
         source = open_batch_source(cfg)  # what each rank opens, with the checks it makes
         print(f"would run: {describe_cpu_run(cfg, args.iters, tokenizer)}; "
@@ -60,8 +70,6 @@ def _run_on_cpu(cfg: Config, args: argparse.Namespace) -> int:
 
 def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:
     """Raise naming the key or requirement if `run` cannot start ``cfg`` on this GPU host."""
-    from ..environment import training_entry_point_problem
-
     c = cfg.cluster
     if c.nodes > 1:
         raise ConfigError(f"'cluster.nodes' is {c.nodes}: `run` starts one node; use "
@@ -70,9 +78,7 @@ def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:
     if c.gpus_per_node > gpus_here:
         raise ConfigError(f"'cluster.gpus_per_node' is {c.gpus_per_node}, but this host has "
                           f"{gpus_here} GPU(s)")
-    problem = training_entry_point_problem()
-    if problem:
-        raise LaunchError(problem)
+    check_imports(cfg)
 
 
 def _run_on_gpus(cfg: Config, args: argparse.Namespace, gpus_here: int) -> int:

@@ -146,6 +146,28 @@ def save_hf_tokenizer(tokenizer: Any, folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def existing_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -> str | None:
+    """One line describing the complete sample under ``out_dir`` (corpus, tokenizer and
+    dataset, as ``write_sample`` commits them together), or None if there is none.
+    DataError if one is there with another vocabulary size (``--force`` remakes it)."""
+    out_dir = Path(out_dir)
+    tokenizer_json = out_dir / TOKENIZER_DIR / "tokenizer.json"
+    parts = [out_dir / CORPUS_FILE, tokenizer_json, out_dir / TOKENIZER_DIR /
+             "tokenizer_config.json", *map(Path, dataset_files(str(out_dir / DATASET_PREFIX)))]
+    if not all(p.is_file() for p in parts):
+        return None
+    try:
+        vocab = len(json.loads(tokenizer_json.read_text())["model"]["vocab"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{tokenizer_json}: not a tokenizer this command wrote ({e}); pass "
+                        f"--force to make the sample again") from None
+    if vocab != vocab_size:
+        raise DataError(f"{out_dir} holds a sample with a {vocab}-token vocabulary, not "
+                        f"{vocab_size}; pass --force to make it again")
+    return (f"kept {out_dir}: the sample there is complete ({CORPUS_FILE}, {TOKENIZER_DIR}/ of "
+            f"{vocab} tokens, {DATASET_PREFIX}.bin/.idx); --force makes it again")
+
+
 def write_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *,
                  force: bool = False) -> SampleSummary:
     """Corpus, tokenizer and indexed dataset under ``out_dir`` (see the module docstring).

@@ -9,8 +9,11 @@ repeats the forward (attention's too, unless remat-aware); selective recompute r
 attention's forward. The logits cost the last stage; the 1F1B pipeline runs
 (microbatches + PP - 1) stage times per step.
 
-Not counted: the data-parallel gradient reduction (overlapped with the backward by
---overlap-grad-reduce), the optimizer step, start-up and checkpoint saves. MFU counts the
+The rest of each layer (norms, RoPE, SwiGLU, residuals, the loss, launches) is calibrated:
+``REST_PASSES`` passes over each token's row at the profile's memory rate, fitted to the
+measured end-to-end runs (``calibration``). Not counted: the data-parallel gradient reduction
+(overlapped with the backward by --overlap-grad-reduce), the optimizer step, start-up and
+checkpoint saves (``job_plan`` adds those for a job). MFU counts the
 model's FLOPs (no recompute; causal attention as half the score matrix) against the
 datasheet bf16 peak.
 """
@@ -24,6 +27,16 @@ from .config import Config
 from .layout_candidates import chosen_prediction
 from .topology import tokens_per_rank
 from .memory import layer_params, microbatches, padded_vocab
+
+# The rest of a layer beyond its matmuls, attention and TP collectives (norms, RoPE, SwiGLU,
+# residual adds, the loss, launches: Megatron's local, unfused layers), as passes over each
+# token's (hidden + ffn) row in the training precision at the profile's memory rate, forward
+# and backward. Fitted to the end-to-end runs on file by `python -m
+# megatron_burst.launch.calibration benchmarks/results`, which prints every run's error.
+REST_PASSES = 120.0
+# What a job's time allows beyond the predicted steps: the calibrated model's worst
+# under-prediction on those runs, rounded up to 5% (the same tool derives it).
+STEP_MARGIN = 0.35
 
 # The forward's share of a fwd+bwd attention call, by the time model's own convention
 # (timing.predict counts fwd+bwd as 3.5x the forward's FLOPs).
@@ -43,6 +56,8 @@ class StepTime:
     tp_comm_s: float
     recompute_s: float
     logits_s: float
+    rest_pass_s: float  # one pass of REST_PASSES over the stage's layers (recompute included)
+    rest_passes: float
     model_flops: float  # per step, whole job, no recompute
     tokens: int  # per step
     gpus: int
@@ -52,7 +67,12 @@ class StepTime:
     def stage_s(self) -> float:
         """One microbatch through the busiest stage, forward and backward."""
         return (self.attention_s + self.matmul_s + self.tp_comm_s + self.recompute_s
-                + self.logits_s)
+                + self.logits_s + self.rest_s)
+
+    @property
+    def rest_s(self) -> float:
+        """The calibrated rest of the layers, per microbatch."""
+        return self.rest_passes * self.rest_pass_s
 
     @property
     def bubble_s(self) -> float:
@@ -83,6 +103,17 @@ def _tp_collectives_s(cfg: Config, prof: Profile, tokens: int) -> float:
         return 0.0
     elem = 2 if cfg.training.precision == "bf16" else 4
     return 4 * prof.intra.seconds(tokens * cfg.model.hidden_size * elem * (t - 1) / t)
+
+
+def _rest_pass_s(cfg: Config, prof: Profile, tokens: int) -> float:
+    """One pass over a layer's per-token rows (hidden, sequence-parallel with TP + SP; ffn
+    split by TP) at the memory rate; full recompute repeats the forward's third."""
+    m, p = cfg.model, cfg.parallel
+    elem = 2 if cfg.training.precision == "bf16" else 4
+    t_sp = p.tensor if p.sequence_parallel else 1
+    row = m.hidden_size / t_sp + m.ffn_hidden_size / p.tensor
+    repeat = 1 + (1 / 3 if cfg.training.recompute == "full" else 0)
+    return repeat * tokens * row * elem / (prof.memory_gbps * 1e9)
 
 
 def model_flops_per_step(cfg: Config) -> float:
@@ -120,6 +151,7 @@ def predict_step(cfg: Config) -> StepTime | None:
         recompute = 0.0
     logits = 3 * 2 * tokens * m.hidden_size * padded_vocab(cfg) / p.tensor / rate
     return StepTime(
+        rest_pass_s=layers * _rest_pass_s(cfg, prof, tokens), rest_passes=REST_PASSES,
         attention=attention, layers=layers, microbatches=microbatches(cfg),
         pipeline=p.pipeline, attention_s=layers * attention.total_s,
         matmul_s=layers * 3 * matmul_fwd, tp_comm_s=layers * 2 * tp_pass,

@@ -21,6 +21,7 @@ because middle stages need the boundaries and positions too.
 from __future__ import annotations
 
 import inspect
+import sys
 from functools import partial
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -34,12 +35,10 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 try:
     from megatron.training import get_args, get_tokenizer, pretrain, print_rank_0
     from megatron.training.arguments import core_transformer_config_from_args
-except ImportError as _missing:  # megatron-core < 0.17, which is all Python 3.11 gets
+except ImportError as _missing:  # megatron-core < 0.17, or a checkout for a newer Python
     from megatron_burst.environment import missing_training_message
 
     if __name__ == "__main__":  # `python -m` / torchrun: one line per rank, no traceback
-        import sys
-
         print(f"error: {missing_training_message(_missing)}", file=sys.stderr)
         sys.exit(2)
     raise ImportError(missing_training_message(_missing)) from _missing
@@ -196,6 +195,12 @@ def main() -> None:
     use_prebuilt_dataset_helpers()
     defaults = {"tokenizer_type": "GPT2BPETokenizer"}
     if not _NEW_PRETRAIN:
+        if {"-h", "--help"} & set(sys.argv[1:]):
+            # core_v0.17's pretrain() first parses the flags without ours (its fault-tolerance
+            # set-up), so --help would answer there, listing no --burst-* option.
+            from megatron.training.arguments import parse_args
+
+            parse_args(extra_args_provider=add_burst_args)  # prints the help and exits
         # Older megatron.training parses arguments inside pretrain().
         pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder,
                  forward_step, extra_args_provider=add_burst_args, args_defaults=defaults)

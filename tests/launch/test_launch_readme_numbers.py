@@ -12,8 +12,9 @@ import pytest
 
 from megatron_burst.launch.config import load_config
 from megatron_burst.launch.memory import GIB, estimate_memory
-from megatron_burst.launch.slurm import TIME_MARGIN
-from megatron_burst.launch.step_time import predict_step
+from megatron_burst.launch.calibration import rows
+from megatron_burst.launch.job_plan import job_plan
+from megatron_burst.launch.step_time import REST_PASSES, STEP_MARGIN, predict_step
 from megatron_burst.tools.cpu_data import SUCCESSORS
 
 from tests.readme import RESULTS
@@ -37,7 +38,8 @@ def test_quick_start_numbers_are_the_configs():
     _says(f"in windows of {text.model.seq_length + 1} tokens for {text.training.train_iters} "
           f"iterations")
     _says(f"ln {text.model.vocab_size} = {math.log(text.model.vocab_size):.2f}")
-    _says(f"plus {TIME_MARGIN - 1:.0%}, start-up and the last save")
+    _says("megatron-burst data --sample-corpus data/sample --keep-existing && megatron-burst "
+          "run configs/tiny-llama-cpu-text.yaml")
 
 
 def _allocations_gib(cfg) -> float:
@@ -68,14 +70,17 @@ def test_four_gpu_memory_claim_is_the_plans():
 def test_eight_gpu_claims_are_the_plans():
     runs = json.loads((RESULTS / "megatron_h200x8.json").read_text())["runs"]
     errors: dict[str, float] = {}
-    speeds: dict[tuple[str, int], tuple[float, float]] = {}
+    speeds: dict[tuple[str, int], tuple[float, float, float]] = {}
     for run in runs:
         kind = "CP" if "cp8" in run["name"] else "TP"
         cfg = _as_run(run)
         error = abs(_allocations_gib(cfg) / (run["max_allocated_MiB"] * MIB / GIB) - 1)
         errors[kind] = max(errors.get(kind, 0.0), error)
-        predicted = predict_step(cfg).tokens_per_s_per_gpu
-        speeds[kind, run["seq_length"]] = (predicted, run["tokens_per_s"] / run["gpus"])
+        step = predict_step(cfg)
+        bare = dataclasses.replace(step, rest_passes=0.0)
+        speeds[kind, run["seq_length"]] = (step.tokens_per_s_per_gpu,
+                                           run["tokens_per_s"] / run["gpus"],
+                                           bare.tokens_per_s_per_gpu)
     _says(f"predicted each peak within {100 * errors['CP']:.1f}% (CP) and "
           f"{100 * errors['TP']:.1f}% (TP)")
 
@@ -83,11 +88,46 @@ def test_eight_gpu_claims_are_the_plans():
         return f"{x / 1e3:.1f}K"
 
     cp, tp = ([speeds[kind, s] for s in (131072, 262144)] for kind in ("CP", "TP"))
-    _says(f"for CP=8 it predicted {k(cp[0][0])} and {k(cp[1][0])} tokens/s per GPU at 128K and "
+    _says(f"for CP=8 it predicts {k(cp[0][0])} and {k(cp[1][0])} tokens/s per GPU at 128K and "
           f"256K where {k(cp[0][1])} and {k(cp[1][1])} were measured (TP=8: {k(tp[0][0])} and "
-          f"{k(tp[1][0])} against {k(tp[0][1])} and {k(tp[1][1])})")
-    slowest = max(predicted / measured for predicted, measured in speeds.values())
-    assert TIME_MARGIN > slowest, "slurm's time margin must cover the measured shortfall"
+          f"{k(tp[1][0])} against {k(tp[0][1])} and {k(tp[1][1])}); before the calibration "
+          f"{k(cp[0][2])} and {k(cp[1][2])}")
+    slowest = max(predicted / measured for predicted, measured, _ in speeds.values())
+    assert 1 + STEP_MARGIN > slowest, "a job's time margin must cover the measured shortfall"
+    ratios = [bare / measured for _, measured, bare in speeds.values()]
+    _says(f"its step time before the calibration {min(ratios) - 1:.0%}-"
+          f"{max(ratios) - 1:.0%} optimistic")
+
+
+def test_calibration_claims_are_the_fit():
+    table, _ = rows(RESULTS)
+    errors = [abs(r.error(REST_PASSES)) for r in table]
+    rms = math.sqrt(sum(e * e for e in errors) / len(errors))
+    _says(f"fitted to the {len(table)} end-to-end runs on file")
+    _says(f"{REST_PASSES:g} passes over each token's (hidden + ffn) row")
+    _says(f"the step time's error is at most {max(errors):.0%} (root mean square {rms:.0%}; "
+          f"{max(abs(r.error(0)) for r in table):.0%} before)")
+    _says(f"a job's time adds {STEP_MARGIN:.0%}")
+
+
+def test_slurm_example_is_the_plans():
+    from megatron_burst.launch import job_plan as jobs
+    from megatron_burst.launch.config import ClusterConfig
+
+    docs = " ".join((REPO / "docs" / "configs.md").read_text().split())
+    for text in (f"the shorter of {jobs.DEFAULT_ALLOCATION_MIN // 60} hours and the whole job",
+                 f"at most {jobs.SAVE_SHARE:.0%} of training and at most one per "
+                 f"{jobs.MIN_SAVE_EVERY_MIN} minutes"):
+        _says(text)
+        assert text in docs, text
+    _says(f"(default {ClusterConfig.checkpoint_write_gbps:g} GB/s: set your file system's)")
+    _says(f"one more step, the save twice over and {jobs.TEARDOWN_MIN} minutes of tear-down")
+    assert jobs.SAVE_SAFETY == 2
+    plan = job_plan(load_config(REPO / "configs" / "llama2-70b-128k.yaml"))
+    _says(f"`llama2-70b-128k` asks for --time {plan.limit} and expects {plan.allocations} "
+          f"allocations, a {plan.checkpoint_bytes / GIB:.0f} GiB checkpoint every "
+          f"{plan.save_interval} iterations, and Megatron's exit {plan.exit_margin_min} "
+          f"minutes before the limit")
 
 
 def test_remat_claim_is_the_plans():

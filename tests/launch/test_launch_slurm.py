@@ -11,9 +11,11 @@ import pytest
 
 from megatron_burst.launch.cli import main
 from megatron_burst.launch.config import ConfigError, load_config, with_nodes
+from megatron_burst.launch.job_plan import job_plan
 from megatron_burst.launch.slurm import sbatch_script
 
 from .conftest import CONFIGS, REPO
+from .slurm_harness import run_job, srun_args
 
 GPU_CONFIGS = [p for p in CONFIGS if "cpu" not in p.stem]
 
@@ -49,7 +51,8 @@ def test_script_content():
     assert 'head -n 1' in text  # rendezvous on the first node
     assert '--load "$CKPT_DIR"' in text and "scontrol requeue" in text
     assert 'RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME}-${SLURM_JOB_ID}"' in text
-    assert "--exit-duration-in-mins 585" in text  # 10 h minus the save margin
+    plan = job_plan(with_nodes(load_config(path), 8), "10:00:00")
+    assert f"--exit-duration-in-mins {600 - plan.exit_margin_min} " in text
     assert '[[ -n "${DATA_PATH:-}" ]] || {' in text and '[[ -n "${TOKENIZER_MODEL:-}" ]]' in text
     assert "NCCL_IB_HCA" in text and "CUDA_DEVICE_MAX_CONNECTIONS=1" in text
     assert "--hierarchical-context-parallel-sizes 2 4" in text  # double ring 2 x 4 nodes
@@ -102,43 +105,25 @@ def _hostile(cfg):
     (as a config built in Python would be)."""
     return dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, name='x"; touch PWNED; echo "'),
-        data=dataclasses.replace(cfg.data, data_path="/d/$(touch PWNED) `touch PWNED` '",
+        data=dataclasses.replace(cfg.data, data_path="0.5 /d/$(touch 0.5 PWNED)`touch;PWNED`'",
                                  tokenizer_model='/t/"$(touch PWNED)";touch PWNED'),
         megatron_args=["--wandb-project", "$(touch PWNED)'\"", "--wandb-exp-name", "a b;c"])
 
 
-STUBS = {
-    # What the script calls on a cluster, reduced to recording what it was given.
-    "python3": "exit 0",
-    "scontrol": 'echo node-1',
-    "srun": 'printf "%s\\0" "$@" > "$ARGS_FILE"',
-}
-
-
 def test_script_runs_no_config_value_as_shell(tmp_path):
     cfg = _hostile(load_config(REPO / "configs" / "llama3-8b-32k.yaml"))
-    script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(cfg, "configs/llama3-8b-32k.yaml"))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in STUBS.items():
-        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGS_FILE": str(tmp_path / "args"),
-           "RUN_ROOT": str(tmp_path / "runs"), "SLURM_JOB_NAME": "j", "SLURM_JOB_ID": "1",
-           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1",
-           "DATA_PATH": "/data/$(touch PWNED)", "TOKENIZER_MODEL": "/tok"}
-    run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=60)
+    run = run_job(tmp_path, sbatch_script(cfg, "configs/llama3-8b-32k.yaml"), saves=1,
+                  env={"DATA_PATH": "/data/$(touch PWNED)"})
     assert run.returncode == 0, run.stderr
     assert not list(tmp_path.rglob("PWNED")), "a config value ran as a command"
-    args = (tmp_path / "args").read_text().split("\0")[:-1]
+    args = srun_args(tmp_path)
     assert args[args.index("--tokenizer-model") + 1] == '/t/"$(touch PWNED)";touch PWNED'
     assert args[args.index("--wandb-project") + 1] == "$(touch PWNED)'\""
     assert args[args.index("--wandb-exp-name") + 1] == "a b;c"
     # The data path is split into words (a blend), each taken literally.
     start = args.index("--data-path") + 1
-    assert args[start:start + 3] == ["/d/$(touch", "PWNED)", "`touch"]
+    assert args[start:args.index("--split")] == ["0.5", "/d/$(touch", "0.5",
+                                                 "PWNED)`touch;PWNED`'"]
 
 
 def _directives(text: str) -> list[str]:

@@ -1,23 +1,29 @@
-"""`slurm` as a user meets it: --time from the predicted job time, --nodes said when it changes
-DP, the script under runs/ by default, and a job that cannot resume stopped before training."""
+"""`slurm` as a user meets it: allocations a partition takes, chained by requeues that stop when
+an allocation saves nothing; saves and the exit margin sized by the checkpoint; the script's
+environment set-up and pre-flight (imports, resume) run before training, under stand-ins for
+srun and scontrol (``slurm_harness``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
-import subprocess
 
 import pytest
 
 from megatron_burst import environment
 from megatron_burst.launch.cli import main
 from megatron_burst.launch.config import ConfigError, load_config
-from megatron_burst.launch.slurm import (SAVE_MARGIN_MIN, STARTUP_MIN, TIME_MARGIN,
-                                         _time_minutes, predicted_time_limit, sbatch_script)
-from megatron_burst.launch.step_time import predict_step
+from megatron_burst.launch.job_plan import (DEFAULT_ALLOCATION_MIN, SAVE_SHARE,
+                                            checkpoint_bytes, job_plan)
+from megatron_burst.launch.runtime_deps import run_needs
+from megatron_burst.launch.slurm import sbatch_script
+from megatron_burst.launch.slurm_time import parse_time_limit
 
-from .conftest import REPO, TINY
+from .conftest import CONFIGS, REPO, TINY
+from .slurm_harness import CLUSTER_MODULES, requeues, run_job, srun_args
 
 CONFIG = REPO / "configs" / "llama3-8b-32k.yaml"
+GPU_CONFIGS = [p for p in CONFIGS if "cpu" not in p.stem]
 
 
 @pytest.fixture
@@ -26,29 +32,64 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_default_time_is_the_predicted_job_time_with_margins(in_tmp, capsys):
-    assert main(["slurm", str(CONFIG)]) == 0
+def _sbatch(text: str, option: str) -> str:
+    return re.search(rf"^#SBATCH --{option}=(\S+)$", text, re.MULTILINE).group(1)
+
+
+@pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_config_gets_a_limit_partitions_take(path, in_tmp, capsys):
+    assert main(["slurm", str(path), "-o", "job.sbatch"]) == 0
     out = capsys.readouterr().out
-    script = (in_tmp / "runs" / "llama3-8b-32k-1n.sbatch").read_text()
-    limit = re.search(r"^#SBATCH --time=(\S+)$", script, re.MULTILINE).group(1)
+    text = (in_tmp / "job.sbatch").read_text()
+    plan = job_plan(load_config(path))
+    minutes = parse_time_limit(_sbatch(text, "time"))
+    assert minutes == plan.limit_min <= DEFAULT_ALLOCATION_MIN
+    # The job is a chain of such allocations, and says how long.
+    assert f"allocations: {plan.allocations} expected" in out
+    assert plan.allocations == math.ceil(plan.train_iters / plan.steps_per_allocation)
+    assert f"--exit-duration-in-mins {minutes - plan.exit_margin_min} " in text
+    assert f"--save-interval {plan.save_interval} " in text
+    assert f"save interval: {plan.save_interval:,} iterations" in out
+    assert "#SBATCH --mem=0" in text and '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in text
+    # The pre-flight imports what the run will, in the run's order.
+    modules = [need.module for need in run_needs(load_config(path))]
+    assert f"# What the run imports ({', '.join(modules)})" in text
+
+
+def test_saves_and_the_exit_margin_follow_the_checkpoint():
+    cfg = load_config(REPO / "configs" / "llama2-70b-128k.yaml")
+    plan = job_plan(cfg)
+    # bf16 weights and fp32 master weights and moments: 14 bytes a parameter, ~1 TB at 70B.
+    assert 0.9e12 < checkpoint_bytes(cfg) < 1.0e12
+    assert plan.save_s == pytest.approx(checkpoint_bytes(cfg) / 2e9 + 60)
+    # Saves cost at most SAVE_SHARE of training; the exit margin holds a step and two saves.
+    assert plan.save_s / (plan.save_interval * plan.step_s) <= SAVE_SHARE * 1.01
+    assert plan.exit_margin_min * 60 >= plan.step_s + 2 * plan.save_s
+    slower = dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, checkpoint_write_gbps=0.5))
+    assert job_plan(slower).exit_margin_min > plan.exit_margin_min
+    assert job_plan(slower).save_interval > plan.save_interval
+    given = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, save_interval=3))
+    assert job_plan(given).save_interval == 3
+
+
+def test_a_short_job_asks_for_itself_and_the_key_and_flag_override(in_tmp, capsys):
+    short = REPO / "configs" / "llama3.2-1b-128k-4gpu.yaml"
+    plan = job_plan(load_config(short))
+    assert plan.limit_min < DEFAULT_ALLOCATION_MIN and plan.allocations == 1
+    assert main(["slurm", str(CONFIG), "--time", "2-12", "-o", "a.sbatch"]) == 0
+    assert "#SBATCH --time=2-12:00:00\n" in (in_tmp / "a.sbatch").read_text()
+    assert "--time 2-12:00:00 (given)" in capsys.readouterr().out
     cfg = load_config(CONFIG)
-    job_min = cfg.training.train_iters * predict_step(cfg).step_s / 60
-    minutes = _time_minutes(limit)
-    low = job_min * TIME_MARGIN + STARTUP_MIN + SAVE_MARGIN_MIN
-    assert low <= minutes < low + 15
-    assert f"note: --time {limit}: plan predicts" in out
-    assert limit == predicted_time_limit(cfg).limit
-    # Megatron saves and exits SAVE_MARGIN_MIN before the limit.
-    assert f"--exit-duration-in-mins {minutes - SAVE_MARGIN_MIN}" in script
+    keyed = dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, time_limit="12:00:00"))
+    assert _sbatch(sbatch_script(keyed, "configs/x.yaml"), "time") == "12:00:00"
+    assert _sbatch(sbatch_script(keyed, "configs/x.yaml", time="30:00:00"), "time") == "1-06:00:00"
 
 
-def test_given_time_is_kept_and_cpu_configs_need_one(in_tmp, capsys):
-    assert main(["slurm", str(CONFIG), "--time", "02:00:00"]) == 0
-    assert "note: --time" not in capsys.readouterr().out
-    assert "#SBATCH --time=02:00:00\n" in (in_tmp / "runs" / "llama3-8b-32k-1n.sbatch").read_text()
+def test_cpu_configs_are_refused(in_tmp, capsys):
     assert main(["slurm", str(TINY)]) == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "--time is required" in err
+    assert len(err.splitlines()) == 1 and "'cluster.gpu' is cpu" in err and "run" in err
 
 
 def test_script_goes_under_runs_unless_told(in_tmp, capsys):
@@ -73,34 +114,91 @@ def test_megatron_args_the_script_sets_are_refused(flag):
         sbatch_script(cfg, "configs/llama3-8b-32k.yaml", time="01:00:00")
 
 
-def _run_script(tmp_path, text: str, fused_adam: bool) -> subprocess.CompletedProcess:
-    """Run ``text`` with stand-ins for what a cluster provides; python3 imports
-    megatron.training, and a fused Adam only if ``fused_adam``."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    python = ('case "$2" in *megatron.training*) exit 0;; *FusedAdam*) exit '
-              f'{0 if fused_adam else 1};; esac; exit 1')
-    for name, body in {"python3": python, "scontrol": "echo node-1",
-                       "srun": 'printf "%s\\0" "$@" > "$ARGS_FILE"'}.items():
-        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    (tmp_path / "job.sbatch").write_text(text)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGS_FILE": str(tmp_path / "args"),
-           "RUN_ROOT": str(tmp_path / "runs"), "SLURM_JOB_NAME": "j", "SLURM_JOB_ID": "1",
-           "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1", "DATA_PATH": "/d",
-           "TOKENIZER_MODEL": "/t"}
-    return subprocess.run(["bash", str(tmp_path / "job.sbatch")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+# ------------------------------------------------------------------ the requeue chain
+
+TRAIN_ITERS = load_config(CONFIG).training.train_iters
+
+
+@pytest.mark.parametrize("start_at, saves, status, requeued, rc", [
+    (None, 120, 0, True, 0),  # saved progress before the limit: next allocation
+    (120, 250, 0, True, 0),  # a later allocation, progress again
+    (120, TRAIN_ITERS, 0, False, 0),  # finished: the chain ends
+    (120, None, 0, False, 1),  # nothing saved since the start: stop, do not loop
+    (None, None, 1, False, 1),  # crashed before any save: stop with its status
+    (120, None, 3, False, 3),  # crashed, nothing new saved: stop with its status
+    (120, 140, 1, True, 0),  # crashed after a save: resume from it
+])
+def test_requeue_guard_under_stub_srun_and_scontrol(tmp_path, start_at, saves, status,
+                                                    requeued, rc):
+    text = sbatch_script(load_config(CONFIG), "configs/llama3-8b-32k.yaml", time="04:00:00")
+    run = run_job(tmp_path, text, start_at=start_at, saves=saves, status=status)
+    assert run.returncode == rc, run.stderr
+    assert requeues(tmp_path) == (["7"] if requeued else [])
+    assert srun_args(tmp_path), "training never started"
+    if rc and not requeued:
+        assert "saved no progress" in run.stderr and "not requeueing" in run.stderr
+    if saves == TRAIN_ITERS:
+        assert "training done" in run.stdout
+
+
+def test_script_passes_the_plan_to_megatron(tmp_path):
+    cfg = load_config(CONFIG)
+    plan = job_plan(cfg, "04:00:00")
+    run = run_job(tmp_path, sbatch_script(cfg, "configs/x.yaml", time="04:00:00"), saves=1)
+    args = srun_args(tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert args[:2] == ["--kill-on-bad-exit=1", "--cpus-per-task=64"]
+    assert args[args.index("--exit-duration-in-mins") + 1] == str(plan.exit_after_min)
+    assert args[args.index("--save-interval") + 1] == str(plan.save_interval)
+    assert args[args.index("--save") + 1] == str(tmp_path / "runs" / "j-7" / "checkpoints")
+
+
+# ------------------------------------------------------------------ set-up and pre-flight
+
+def test_setup_file_is_sourced_first_and_a_missing_one_stops_the_job(tmp_path):
+    cfg = load_config(CONFIG)
+    setup = tmp_path / "env.sh"
+    # What a module load or venv activation does: put what the run needs in reach.
+    setup.write_text(f'export PYTHONPATH="{tmp_path / "site"}"\nexport MY_SETUP=done\n')
+    text = sbatch_script(cfg, "configs/x.yaml", time="04:00:00", setup="${SETUP_DIR}/env.sh")
+    assert text.index('source "$SETUP_FILE"') < text.index("python3 -c")
+    run = run_job(tmp_path, text, saves=1, env={"SETUP_DIR": str(tmp_path), "PYTHONPATH": ""})
+    assert run.returncode == 0, run.stderr
+    again = tmp_path / "again"
+    again.mkdir()
+    run = run_job(again, text, env={"SETUP_DIR": "/nowhere"})
+    assert run.returncode == 2 and "set-up file /nowhere/env.sh" in run.stderr
+    assert not srun_args(again)
+
+
+@pytest.mark.parametrize("config, missing, named", [
+    ("llama3-8b-1m.yaml", "einops.py", "einops"),  # the double ring's hierarchical groups
+    ("llama3-8b-32k.yaml", "megatron/training/__init__.py", "megatron.training"),
+    ("llama3-8b-32k.yaml", "transformers.py", "transformers"),
+])
+def test_preflight_imports_what_the_run_will(tmp_path, config, missing, named):
+    cfg = load_config(REPO / "configs" / config)
+    text = sbatch_script(cfg, f"configs/{config}", time="1-00:00:00")
+    modules = {k: v for k, v in CLUSTER_MODULES.items() if k != missing}
+    run = run_job(tmp_path, text, modules=modules, saves=1)
+    assert run.returncode == 2 and not srun_args(tmp_path), run.stderr
+    assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith(f"error: {named} ")
+    assert "pip install -e '.[" in run.stderr
+    with_it = tmp_path / "with"
+    with_it.mkdir()
+    assert run_job(with_it, text, saves=1).returncode == 0
 
 
 @pytest.mark.parametrize("fused_adam", [False, True])
 def test_script_stops_a_job_that_could_not_resume(tmp_path, fused_adam):
     text = sbatch_script(load_config(CONFIG), "configs/llama3-8b-32k.yaml", time="01:00:00")
-    run = _run_script(tmp_path, text, fused_adam)
+    modules = {k: v for k, v in CLUSTER_MODULES.items()
+               if fused_adam or not k.startswith("transformer_engine")}
+    run = run_job(tmp_path, text, modules=modules, saves=1)
     if fused_adam:
-        assert run.returncode == 0 and (tmp_path / "args").is_file(), run.stderr
+        assert run.returncode == 0 and srun_args(tmp_path), run.stderr
         return
-    assert run.returncode == 2 and not (tmp_path / "args").exists()
+    assert run.returncode == 2 and not srun_args(tmp_path)
     assert len(run.stderr.splitlines()) == 1
     assert "TransformerEngine or apex" in run.stderr
     assert "configs/llama3-8b-32k.yaml: training.distributed_optimizer: false" in run.stderr
@@ -112,7 +210,23 @@ def test_script_without_the_distributed_optimizer_needs_no_fused_adam(tmp_path):
         cfg.training, distributed_optimizer=False))
     text = sbatch_script(cfg, "configs/llama3-8b-32k.yaml", time="01:00:00")
     assert "FusedAdam" not in text
-    assert _run_script(tmp_path, text, fused_adam=False).returncode == 0
+    modules = {k: v for k, v in CLUSTER_MODULES.items() if not k.startswith("transformer_")}
+    modules["transformers.py"] = ""
+    assert run_job(tmp_path, text, modules=modules, saves=1).returncode == 0
+
+
+@pytest.mark.parametrize("data_path, ok", [("/d", True), ("0.7 /a 0.3 /b", True),
+                                           ("   ", False), ("0.7 /a 0.3", False)])
+def test_script_splits_a_blend_and_refuses_an_empty_data_path(tmp_path, data_path, ok):
+    text = sbatch_script(load_config(CONFIG), "configs/x.yaml", time="04:00:00")
+    run = run_job(tmp_path, text, saves=1, env={"DATA_PATH": data_path})
+    if not ok:
+        assert run.returncode == 2 and "data.data_path" in run.stderr and not srun_args(
+            tmp_path)
+        return
+    args = srun_args(tmp_path)
+    start = args.index("--data-path") + 1
+    assert args[start:args.index("--split")] == data_path.split()
 
 
 def test_entry_point_resume_check(monkeypatch):
