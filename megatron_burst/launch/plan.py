@@ -10,6 +10,7 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 from __future__ import annotations
 
 from ..options import AUTO, remat_problem
+from ..timing import load_profile
 from .config import Config, ConfigError
 from .layout_candidates import chosen_prediction
 from .topology import group_ranks_per_node, topology_of
@@ -81,13 +82,18 @@ def validate(cfg: Config) -> list[str]:
     # double ring against the group (options.resolve, as every run resolves it).
     problem = remat_problem(b.remat_aware, tr.recompute)
     _require(problem is None, "burst.remat_aware", f"{problem} (training.recompute: full)")
+    try:  # the time model's profile, read by 'auto' and by the step time
+        load_profile(c.profile_name)
+    except ValueError as e:
+        raise ConfigError(f"'cluster.profile': {e}") from None
     try:
         topology_of(cfg)
     except ValueError as e:
         said = str(e)  # the option the resolver's message names first
         named = min(("ulysses_size", "intra_node_size", "backward", "profile"),
                     key=lambda n: said.find(n) if n in said else len(said))
-        raise ConfigError(f"'burst.{named}': {e}") from None
+        key = "cluster.profile" if named == "profile" else f"burst.{named}"
+        raise ConfigError(f"'{key}': {e}") from None
     per_node = group_ranks_per_node(cfg)
     inner = b.intra_node_size if isinstance(b.intra_node_size, int) else None
     _require(inner is None or inner <= per_node, "burst.intra_node_size",
