@@ -73,6 +73,11 @@ def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:
     problem = training_entry_point_problem()
     if problem:
         raise LaunchError(problem)
+    # The installed Megatron's own parser and source, not the pinned table: this host runs it.
+    from .megatron_options import live_table
+    from .owned_flags import check_megatron_args
+
+    check_megatron_args(cfg.megatron_args, table=live_table())
 
 
 def _run_on_gpus(cfg: Config, args: argparse.Namespace, gpus_here: int) -> int:
