@@ -27,6 +27,11 @@ none, which Megatron reports as missing files. A killed run's leftovers (its ver
 a temporary link) are removed by the next run, under the lock. Nothing else is deleted: a
 folder where PREFIX.bin or PREFIX.idx should be is refused, ``--force`` or not.
 
+What no layout of two files can give: Megatron opens PREFIX.idx and PREFIX.bin one after
+the other, so a reader that starts in the instant of a switch, between its two opens, can
+pair an old .idx with a new .bin. Replace a dataset while no job is starting on it; jobs
+already reading keep the files they opened (a replaced version is unlinked, not rewritten).
+
 Permissions: a new dataset gets what the umask gives any new file (files 0666 and folders
 0777, minus the umask); a replaced one keeps the mode of the files it replaces (its folders
 get the matching search bits), so the other readers of a shared dataset keep their access.
@@ -38,6 +43,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import stat
 import tempfile
 from pathlib import Path
@@ -126,7 +132,17 @@ class DatasetCommit:
         self.committed = False
 
     def commit(self) -> None:
-        """Make the built version the dataset at the prefix (see the module docstring)."""
+        """Make the built version the dataset at the prefix (see the module docstring), with
+        SIGINT and SIGTERM held until it is done: a stop then comes after the switch, not
+        between it and the record that it happened."""
+        blocked = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        try:
+            self._commit()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def _commit(self) -> None:
         for path in (self.bin_path, self.idx_path):
             path.chmod(self.file_mode)
             _fsync(path)
@@ -185,8 +201,14 @@ def _switch(link: Path, target: str) -> None:
 
 
 def _fsync(path: Path) -> None:
-    """Flush a file or folder to disk, so a power loss after the switch keeps the data."""
-    handle = os.open(path, os.O_RDONLY)
+    """Flush a file or folder to disk, so a power loss after the switch keeps the data. A
+    folder that cannot be opened for reading is left to the file system's next sync."""
+    try:
+        handle = os.open(path, os.O_RDONLY)
+    except PermissionError:
+        if path.is_dir():
+            return
+        raise
     try:
         os.fsync(handle)
     finally:
@@ -233,17 +255,19 @@ def dataset_commit(prefix: str, force: bool) -> Iterator[DatasetCommit]:
     paths = DatasetPaths(prefix)
     modes = _modes(paths)
     with sigterm_unwinds(), locked(paths.versions, prefix, modes[1]):
-        replaced = bool(existing_dataset(prefix, force))  # the check that counts
-        _remove_leftovers(paths)
-        version = Path(tempfile.mkdtemp(prefix=VERSION_TAG, dir=paths.versions))
-        version.chmod(modes[1])
-        commit = DatasetCommit(paths, version, modes, replaced)
-        step("locked")
+        commit = None
         try:
+            replaced = bool(existing_dataset(prefix, force))  # the check that counts
+            _remove_leftovers(paths)
+            version = Path(tempfile.mkdtemp(prefix=VERSION_TAG, dir=paths.versions))
+            version.chmod(modes[1])
+            commit = DatasetCommit(paths, version, modes, replaced)
+            step("locked")
             yield commit
         finally:
-            if not commit.committed:
-                remove_version(paths, version)
+            if commit is None or not commit.committed:
+                if commit is not None:
+                    remove_version(paths, commit.version)
                 if paths.current() is None:
                     _remove_unused(paths)
 
