@@ -66,8 +66,14 @@ def _link(points: list[tuple[int, float]]) -> Link:
     bw = [(b, b / t / 1e9) for b, t in pts]
     # Latency: what the smallest message costs beyond its bytes at the largest bandwidth.
     latency = max(0.0, pts[0][1] - pts[0][0] / (bw[-1][1] * 1e9)) * 1e6
-    return Link(latency_us=round(latency, 2), gbps=round(bw[-1][1], 2),
-                points=tuple((b, round(g, 2)) for b, g in bw))
+    # Four significant digits, not two decimals: a slow link (CPU ranks on a busy host)
+    # must not round to 0 GB/s, which the time model would divide by (and refuses).
+    return Link(latency_us=round(latency, 2), gbps=_significant(bw[-1][1]),
+                points=tuple((b, _significant(g)) for b, g in bw))
+
+
+def _significant(value: float) -> float:
+    return float(f"{value:.4g}")
 
 
 def measure_links(sizes: Sequence[int], per_node: int, device: torch.device,
