@@ -67,8 +67,9 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         out = Path("runs") / f"{Path(args.config).stem}-{cfg.cluster.nodes}n.sbatch"
         where = " (the default place, under the current folder; -o FILE to choose)"
         out.parent.mkdir(parents=True, exist_ok=True)
-    check_output_file(out, "-o", args.force, reads=[args.config])
-    write_output_file(out, text, "-o", args.force, executable=True)
+    option = "-o" if args.output else "the default script"
+    check_output_file(out, option, args.force, reads=[args.config])
+    write_output_file(out, text, option, args.force, executable=True)
     for note in notes:
         print(f"note: {note}")
     print(f"wrote {out}{where}: sbatch {out}")
