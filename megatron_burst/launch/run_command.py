@@ -73,11 +73,21 @@ def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:
     problem = training_entry_point_problem()
     if problem:
         raise LaunchError(problem)
-    # The installed Megatron's own parser and source, not the pinned table: this host runs it.
+    _check_with_installed_megatron(cfg)
+
+
+def _check_with_installed_megatron(cfg: Config) -> None:
+    """megatron_args checked again with the installed Megatron's own parser and source (the
+    config was checked with the pinned table when loaded): this host runs that Megatron.
+    Where it will not import after all, the entry point says why in one line as it starts."""
     from .megatron_options import live_table
     from .owned_flags import check_megatron_args
 
-    check_megatron_args(cfg.megatron_args, table=live_table())
+    try:
+        table = live_table()
+    except ImportError:
+        return
+    check_megatron_args(cfg.megatron_args, table=table)
 
 
 def _run_on_gpus(cfg: Config, args: argparse.Namespace, gpus_here: int) -> int:

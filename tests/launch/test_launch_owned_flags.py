@@ -126,3 +126,37 @@ def test_megatron_does_set_what_the_table_says(extra, dest, planned, run):
                           timeout=300, cwd=REPO, env={**os.environ, "WORLD_SIZE": "4"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [planned, run]
+
+
+def test_run_on_a_gpu_host_checks_with_the_installed_megatron(tiny_raw, monkeypatch):
+    """An option the pinned table does not know (a newer Megatron's alias, say) is caught by
+    `run` with the installed Megatron's table."""
+    import dataclasses
+
+    from megatron_burst.launch import megatron_options, run_command
+
+    pinned = pinned_table()
+    newer = dataclasses.replace(pinned, dests={**pinned.dests,
+                                               "--cp-size": "context_parallel_size"})
+    tiny_raw["megatron_args"] = ["--cp-size", "2"]
+    cfg = config_from_dict(tiny_raw)  # unknown to the pinned table: passes at load
+    monkeypatch.setattr(megatron_options, "live_table", lambda: newer)
+    with pytest.raises(ConfigError, match=r"--cp-size \(which sets context_parallel_size, as "
+                                          r"--context-parallel-size does\).*parallel.context"):
+        run_command._check_with_installed_megatron(cfg)
+
+
+LIVE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from megatron_burst.launch.megatron_options import live_table
+print(json.dumps(live_table().to_json()))
+"""
+
+
+@needs_wheel
+def test_the_live_table_reads_the_installed_megatron_alike():
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", LIVE, WHEEL],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == json.loads(TABLE_FILE.read_text())
