@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="BurstAttention: exact context-parallel attention as a Megatron-Core backend",
     packages=find_packages(include=["megatron_burst", "megatron_burst.*"]),
-    package_data={"megatron_burst": ["profiles/*.json"]},
+    package_data={"megatron_burst": ["profiles/*.json", "launch/megatron_options.json"]},
     python_requires=">=3.11",
     # torch first and pinned by range: a bare "torch" would pull a CUDA build on CPU hosts.
     install_requires=["torch>=2.5,<2.14", "pyyaml>=6", "numpy"],

@@ -132,15 +132,19 @@ def fused_adam_source() -> str | None:
 
 
 def distributed_optimizer_resume_problem(use_distributed_optimizer: bool,
-                                         load: str | None) -> str | None:
-    """None if a run can resume its checkpoints, else one line saying why not and the way out.
+                                         resumed: str | None) -> str | None:
+    """None if a run can load the optimizer state it will load, else one line saying why
+    not and the way out.
 
-    For the entry point, before training: ``distributed_optimizer_resume_problem(
-    args.use_distributed_optimizer, args.load)``; a run that will load with the distributed
-    optimizer needs Megatron's fused Adam (TransformerEngine or apex).
+    ``resumed``: where the run's optimizer state comes from, None if it loads none (for the
+    entry point, ``megatron.resume.optimizer_state_source(args)``, which decides it as
+    Megatron's load_checkpoint does: release checkpoints, --finetune, --no-load-optim,
+    --ckpt-step, non-persistent checkpoints). Loading distributed-optimizer state needs
+    Megatron's fused Adam (TransformerEngine or apex).
     """
-    if not use_distributed_optimizer or not load or fused_adam_source() is not None:
+    if not use_distributed_optimizer or not resumed or fused_adam_source() is not None:
         return None
-    return (f"--load {load} with --use-distributed-optimizer: resuming needs TransformerEngine "
-            f"or apex (neither imports here; with torch.optim.Adam megatron-core cannot load "
-            f"the distributed optimizer state); {RESUME_WAY_OUT}")
+    return (f"resuming the optimizer state of {resumed} with --use-distributed-optimizer "
+            f"needs TransformerEngine or apex (neither imports here; with torch.optim.Adam "
+            f"megatron-core cannot load the distributed optimizer state); {RESUME_WAY_OUT}, "
+            f"or start without it (--no-load-optim)")

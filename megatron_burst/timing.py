@@ -103,11 +103,51 @@ class Profile:
 
     @staticmethod
     def from_json(raw: dict) -> "Profile":
+        check_profile_numbers(raw)
         links = {k: Link(**{**raw[k], "points": tuple(tuple(p) for p in raw[k].get("points", ()))})
                  for k in ("intra", "inter", "alltoall")}
         kernels = {k: Kernel(**raw[k]) for k in ("dense", "varlen")}
         rest = {k: raw[k] for k in raw if k not in links and k not in kernels}
         return Profile(**links, **kernels, **rest)
+
+
+# What each number of a profile may be: the time model divides by rates and sizes, so a 0
+# there (a hand-edited file, a link that measured nothing) must fail at load, by name.
+_ABOVE_ZERO, _AT_LEAST_ZERO = "a number above 0", "a number of at least 0"
+_LINK_FIELDS = {"latency_us": _AT_LEAST_ZERO, "gbps": _ABOVE_ZERO}
+_KERNEL_FIELDS = {"peak_tflops": _ABOVE_ZERO, "half_tokens": _AT_LEAST_ZERO}
+_TOP_FIELDS = {"memory_gbps": _ABOVE_ZERO, "step_overhead_us": _AT_LEAST_ZERO,
+               "call_overhead_us": _AT_LEAST_ZERO, "gpus_per_node": _ABOVE_ZERO}
+_OPTIONAL = {"gpus_per_node"}  # Profile's default (8) stands in for a missing one
+
+
+def _check_number(value: Any, rule: str, where: str) -> None:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and (value > 0 if rule == _ABOVE_ZERO else value >= 0))
+    if not ok:
+        raise ValueError(f"{where} must be {rule}, got {value!r}")
+
+
+def check_profile_numbers(raw: Any) -> None:
+    """Raise ValueError naming the first number of a profile's JSON that the time model
+    cannot use (a rate of 0 would divide by zero; NaN or a string would poison every sum)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"a profile is a JSON object, got {type(raw).__name__}")
+    groups = [(k, _LINK_FIELDS) for k in ("intra", "inter", "alltoall")] + [
+        (k, _KERNEL_FIELDS) for k in ("dense", "varlen")]
+    for group, fields in groups:
+        if not isinstance(raw.get(group), dict):
+            raise ValueError(f"'{group}' must be an object with {', '.join(fields)}")
+        for name, rule in fields.items():
+            _check_number(raw[group].get(name), rule, f"{group}.{name}")
+        for i, point in enumerate(raw[group].get("points") or ()):
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                raise ValueError(f"{group}.points[{i}] must be [bytes, GB/s], got {point!r}")
+            for value, what in zip(point, ("bytes", "GB/s")):
+                _check_number(value, _ABOVE_ZERO, f"{group}.points[{i}] ({what})")
+    for name, rule in _TOP_FIELDS.items():
+        if name in raw or name not in _OPTIONAL:
+            _check_number(raw.get(name), rule, name)
 
 
 def load_profile(name_or_path: str | None = None) -> Profile:

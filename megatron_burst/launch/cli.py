@@ -3,10 +3,11 @@
     megatron-burst plan  CONFIG [--nodes N]          does it fit, what it costs, how long it takes
     megatron-burst flags CONFIG [--nodes N] [--keep-vars] [--launcher torchrun]   the command line
     megatron-burst run   CONFIG [--cpu] [--iters N] [--no-compare] [--dry-run]
-    megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--setup FILE] [-o FILE]
+    megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--account A]
+                         [--setup FILE] [-o FILE] [--force]
     megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--force]
     megatron-burst data  --sample-corpus DIR [--keep-existing]   an offline corpus, tokenizer, dataset
-    megatron-burst tune  --out PROFILE.json [--nproc N] [--quick]   measure this host for 'auto'
+    megatron-burst tune  --out PROFILE.json [--nproc N] [--quick] [--force]   measure for 'auto'
 
 Every error, in a config or on the command line, is one line on stderr naming the key or
 the argument, with exit status 2; nothing is launched.
@@ -119,7 +120,10 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
                                       "letters, digits and . _ + - only")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write the script (default runs/CONFIG-<N>n.sbatch under the "
-                        "current folder; the repository's .gitignore covers runs/)")
+                        "current folder; the repository's .gitignore covers runs/); its "
+                        "folder must exist")
+    p.add_argument("--force", action="store_true",
+                   help="replace the script if it exists (the config it reads never)")
 
 
 def _add_data_command(sub: argparse._SubParsersAction) -> None:
@@ -160,7 +164,11 @@ def _add_tune_command(sub: argparse._SubParsersAction) -> None:
                  "several nodes run `srun ... torchrun --nnodes N ... -m "
                  "megatron_burst.tools.tune --out FILE` instead: that measures the inter-node "
                  "link too.")
-    p.add_argument("--out", required=True, help="the profile to write (JSON)")
+    p.add_argument("--out", required=True,
+                   help="the profile to write (JSON; the raw measurements go beside it, as "
+                        "NAME.raw.json); its folder must exist")
+    p.add_argument("--force", action="store_true",
+                   help="replace the profile (and its .raw.json) if they exist")
     p.add_argument("--nproc", type=positive_int,
                    help="ranks to measure with (default: every GPU, or 2 CPU ranks)")
     p.add_argument("--quick", action="store_true", help="fewer repeats")

@@ -50,6 +50,7 @@ def cmd_flags(args: argparse.Namespace) -> int:
 
 def cmd_slurm(args: argparse.Namespace) -> int:
     from .job_plan import job_plan
+    from .output_files import check_output_file, write_output_file
     from .plan import validate
     from .slurm import sbatch_script
 
@@ -63,8 +64,9 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         out = Path("runs") / f"{Path(args.config).stem}-{cfg.cluster.nodes}n.sbatch"
         where = " (the default place, under the current folder; -o FILE to choose)"
         out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    out.chmod(0o755)
+    option = "-o" if args.output else "the default script"
+    check_output_file(out, option, args.force, reads=[args.config])
+    write_output_file(out, text, option, args.force, executable=True)
     for note in notes:
         print(f"note: {note}")
     print("\n".join(job_plan(cfg, args.time).lines()))
@@ -113,13 +115,15 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Measure this host with `megatron_burst.tools.tune` on its GPUs (or on CPU gloo ranks)."""
+    from ..tools.tune import check_outputs
+
+    check_outputs(args.out, args.force)  # before torchrun starts ranks that would fail on it
     import torch
 
     nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(nproc), "-m", "megatron_burst.tools.tune", "--out", args.out]
-    if args.quick:
-        command.append("--quick")
+    command += [flag for flag, on in (("--quick", args.quick), ("--force", args.force)) if on]
     print(" ".join(shlex.quote(c) for c in command), flush=True)
     env = {**os.environ, "NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")}
     return subprocess.call(command, env=env)

@@ -27,7 +27,8 @@ from ..options import OPTION_FIELDS
 from ..placement import DOCUMENT_LAYOUTS
 from .config_file import read_config_yaml
 from .hardware import HARDWARE, Hardware
-from .config_values import BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text
+from .config_values import (BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text,
+                            number_of)
 from .owned_flags import check_megatron_args
 
 
@@ -214,8 +215,24 @@ def config_from_dict(raw: Any) -> Config:
     """Build a Config from parsed YAML, failing on unknown keys, bad types and choices, and
     on megatron_args that would set again what the config's keys decide."""
     cfg = _build(Config, raw, "")
+    check_seed(cfg)
     check_megatron_args(cfg.megatron_args)
     return cfg
+
+
+# Megatron seeds pipeline stage r with seed + 100 r (initialize._set_random_seed), and numpy
+# refuses a seed of 2^32 or more: the last stage's must stay below it too.
+SEED_LIMIT, SEED_STEP_PER_STAGE = 2**32, 100
+
+
+def check_seed(cfg: Config) -> None:
+    """Refuse a training.seed that Megatron's last pipeline stage would push past numpy's
+    range (the key's own range, [1, 2^32), is checked when it is read)."""
+    highest = SEED_LIMIT - 1 - SEED_STEP_PER_STAGE * (cfg.parallel.pipeline - 1)
+    if cfg.training.seed > highest:
+        raise ConfigError(f"'training.seed' is {cfg.training.seed}, but Megatron seeds pipeline "
+                          f"stage r with seed + 100 r and numpy takes seeds below 2^32: with "
+                          f"{cfg.parallel.pipeline} stages it must be at most {highest}")
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:
@@ -258,13 +275,8 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"'{key}' must be a list, got {value!r}")
         return [_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
-    # bool is a subclass of int: reject True where a count is meant, and vice versa.
-    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"'{key}' must be an integer, got {value!r}")
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"'{key}' must be a number, got {value!r}")
-        value = float(value)
+    if hint in (int, float):
+        value = number_of(value, key, integer=hint is int)
     if hint is bool and not isinstance(value, bool):
         raise ConfigError(f"'{key}' must be true or false, got {value!r}")
     if hint is str:

@@ -36,8 +36,20 @@ def read_config_yaml(path: Path) -> Any:
         loader.dispose()
 
 
+# Python refuses to turn longer digit strings into an int (sys.get_int_max_str_digits);
+# PyYAML would raise that as a bare ValueError, naming no key.
+MAX_INT_DIGITS = 4300
+INT_TAG = "tag:yaml.org,2002:int"
+
+
 def _refuse_duplicate_keys(node: yaml.Node, where: str) -> None:
-    """Raise naming the first key that appears twice in any mapping under ``node``."""
+    """Raise naming the first key that appears twice in any mapping under ``node``, or
+    that holds an integer too long for Python to read."""
+    if isinstance(node, yaml.ScalarNode) and node.tag == INT_TAG:
+        digits = sum(c.isdigit() for c in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            raise ConfigError(f"'{where.rstrip('.')}' at line {node.start_mark.line + 1}: an "
+                              f"integer of {digits} digits (no config value needs 20)")
     if isinstance(node, yaml.MappingNode):
         first_line: dict[str, int] = {}
         for key_node, value_node in node.value:

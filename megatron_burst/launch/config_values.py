@@ -35,9 +35,16 @@ class Bound:
 
     def describe(self) -> str:
         if self.high == math.inf:
-            return f"{'greater than' if self.low_open else 'at least'} {self.low:g}"
-        return (f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+            return f"{'greater than' if self.low_open else 'at least'} {_number(self.low)}"
+        return (f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}"
                 f"{')' if self.high_open else ']'}")
+
+
+def _number(value: float) -> str:
+    """A bound as a person reads it: 2^32 rather than 4.29497e+09."""
+    if value == int(value) and value >= 2**16 and int(value) & (int(value) - 1) == 0:
+        return f"2^{int(value).bit_length() - 1}"
+    return f"{value:g}"
 
 
 COUNT = Bound(1)  # sizes, counts, parallel degrees, intervals
@@ -65,13 +72,50 @@ BOUNDS: dict[str, Bound] = {
         "micro_batch_size", "global_batch_size", "train_iters", "recompute_num_layers",
         "log_interval", "save_interval", "eval_interval")},
     **{f"training.{name}": NON_NEGATIVE for name in (
-        "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eval_iters",
-        # numpy, which Megatron seeds too, takes seeds in [0, 2**32).
-        "seed")},
+        "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eval_iters")},
+    # numpy, which Megatron seeds too (np.random.seed), takes seeds in [0, 2**32); Megatron
+    # seeds nothing at all for 0 (`if seed_ > 0`), so a run with 0 would not repeat.
+    # (``config.check_seed`` also keeps the pipeline stages' seeds in range.)
+    "training.seed": Bound(1, high=2**32),
     "training.lr": POSITIVE,
     "training.adam_beta1": MOMENT_DECAY,
     "training.adam_beta2": MOMENT_DECAY,
 }
+
+# Every integer of a config becomes a Megatron argument that torch and numpy hold as int64.
+INT_LIMIT = 2**63
+
+
+def number_of(value: object, key: str, *, integer: bool) -> int | float:
+    """``value`` as the config's int or float, or a ConfigError naming ``key``.
+
+    bool is a subclass of int: True is refused where a number is meant. An integer too
+    large for int64 (or, for a float key, too large for a float at all) is refused here,
+    where the key is known, rather than overflowing in a later step.
+    """
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise ConfigError(f"'{key}' must be {'an integer' if integer else 'a number'}, "
+                          f"got {value!r}")
+    if integer:
+        if abs(value) >= INT_LIMIT:
+            raise ConfigError(f"'{key}' must be below 2^63 in size (a 64-bit integer, as "
+                              f"Megatron holds it), got {_digits(value)}")
+        return value
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ConfigError(f"'{key}' must be a number a float can hold (below about 1.8e308), "
+                          f"got {_digits(value)}") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"'{key}' must be a finite number, got {number!r}")
+    return number
+
+
+def _digits(value: int) -> str:
+    """A huge integer described by its length (YAML parsed it, so it is under Python's
+    4,300-digit limit for str())."""
+    return f"an integer of {len(str(abs(value)))} digits"
+
 
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

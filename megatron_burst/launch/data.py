@@ -17,8 +17,10 @@ The tokenizer is read with the small `tokenizers` package from a ``tokenizer.jso
 ``data`` extra), or with `transformers.AutoTokenizer` where that is installed and the folder
 holds another format. Both load from the local path only: nothing is downloaded.
 
-The two files appear together or not at all (``staging``): a run that fails or is stopped
-leaves an earlier dataset at the prefix readable, and replacing one needs ``--force``.
+The corpus is read by ``corpus``. The dataset is committed by ``dataset_commit``: both files
+of a version are built beside the old ones and switched in by one rename, under a lock
+that keeps a second run on the same prefix out, so a run that fails, is stopped or killed
+leaves the earlier dataset whole; replacing one needs ``--force``.
 """
 from __future__ import annotations
 
@@ -26,15 +28,16 @@ import dataclasses
 import itertools
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from .staging import StagedOutputs, staged_outputs
+from .corpus import read_jsonl
+from .data_error import DataError
+from .dataset_commit import DatasetCommit, check_prefix, dataset_commit, existing_dataset
+
+__all__ = ["DataError", "DatasetSummary", "TextTokenizer", "load_tokenizer", "read_jsonl",
+           "tokenize_jsonl", "write_dataset"]
 
 ENCODE_CHUNK = 1000  # documents per tokenizer call: batched for speed, bounded for memory
-
-
-class DataError(ValueError):
-    """A corpus, tokenizer or argument of `megatron-burst data` that cannot be used."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,52 +154,6 @@ def _with_transformers(path: Path) -> TextTokenizer:
     return TextTokenizer(str(path), len(tok), tok.eos_token_id, tok.eos_token, encode_batch)
 
 
-# ---------------------------------------------------------------------------- corpus
-
-def read_jsonl(path: str | Path, key: str = "text") -> Iterator[str]:
-    """The text under ``key`` of each line of a JSONL file (blank lines skipped).
-
-    A line that is not UTF-8 or not JSON, or lacks the key, raises DataError naming the
-    file, the line (and column) and the whole reason.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"corpus {path}: no such file")
-    # Read bytes and decode per line: a decoding error then knows its line number.
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, start=1):
-            where = f"corpus {path} line {number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column "
-                                f"{e.start + 1}: {e.reason})") from None
-            if line.strip():
-                yield _text_of_line(line, key, where)
-
-
-def _json_error(line: str, error: json.JSONDecodeError, where: str) -> DataError:
-    """The whole reason json gives, with the column, and what to do about a raw control
-    character (json's own message stops at "Invalid control character at")."""
-    reason = error.msg.removesuffix(" at")
-    if error.msg.startswith("Invalid control character") and error.pos < len(line):
-        char = line[error.pos]
-        reason += f" {char!r} inside a string (escape it, as \\u{ord(char):04x})"
-    return DataError(f"{where} column {error.colno}: not JSON: {reason}")
-
-
-def _text_of_line(line: str, key: str, where: str) -> str:
-    try:
-        record: Any = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise _json_error(line, e, where) from None
-    if not isinstance(record, dict) or key not in record:
-        raise DataError(f"{where}: no {key!r} key (choose the key with --json-key)")
-    if not isinstance(record[key], str):
-        raise DataError(f"{where}: {key!r} is a {type(record[key]).__name__}, not text")
-    return record[key]
-
-
 def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
     iterator = iter(items)
     while chunk := list(itertools.islice(iterator, size)):
@@ -205,53 +162,30 @@ def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
 
 # ---------------------------------------------------------------------------- dataset
 
-def check_output_prefix(prefix: str) -> None:
-    """Refuse a prefix that already names one of the two files (PREFIX.bin.bin follows)."""
-    if prefix.endswith((".bin", ".idx")):
-        raise DataError(f"--output-prefix {prefix}: give the prefix without .bin or .idx "
-                        f"(it writes PREFIX.bin and PREFIX.idx)")
-
-
-def dataset_files(prefix: str) -> list[Path]:
-    """The two files of the indexed dataset at ``prefix``."""
-    return [Path(prefix + ".bin"), Path(prefix + ".idx")]
-
-
-def refuse_overwrite(outputs: Iterable[Path], force: bool) -> None:
-    """Without ``force``, refuse outputs that exist already, naming the first and --force."""
-    existing = [p for p in outputs if p.exists() or p.is_symlink()]
-    if existing and not force:
-        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
-        raise DataError(f"{existing[0]} exists{more}; pass --force to replace it")
-
-
 def write_dataset(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str, *,
-                  force: bool = False, stage: StagedOutputs | None = None) -> DatasetSummary:
+                  force: bool = False, commit: DatasetCommit | None = None) -> DatasetSummary:
     """Tokenize ``texts`` into PREFIX.bin/.idx with megatron-core's IndexedDatasetBuilder.
 
     One document per text, the tokenizer's EOD after each; texts with no tokens are skipped.
-    The files are written under temporary names and renamed over PREFIX.bin/.idx only when
-    both are complete (``staging``); an existing dataset needs ``force``. With ``stage`` the
-    files join that set of outputs, and its owner commits them.
+    The files are built as a new version and switched in whole once complete, under the
+    prefix's lock (``dataset_commit``); an existing dataset needs ``force``. With ``commit``
+    the files are built into that (already locked) version, and its owner commits them.
     """
     from ..environment import megatron_core_problem
 
     problem = megatron_core_problem("writing Megatron's indexed dataset")
     if problem:
         raise DataError(problem)
-    check_output_prefix(prefix)
-    refuse_overwrite(dataset_files(prefix), force)
-    if stage is not None:
-        return _build(texts, tokenizer, prefix, stage)
-    with staged_outputs() as own:
+    if commit is not None:
+        return _build(texts, tokenizer, prefix, commit)
+    with dataset_commit(prefix, force) as own:
         summary = _build(texts, tokenizer, prefix, own)
-        summary = dataclasses.replace(summary, replaced=bool(own.replaced()))
         own.commit()
     return summary
 
 
 def _build(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str,
-           stage: StagedOutputs) -> DatasetSummary:
+           commit: DatasetCommit) -> DatasetSummary:
     import warnings
 
     import torch
@@ -260,11 +194,9 @@ def _build(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str,
         warnings.simplefilter("ignore", UserWarning)
         from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
-    bin_final, idx_final = dataset_files(prefix)
-    bin_path, idx_path = stage.file(bin_final), stage.file(idx_final)
     # uint16 below 65,500 token ids, as Megatron's preprocessing picks it.
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
-    builder = IndexedDatasetBuilder(str(bin_path), dtype=dtype)
+    builder = IndexedDatasetBuilder(str(commit.bin_path), dtype=dtype)
     documents = tokens = skipped = 0
     try:
         for chunk in _chunks(texts, ENCODE_CHUNK):
@@ -278,18 +210,19 @@ def _build(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str,
                 tokens += len(ids) + 1
         if documents == 0:
             raise DataError(f"the corpus for {prefix} has no document with any token")
-        builder.finalize(str(idx_path))
+        builder.finalize(str(commit.idx_path))
     finally:
         builder.data_file.close()  # finalize closes it too; an error must not leave it open
-    return DatasetSummary(prefix, documents, tokens, skipped, tokenizer, dtype.__name__)
+    return DatasetSummary(prefix, documents, tokens, skipped, tokenizer, dtype.__name__,
+                          commit.replaced)
 
 
 def tokenize_jsonl(corpus: str | Path, tokenizer_path: str | Path, prefix: str,
                    key: str = "text", *, force: bool = False,
-                   stage: StagedOutputs | None = None) -> DatasetSummary:
+                   commit: DatasetCommit | None = None) -> DatasetSummary:
     """`megatron-burst data CORPUS --tokenizer T --output-prefix PREFIX [--force]`."""
-    check_output_prefix(prefix)
-    refuse_overwrite(dataset_files(prefix), force)  # before the tokenizer takes its time
+    check_prefix(prefix)  # before the tokenizer takes its time (checked again under the lock)
+    existing_dataset(prefix, force)
     tokenizer = load_tokenizer(tokenizer_path)
     # Read the first line before creating any file, so a wrong key leaves nothing behind.
     texts = read_jsonl(corpus, key)
@@ -297,4 +230,4 @@ def tokenize_jsonl(corpus: str | Path, tokenizer_path: str | Path, prefix: str,
     if first is None:
         raise DataError(f"corpus {corpus}: no documents")
     return write_dataset(itertools.chain([first], texts), tokenizer, prefix, force=force,
-                         stage=stage)
+                         commit=commit)

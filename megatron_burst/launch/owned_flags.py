@@ -4,13 +4,19 @@
 batch, the model's shape and the schedule from the config's keys, and `plan` checks and
 prices exactly those values. Megatron's parser lets the last occurrence of a flag win, so a
 ``megatron_args: ["--context-parallel-size", "2"]`` appended after the planned
-``--context-parallel-size 4`` would run CP=2 against a plan made for CP=4. Every such flag
+``--context-parallel-size 4`` would run CP=2 against a plan made for CP=4. Every such entry
 is refused at load time, naming the key to set instead, in both spellings (``--flag value``
-and ``--flag=value``). A test checks that every flag `flags` emits is listed here.
+and ``--flag=value``), and by what it sets rather than how it is spelt
+(``megatron_options``): another spelling of the same argparse destination
+(``--persistent-save-interval`` is ``--save-interval``), or an option from which Megatron
+sets an owned destination after parsing (``--recompute-activations`` sets
+``recompute_granularity``; ``--yaml-cfg`` can set anything). A test checks that every flag
+`flags` emits is listed here.
 """
 from __future__ import annotations
 
 from .config_values import ConfigError
+from .megatron_options import ANY, OptionTable, pinned_table
 
 FIXED = "is set by megatron-burst for the BurstAttention layer spec; a config cannot change it"
 
@@ -98,8 +104,17 @@ BURST_KEYS = {"--burst-document-mask": "data.document_mask",
               "--burst-profile": "cluster.profile"}
 
 
+# What Megatron derives from the flags above, which the plan relies on too: an option that
+# changes it after parsing changes the plan (--tensor-parallel-num-weight-shards, the
+# data-parallel size).
+DERIVED: dict[str, str] = {
+    "data_parallel_size": "cluster.nodes, cluster.gpus_per_node and parallel.* (data "
+                          "parallelism follows from them)",
+}
+
+
 def owner_of(flag: str) -> str | None:
-    """The config key that decides ``flag`` (a bare ``--name``), or None if none does."""
+    """The config key that decides ``flag`` (a bare ``--name``), by spelling, or None."""
     if flag in OWNED_FLAGS:
         return OWNED_FLAGS[flag]
     if flag.startswith(BURST_PREFIX):
@@ -107,22 +122,58 @@ def owner_of(flag: str) -> str | None:
     return None
 
 
-def check_megatron_args(args: list[str], owned: dict[str, str] | None = None,
-                        key: str = "megatron_args") -> None:
-    """Refuse any entry of ``args`` that sets a flag a config key decides, or one of
-    ``owned`` (flag -> why, starting "is ": what a caller such as `slurm` sets itself).
+def owned_dests(table: OptionTable, owned: dict[str, str] | None = None
+                ) -> dict[str, tuple[str, str]]:
+    """destination -> (the flag that sets it, its owner) for every flag a config key (or
+    ``owned``, a caller's own flags) decides, and the derived destinations."""
+    found = {dest: ("", why) for dest, why in DERIVED.items()}
+    for flag, why in [*OWNED_FLAGS.items(), *(owned or {}).items()]:
+        dest = table.dest(flag)
+        if dest is not None:
+            found[dest] = (flag, why)
+    return found
 
-    Both ``--flag value`` and ``--flag=value`` are caught; the error names the entry and the
-    key to set instead.
+
+def check_megatron_args(args: list[str], owned: dict[str, str] | None = None,
+                        key: str = "megatron_args", table: OptionTable | None = None) -> None:
+    """Refuse any entry of ``args`` that sets what a config key decides (or one of
+    ``owned``: flag -> why, starting "is ": what a caller such as `slurm` sets itself).
+
+    An entry is matched by what it sets, not by its spelling: its argparse destination in
+    Megatron's parser (aliases such as --persistent-save-interval included), and the
+    destinations Megatron sets from it after parsing (--recompute-activations). ``table``:
+    Megatron's options (default: the pinned table, ``megatron_options``). Both ``--flag
+    value`` and ``--flag=value`` are caught; the error names the entry and what to set.
     """
+    table = table or pinned_table()
+    dests = owned_dests(table, owned)
     for index, word in enumerate(args):
-        if not word.startswith("--"):
-            continue
-        flag = word.split("=", 1)[0]
-        owner = (owned or {}).get(flag) or owner_of(flag)
-        if owner is None:
-            continue
-        if owner.startswith("is "):
-            raise ConfigError(f"'{key}[{index}]': {flag} {owner}")
-        raise ConfigError(f"'{key}[{index}]': {flag} is what the plan decides; set {owner} "
-                          f"instead of passing it in megatron_args")
+        if word.startswith("--"):
+            _check_entry(word.split("=", 1)[0], f"'{key}[{index}]'", table, dests, owned)
+
+
+def _check_entry(flag: str, where: str, table: OptionTable,
+                 dests: dict[str, tuple[str, str]], owned: dict[str, str] | None) -> None:
+    dest = table.dest(flag)
+    by_spelling = (owned or {}).get(flag) or owner_of(flag)
+    if dest in dests and not by_spelling:  # another spelling of an owned flag
+        canonical, owner = dests[dest]
+        by_spelling = owner
+        flag = f"{flag} (which sets {dest}, as {canonical} does)"
+    if by_spelling:
+        _refuse(where, flag, by_spelling)
+    for reached in table.reaches(dest) if dest else ():
+        if reached == ANY:
+            raise ConfigError(f"{where}: {flag} lets Megatron replace any argument after "
+                              f"parsing (from a file or a checkpoint), the planned ones "
+                              f"included; set the config's keys instead")
+        if reached in dests:
+            _refuse(where, f"{flag} (from which Megatron sets {reached} after parsing)",
+                    dests[reached][1])
+
+
+def _refuse(where: str, flag: str, owner: str) -> None:
+    if owner.startswith("is "):
+        raise ConfigError(f"{where}: {flag} {owner}")
+    raise ConfigError(f"{where}: {flag} is what the plan decides; set {owner} instead of "
+                      f"passing it in megatron_args")

@@ -10,6 +10,7 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 from __future__ import annotations
 
 from ..options import AUTO
+from ..timing import load_profile
 from .config import Config, ConfigError
 from .layout_candidates import chosen_prediction
 from .topology import group_ranks_per_node, run_problem, topology_of
@@ -82,13 +83,18 @@ def validate(cfg: Config) -> list[str]:
     problem = run_problem(cfg)  # the schema's rules between options and the run
     if problem is not None:
         raise problem
+    try:  # the time model's profile, read by 'auto' and by the step time
+        load_profile(c.profile_name)
+    except ValueError as e:
+        raise ConfigError(f"'cluster.profile': {e}") from None
     try:
         topology_of(cfg)
     except ValueError as e:
         said = str(e)  # the option the resolver's message names first
         named = min(("ulysses_size", "intra_node_size", "backward", "profile"),
                     key=lambda n: said.find(n) if n in said else len(said))
-        raise ConfigError(f"'burst.{named}': {e}") from None
+        key = "cluster.profile" if named == "profile" else f"burst.{named}"
+        raise ConfigError(f"'{key}': {e}") from None
     per_node = group_ranks_per_node(cfg)
     inner = b.intra_node_size if isinstance(b.intra_node_size, int) else None
     _require(inner is None or inner <= per_node, "burst.intra_node_size",

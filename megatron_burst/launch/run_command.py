@@ -79,6 +79,21 @@ def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:
         raise ConfigError(f"'cluster.gpus_per_node' is {c.gpus_per_node}, but this host has "
                           f"{gpus_here} GPU(s)")
     check_imports(cfg)
+    _check_with_installed_megatron(cfg)
+
+
+def _check_with_installed_megatron(cfg: Config) -> None:
+    """megatron_args checked again with the installed Megatron's own parser and source (the
+    config was checked with the pinned table when loaded): this host runs that Megatron.
+    Where it will not import after all, the entry point says why in one line as it starts."""
+    from .megatron_options import live_table
+    from .owned_flags import check_megatron_args
+
+    try:
+        table = live_table()
+    except ImportError:
+        return
+    check_megatron_args(cfg.megatron_args, table=table)
 
 
 def _run_on_gpus(cfg: Config, args: argparse.Namespace, gpus_here: int) -> int:

@@ -29,9 +29,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
-from .data import (DataError, DatasetSummary, dataset_files, refuse_overwrite,
-                   tokenize_jsonl)
-from .staging import staged_outputs
+from .data import DataError, DatasetSummary, tokenize_jsonl
+from .dataset_commit import dataset_commit, existing_dataset
+from .staging import check_replaceable, staged_outputs
 
 # Present on CPython 3.11 to 3.13 alike, pure Python or always built (no sqlite3, tkinter).
 SAMPLE_MODULES = (
@@ -51,6 +51,7 @@ EOD_TOKEN = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 1024
 CORPUS_FILE = "corpus.jsonl"
 TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what save_hf_tokenizer writes
 DATASET_PREFIX = "text_document"
 
 
@@ -134,7 +135,7 @@ def train_bpe(texts: list[str], vocab_size: int) -> Any:
 
 def save_hf_tokenizer(tokenizer: Any, folder: Path) -> None:
     """Fill ``folder`` so that transformers' AutoTokenizer (and so Megatron) loads it, offline."""
-    tokenizer.save(str(folder / "tokenizer.json"))
+    tokenizer.save(str(folder / TOKENIZER_FILES[0]))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         # GPT-2's convention: one special token begins and ends documents.
@@ -143,7 +144,7 @@ def save_hf_tokenizer(tokenizer: Any, folder: Path) -> None:
         "model_max_length": 1 << 20,
         "clean_up_tokenization_spaces": False,
     }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / TOKENIZER_FILES[1]).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def existing_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -> str | None:
@@ -172,8 +173,10 @@ def write_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *,
                  force: bool = False) -> SampleSummary:
     """Corpus, tokenizer and indexed dataset under ``out_dir`` (see the module docstring).
 
-    All four outputs are written under temporary names and renamed into place together once
-    the dataset is complete; outputs that exist already need ``force``.
+    ``out_dir`` is made if missing (it is this command's output). Each output is written
+    under a temporary name and put in place once the dataset is complete: the corpus and the
+    tokenizer by a rename each, then the dataset by its switch (``dataset_commit``); outputs
+    that exist already need ``force``, and none of the user's files is ever deleted.
     """
     if vocab_size < 257:
         raise DataError(f"--vocab-size {vocab_size}: a byte-level BPE needs the 256 bytes "
@@ -183,18 +186,31 @@ def write_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *,
         raise DataError(f"--sample-corpus {out_dir}: exists and is not a folder")
     prefix = str(out_dir / DATASET_PREFIX)
     corpus, tokenizer_dir = out_dir / CORPUS_FILE, out_dir / TOKENIZER_DIR
-    refuse_overwrite([corpus, tokenizer_dir, *dataset_files(prefix)], force)
+    _check_outputs(corpus, tokenizer_dir, prefix, force)
     texts = stdlib_docstrings()
     with staged_outputs() as stage:
-        staged_corpus = stage.file(corpus)
-        write_corpus(texts, staged_corpus)
-        staged_tokenizer = stage.folder(tokenizer_dir)
-        save_hf_tokenizer(train_bpe(texts, vocab_size), staged_tokenizer)
-        dataset = tokenize_jsonl(staged_corpus, staged_tokenizer, prefix, force=True,
-                                 stage=stage)
-        replaced = bool(stage.replaced())
-        stage.commit()
+        staged_corpus = stage.file(corpus)  # makes out_dir if it is missing
+        with dataset_commit(prefix, force) as commit:
+            write_corpus(texts, staged_corpus)
+            staged_tokenizer = stage.folder(tokenizer_dir, TOKENIZER_FILES)
+            save_hf_tokenizer(train_bpe(texts, vocab_size), staged_tokenizer)
+            dataset = tokenize_jsonl(staged_corpus, staged_tokenizer, prefix, force=True,
+                                     commit=commit)
+            replaced = bool(stage.replaced()) or commit.replaced
+            stage.commit()
+            commit.commit()  # last: the dataset is what a run reads
     # The summary names the final paths, not the staged ones it was written through.
     tokenizer = dataclasses.replace(dataset.tokenizer, path=str(tokenizer_dir))
     dataset = dataclasses.replace(dataset, tokenizer=tokenizer, replaced=replaced)
     return SampleSummary(corpus, sum(map(len, texts)), dataset)
+
+
+def _check_outputs(corpus: Path, tokenizer_dir: Path, prefix: str, force: bool) -> None:
+    """Refuse, before any work, outputs that exist (without ``force``) or cannot be replaced."""
+    try:
+        check_replaceable(corpus, force)
+        check_replaceable(tokenizer_dir, force, TOKENIZER_FILES)
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    if corpus.parent.is_dir():
+        existing_dataset(prefix, force)

@@ -1,17 +1,21 @@
 """Outputs that appear whole or not at all: written under temporary names, renamed on success.
 
-`megatron-burst data` writes a dataset as two files (PREFIX.bin and PREFIX.idx) and, for the
-sample, a corpus and a tokenizer folder too. Written in place, a re-run that failed deleted
-the previous dataset, and one stopped by SIGTERM left a 0-byte .bin beside the old .idx,
-which megatron-core's reader cannot open. Here every output is written under a hidden
-temporary name in the folder of its final path (so the rename stays on one file system,
-where it is atomic), and ``commit`` renames them all over the final paths with SIGINT and
-SIGTERM held back, so a reader sees the whole old set or the whole new one.
+`megatron-burst data --sample-corpus` writes a corpus file and a tokenizer folder beside its
+dataset (which ``dataset_commit`` commits). Each is written under a hidden temporary name
+in the folder of its final path (so the rename stays on one file system, where it is
+atomic), and ``commit`` renames each over its final path with SIGINT and SIGTERM held back:
+a reader sees the old file (folder) or the whole new one.
 
 An error, SIGINT or SIGTERM before the commit removes the temporary outputs and the
 folders the run created, and leaves what was there untouched. Only a SIGKILL or a power
 loss can leave a hidden ``.NAME.partial-*`` behind; never a half-written output under its
 final name.
+
+What is replaced is checked first (``check_replaceable``): an existing output needs
+``force``; a file never replaces a folder, nor a folder a file; and a folder is replaced only
+if it holds nothing but the files this tool writes there, so no file of the user's is ever
+deleted. New outputs get the permissions the umask gives any new file or folder; a replaced
+one keeps its mode.
 """
 from __future__ import annotations
 
@@ -19,10 +23,13 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from pathlib import Path
 from typing import Iterator
+
+from .output_files import new_file_mode, new_folder_mode
 
 # What the stopped process exits with, as a shell reports a process SIGTERM ended.
 SIGTERM_STATUS = 128 + signal.SIGTERM
@@ -38,12 +45,41 @@ def partial_name(final: Path) -> str:
     return f".{final.name}{PARTIAL_TAG}"
 
 
+def check_replaceable(final: Path, force: bool, folder_files: tuple[str, ...] | None = None
+                      ) -> None:
+    """Refuse (ValueError, one line) to replace ``final`` as the module docstring says; a
+    folder output names the files it writes in ``folder_files``, a file output None."""
+    if not (final.exists() or final.is_symlink()):
+        return
+    if folder_files is None and final.is_dir():
+        raise ValueError(f"{final} is a folder; a file is written there, and no folder is "
+                         f"ever deleted, --force or not: move it away")
+    if folder_files is not None:
+        if not final.is_dir() or final.is_symlink():
+            raise ValueError(f"{final} exists and is not a folder; move it away")
+        foreign = sorted(p.name for p in final.iterdir() if p.name not in folder_files)
+        if foreign:
+            raise ValueError(f"{final} holds {', '.join(foreign[:3])}, which this tool does "
+                             f"not write there; it replaces the folder only when it holds "
+                             f"nothing else, --force or not: move them away")
+    if not force:
+        raise ValueError(f"{final} exists; pass --force to replace it")
+
+
+def _mode_for(temporary: Path, final: Path) -> int:
+    """The replaced output's mode, or what the umask gives a new file or folder."""
+    if final.exists() and final.is_dir() == temporary.is_dir():
+        return stat.S_IMODE(final.stat().st_mode)
+    return new_folder_mode() if temporary.is_dir() else new_file_mode()
+
+
 class StagedOutputs:
     """Files and folders written under temporary names, renamed over their final paths
     together by ``commit`` or removed by ``discard``."""
 
     def __init__(self) -> None:
         self._pairs: list[tuple[Path, Path]] = []  # (temporary, final)
+        self._folder_files: dict[Path, tuple[str, ...]] = {}  # what a folder output holds
         self._created_folders: list[Path] = []  # made for the outputs, deepest last
         self.committed = False
 
@@ -62,12 +98,13 @@ class StagedOutputs:
         self._pairs.append((Path(name), final))
         return Path(name)
 
-    def folder(self, final: str | os.PathLike) -> Path:
-        """A temporary folder to fill in place of ``final``."""
+    def folder(self, final: str | os.PathLike, files: tuple[str, ...]) -> Path:
+        """A temporary folder to fill with ``files`` in place of ``final``."""
         final = Path(final)
         self._make_parents(final)
         temporary = Path(tempfile.mkdtemp(prefix=partial_name(final), dir=final.parent))
         self._pairs.append((temporary, final))
+        self._folder_files[final] = files
         return temporary
 
     def replaced(self) -> list[Path]:
@@ -81,18 +118,24 @@ class StagedOutputs:
         aside: list[Path] = []
         try:
             for temporary, final in self._pairs:
+                temporary.chmod(_mode_for(temporary, final))
                 if final.is_dir() and not final.is_symlink():
                     # A folder cannot be renamed over a folder that has content: move the old
                     # one aside first, and delete it once the new one is in place.
+                    check_replaceable(final, True, self._folder_files.get(final))
                     old = Path(tempfile.mkdtemp(prefix=partial_name(final), dir=final.parent))
                     os.replace(final, old / final.name)
-                    aside.append(old)
+                    aside.append((old, final))
                 os.replace(temporary, final)
             self.committed = True
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        for old in aside:
-            shutil.rmtree(old, ignore_errors=True)
+        for old, final in aside:  # only the files this tool wrote there (checked above)
+            for name in self._folder_files.get(final, ()):
+                (old / final.name / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (old / final.name).rmdir()
+                old.rmdir()
 
     def discard(self) -> None:
         """Remove the temporary outputs and the folders made for them (if still empty)."""

@@ -181,14 +181,13 @@ def _check_cuda_graphs(args: Any, documents: Optional[str]) -> None:
 
 def _refuse_failing_resume(args: Any) -> None:
     """Stop before training where resuming a checkpoint is known to fail: its distributed
-    optimizer state with torch's Adam (megatron-core 0.19 without TransformerEngine or apex)."""
+    optimizer state with torch's Adam (megatron-core 0.19 without TransformerEngine or apex).
+    What is resumed is decided as Megatron's load_checkpoint decides it (``resume``)."""
     from megatron_burst.environment import distributed_optimizer_resume_problem
+    from megatron_burst.megatron.resume import optimizer_state_source
 
-    load = getattr(args, "load", None)
-    resumes = (load and os.path.isfile(os.path.join(load, "latest_checkpointed_iteration.txt"))
-               and not getattr(args, "no_load_optim", False))
     problem = distributed_optimizer_resume_problem(
-        bool(getattr(args, "use_distributed_optimizer", False)), load if resumes else None)
+        bool(getattr(args, "use_distributed_optimizer", False)), optimizer_state_source(args))
     if problem:
         raise ValueError(problem)
 

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -65,8 +66,14 @@ def _link(points: list[tuple[int, float]]) -> Link:
     bw = [(b, b / t / 1e9) for b, t in pts]
     # Latency: what the smallest message costs beyond its bytes at the largest bandwidth.
     latency = max(0.0, pts[0][1] - pts[0][0] / (bw[-1][1] * 1e9)) * 1e6
-    return Link(latency_us=round(latency, 2), gbps=round(bw[-1][1], 2),
-                points=tuple((b, round(g, 2)) for b, g in bw))
+    # Four significant digits, not two decimals: a slow link (CPU ranks on a busy host)
+    # must not round to 0 GB/s, which the time model would divide by (and refuses).
+    return Link(latency_us=round(latency, 2), gbps=_significant(bw[-1][1]),
+                points=tuple((b, _significant(g)) for b, g in bw))
+
+
+def _significant(value: float) -> float:
+    return float(f"{value:.4g}")
 
 
 def measure_links(sizes: Sequence[int], per_node: int, device: torch.device,
@@ -212,10 +219,47 @@ def _agree(value: dict) -> dict:
     return box[0]
 
 
+def raw_path(out: str) -> str:
+    """Where the raw measurements go: beside the profile, as NAME.raw.json."""
+    return os.path.splitext(out)[0] + ".raw.json"
+
+
+def check_outputs(out: str, force: bool) -> None:
+    """Refuse (OutputError, one line) a profile path that cannot be written as asked, before
+    anything is measured: see ``launch.output_files``."""
+    from ..launch.output_files import check_output_file
+
+    check_output_file(out, "--out", force)
+    check_output_file(raw_path(out), "--out (its raw measurements)", force)
+
+
+def _write(out: str, result: dict, force: bool) -> None:
+    from ..launch.output_files import write_output_file
+
+    write_output_file(raw_path(out), json.dumps(result, indent=1), "--out", force)
+    write_output_file(out, json.dumps(result["profile"], indent=1), "--out", force)
+
+
+def _problem_on_rank_0(out: str, force: bool) -> str | None:
+    """Rank 0's verdict on the outputs (only it writes them), the same on every rank, so
+    either every rank measures or none does."""
+    problem = None
+    if dist.get_rank() == 0:
+        try:
+            check_outputs(out, force)
+        except ValueError as e:
+            problem = str(e)
+    box = [problem]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-burst tune", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="where to write the profile (JSON)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the profile and its .raw.json if they exist")
     parser.add_argument("--base", default=None,
                         help="profile whose inter-node link is kept on one node (default: "
                              "$MEGATRON_BURST_PROFILE or h200-nvlink)")
@@ -226,19 +270,20 @@ def main(argv: list[str] | None = None) -> int:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend)
-    t0 = time.time()
-    profile, raw = measure(quick=args.quick, base=args.base)
-    result = _agree(dict(profile=profile.to_json(), raw=raw,
-                         seconds=round(time.time() - t0, 1)))
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump(result["profile"], f, indent=1)
-        with open(os.path.splitext(args.out)[0] + ".raw.json", "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {args.out} ({result['seconds']} s): " + json.dumps(result["profile"]))
+    problem = _problem_on_rank_0(args.out, args.force)
+    if problem is None:
+        t0 = time.time()
+        profile, raw = measure(quick=args.quick, base=args.base)
+        result = _agree(dict(profile=profile.to_json(), raw=raw,
+                             seconds=round(time.time() - t0, 1)))
+        if dist.get_rank() == 0:
+            _write(args.out, result, args.force)
+            print(f"wrote {args.out} ({result['seconds']} s): " + json.dumps(result["profile"]))
+    elif dist.get_rank() == 0:
+        print(f"megatron-burst tune: {problem}", file=sys.stderr)
     if own_group:
         dist.destroy_process_group()
-    return 0
+    return 0 if problem is None else 2
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def test_corpus_round_trips_through_megatron_reader(tmp_path, tokenizer):
     texts = ["The quick brown fox.", "", "Naïve café: 3 documents,\nmany lines.", "  "]
     corpus = tmp_path / "corpus.jsonl"
     _write_jsonl(corpus, [{"text": t, "id": i} for i, t in enumerate(texts)])
+    (tmp_path / "out").mkdir()
     summary = tokenize_jsonl(corpus, tokenizer.path, str(tmp_path / "out" / "docs"))
     dataset = IndexedDataset(str(tmp_path / "out" / "docs"))
     expected = [ids + [tokenizer.eod_id] for ids in tokenizer.encode_batch(texts) if ids]
