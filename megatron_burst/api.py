@@ -77,7 +77,8 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         said = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         agree.check_agreement(group, failed_signature(said))
         raise
-    agree.check_agreement(group, prepared.sig)
+    if world > 1:
+        agree.check_agreement(group, prepared.sig)
     spec = prepared.spec
     if world > 1 and not prepare.capturing(q):
         # Numbered after the check, so a call every rank refused counts nowhere. A CUDA

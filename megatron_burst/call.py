@@ -16,12 +16,13 @@ import torch
 
 from .cp_topology import CPTopology
 from .kernels.selection import KERNEL_NAMES
-from .options import NOT_GIVEN, BurstOptions
+from .options import NOT_GIVEN, BurstOptions, is_given
 from .packs import DocumentPack, pack_documents
 from .placement import LAYOUTS
 from .remat import AttentionKeep
 
 QKV_FORMATS = ("bshd", "sbhd")
+_DEFAULT_OPTIONS = BurstOptions()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +85,11 @@ class BurstCall:
         if keep is not None and not isinstance(keep, AttentionKeep):
             raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
                              f"{type(keep).__name__}")
-        options = BurstOptions(backward=backward, ulysses_size=ulysses_size,
-                               intra_node_size=intra_node_size)
+        if is_given(backward) or is_given(ulysses_size) or is_given(intra_node_size):
+            options = BurstOptions(backward=backward, ulysses_size=ulysses_size,
+                                   intra_node_size=intra_node_size)
+        else:
+            options = _DEFAULT_OPTIONS  # most calls: one value, made once
         return BurstCall(causal, softmax_scale, window_size, layout, qkv_format, kernel,
                          call_label, options, topology,
                          None if cu_seqlens is None else pack_documents(cu_seqlens),

@@ -103,20 +103,21 @@ PREPARED: "collections.OrderedDict[tuple, Prepared]" = collections.OrderedDict()
 PREPARED_CACHE = 64  # calls of distinct shapes, masks or packs kept
 
 
-def call_key(group, q, k, v, call: BurstCall) -> tuple:
+def call_key(group, q, k, v, call: BurstCall, world: int) -> tuple:
     """Everything a prepared call depends on, by value: the group's name, the call, the
     tensors' shapes, strides, dtype, device and autograd state, and, where 'auto' is to be
-    settled, the profile's identity and what ranks per node are read from."""
+    settled over more than one rank, the profile's identity and what ranks per node are
+    read from."""
     tensors = tuple((t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
                     for t in (q, k, v))
     cluster_state = (profile_key(call.options.profile), cluster.view_key()) \
-        if call.needs_cluster else None
+        if world > 1 and call.needs_cluster else None
     return (_group_name(group), call, tensors, torch.is_grad_enabled(), cluster_state)
 
 
 def lookup(group, q, k, v, call: BurstCall, world: int) -> Prepared:
     """The prepared call for this key, preparing (and remembering) it on a miss."""
-    key = call_key(group, q, k, v, call)
+    key = call_key(group, q, k, v, call, world)
     found = PREPARED.get(key)
     if found is None:
         found = prepare(q, k, v, group, world, call)
@@ -191,7 +192,7 @@ def _ring_spec(q, k, group, world: int, cp: CPTopology, call: BurstCall, *,
     kernel = choose_kernel(call.kernel, q.dtype, hq, hkv, q.shape[3], q.device,
                            blocks=lambda: (b for p in pairs for b in sched.blocks(*p)),
                            varlen=batch == 1)
-    spec = dataclasses.replace(spec, kernel=kernel)
+    spec = dataclasses.replace(spec, kernel=kernel, whole=spec.whole_block(s_local, s_local))
     # A new pack is planned here, before the check's collective: host work that then
     # overlaps what the GPU still has queued instead of following a synchronisation.
     spec.plan(pairs, q.device)

@@ -21,7 +21,8 @@ from .comm.rings import AccumulatorRoute, PayloadRing, RowLayout
 from .comm.topology import RingTopology
 from .kernels.protocol import LocalAttention
 from .schedule import Block, RingSchedule
-from .varlen import KernelCall, covers, plan_calls, upload_boundaries
+from .placement import local_length
+from .varlen import KernelCall, covers, plan_alone, plan_calls, upload_boundaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,9 @@ class RingSpec:
     # goes to a kernel that builds nothing per shape (varlen.plan_calls, ``shape_free``).
     fixed_shapes: bool = True
     tag: CallTag | None = None  # what this call's ring messages say they belong to
+    # The one block of a single member's whole attention, if it is one (``whole_block``):
+    # then a pass is one kernel call and nothing else (set by ``prepare``).
+    whole: Block | None = None
 
     @property
     def me(self) -> int:
@@ -84,8 +88,11 @@ class RingSpec:
         key = ("calls", q_member, k_member, varlen, area)
 
         def plan():
-            calls = plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
-                               dense_min_area=area, shape_free=not self.fixed_shapes)
+            if self.alone:  # CP=1 documents: one varlen call from the boundaries
+                calls = plan_alone(self.sched.doc_lens, self.sched.mask)
+            else:
+                calls = plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
+                                   dense_min_area=area, shape_free=not self.fixed_shapes)
             upload_boundaries(calls, device)
             return calls
         return self.sched.memo(key, plan)
@@ -147,16 +154,25 @@ class RingSpec:
         return RowLayout(tuple(t.shape for t in like), (dtype,) * len(like),
                          (self.row_dim,) * len(like), like[0].device)
 
+    @property
+    def alone(self) -> bool:
+        """A pack on a single member whose rows are its documents in order, unpadded: its
+        plan needs no blocks (``varlen.plan_alone``)."""
+        s = self.sched
+        return (self.topo is None and not self.fixed_shapes and s.ulysses == 1
+                and local_length(s.layout, s.world, s.doc_lens) == sum(s.doc_lens))
+
     def whole_block(self, q_len: int, k_len: int) -> Block | None:
         """The block when this rank's attention is one kernel call over all its rows and keys.
 
         That is a single member (CP=1, or TP-only runs that keep the burst layer) without
         padding or documents. Then the kernel's own output and gradients are the answer: no
-        fp32 accumulators, merges or casts (they cost ~6% of the kernel at 32K tokens).
+        fp32 accumulators, merges or casts (they cost ~6% of the kernel at 32K tokens), and
+        no row is without a key (the lse needs no mending for the backward).
         """
-        if self.topo is not None:
+        if self.topo is not None or not self.fixed_shapes:
             return None
-        blocks = list(self.sched.blocks(self.me, self.me))
+        blocks = self.sched.blocks(self.me, self.me)
         if len(blocks) != 1:
             return None
         blk = blocks[0]

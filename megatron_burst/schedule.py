@@ -81,6 +81,22 @@ class Block:
         n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
         return (m - n) - self.lo, self.hi - (m - n)
 
+    @staticmethod
+    def of_window(n: int, m: int, window: tuple[int, int], causal: bool) -> "Block":
+        """The n x m block flash computes under its bottom-right ``window`` (and
+        ``causal``), trimmed to a kind: the inverse of ``flash_window``."""
+        if causal:
+            window = (window[0], 0)
+        left, right = window
+        lo = (m - n) - left if left >= 0 else -(n - 1)
+        hi = (m - n) + right if right >= 0 else m - 1
+        lo, hi = max(lo, -(n - 1)), min(hi, m - 1)
+        if (lo, hi) == (-(n - 1), m - 1):
+            return Block(0, n, 0, m, "full")
+        if n == m and (lo, hi) == (-(n - 1), 0):
+            return Block(0, n, 0, m, "causal")
+        return Block(0, n, 0, m, "band", lo, hi)
+
     def describe(self) -> str:
         """e.g. 'band block of 64 x 80 (key - query in [-16, 0])'."""
         n, m = self.q_stop - self.q_start, self.k_stop - self.k_start

@@ -23,8 +23,10 @@ from typing import Sequence
 
 import torch
 
+import numpy as np
+
 from .merge import merge_partial
-from .schedule import Block
+from .schedule import Block, Mask
 
 Runs = tuple[tuple[int, int], ...]  # contiguous local row ranges, in packed order
 
@@ -36,6 +38,8 @@ class KernelCall:
     Dense (one block): ``blocks[0]`` on row slices. Varlen: the blocks' query rows packed
     in ``q_runs`` order, key rows in ``k_runs`` order, sequence i being block i.
     ``window`` is flash-attn's bottom-right aligned (left, right) for every sequence.
+    A varlen call made from boundaries alone (``plan_alone``) has no ``blocks``: each
+    sequence's block follows from its lengths and the window (``sequence_blocks``).
     """
 
     blocks: tuple[Block, ...]
@@ -50,11 +54,27 @@ class KernelCall:
 
     @functools.cached_property  # read at every launch, by every layer
     def max_q(self) -> int:
-        return max(b.q_stop - b.q_start for b in self.blocks)
+        if self.varlen:
+            return int(np.diff(self.cu_q).max())
+        return self.blocks[0].q_stop - self.blocks[0].q_start
 
     @functools.cached_property
     def max_k(self) -> int:
-        return max(b.k_stop - b.k_start for b in self.blocks)
+        if self.varlen:
+            return int(np.diff(self.cu_k).max())
+        return self.blocks[0].k_stop - self.blocks[0].k_start
+
+    def sequence_blocks(self):
+        """Each packed sequence's block in its own coordinates (for kernels that run a
+        varlen call one sequence at a time)."""
+        if self.blocks:
+            for blk in self.blocks:
+                n, m = blk.q_stop - blk.q_start, blk.k_stop - blk.k_start
+                yield Block(0, n, 0, m, blk.kind, blk.lo, blk.hi)
+            return
+        for i in range(len(self.cu_q) - 1):
+            yield Block.of_window(self.cu_q[i + 1] - self.cu_q[i],
+                                  self.cu_k[i + 1] - self.cu_k[i], self.window, self.causal)
 
     def cu_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cu_seqlens_q/k as int32 tensors on ``device`` (``upload_boundaries`` put them
@@ -88,6 +108,26 @@ def upload_boundaries(calls: Sequence[KernelCall], device: torch.device) -> None
 def mask_shape(block: Block) -> tuple[tuple[int, int], bool]:
     """(flash window, causal) under which a varlen kernel computes exactly ``block``."""
     return block.flash_window, block.kind == "causal"
+
+
+def plan_alone(lens: Sequence[int], mask: Mask) -> tuple[KernelCall, ...]:
+    """A single member's pack (CP=1, documents kept in order and unpadded): every document
+    against itself under ``mask`` as ONE varlen call over all the rows, made from the
+    boundaries in a few array operations, whatever the number of documents. A window is
+    flash's bottom-right window, the same for every document (on a document's square block
+    it is the band; a document shorter than the window sees all it may)."""
+    n = np.asarray(lens, dtype=np.int64)
+    n = n[n > 0]
+    if not n.size:
+        return ()
+    cu = tuple(np.concatenate(([0], np.cumsum(n))).tolist())
+    left, right = mask.window
+    if mask.plain:
+        window, causal = ((-1, 0), True) if mask.causal else ((-1, -1), False)
+    else:
+        window, causal = (left, 0 if mask.causal else right), False
+    runs = ((0, cu[-1]),)
+    return (KernelCall((), True, runs, runs, cu, cu, window, causal),)
 
 
 def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,

@@ -117,10 +117,9 @@ class LocalAttention(Protocol):
 
 def _sequences(call):
     """(query slice, key slice, the block as a local block) of each packed sequence."""
-    for i, blk in enumerate(call.blocks):
-        n, m = blk.q_stop - blk.q_start, blk.k_stop - blk.k_start
+    for i, blk in enumerate(call.sequence_blocks()):
         yield (slice(call.cu_q[i], call.cu_q[i + 1]), slice(call.cu_k[i], call.cu_k[i + 1]),
-               Block(0, n, 0, m, blk.kind, blk.lo, blk.hi))
+               blk)
 
 
 class VarlenByLoop:

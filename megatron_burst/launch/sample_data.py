@@ -153,9 +153,10 @@ def existing_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -
     DataError if one is there with another vocabulary size (``--force`` remakes it)."""
     out_dir = Path(out_dir)
     tokenizer_json = out_dir / TOKENIZER_DIR / "tokenizer.json"
+    prefix = str(out_dir / DATASET_PREFIX)
     parts = [out_dir / CORPUS_FILE, tokenizer_json, out_dir / TOKENIZER_DIR /
-             "tokenizer_config.json", *map(Path, dataset_files(str(out_dir / DATASET_PREFIX)))]
-    if not all(p.is_file() for p in parts):
+             "tokenizer_config.json", Path(prefix + ".bin"), Path(prefix + ".idx")]
+    if not all(p.is_file() for p in parts):  # the dataset's links followed to their files
         return None
     try:
         vocab = len(json.loads(tokenizer_json.read_text())["model"]["vocab"])
