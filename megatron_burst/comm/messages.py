@@ -10,10 +10,12 @@ ring hang, Megatron-LM #1151, ring-flash-attention #39).
 
 On CUDA the transfers run on NCCL's own streams; ``Pending.wait()`` makes the current
 stream wait for them without blocking the host, so the kernels queued before it overlap
-the transfer. On CPU (gloo) each wait is bounded (``waits.wait_bounded``), and every hop
-first trades its headers with the message sizes as small messages of their own: gloo ends
-the receiving process (``std::terminate``, no Python error) when a message is not the size
-posted for it, so calls that pair wrongly must be caught before a payload moves.
+the transfer. On CPU (gloo) each wait is bounded (``waits.wait_bounded``), and a pass's
+first hop between two ranks first trades its header with the message's size as a small
+message of its own: gloo ends the receiving process (``std::terminate``, no Python error)
+when a message is longer than the buffer posted for it, so calls that pair wrongly must be
+caught before a payload moves. Once two ranks' headers matched, their calls (signature and
+all) are the same, so every later message between them in the pass has the size expected.
 """
 from __future__ import annotations
 
@@ -121,6 +123,7 @@ class PeerComm:
         self.group = group
         self.phase = phase
         self.check = check  # stamps what is sent, checks what arrives (None: untagged)
+        self._traded: set[tuple[str, int]] = set()  # gloo: peers whose header this pass saw
 
     def finish(self) -> None:
         """The pass is over: every message it received has arrived (CUDA: compare them)."""
@@ -162,8 +165,14 @@ class PeerComm:
 
     def _trade_headers(self, sends: Sequence[tuple[Packed, int]],
                        recvs: Sequence[tuple[Packed, int]]) -> None:
-        """gloo: each hop's header and size as a message of its own, checked before the
-        payload is posted; a mismatch raises ValueError here instead of ending the process."""
+        """gloo: the pass's first hop to or from each peer sends its header and size as a
+        message of its own, checked before the payload is posted; a mismatch raises
+        ValueError here instead of ending the process."""
+        sends = [(buf, to) for buf, to in sends if ("to", to) not in self._traded]
+        recvs = [(buf, frm) for buf, frm in recvs if ("from", frm) not in self._traded]
+        if not sends and not recvs:
+            return
+        self._traded.update([("to", to) for _, to in sends] + [("from", f) for _, f in recvs])
         words = self.check.tag.words(self.phase) if self.check is not None else (0, 0, 0, 0)
         ops, got, what = [], [], []
         for buf, to in sends:
