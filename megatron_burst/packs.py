@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import struct
 
+import numpy as np
 import torch
 
 
@@ -64,17 +65,18 @@ def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
             or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2):
         raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
                          "[0, n0, n0+n1, ...]")
-    bounds = cu_seqlens.tolist()
-    if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
-        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {bounds[:8]}"
-                         f"{'...' if len(bounds) > 8 else ''}")
+    bounds = cu_seqlens.cpu().numpy().astype(np.int64)  # one copy to the host
+    steps = np.diff(bounds)
+    if bounds[0] != 0 or (steps < 0).any():
+        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got "
+                         f"{bounds[:8].tolist()}{'...' if len(bounds) > 8 else ''}")
     if bounds[-1] > INT32_MAX:
         raise ValueError(f"cu_seqlens must fit int32 (the kernels read boundaries as int32): "
                          f"its last boundary is {bounds[-1]} > {INT32_MAX}")
-    lens = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    lens = tuple(steps.tolist())
     pack = _PACKS.get(lens)
     if pack is None:
-        pack = DocumentPack(torch.tensor(bounds, dtype=torch.int32), lens,
+        pack = DocumentPack(torch.from_numpy(bounds.astype(np.int32)), lens,
                             describe_lengths(lens))
         _PACKS[lens] = pack
         if len(_PACKS) > PACK_CACHE:

@@ -380,3 +380,107 @@ def test_fused_merge_matches_float64_merge():
     assert (out.double() - ref_out).abs().max().item() < 1e-5
     finite = torch.isfinite(new_lse)
     assert (lse.double()[finite] - new_lse[finite]).abs().max().item() < 1e-5
+
+
+# ------------------------------------------------------------ forced kernels x block kinds
+
+FORCED_MASKS = {"full": dict(causal=False), "causal": dict(causal=True),
+                "band": dict(causal=True, window_size=(128, 0)),
+                "two-sided band": dict(causal=False, window_size=(96, 200)),
+                "documents": dict(causal=True, lens=(700, 3, 1, 900, 444))}
+# What each kernel runs: anything else must be refused before the call, never computed wrong.
+RUNS = {"cudnn": {"full", "causal"}, "torch-flash": set(FORCED_MASKS),
+        "flash-attn": set(FORCED_MASKS)}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("mask", sorted(FORCED_MASKS))
+def test_forced_kernel_runs_its_blocks_or_refuses(name, mask):
+    """burst_attn(kernel=name) on one GPU, bf16, GQA: the float64 reference's out, lse and
+    gradients, or a ValueError naming the kernel (cuDNN under a window computed causal
+    attention with a relative error of 0.95 before it was checked)."""
+    import itertools
+
+    from .reference import reference_attention
+
+    opts = dict(FORCED_MASKS[mask])
+    lens = opts.pop("lens", None)
+    s = sum(lens) if lens else 2048
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, do = (torch.randn(1, s, 16, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+             for _ in range(2))
+    k, v = (torch.randn(1, s, 4, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+            for _ in range(2))
+    cu = None if lens is None else torch.tensor([0, *itertools.accumulate(lens)],
+                                                dtype=torch.int32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    try:
+        out, lse = mb.burst_attn(*leaves, kernel=name, return_lse=True, cu_seqlens=cu,
+                                 layout="whole_docs" if lens else "zigzag", **opts)
+    except ValueError as e:
+        assert f"kernel='{name}'" in str(e), e
+        assert mask not in RUNS[name] or name == "flash-attn", (mask, str(e))
+        return
+    assert mask in RUNS[name], f"{name} accepted {mask} blocks it cannot run"
+    out.backward(do)
+    ids = None if lens is None else torch.repeat_interleave(
+        torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    r_out, r_lse = reference_attention(*ref_leaves, causal=opts["causal"], scale=128 ** -0.5,
+                                       window=opts.get("window_size", (-1, -1)), doc_ids=ids)
+    r_out.backward(do.double())
+    assert rel(out, r_out) < 2e-2 and rel(lse, r_lse) < 1e-3, mask
+    for got, ref in zip(leaves, ref_leaves):
+        assert rel(got.grad, ref.grad) < 2e-2, mask
+
+
+def test_lse_gradient_with_rows_out_of_the_loss_on_one_gpu():
+    """A loss on lse while half the output rows have no gradient (tokens out of the loss):
+    dq, dk, dv equal the float64 reference's (they were off by up to 1.7 before)."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    q, do = (torch.randn(1, 1024, 16, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+             for _ in range(2))
+    k, v = (torch.randn(1, 1024, 4, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+            for _ in range(2))
+    do[:, 512:] = 0
+    dlse = torch.randn(1, 16, 1024, device="cuda", generator=gen)
+
+    def grads(fn, dtype):
+        xs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*xs)
+        torch.autograd.backward([out, lse], [do.to(dtype), dlse.to(lse.dtype)])
+        return [x.grad for x in xs]
+
+    def reference(q_, k_, v_):
+        blk = Block(0, 1024, 0, 1024, "causal")
+        return kernels.ReferenceAttention().forward(q_, k_, v_, blk, 64 ** -0.5)
+
+    got = grads(lambda *x: mb.burst_attn(*x, causal=True, return_lse=True), torch.bfloat16)
+    for g, w in zip(got, grads(reference, torch.float64)):
+        assert rel(g, w) < 2e-2
+
+
+def test_a_kept_output_is_matched_to_its_own_inputs_on_the_gpu():
+    """Remat-aware recompute on CUDA: a stale kept output (a no-grad forward of other
+    inputs) is never taken; the recompute takes the one its own first forward kept."""
+    import torch.utils.checkpoint as ckpt
+
+    from megatron_burst.remat import AttentionKeep
+
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    a, b = ([torch.randn(1, 2048, h, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+             for h in (16, 4, 4)] for _ in range(2))
+    keep = AttentionKeep()
+    with torch.no_grad():
+        mb.burst_attn(*a, causal=True, keep=keep)  # stale: no recompute will follow
+
+    def attend(q, k, v):
+        return mb.burst_attn(q, k, v, causal=True, keep=keep)
+
+    leaves = [t.clone().requires_grad_() for t in b]
+    ckpt.checkpoint(attend, *leaves, use_reentrant=True).float().square().sum().backward()
+    plain = [t.clone().requires_grad_() for t in b]
+    mb.burst_attn(*plain, causal=True).float().square().sum().backward()
+    for got, want in zip(leaves, plain):
+        assert rel(got.grad, want.grad) < 1e-3
+    assert len(keep) == 0

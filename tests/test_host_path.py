@@ -1,0 +1,75 @@
+"""The plugin's own host work per call, counted: a regression shows here without a GPU.
+
+At CP=1 a prepared call is one kernel call: the steady state makes a fixed, small number of
+Python calls into the package (forward and backward together) and none of the planning
+(validation, topology, schedule, kernel choice, signature, agreement). A new document pack
+at CP=1 is planned from its boundaries without Python per document.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import sys
+
+import torch
+
+import megatron_burst as mb
+
+PACKAGE = "/megatron_burst/"
+# What a steady-state CP=1 call may reach: the call path only.
+PLANNING = {"prepare", "_validate", "_topology", "_ring_spec", "choose_kernel", "signature",
+            "check_agreement", "blocks", "blocks_between", "plan_calls", "plan_alone",
+            "placement", "resolve"}
+
+
+def _package_calls(fn) -> collections.Counter:
+    """(file, function) of every Python call into the package while ``fn()`` runs."""
+    seen: collections.Counter = collections.Counter()
+
+    def profile(frame, event, _arg):
+        if event == "call" and PACKAGE in frame.f_code.co_filename:
+            seen[(frame.f_code.co_filename.split(PACKAGE)[-1], frame.f_code.co_name)] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def _qkv(s: int = 16):
+    return [torch.randn(1, s, h, 8, requires_grad=True) for h in (4, 2, 2)]
+
+
+def test_a_prepared_cp1_call_is_the_kernel_and_a_few_lookups():
+    q, k, v = _qkv()
+    do = torch.randn_like(q)
+    step = lambda: mb.burst_attn(q, k, v, causal=True).backward(do)  # noqa: E731
+    step()  # prepares
+    seen = _package_calls(step)
+    assert not {name for _, name in seen} & PLANNING, seen
+    assert sum(seen.values()) <= 60, (sum(seen.values()), seen.most_common(12))
+    kernel_calls = [c for (f, name), c in seen.items() if f.startswith("kernels/")
+                    and name in ("forward", "backward")]
+    assert sum(kernel_calls) == 2  # one kernel call each way
+
+
+def test_a_new_cp1_pack_is_planned_without_python_per_document():
+    """Describing, checking and planning a new pack (everything before the kernels run,
+    which on CPU loop over the documents themselves; CUDA's varlen call is one launch)."""
+    from megatron_burst import prepare
+    from megatron_burst.call import BurstCall
+
+    q, k, v = _qkv(s=4096)
+    counts = {}
+    for docs in (16, 1024):
+        lens = [4096 // docs] * docs
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+        kw = dict(causal=True, softmax_scale=None, window_size=(-1, -1), layout="whole_docs",
+                  backward="auto", qkv_format="bshd", intra_node_size=None, ulysses_size=1,
+                  cu_seqlens=cu, kernel=None, keep=None, call_label=None, topology=None)
+        seen = _package_calls(lambda: prepare.lookup(None, q, k, v, BurstCall.of(**kw), 1))
+        counts[docs] = sum(seen.values())
+    # 64 times the documents, the same Python work (within a few calls).
+    assert counts[1024] <= counts[16] + 10, counts
