@@ -375,7 +375,8 @@ def main() -> None:
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                    emulate=os.environ.get(EMULATE_ENV))
+                    emulate=os.environ.get(EMULATE_ENV),
+                    package=os.path.dirname(os.path.abspath(mb.__file__)))
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         md = table(meta, rows)
