@@ -45,8 +45,8 @@ import torch.distributed as dist
 import megatron_burst as mb
 from megatron_burst import kernels
 from megatron_burst.packs import doc_lengths
-from megatron_burst.schedule import Block
-from megatron_burst.varlen import plan_calls
+from megatron_burst.schedule import Block, Mask
+from megatron_burst.varlen import plan_alone, plan_calls
 from ranks import EMULATE_ENV, start_ranks
 
 MIXES = ("lognormal", "uniform", "tiny", "long")
@@ -137,14 +137,18 @@ class _Reference(torch.autograd.Function):
 
 
 def reference_calls(lens: tuple[int, ...], per_document: bool, device) -> tuple:
-    """One varlen call over every document, or (``per_document``) one dense call per
-    document of at least 128 tokens and one varlen call for the rest."""
+    """One varlen call over every document (planned from the boundaries, as cheaply as a
+    single GPU can), or (``per_document``) one dense call per document of at least 128
+    tokens and one varlen call for the rest."""
+    if not per_document:
+        calls = plan_alone(lens, Mask(causal=True))
+        for c in calls:
+            c.cu_tensors(device)
+        return calls
     blocks, a = [], 0
     for n in lens:
         blocks.append(Block(a, a + n, a, a + n, "causal"))
         a += n
-    if not per_document:
-        return plan_calls(blocks, varlen=True, dense_min_area=float("inf"), shape_free=True)
     big = [b for b in blocks if b.q_stop - b.q_start >= 128]
     small = [b for b in blocks if b.q_stop - b.q_start < 128]
     calls = tuple(c for c in plan_calls(big, varlen=False, dense_min_area=0))
@@ -259,18 +263,21 @@ def reference_rows(args, packs, q, k, v, do, world, rank, meta, flops, mix, per_
             for h in (hq, hkv, hkv, hq)]
     fq, fk, fv = (t.requires_grad_() for t in full[:3])
     fdo = full[3]
-    cases = [("1 GPU varlen flash, new pack each call", False, len(packs))]
+    cases = [("1 GPU varlen flash, new pack each call", False, len(packs)),
+             ("1 GPU varlen kernel alone (pack planned before)", None, len(packs))]
     if f"{per_gpu}:{hq}:{mix}" in args.cudnn_cases.split(","):
         cases.append(("1 GPU cuDNN per document, new pack each call", True,
                       min(len(packs), args.warmup + 3)))
+    planned = [reference_calls(p, False, dev) if rank == 0 else None for p in packs]
     rows = []
     for name, per_doc, n in cases:
         times = []
         for i in range(n):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            if rank == 0:
-                calls = reference_calls(packs[i], per_doc, dev)
+            if rank == 0:  # per_doc None: the kernel alone, its plan made before the clock
+                calls = planned[i] if per_doc is None else reference_calls(packs[i], per_doc,
+                                                                           dev)
                 _Reference.apply(fq, fk, fv, ker, calls, scale).backward(fdo)
             torch.cuda.synchronize()
             times.append((time.perf_counter() - t0) * 1e3)

@@ -25,6 +25,7 @@ from .comm import headers
 from .comm.rings import AccumulatorRoute
 from .kernels.protocol import LocalAttention, surrogate_out, working_dtype
 from .ring_spec import RingSpec
+from .schedule import Block
 from .varlen import run_backward, run_forward
 
 
@@ -214,9 +215,7 @@ class BurstAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec: RingSpec, kept=None):
         if kept is None and spec.whole is not None:  # one kernel call is the whole answer
-            out, lse = spec.kernel.forward(spec.bshd(q), spec.bshd(k), spec.bshd(v),
-                                           spec.whole, spec.scale)
-            out = spec.bshd(out)
+            out, lse = _whole_forward(spec, q, k, v)
         elif kept is None:
             out, lse = ring_forward(q, k, v, spec, spec.kernel)
         else:  # a recompute: this call's output was kept from its first forward (remat.py)
@@ -233,10 +232,7 @@ class BurstAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         spec = ctx.spec
         if spec.whole is not None and dlse is None and dout is not None:
-            grads = spec.kernel.backward(spec.bshd(dout.contiguous()), spec.bshd(q), spec.bshd(k),
-                                         spec.bshd(v), spec.bshd(out), lse, spec.whole,
-                                         spec.scale)
-            return (*(spec.bshd(g) for g in grads), None, None)
+            return (*_whole_backward(spec, dout.contiguous(), q, k, v, out, lse), None, None)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         if dlse is None:
             dq, dk, dv = _backward(spec, q, k, v, dout, out, lse, None)
@@ -244,6 +240,34 @@ class BurstAttentionFunction(torch.autograd.Function):
             dq, dk, dv = _backward_with_lse(spec, q, k, v, dout, out, lse, dlse)
         headers.poll()  # a pass that received another call's message raises here
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _whole_forward(spec: RingSpec, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """A single member's whole attention as its one kernel call (``RingSpec.whole``: a dense
+    block, or a pack's one varlen call over every row): the kernel's output is the answer."""
+    if spec.seq_first:  # sbhd: the kernels take bshd views
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    if isinstance(spec.whole, Block):
+        out, lse = spec.kernel.forward(q, k, v, spec.whole, spec.scale)
+    else:
+        out, lse = spec.kernel.forward_varlen(q[0], k[0], v[0], spec.whole, spec.scale)
+        out, lse = out[None], lse[None]
+    return (out.transpose(0, 1) if spec.seq_first else out), lse
+
+
+def _whole_backward(spec: RingSpec, dout, q, k, v, out, lse) -> Grads:
+    """The gradients of ``_whole_forward``'s call: the kernel's backward, nothing else."""
+    if spec.seq_first:
+        dout, q, k, v, out = (t.transpose(0, 1) for t in (dout, q, k, v, out))
+    if isinstance(spec.whole, Block):
+        dq, dk, dv = spec.kernel.backward(dout, q, k, v, out, lse, spec.whole, spec.scale)
+    else:
+        dq, dk, dv = spec.kernel.backward_varlen(dout[0], q[0], k[0], v[0], out[0], lse[0],
+                                                 spec.whole, spec.scale)
+        dq, dk, dv = dq[None], dk[None], dv[None]
+    if spec.seq_first:
+        return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
+    return dq, dk, dv
 
 
 def _rowsum(spec: RingSpec, a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Tensor:

@@ -196,6 +196,8 @@ def _ring_spec(q, k, group, world: int, cp: CPTopology, call: BurstCall, *,
     # A new pack is planned here, before the check's collective: host work that then
     # overlaps what the GPU still has queued instead of following a synchronisation.
     spec.plan(pairs, q.device)
+    if call.cu_seqlens is not None and spec.whole is None:
+        spec = dataclasses.replace(spec, whole=spec.whole_call(s_local, q.device))
     return spec
 
 

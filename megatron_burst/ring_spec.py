@@ -40,9 +40,10 @@ class RingSpec:
     # goes to a kernel that builds nothing per shape (varlen.plan_calls, ``shape_free``).
     fixed_shapes: bool = True
     tag: CallTag | None = None  # what this call's ring messages say they belong to
-    # The one block of a single member's whole attention, if it is one (``whole_block``):
-    # then a pass is one kernel call and nothing else (set by ``prepare``).
-    whole: Block | None = None
+    # A single member's whole attention when it is one kernel call over every row and key:
+    # a dense block (``whole_block``) or a pack's one varlen call (``whole_call``); then a
+    # pass is that call and nothing else (set by ``prepare``).
+    whole: "Block | KernelCall | None" = None
 
     @property
     def me(self) -> int:
@@ -161,6 +162,17 @@ class RingSpec:
         s = self.sched
         return (self.topo is None and not self.fixed_shapes and s.ulysses == 1
                 and local_length(s.layout, s.world, s.doc_lens) == sum(s.doc_lens))
+
+    def whole_call(self, rows: int, device: torch.device) -> KernelCall | None:
+        """A single member's pack planned as one varlen call over all ``rows`` queries and
+        keys (``alone``), if it is one: its kernel output is then the answer."""
+        if not self.alone:
+            return None
+        calls = self.calls(self.me, self.me, 1, device)
+        if len(calls) != 1 or not calls[0].varlen:
+            return None
+        call = calls[0]
+        return call if call.q_runs == call.k_runs == ((0, rows),) else None
 
     def whole_block(self, q_len: int, k_len: int) -> Block | None:
         """The block when this rank's attention is one kernel call over all its rows and keys.
