@@ -74,10 +74,11 @@ def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
         raise ValueError(f"cu_seqlens must fit int32 (the kernels read boundaries as int32): "
                          f"its last boundary is {bounds[-1]} > {INT32_MAX}")
     lens = tuple(steps.tolist())
+    steps = steps.astype("<i8")  # the digest's bytes: little-endian int64, on every host
     pack = _PACKS.get(lens)
     if pack is None:
         pack = DocumentPack(torch.from_numpy(bounds.astype(np.int32)), lens,
-                            describe_lengths(lens))
+                            describe_lengths(lens, steps.tobytes()))
         _PACKS[lens] = pack
         if len(_PACKS) > PACK_CACHE:
             _PACKS.popitem(last=False)
@@ -94,8 +95,11 @@ def doc_lengths(cu_seqlens: "torch.Tensor | DocumentPack") -> tuple[int, ...]:
     return pack_documents(cu_seqlens).lens
 
 
-def describe_lengths(lens: tuple[int, ...]) -> str:
-    """Document lengths as a short string that still pins all of them (by digest)."""
-    digest = hashlib.blake2b(struct.pack(f"<{len(lens)}q", *lens), digest_size=8).hexdigest()
+def describe_lengths(lens: tuple[int, ...], packed: bytes | None = None) -> str:
+    """Document lengths as a short string that still pins all of them (by digest).
+    ``packed``: the lengths as little-endian int64 bytes, when the caller has them."""
+    if packed is None:
+        packed = struct.pack(f"<{len(lens)}q", *lens)
+    digest = hashlib.blake2b(packed, digest_size=8).hexdigest()
     head = ", ".join(map(str, lens[:6])) + (", ..." if len(lens) > 6 else "")
     return f"{len(lens)} documents [{head}] #{digest}"

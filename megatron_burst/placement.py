@@ -80,6 +80,7 @@ def padded_doc_lens(doc_lens: tuple[int, ...], world: int, layout: str) -> tuple
     return tuple(-(-n // parts) * parts for n in doc_lens)
 
 
+@functools.lru_cache(maxsize=32)  # every call of a pack asks, in validation and planning
 def local_length(layout: str, world: int, doc_lens: tuple[int, ...]) -> int:
     """Rows every rank holds; raises ValueError where the layout cannot place the tokens."""
     total = sum(padded_doc_lens(doc_lens, world, layout))

@@ -94,7 +94,8 @@ def upload_boundaries(calls: Sequence[KernelCall], device: torch.device) -> None
     varlen = [c for c in calls if c.varlen and str(device) not in c._device_cu]
     if not varlen:
         return
-    host = torch.tensor([x for c in varlen for x in (*c.cu_q, *c.cu_k)], dtype=torch.int32)
+    host = torch.from_numpy(np.concatenate([np.array(c.cu_q + c.cu_k, dtype=np.int32)
+                                            for c in varlen]))
     if device.type == "cuda":
         host = host.pin_memory()
     flat = host.to(device, non_blocking=True)

@@ -16,6 +16,47 @@ from .protocol import HALF, Capabilities, VarlenByLoop, _heads
 _FUSED = dict(devices=frozenset({"cuda"}), dtypes=HALF, max_head_dim=256, head_dim_multiple=8)
 
 
+class CudnnAttention(VarlenByLoop):
+    """cuDNN fused attention through PyTorch (fastest on Hopper: ~550 TFLOP/s fwd+bwd).
+
+    K/V with fewer heads than Q go to cuDNN as they are (it takes GQA, forward and
+    backward, as PyTorch's SDPA hands it them): no expanded copies, no folded gradients.
+    ``expand_kv``: expand them first, for a cuDNN that does not (the automatic choice tries
+    this only where the native form fails its probe in ``selection``)."""
+
+    name = "cudnn"
+
+    def __init__(self, expand_kv: bool = False):
+        self.expand_kv = expand_kv
+    # cuDNN's masks here are none and top-left causal: no windows; it refuses a block of
+    # one query against one key (tiny padded documents).
+    capabilities = Capabilities(kinds=frozenset({"full", "causal"}), min_side=2, **_FUSED)
+
+    def forward(self, q, k, v, block, scale):
+        if self.expand_kv:
+            k, v = _expand_kv(k, q.shape[2]), _expand_kv(v, q.shape[2])
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            _heads(q), _heads(k), _heads(v), None, True, 0.0, block.causal, False,
+            scale=scale)[:2]
+        if lse.dim() == 4:
+            lse = lse.squeeze(-1)
+        return out.transpose(1, 2), lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, block, scale):
+        hkv = k.shape[2]
+        if self.expand_kv:
+            k, v = _expand_kv(k, q.shape[2]), _expand_kv(v, q.shape[2])
+        empty = torch.empty(0, device=q.device)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            _heads(dout), _heads(q), _heads(k), _heads(v), _heads(out),
+            lse.unsqueeze(-1).contiguous(), empty, empty, None, None, None,
+            q.shape[1], k.shape[1], 0.0, block.causal, scale=scale)
+        dk, dv = dk.transpose(1, 2), dv.transpose(1, 2)
+        if self.expand_kv:
+            dk, dv = _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
+        return dq.transpose(1, 2), dk, dv
+
+
 def _expand_kv(t: torch.Tensor, hq: int) -> torch.Tensor:
     hkv = t.shape[2]
     return t if hkv == hq else t.repeat_interleave(hq // hkv, dim=2)
@@ -24,36 +65,6 @@ def _expand_kv(t: torch.Tensor, hq: int) -> torch.Tensor:
 def _fold_kv_grad(g: torch.Tensor, hkv: int) -> torch.Tensor:
     b, s, hq, d = g.shape
     return g if hq == hkv else g.view(b, s, hkv, hq // hkv, d).sum(3)
-
-
-class CudnnAttention(VarlenByLoop):
-    """cuDNN fused attention through PyTorch (fastest on Hopper: ~550 TFLOP/s fwd+bwd)."""
-
-    name = "cudnn"
-    # cuDNN's masks here are none and top-left causal: no windows; it refuses a block of
-    # one query against one key (tiny padded documents).
-    capabilities = Capabilities(kinds=frozenset({"full", "causal"}), min_side=2, **_FUSED)
-
-    def forward(self, q, k, v, block, scale):
-        hq = q.shape[2]
-        res = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            _heads(q), _heads(_expand_kv(k, hq)), _heads(_expand_kv(v, hq)), None, True, 0.0,
-            block.causal, False, scale=scale)
-        out, lse = res[0], res[1]
-        if lse.dim() == 4:
-            lse = lse.squeeze(-1)
-        return out.transpose(1, 2), lse.float()
-
-    def backward(self, dout, q, k, v, out, lse, block, scale):
-        hq, hkv = q.shape[2], k.shape[2]
-        kk, vv = _expand_kv(k, hq), _expand_kv(v, hq)
-        empty = torch.empty(0, device=q.device)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            _heads(dout), _heads(q), _heads(kk), _heads(vv), _heads(out),
-            lse.unsqueeze(-1).contiguous(), empty, empty, None, None, None,
-            q.shape[1], k.shape[1], 0.0, block.causal, scale=scale)
-        dk, dv = dk.transpose(1, 2), dv.transpose(1, 2)
-        return dq.transpose(1, 2), _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
 
 
 class TorchFlashAttention(VarlenByLoop):

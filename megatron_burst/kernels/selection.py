@@ -188,6 +188,8 @@ def _auto(dtype: torch.dtype, hq: int, hkv: int, d: int, device: torch.device
     # PyTorch's memory-efficient kernel is not in the chain: its backward, given an lse
     # it did not produce itself, returned wrong gradients on H200 (torch 2.11).
     candidates += [CudnnAttention(), TorchFlashAttention()]
+    if hkv != hq:  # a cuDNN that does not take fewer K/V heads: with them expanded
+        candidates.insert(-1, CudnnAttention(expand_kv=True))
     ok = [c for c in candidates if c.capabilities.tensor_refusal("cuda", dtype, d) is None]
     dense = next((c for c in ok if all(_probe(c, dtype, hq, hkv, d, device, kind)
                                        for kind in ("full", "causal"))), ReferenceAttention())
