@@ -35,13 +35,18 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                ulysses_size: int | str = NotGiven(1),
                cu_seqlens: torch.Tensor | DocumentPack | None = None, return_lse: bool = False,
                kernel: str | None = None, keep: AttentionKeep | None = None,
-               call_label: int | str | None = None, topology: CPTopology | None = None):
+               call_label: int | str | None = None, topology: CPTopology | None = None,
+               sinks: torch.Tensor | None = None):
     """Exact attention over a sequence sharded across ``group`` (BurstAttention).
 
-    q: [b, s_local, hq, d]; k, v: [b, s_local, hkv, d] (``qkv_format="sbhd"`` swaps the
-    first two dims). Returns out (q's shape, dtype and layout), and with
-    ``return_lse=True`` also lse [b, hq, s_local] fp32. Differentiable in q, k and v (and
-    through lse too, exactly, whatever the output's gradient).
+    q: [b, s_local, hq, d]; k: [b, s_local, hkv, d]; v: [b, s_local, hkv, dv] (dv may differ
+    from d, as in MLA; ``qkv_format="sbhd"`` swaps the first two dims). Returns out (q's
+    shape with V's head dim, q's dtype and layout), and with ``return_lse=True`` also lse
+    [b, hq, s_local] fp32. Differentiable in q, k and v (and through lse too, exactly,
+    whatever the output's gradient).
+    ``sinks``: attention sinks, one logit per query head ([hq], any float dtype) that joins
+    every row's softmax with no value (gpt-oss; zeros are softmax "off by one"),
+    differentiable: its gradient covers this rank's rows (``sinks.py``).
     ``backward`` ('auto', 'burst', 'ring'; default 'auto'), ``ulysses_size`` (default 1) and
     ``intra_node_size`` (default None: a flat ring) may be ``"auto"``: the time model
     (``timing``, with the profile ``$MEGATRON_BURST_PROFILE`` or the shipped default)
@@ -71,8 +76,9 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             window_size=window_size, layout=layout, backward=backward,
                             qkv_format=qkv_format, intra_node_size=intra_node_size,
                             ulysses_size=ulysses_size, cu_seqlens=cu_seqlens, kernel=kernel,
-                            keep=keep, call_label=call_label, topology=topology)
-        prepared = prepare.lookup(group, q, k, v, call, world)
+                            keep=keep, call_label=call_label, topology=topology,
+                            sinks=sinks)
+        prepared = prepare.lookup(group, q, k, v, call, world, sinks)
     except Exception as err:  # whatever failed, the peers learn of it instead of waiting
         said = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         agree.check_agreement(group, failed_signature(said))
@@ -85,28 +91,29 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # graph replays its messages as captured: no header to write or check there.
         spec = dataclasses.replace(spec, tag=headers.CallTag(_next_call(group),
                                                              prepared.digest, prepared.label))
-    out, lse = _attend(q, k, v, spec, group, prepared, keep)
+    out, lse = _attend(q, k, v, spec, group, prepared, keep, sinks)
     return (out, lse) if return_lse else out
 
 
-def _attend(q, k, v, spec, group, prepared, keep: AttentionKeep | None):
+def _attend(q, k, v, spec, group, prepared, keep: AttentionKeep | None, sinks):
     """The ring (inside the Ulysses all-to-alls when there are any), or the kept output of
     this very forward under a recompute; keeping it on a first forward without autograd."""
     kept = None
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)  # what a kept output is of
     if keep is not None and torch.is_grad_enabled():
         if in_backward():  # a checkpoint's recompute: its first forward may have kept it
-            kept = keep.take(prepared.keep_key, (q, k, v), group)
+            kept = keep.take(prepared.keep_key, inputs, group)
         else:  # a forward with autograd: this layer is not recomputed, nothing is for it
             keep.clear()
     if prepared.ulysses_peers is None:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
         out, lse = ring = BurstAttentionFunction.apply(q.contiguous(), k.contiguous(),
-                                                       v.contiguous(), spec, kept)
+                                                       v.contiguous(), spec, kept, sinks)
     else:
         out, lse, ring = _ulysses_burst(q, k, v, spec, group, prepared.ulysses_peers,
-                                        prepared.call.qkv_format == "sbhd", kept)
+                                        prepared.call.qkv_format == "sbhd", kept, sinks)
     if keep is not None and not torch.is_grad_enabled():
-        keep.put(*ring, prepared.keep_key, (q, k, v))  # the ring's own (out, lse)
+        keep.put(*ring, prepared.keep_key, inputs)  # the ring's own (out, lse)
     return out, lse
 
 
@@ -124,7 +131,7 @@ def calls_made(group) -> int:
     return _CALLS.get((group if group is not None else dist.group.WORLD).group_name, 0)
 
 
-def _ulysses_burst(q, k, v, spec, group, peers, seq_first, kept):
+def _ulysses_burst(q, k, v, spec, group, peers, seq_first, kept, sinks):
     """Heads -> sequence inside each Ulysses group (``peers``), the ring across groups, and
     back. Every all-to-all piece carries the call's header. Returns (out, lse, the ring's
     (out, lse)): a kept output is the ring's, so its recompute needs no all-to-all."""
@@ -134,7 +141,9 @@ def _ulysses_burst(q, k, v, spec, group, peers, seq_first, kept):
         v = v.repeat_interleave(u // v.shape[2], dim=2)
     as_bshd = (lambda t: t.transpose(0, 1)) if seq_first else (lambda t: t)
     qs, ks, vs = (heads_to_sequence(as_bshd(t), peers, group, 1, 2, tag) for t in (q, k, v))
-    ring = BurstAttentionFunction.apply(qs, ks, vs, spec, kept)
+    if sinks is not None:  # this rank's ring holds head slice u of every member's heads
+        sinks = sinks.chunk(u)[peers.index(dist.get_rank())]
+    ring = BurstAttentionFunction.apply(qs, ks, vs, spec, kept, sinks)
     out = sequence_to_heads(ring[0], peers, group, 1, 2, tag)
     lse = sequence_to_heads(ring[1], peers, group, 2, 1, tag)
     return (out.transpose(0, 1).contiguous() if seq_first else out), lse, ring

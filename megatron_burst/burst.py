@@ -26,6 +26,7 @@ from .comm.rings import AccumulatorRoute
 from .kernels.protocol import LocalAttention, surrogate_out, working_dtype
 from .ring_spec import RingSpec
 from .schedule import Block
+from .sinks import merge_sinks, sink_grad
 from .varlen import run_backward, run_forward
 
 
@@ -36,7 +37,8 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
     b, s, hq, _ = qb.shape
     acc = working_dtype(q.dtype)
     fresh, _ = spec.fresh_at_step0(b, s, spec.bshd(k).shape[1], q.device)
-    out = _accumulator(q.shape, acc, q.device, fresh)
+    # The output has V's head dim (MLA: Q/K 192, V 128).
+    out = _accumulator((*q.shape[:-1], v.shape[-1]), acc, q.device, fresh)
     out_b = spec.bshd(out)
     lse = torch.empty((b, hq, s), dtype=acc, device=q.device)
     if not fresh:
@@ -129,11 +131,9 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                      out: torch.Tensor, lse: torch.Tensor, spec: RingSpec,
                      kernel: LocalAttention) -> Grads:
     """Backward with K/V travelling and dK/dV accumulating behind them (``ring`` mode)."""
+    if spec.whole is not None:  # one kernel call: its gradients are the answer
+        return _whole_backward(spec, dout, q, k, v, out, lse)
     qb, dob, ob = spec.bshd(q), spec.bshd(dout), spec.bshd(out)
-    if spec.whole is not None:
-        grads = kernel.backward(dob, qb, spec.bshd(k), spec.bshd(v), ob, lse, spec.whole,
-                                spec.scale)
-        return tuple(spec.bshd(g) for g in grads)
     acc_dtype = working_dtype(q.dtype)
     fresh = spec.fresh_at_step0(qb.shape[0], qb.shape[1], spec.bshd(k).shape[1], q.device)
     dq = _accumulator(q.shape, acc_dtype, q.device, fresh[0])
@@ -207,39 +207,47 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 
 class BurstAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: ``apply(q, k, v, spec[, kept]) -> (out, lse)``; differentiable in
-    q, k, v. ``kept``: (out, lse) of this very call from an earlier forward (remat.py): the
-    ring forward is skipped and the backward runs from them. The kernel is the one
-    ``prepare`` chose and checked against the call's blocks (``spec.kernel``)."""
+    """Autograd wrapper: ``apply(q, k, v, spec[, kept[, sinks]]) -> (out, lse)``;
+    differentiable in q, k, v and the sinks. ``kept``: (out, lse) of this very call from an
+    earlier forward (remat.py): the ring forward is skipped and the backward runs from them.
+    ``sinks``: one logit per query head merged into every row (``sinks.py``). The kernel is
+    the one ``prepare`` chose and checked against the call's blocks (``spec.kernel``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec: RingSpec, kept=None):
-        if kept is None and spec.whole is not None:  # one kernel call is the whole answer
-            out, lse = _whole_forward(spec, q, k, v)
-        elif kept is None:
-            out, lse = ring_forward(q, k, v, spec, spec.kernel)
-        else:  # a recompute: this call's output was kept from its first forward (remat.py)
+    def forward(ctx, q, k, v, spec: RingSpec, kept=None, sinks=None):
+        if kept is not None:  # a recompute: this call's output was kept from its first forward
             out, lse = (t.view_as(t) for t in kept)
+        else:
+            if spec.whole is not None:  # one kernel call is the whole answer
+                out, lse = _whole_forward(spec, q, k, v)
+            else:
+                out, lse = ring_forward(q, k, v, spec, spec.kernel)
+            if sinks is not None:
+                out, lse = merge_sinks(out, lse, sinks, spec.seq_first)
         # An unused lse then arrives as None, not a tensor of zeros, so the ring backward
         # can use the real O instead of rebuilding one that folds in dlse.
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.spec = spec
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         spec = ctx.spec
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[5]:
+            dsinks = sink_grad(dout, out, lse, dlse, sinks, spec.seq_first)
         if spec.whole is not None and dlse is None and dout is not None:
-            return (*_whole_backward(spec, dout.contiguous(), q, k, v, out, lse), None, None)
+            return (*_whole_backward(spec, dout.contiguous(), q, k, v, out, lse), None, None,
+                    dsinks)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         if dlse is None:
             dq, dk, dv = _backward(spec, q, k, v, dout, out, lse, None)
         else:
             dq, dk, dv = _backward_with_lse(spec, q, k, v, dout, out, lse, dlse)
         headers.poll()  # a pass that received another call's message raises here
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, dsinks
 
 
 def _whole_forward(spec: RingSpec, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:

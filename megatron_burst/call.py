@@ -41,6 +41,7 @@ class BurstCall:
     topology: CPTopology | None  # decided elsewhere, or None: resolved from ``options``
     cu_seqlens: DocumentPack | None  # the documents, as their pack (compared by content)
     keep: bool  # an AttentionKeep was passed
+    sinks: bool = False  # attention sinks were passed (their values are a tensor's)
 
     def __post_init__(self) -> None:
         if not isinstance(self.causal, bool):  # "False" or None would silently pick a mask
@@ -80,7 +81,7 @@ class BurstCall:
     def of(*, causal: Any, softmax_scale: Any, window_size: Any, layout: Any,
            backward: Any, qkv_format: Any, intra_node_size: Any, ulysses_size: Any,
            cu_seqlens: Any, kernel: Any, keep: Any, call_label: Any,
-           topology: Any) -> "BurstCall":
+           topology: Any, sinks: Any = None) -> "BurstCall":
         """The call of ``burst_attn``'s keyword arguments (options left out are NOT_GIVEN)."""
         if keep is not None and not isinstance(keep, AttentionKeep):
             raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
@@ -93,7 +94,7 @@ class BurstCall:
         return BurstCall(causal, softmax_scale, window_size, layout, qkv_format, kernel,
                          call_label, options, topology,
                          None if cu_seqlens is None else pack_documents(cu_seqlens),
-                         keep is not None)
+                         keep is not None, sinks is not None)
 
     @property
     def needs_cluster(self) -> bool:
@@ -102,8 +103,8 @@ class BurstCall:
 
 
 # What a call's signature holds besides these fields' values (``signature``), in order.
-TENSOR_FIELDS = ("batch", "s_local", "hq", "hkv", "head_dim", "dtype", "device",
-                 "requires_grad")
+TENSOR_FIELDS = ("batch", "s_local", "hq", "hkv", "head_dim", "v_head_dim", "dtype",
+                 "device", "requires_grad")
 TOPOLOGY_FIELDS = ("backward", "ulysses_size", "intra_node_size")
 _SIGNED = tuple(f.name for f in dataclasses.fields(BurstCall)
                 if f.name not in ("options", "topology"))
@@ -111,7 +112,7 @@ SIGNATURE_FIELDS = (*TENSOR_FIELDS, *_SIGNED, *TOPOLOGY_FIELDS, "error")
 
 
 def signature(call: BurstCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              topology: CPTopology) -> dict[str, object]:
+              topology: CPTopology, sinks: torch.Tensor | None = None) -> dict[str, object]:
     """What every rank must agree on, as hashable values with stable reprs: the tensors'
     shapes and dtype, every field of ``call`` (documents by their description), and the
     resolved topology ('auto' must have resolved alike everywhere). The device index is
@@ -120,10 +121,11 @@ def signature(call: BurstCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     sig: dict[str, object] = {
         "batch": q.shape[1] if seq_first else q.shape[0],
         "s_local": q.shape[0] if seq_first else q.shape[1],
-        "hq": q.shape[2], "hkv": k.shape[2], "head_dim": q.shape[3],
+        "hq": q.shape[2], "hkv": k.shape[2], "head_dim": q.shape[3], "v_head_dim": v.shape[3],
         "dtype": q.dtype, "device": q.device.type,
         # The backward ring runs only where autograd will call it: all ranks or none.
-        "requires_grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+        "requires_grad": torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, sinks)),
     }
     for name in _SIGNED:
         value = getattr(call, name)

@@ -30,6 +30,7 @@ from .packs import DocumentPack
 from .placement import chunks_per_rank, local_length
 from .ring_spec import RingSpec
 from .schedule import Mask, RingSchedule
+from .sinks import check_sinks
 from .sharding import group_ranks
 from .timing import load_profile, profile_key
 
@@ -50,17 +51,18 @@ def _validate(q, k, v, world: int, call: BurstCall) -> None:
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, "
                          f"{v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must have the same shape but for V's head dim (which may "
+                         f"differ, as in MLA), got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[:2] != k.shape[:2]:
         raise ValueError(f"q and k must agree on batch and local sequence ({fmt}), got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"q and k must have the same head_dim, got {q.shape[3]} and "
                          f"{k.shape[3]}")
-    if q.shape[3] == 0:
-        raise ValueError("head_dim (the last dim of q, k, v) must be positive, got 0")
+    if q.shape[3] == 0 or v.shape[3] == 0:
+        raise ValueError(f"head_dim (the last dim of q, k, v) must be positive, got "
+                         f"{q.shape[3]} and {v.shape[3]} (V)")
     hq, hkv = q.shape[2], k.shape[2]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"the number of q heads ({hq}) must be a multiple of the number of "
@@ -103,24 +105,26 @@ PREPARED: "collections.OrderedDict[tuple, Prepared]" = collections.OrderedDict()
 PREPARED_CACHE = 64  # calls of distinct shapes, masks or packs kept
 
 
-def call_key(group, q, k, v, call: BurstCall, world: int) -> tuple:
+def call_key(group, q, k, v, call: BurstCall, world: int, sinks=None) -> tuple:
     """Everything a prepared call depends on, by value: the group's name, the call, the
     tensors' shapes, strides, dtype, device and autograd state, and, where 'auto' is to be
     settled over more than one rank, the profile's identity and what ranks per node are
     read from."""
     tensors = tuple((t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
-                    for t in (q, k, v))
+                    for t in (q, k, v) if t is not None)
+    if sinks is not None:
+        tensors += ((sinks.shape, sinks.dtype, sinks.device, sinks.requires_grad),)
     cluster_state = (profile_key(call.options.profile), cluster.view_key()) \
         if world > 1 and call.needs_cluster else None
     return (_group_name(group), call, tensors, torch.is_grad_enabled(), cluster_state)
 
 
-def lookup(group, q, k, v, call: BurstCall, world: int) -> Prepared:
+def lookup(group, q, k, v, call: BurstCall, world: int, sinks=None) -> Prepared:
     """The prepared call for this key, preparing (and remembering) it on a miss."""
-    key = call_key(group, q, k, v, call, world)
+    key = call_key(group, q, k, v, call, world, sinks)
     found = PREPARED.get(key)
     if found is None:
-        found = prepare(q, k, v, group, world, call)
+        found = prepare(q, k, v, group, world, call, sinks)
         PREPARED[key] = found
         if len(PREPARED) > PREPARED_CACHE:
             PREPARED.popitem(last=False)
@@ -133,10 +137,11 @@ def _group_name(group) -> str | None:
     return (group if group is not None else dist.group.WORLD).group_name
 
 
-def prepare(q, k, v, group, world: int, call: BurstCall) -> Prepared:
+def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared:
     """Validate, resolve the topology, choose the kernel, sign and plan one call (no
     communication)."""
     _validate(q, k, v, world, call)
+    check_sinks(sinks, q.shape[2], q.device)
     cp = _topology(group, world, q, k, call)
     if capturing(q) and call.cu_seqlens is not None:
         raise ValueError("burst_attn with cu_seqlens cannot be captured in a CUDA graph: a "
@@ -144,8 +149,8 @@ def prepare(q, k, v, group, world: int, call: BurstCall) -> Prepared:
     if capturing(q) and call.keep:
         raise ValueError("burst_attn with keep= cannot be captured in a CUDA graph: matching "
                          "a kept output to its recompute reads the host")
-    sig = signature(call, q, k, v, cp)
-    spec = _ring_spec(q, k, group, world, cp, call, backward=bool(sig["requires_grad"]))
+    sig = signature(call, q, k, v, cp, sinks)
+    spec = _ring_spec(q, k, v, group, world, cp, call, backward=bool(sig["requires_grad"]))
     keep_key = headers.describe_call({n: x for n, x in sig.items()
                                       if n not in ("requires_grad", "error")})
     return Prepared(call, cp, sig, headers.digest(sorted(sig.items())),
@@ -167,7 +172,7 @@ def capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _ring_spec(q, k, group, world: int, cp: CPTopology, call: BurstCall, *,
+def _ring_spec(q, k, v, group, world: int, cp: CPTopology, call: BurstCall, *,
                backward: bool) -> RingSpec:
     """Everything the ring loops need besides tensors: schedule, ring, scale and the kernel,
     chosen for (and checked against) every block this rank will run."""
@@ -191,7 +196,7 @@ def _ring_spec(q, k, group, world: int, cp: CPTopology, call: BurstCall, *,
     batch = q.shape[1] if seq_first else q.shape[0]
     kernel = choose_kernel(call.kernel, q.dtype, hq, hkv, q.shape[3], q.device,
                            blocks=lambda: (b for p in pairs for b in sched.blocks(*p)),
-                           varlen=batch == 1)
+                           varlen=batch == 1, dv=v.shape[3])
     spec = dataclasses.replace(spec, kernel=kernel, whole=spec.whole_block(s_local, s_local))
     # A new pack is planned here, before the check's collective: host work that then
     # overlaps what the GPU still has queued instead of following a synchronisation.

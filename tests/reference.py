@@ -25,15 +25,21 @@ def allowed_mask(seq_len: int, *, causal: bool, window=(-1, -1), doc_ids=None) -
 
 
 def reference_attention(q, k, v, *, causal: bool, scale: float, window=(-1, -1),
-                        doc_ids=None):
-    """q [b, S, hq, d], k/v [b, S, hkv, d] -> (out [b, S, hq, d], lse [b, hq, S])."""
+                        doc_ids=None, sinks=None):
+    """q [b, S, hq, d], k [b, S, hkv, d], v [b, S, hkv, dv] -> (out [b, S, hq, dv],
+    lse [b, hq, S]). ``sinks`` [hq]: one more column of every row's scores, the head's sink
+    logit, whose value is zero (gpt-oss's attention sinks)."""
     hq, hkv = q.shape[2], k.shape[2]
     k = k.repeat_interleave(hq // hkv, dim=2)
     v = v.repeat_interleave(hq // hkv, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     ok = allowed_mask(q.shape[1], causal=causal, window=window, doc_ids=doc_ids)
-    s = s.masked_fill(~ok, float("-inf"))
+    s = s.to(q.dtype).masked_fill(~ok.to(s.device), float("-inf"))
+    if sinks is not None:  # the sink column: a logit per head, in every row
+        s = torch.cat([s, sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:3], 1)], -1)
     lse = torch.logsumexp(s, dim=-1)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     p = torch.exp(s - safe.unsqueeze(-1))
+    if sinks is not None:
+        p = p[..., :-1]
     return torch.einsum("bhqk,bkhd->bqhd", p, v), lse

@@ -30,7 +30,8 @@ class CudnnAttention(VarlenByLoop):
         self.expand_kv = expand_kv
     # cuDNN's masks here are none and top-left causal: no windows; it refuses a block of
     # one query against one key (tiny padded documents).
-    capabilities = Capabilities(kinds=frozenset({"full", "causal"}), min_side=2, **_FUSED)
+    capabilities = Capabilities(kinds=frozenset({"full", "causal"}), min_side=2,
+                                other_v_dim=True, **_FUSED)
 
     def forward(self, q, k, v, block, scale):
         if self.expand_kv:

@@ -55,7 +55,9 @@ class Capabilities:
     ``kinds``: the block kinds one dense call runs ('full', 'causal', 'band');
     ``one_launch_varlen``: whether a varlen call is one launch (else one dense call per
     block, ``VarlenByLoop``); ``max_head_dim`` / ``head_dim_multiple``: the head dims it
-    takes; ``min_side``: the fewest query rows or key rows a block may have.
+    takes; ``min_side``: the fewest query rows or key rows a block may have;
+    ``other_v_dim``: whether V's head dim may differ from Q/K's (MLA: 192 and 128); a kernel
+    without it runs such calls with the smaller side zero-padded (``padded.PaddedHeads``).
     """
 
     devices: frozenset
@@ -65,6 +67,7 @@ class Capabilities:
     max_head_dim: int | None = None
     head_dim_multiple: int = 1
     min_side: int = 1
+    other_v_dim: bool = False
 
     def tensor_refusal(self, device_type: str, dtype: torch.dtype, head_dim: int) -> str | None:
         """Why tensors of this device, dtype and head dim cannot run here, or None."""

@@ -29,7 +29,8 @@ class ReferenceAttention(VarlenByLoop):
     """Plain PyTorch: materialises the block's scores. For tests and tiny shapes only."""
 
     name = "reference"
-    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), dtypes=FLOATS)
+    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), dtypes=FLOATS,
+                                other_v_dim=True)
 
     def _probs(self, q, k, block, scale):
         hq, hkv = q.shape[2], k.shape[2]

@@ -27,6 +27,7 @@ import torch
 
 from ..schedule import Block
 from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention
+from .padded import PaddedHeads
 from .protocol import Capabilities, LocalAttention, VarlenByLoop
 from .reference import CpuFlashAttention, ReferenceAttention
 
@@ -58,14 +59,18 @@ _PROBE_BLOCKS = {"full": Block(0, 96, 0, 128, "full"), "causal": Block(0, 128, 0
 
 
 def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
-           device: torch.device, kind: str) -> bool:
-    """A tiny fwd+bwd of one ``kind`` block against the reference; False if it fails."""
+           device: torch.device, kind: str, dv: int | None = None) -> bool:
+    """A tiny fwd+bwd of one ``kind`` block against the reference; False if it fails.
+    ``dv``: V's head dim where it differs from Q/K's (MLA)."""
+    dv = d if dv is None else dv
     try:
         gen = torch.Generator(device="cpu").manual_seed(0)
         blk = _PROBE_BLOCKS[kind]
         n, m = blk.q_stop, blk.k_stop
-        q, do = (torch.randn(1, n, hq, d, generator=gen).to(device, dtype) for _ in range(2))
-        k, v = (torch.randn(1, m, hkv, d, generator=gen).to(device, dtype) for _ in range(2))
+        q = torch.randn(1, n, hq, d, generator=gen).to(device, dtype)
+        do = torch.randn(1, n, hq, dv, generator=gen).to(device, dtype)
+        k = torch.randn(1, m, hkv, d, generator=gen).to(device, dtype)
+        v = torch.randn(1, m, hkv, dv, generator=gen).to(device, dtype)
         scale, ref = d ** -0.5, ReferenceAttention()
         out, lse = kernel.forward(q, k, v, blk, scale)
         r_out, r_lse = ref.forward(q, k, v, blk, scale)
@@ -77,7 +82,7 @@ def _probe(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int
 
 
 def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int, d: int,
-                  device: torch.device) -> bool:
+                  device: torch.device, dv: int | None = None) -> bool:
     """Its one-launch varlen form against the reference's loop, on three causal sequences of
     different lengths, given the reference's lse (as the ring's backward gives it)."""
     from ..varlen import plan_calls
@@ -88,8 +93,11 @@ def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int,
             blocks.append(Block(a, a + n, a, a + n, "causal"))
             a += n
         (call,) = plan_calls(blocks, varlen=True, dense_min_area=float("inf"))
-        q, do = (torch.randn(a, hq, d, generator=gen).to(device, dtype) for _ in range(2))
-        k, v = (torch.randn(a, hkv, d, generator=gen).to(device, dtype) for _ in range(2))
+        dv = d if dv is None else dv
+        q = torch.randn(a, hq, d, generator=gen).to(device, dtype)
+        do = torch.randn(a, hq, dv, generator=gen).to(device, dtype)
+        k = torch.randn(a, hkv, d, generator=gen).to(device, dtype)
+        v = torch.randn(a, hkv, dv, generator=gen).to(device, dtype)
         scale, ref = d ** -0.5, ReferenceAttention()
         out, lse = kernel.forward_varlen(q, k, v, call, scale)
         r_out, r_lse = ref.forward_varlen(q, k, v, call, scale)
@@ -172,44 +180,66 @@ def _once(key: tuple, compute):
     return _CHECKED[key]
 
 
-def _auto(dtype: torch.dtype, hq: int, hkv: int, d: int, device: torch.device
+def _fit(kernel: LocalAttention, d: int, dv: int) -> LocalAttention:
+    """``kernel`` as it runs Q/K of dim ``d`` with V of dim ``dv``: as it is, or with the
+    smaller side padded where it takes one head dim (``padded``)."""
+    if d == dv or kernel.capabilities.other_v_dim:
+        return kernel
+    return PaddedHeads(kernel)
+
+
+def _refusal(kernel: LocalAttention, device_type: str, dtype, d: int, dv: int) -> str | None:
+    dims = (d, dv) if kernel.capabilities.other_v_dim and not isinstance(kernel, PaddedHeads) \
+        else (max(d, dv),)
+    for dim in dims:
+        refusal = kernel.capabilities.tensor_refusal(device_type, dtype, dim)
+        if refusal:
+            return refusal
+    return None
+
+
+def _auto(dtype: torch.dtype, hq: int, hkv: int, d: int, device: torch.device, dv: int
           ) -> LocalAttention:
     """The fastest backends that pass their probes for this head shape on this device."""
+    probe = lambda c, kind: _probe(c, dtype, hq, hkv, d, device, kind, dv)  # noqa: E731
     if device.type != "cuda":
-        cpu = CpuFlashAttention()
-        usable = (cpu.capabilities.tensor_refusal(device.type, dtype, d) is None
-                  and all(_probe(cpu, dtype, hq, hkv, d, device, kind) for kind in _PROBE_BLOCKS))
+        cpu = _fit(CpuFlashAttention(), d, dv)
+        usable = (_refusal(cpu, device.type, dtype, d, dv) is None
+                  and all(probe(cpu, kind) for kind in _PROBE_BLOCKS))
         return cpu if usable else ReferenceAttention()
-    candidates: list[LocalAttention] = []
+    base: list[LocalAttention] = []
     try:
-        candidates.append(FlashAttnPackage())
+        base.append(FlashAttnPackage())
     except ImportError:
         pass
     # PyTorch's memory-efficient kernel is not in the chain: its backward, given an lse
     # it did not produce itself, returned wrong gradients on H200 (torch 2.11).
-    candidates += [CudnnAttention(), TorchFlashAttention()]
+    base += [CudnnAttention(), TorchFlashAttention()]
     if hkv != hq:  # a cuDNN that does not take fewer K/V heads: with them expanded
-        candidates.insert(-1, CudnnAttention(expand_kv=True))
-    ok = [c for c in candidates if c.capabilities.tensor_refusal("cuda", dtype, d) is None]
-    dense = next((c for c in ok if all(_probe(c, dtype, hq, hkv, d, device, kind)
-                                       for kind in ("full", "causal"))), ReferenceAttention())
+        base.insert(-1, CudnnAttention(expand_kv=True))
+    candidates = [_fit(c, d, dv) for c in base]
+    if d != dv:  # where a kernel fails Q/K and V of two dims as they are: padded
+        candidates += [PaddedHeads(c) for c in base if c.capabilities.other_v_dim]
+    ok = [c for c in candidates if _refusal(c, "cuda", dtype, d, dv) is None]
+    dense = next((c for c in ok if all(probe(c, kind) for kind in ("full", "causal"))),
+                 ReferenceAttention())
     band = next((c for c in ok if "band" in c.capabilities.kinds and c.capabilities.min_side == 1
-                 and _probe(c, dtype, hq, hkv, d, device, "band")), ReferenceAttention())
+                 and probe(c, "band")), ReferenceAttention())
     varlen = next((c for c in ok if c.capabilities.one_launch_varlen
-                   and _probe_varlen(c, dtype, hq, hkv, d, device)), None)
+                   and _probe_varlen(c, dtype, hq, hkv, d, device, dv)), None)
     return BandDispatch(dense, band, varlen)
 
 
 def _forced(name: str, dtype: torch.dtype, hq: int, hkv: int, d: int,
-            device: torch.device) -> LocalAttention:
+            device: torch.device, dv: int) -> LocalAttention:
     """The kernel ``name`` names, checked for these tensors (before any block)."""
     if name not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNEL_NAMES} or None, got {name!r}")
     try:
-        kernel = KERNELS[name]()
+        kernel = _fit(KERNELS[name](), d, dv)
     except ImportError as err:
         raise ValueError(f"kernel={name!r} is not available here ({err})") from None
-    refusal = kernel.capabilities.tensor_refusal(device.type, dtype, d)
+    refusal = _refusal(kernel, device.type, dtype, d, dv)
     if refusal:
         raise ValueError(f"kernel={name!r} {refusal}")
     return kernel
@@ -217,18 +247,19 @@ def _forced(name: str, dtype: torch.dtype, hq: int, hkv: int, d: int,
 
 def choose_kernel(name: str | None, dtype: torch.dtype, hq: int, hkv: int, d: int,
                   device: torch.device, *, blocks: Callable[[], Iterable[Block]] = tuple,
-                  varlen: bool = False) -> LocalAttention:
-    """The kernel for attention of ``hq``:``hkv`` heads of dim ``d``: the fastest that works,
-    or the one ``name`` forces; checked against ``blocks()`` (every block the call will run)
-    and, with ``varlen``, its one-launch varlen form, as the module docstring says. Raises
-    ValueError naming the kernel and what it cannot run."""
-    shape = (str(dtype), hq, hkv, d, str(device))
+                  varlen: bool = False, dv: int | None = None) -> LocalAttention:
+    """The kernel for attention of ``hq``:``hkv`` heads of dim ``d`` (V: ``dv``, default
+    ``d``): the fastest that works, or the one ``name`` forces; checked against ``blocks()``
+    (every block the call will run) and, with ``varlen``, its one-launch varlen form, as the
+    module docstring says. Raises ValueError naming the kernel and what it cannot run."""
+    dv = d if dv is None else dv
+    shape = (str(dtype), hq, hkv, d, dv, str(device))
     if name is None:
-        kernel = _once(("auto", *shape), lambda: _auto(dtype, hq, hkv, d, device))
+        kernel = _once(("auto", *shape), lambda: _auto(dtype, hq, hkv, d, device, dv))
         if kernel.capabilities.runs_every_block:
             return kernel  # the automatic choice holds a kernel for every block
     else:
-        kernel = _once((name, *shape), lambda: _forced(name, dtype, hq, hkv, d, device))
+        kernel = _once((name, *shape), lambda: _forced(name, dtype, hq, hkv, d, device, dv))
     kinds = set()
     for blk in blocks():
         refusal = kernel.capabilities.block_refusal(blk)
@@ -239,19 +270,21 @@ def choose_kernel(name: str | None, dtype: torch.dtype, hq: int, hkv: int, d: in
     if name is not None and name != "reference":  # the reference is the yardstick itself
         for kind in sorted(kinds):
             if not _once((name, *shape, kind),
-                         lambda kind=kind: _probe(kernel, dtype, hq, hkv, d, device, kind)):
+                         lambda kind=kind: _probe(kernel, dtype, hq, hkv, d, device, kind, dv)):
                 raise ValueError(f"kernel={name!r} fails its check on {kind} blocks of "
                                  f"{hq}:{hkv} heads of dim {d} in {dtype} on {device} (it "
                                  f"raised, or its result differs from the reference)")
         if varlen and kernel.capabilities.one_launch_varlen and not _once(
                 (name, *shape, "varlen"),
-                lambda: _probe_varlen(kernel, dtype, hq, hkv, d, device)):
+                lambda: _probe_varlen(kernel, dtype, hq, hkv, d, device, dv)):
             raise ValueError(f"kernel={name!r} fails its check on varlen calls of {hq}:{hkv} "
                              f"heads of dim {d} in {dtype} on {device}")
     return kernel
 
 
-def select_kernel(q: torch.Tensor, k: torch.Tensor, name: str | None = None) -> LocalAttention:
-    """``choose_kernel`` for tensors ``q``, ``k`` (bshd), without a call's blocks (the
-    benchmarks' and ``tune``'s dense calls)."""
-    return choose_kernel(name, q.dtype, q.shape[2], k.shape[2], q.shape[3], q.device)
+def select_kernel(q: torch.Tensor, k: torch.Tensor, name: str | None = None,
+                  v: torch.Tensor | None = None) -> LocalAttention:
+    """``choose_kernel`` for tensors ``q``, ``k`` (and ``v``) (bshd), without a call's blocks
+    (the benchmarks' and ``tune``'s dense calls)."""
+    return choose_kernel(name, q.dtype, q.shape[2], k.shape[2], q.shape[3], q.device,
+                         dv=None if v is None else v.shape[3])
