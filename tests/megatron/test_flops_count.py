@@ -127,3 +127,32 @@ def test_the_planner_counts_with_the_same_helper():
     expected = training_flops(shape, s, s * (s + 1) // 2).model * cfg.training.global_batch_size
     assert model_flops_per_step(cfg) == expected
 
+
+def test_the_benchmark_reads_the_count_the_run_printed():
+    """What the entry point prints per pack is what benchmarks/megatron_documents.py turns
+    into model TFLOP/s and MFU: the run's own count, not one made from the config."""
+    pytest.importorskip("megatron.core")
+    import sys
+
+    from megatron_burst.megatron.run_flops import FlopsCounter, FlopsReport
+
+    sys.path.insert(0, "benchmarks")
+    try:
+        import megatron_documents
+    finally:
+        sys.path.remove("benchmarks")
+    printed = []
+    report, counter = FlopsReport(), FlopsCounter(_args())
+    report.EVERY = 2  # printed at the first pack and every EVERY-th: the running mean
+    for lens in (LENS, (6,)):
+        flops, share = counter.count(lens)
+        report.add(flops, share, len(lens), sum(lens), printed.append)
+    log = "\n".join(printed)
+    one_document = training_flops(SHAPE, 6, 21).model  # 6 tokens, 21 causal pairs
+    assert read_flops(log).model == pytest.approx((MODEL + one_document) / 2)
+    assert "causal attention pairs done: 0.80952 of full causal" in log  # (13/21 + 1) / 2
+    figures = megatron_documents.run_figures(log, gbs=4, ms=100.0, gpus=2, peak_tflops=989.0)
+    per_gpu = 4 * (MODEL + one_document) / 2 / 0.1 / 2  # sequences x FLOPs / s / GPUs
+    assert figures["model_tflops_per_gpu"] == pytest.approx(per_gpu / 1e12)
+    assert figures["mfu"] == pytest.approx(per_gpu / 989e12)
+    assert megatron_documents.run_figures("no count", 4, 100.0, 2, 989.0) == {}
