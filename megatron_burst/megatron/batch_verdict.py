@@ -46,7 +46,9 @@ class Verdict:
 
     def __init__(self, group: Any, code: int) -> None:
         device = _device(group)
-        mine = torch.tensor([code], dtype=torch.int64, device=device)
+        # Filled on the device: torch.tensor([code], device="cuda") would copy from pageable
+        # memory, which makes the host wait for the stream's queued work.
+        mine = torch.full((1,), code, dtype=torch.int64, device=device)
         table = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
         work = dist.all_gather_into_tensor(table, mine, group=group, async_op=True)
         self._event = None
