@@ -167,8 +167,9 @@ class Prefetcher:
         except BaseException as err:  # noqa: BLE001
             return Outcome(error=err)
 
-    def close(self) -> None:
-        """Cancel the batches not yet started, wait for the one being made, end the thread."""
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Cancel the batches not yet started, wait (up to ``timeout`` s; None: as long as it
+        takes) for the one being made, end the thread."""
         if self.closed:
             return
         self.closed = True
@@ -176,7 +177,7 @@ class Prefetcher:
             slot.future.cancel()
         self._pending.clear()
         self._release.detach()
-        self._worker.stop(wait=True)
+        self._worker.stop(True, timeout)
         _OPEN.discard(self)
 
 
@@ -223,11 +224,12 @@ class _Worker:
                     future.set_exception(err)
             del future, job  # hold nothing of the prefetcher between jobs
 
-    def stop(self, wait: bool) -> None:
+    def stop(self, wait: bool, timeout: Optional[float] = None) -> None:
         self._queue.put(None)
         if wait and self.thread is not threading.current_thread():
-            self.thread.join()
-            _WORKERS.discard(self)
+            self.thread.join(timeout)
+            if not self.thread.is_alive():
+                _WORKERS.discard(self)
 
 
 _OPEN: "weakref.WeakSet[Prefetcher]" = weakref.WeakSet()
@@ -235,14 +237,18 @@ _WORKERS: "set[_Worker]" = set()  # started and not yet joined (finished ones pr
 _NUMBERS = itertools.count()
 
 
-@atexit.register
-def close_all() -> None:
+def close_all(timeout: Optional[float] = None) -> None:
     """Close every open Prefetcher and end every prefetch thread, those of prefetchers already
-    dropped included (at exit, and for callers that end a run early)."""
+    dropped included (for callers that end a run early, and at exit)."""
     for prefetcher in list(_OPEN):
-        prefetcher.close()
+        prefetcher.close(timeout)
     for worker in list(_WORKERS):
-        worker.stop(wait=True)
+        worker.stop(True, timeout)
+
+
+# At exit a job may still wait on a source that is shutting down (a DataLoader's workers):
+# the daemon thread is given a few seconds, never the power to hold the exit.
+atexit.register(close_all, 10.0)
 
 
 def prefetching(data_iterator: Any, make: Callable[[Any], Any], group: Any) -> Any:

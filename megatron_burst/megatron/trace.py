@@ -31,16 +31,17 @@ def _config(raw: str) -> tuple[str, int, int]:
     return folder, first, count
 
 
-def _profiler() -> torch.profiler.profile:
+def _profiler() -> tuple[torch.profiler.profile, bool]:
+    """(the profiler, whether it records every thread: torch releases without that option
+    record only the thread that starts it, and the trace then lacks the prefetch thread)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    try:  # every thread, not only the one that starts the profiler (torch >= 2.7 or so)
+    try:
         config = torch.profiler._ExperimentalConfig(profile_all_threads=True)
     except TypeError:
-        config = None
-    kwargs = {"experimental_config": config} if config is not None else {}
-    return torch.profiler.profile(activities=activities, **kwargs)
+        return torch.profiler.profile(activities=activities), False
+    return torch.profiler.profile(activities=activities, experimental_config=config), True
 
 
 class StepTrace:
@@ -51,6 +52,7 @@ class StepTrace:
         self.rank = rank
         self.seen = 0
         self.prof: Optional[torch.profiler.profile] = None
+        self.all_threads = False
         self.written: Optional[str] = None
 
     @staticmethod
@@ -64,7 +66,7 @@ class StepTrace:
             return
         folder, first, count = self.config
         if self.seen == first:
-            self.prof = _profiler()
+            self.prof, self.all_threads = _profiler()
             self.prof.__enter__()
         elif self.seen == first + count and self.prof is not None:
             if torch.cuda.is_available():
@@ -74,4 +76,8 @@ class StepTrace:
             self.written = os.path.join(folder, f"rank{self.rank}.json")
             self.prof.export_chrome_trace(self.written)
             self.prof = None
+            print(f"> trace of micro-batches {first}-{first + count - 1} written to "
+                  f"{self.written}" + ("" if self.all_threads else " (this torch records the "
+                                       "step's thread only: no prefetch thread in it)"),
+                  flush=True)
         self.seen += 1
