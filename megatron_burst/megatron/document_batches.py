@@ -58,7 +58,7 @@ def _on_host(sample: Mapping[str, Any]) -> bool:
 
 
 class DocumentBatchMaker:
-    """Makes ``PreparedBatch`` es for one run: its EOD token, CP group, layout, the layers'
+    """Makes each ``PreparedBatch`` of one run: its EOD token, CP group, layout, the layers'
     plan targets and FLOPs count. ``pin``: stage the step's tensors in pinned memory."""
 
     def __init__(self, eod: int, group: Any, layout: str, targets: Tuple[PlanTarget, ...],

@@ -115,10 +115,12 @@ def _planned_on_this_thread(model, args, samples) -> list:
             return fn(*a, **k)
         return wrapped
 
-    with mock.patch.object(placement, "_whole_docs", counting("placements", placement._whole_docs)), \
+    with mock.patch.object(placement, "_whole_docs",
+                           counting("placements", placement._whole_docs)), \
             mock.patch.object(schedule, "blocks_between",
                               counting("pair_blocks", schedule.blocks_between)), \
-            mock.patch.object(ring_spec, "plan_calls", counting("call_plans", ring_spec.plan_calls)):
+            mock.patch.object(ring_spec, "plan_calls",
+                              counting("call_plans", ring_spec.plan_calls)):
         _steps(model, args, samples)
     return [seen]
 
