@@ -72,7 +72,7 @@ def _setup(weights):
     return model, args, same_targets
 
 
-def _steps(model, args, samples) -> list:
+def _steps(model, args, samples, after_step=None) -> list:
     """Loss and gradients of each sample, taken through entry.document_batch."""
     from megatron.core import rerun_state_machine as rsm
 
@@ -87,7 +87,39 @@ def _steps(model, args, samples) -> list:
                      packed_seq_params=params)
         loss = cm.train_step(model, batch, num_tokens=int(samples[i]["loss_mask"].sum()))
         out.append((float(loss), harness.gather_full_grads(model)))
+        if after_step is not None:
+            after_step(i)
     return out
+
+
+def _planned_during_steps(model, args, samples) -> list:
+    """Step i does not end until the pack of batch i+2 is planned (its kernel calls made):
+    True for each step where that happened, on the prefetch thread, in time."""
+    from unittest import mock
+
+    from megatron_burst.megatron import document_batches, prefetch
+
+    planned = {}  # document lengths -> (event, the planning thread's name)
+    real = document_batches.plan_pack
+
+    def recording(pack, target, ring):
+        calls = real(pack, target, ring)
+        entry = planned.setdefault(pack.lens, [threading.Event(), None])
+        entry[1] = threading.current_thread().name
+        entry[0].set()
+        return calls
+
+    seen = []
+
+    def after_step(i):
+        if i + 2 < len(PACKS):
+            entry = planned.setdefault(PACKS[i + 2][0], [threading.Event(), None])
+            seen.append(entry[0].wait(timeout=60)
+                        and entry[1].startswith(prefetch.THREAD_PREFIX))
+
+    with mock.patch.object(document_batches, "plan_pack", recording):
+        _steps(model, args, samples, after_step)
+    return seen
 
 
 def _planned_on_this_thread(model, args, samples) -> list:
@@ -163,6 +195,7 @@ def _cases(rank: int, world: int) -> dict:
     out = {"same_targets": same_targets}
     out["ahead"] = _steps(model, args, samples)
     out["planned_ahead"] = _planned_on_this_thread(model, args, samples)
+    out["planned_during_steps"] = _planned_during_steps(model, args, samples)
     os.environ[prefetch.ENV] = "0"
     out["on_step"] = _steps(model, args, samples)
     out["planned_on_step"] = _planned_on_this_thread(model, args, samples)
@@ -192,6 +225,11 @@ def test_made_ahead_or_on_the_step_the_losses_and_grads_are_the_same(ranks):
                 assert torch.equal(grads_a[name], grads_s[name]), name
     losses = [loss for loss, _ in ranks[0]["ahead"]]
     assert len(set(losses)) == len(losses)  # four packs, four different steps
+
+
+def test_the_pack_after_next_is_planned_while_the_step_runs(ranks):
+    for r in ranks:
+        assert r["planned_during_steps"] == [True] * (len(PACKS) - 2)
 
 
 def test_with_prefetch_the_step_thread_plans_nothing(ranks):
