@@ -4,7 +4,8 @@
 
 The package's entry point, mock data, CP=2 on 2 GPUs (and CP=1 on one for `small`), with
 and without `--cuda-graph-impl local`: iteration time, losses (graphs must not change them
-beyond bf16 noise), and model FLOPs / MFU as benchmarks/megatron_documents.py counts them.
+beyond bf16 noise), and model FLOPs / MFU from the run's own printed count of what it does
+(as benchmarks/megatron_documents.py reads it).
 """
 from __future__ import annotations
 
@@ -37,12 +38,10 @@ def main() -> None:
     for cp, extra in plans:
         cfg = megatron_documents.case_config(base, args.shape, cp, False, args.iters, None)
         name = (f"{args.shape} CP={cp}" + (", CUDA graphs (local)" if extra else ", eager"))
-        r = megatron_e2e.run(name, cp, extra, args.iters, args.timeout, cfg=cfg)
+        r = megatron_e2e.run(name, cp, extra, args.iters, args.timeout, cfg=cfg, keep_log=True)
         ms = megatron_e2e.steady_ms(r["ms_per_iter"], warmup=3)
-        if ms is not None:
-            flops = cfg.training.global_batch_size * megatron_documents.model_flops(
-                cfg.model, cfg.model.seq_length, 1.0)
-            r.update(steady_ms=ms, mfu=flops / (ms / 1e3) / cp / (args.peak_tflops * 1e12))
+        r.update(megatron_documents.run_figures(r.pop("log", ""), cfg.training.global_batch_size,
+                                                ms, cp, args.peak_tflops))
         runs.append(r)
         megatron_e2e.save_runs(args.out, head, runs)
     lines = [f"{head['device']}, {head['date']}", f"command: `{head['command']}`", "",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..flops import ModelShape, causal_pairs, training_flops
 from ..timing import Prediction, Profile, load_profile
 from .config import Config
 from .layout_candidates import chosen_prediction
@@ -117,15 +118,17 @@ def _rest_pass_s(cfg: Config, prof: Profile, tokens: int) -> float:
 
 
 def model_flops_per_step(cfg: Config) -> float:
-    """FLOPs of one step of the whole model: linears, causal attention, logits; fwd+bwd."""
-    m, tr = cfg.model, cfg.training
+    """Model FLOPs of one step of the whole model (``megatron_burst.flops``, the count the
+    entry point prints): linears, causal attention over each whole sequence, logits over
+    the padded vocabulary; fwd+bwd, no recompute."""
+    m = cfg.model
     whole = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tensor=1))
-    linear = layer_params(whole) - 2 * m.hidden_size  # the norms are no matmul
+    shape = ModelShape(layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_hidden_size,
+                       heads=m.num_attention_heads, query_groups=m.num_query_groups,
+                       head_dim=m.head_dim, vocab=padded_vocab(whole),
+                       swiglu=m.activation == "swiglu")
     s = m.seq_length
-    attention = 4 * s * s * m.num_attention_heads * m.head_dim * 0.5  # causal: half
-    per_sequence = 3 * (m.num_layers * (2 * s * linear + attention)
-                        + 2 * s * m.hidden_size * padded_vocab(whole))
-    return per_sequence * tr.global_batch_size
+    return training_flops(shape, s, causal_pairs([s])).model * cfg.training.global_batch_size
 
 
 def predict_step(cfg: Config) -> StepTime | None:

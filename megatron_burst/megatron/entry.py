@@ -13,7 +13,10 @@ This package's entry point (`megatron_burst.megatron.pretrain_gpt`) and Megatron
 - with document masks every rank reads the data (`dataset_on_every_rank`) and
   `document_batch` makes each micro-batch: boundaries from EOD, positions restarted per
   document, tokens, labels, loss mask and positions sharded with the attention's layout, and
-  the `DocumentParams` the layers read.
+  the `DocumentParams` the layers read, its pack's ring plans made, all off the step on the
+  data path's background thread (`prefetch`);
+- the FLOPs the run does (its padded vocabulary, documents, recompute) are counted by
+  `run_flops` and printed on rank 0 in the line the benchmarks read (`flops.read_flops`).
 """
 from __future__ import annotations
 
@@ -34,9 +37,14 @@ from megatron_burst.megatron.arguments import (
     refuse_ignored_options,
     uses_burst,
 )
+from megatron_burst.flops import flops_line
+from megatron_burst.megatron import prefetch
+from megatron_burst.megatron.document_batches import DocumentBatches, DocumentBatchMaker
+from megatron_burst.megatron.pack_plans import targets_from_args
+from megatron_burst.megatron.run_flops import FlopsCounter, layer_windows
 from megatron_burst.megatron.topology import topology_from_args
+from megatron_burst.megatron.trace import StepTrace
 from megatron_burst.placement import DOCUMENT_LAYOUTS
-from megatron_burst.megatron.documents import BATCH_KEYS, shard_document_batch
 
 # Megatron options whose batches the document path cannot build: each would be dropped.
 _DOCUMENT_CONFLICTS = (
@@ -86,6 +94,9 @@ class BurstRun:
             lines.append(f"document masks: documents end after each EOD token, attention "
                          f"stays inside them, RoPE positions restart in each; sharded "
                          f"{self.documents} over the CP group")
+            ahead = ("made two micro-batches ahead on a background thread"
+                     if prefetch.enabled() else "made on the step ($MEGATRON_BURST_PREFETCH=0)")
+            lines.append(f"document batches (shards, pack, ring plans): {ahead}")
         if self.remat_aware:
             lines.append("remat-aware recompute: each layer keeps its attention output from "
                          "the first forward; the recompute rebuilds attention from it, no ring")
@@ -137,7 +148,11 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
             model_cfg.pre_wrap_hooks.append(document_models)
     for line in run.describe():
         say(f"> {line}")
+    _CONFIGURED[:] = [run]
     return run
+
+
+_CONFIGURED: List[BurstRun] = []  # the run configure_run made (its topology feeds the plans)
 
 
 # What this package's entry point (megatron_burst.megatron.pretrain_gpt) cannot build in any
@@ -201,36 +216,85 @@ def dataset_on_every_rank(args: Any) -> bool:
 def document_batch(data_iterator: Iterator, args: Any) -> Tuple[Any, ...]:
     """(tokens, labels, loss_mask, position_ids, packed_seq_params) of the next micro-batch.
 
-    Sharded on the host, where the dataloader leaves the sample, so only this rank's rows go
-    to the GPU and the boundaries never need a device read. The documents' lengths also go
-    to Megatron's FLOPs count where it keeps one (0.19+), so its logged TFLOP/s count the
-    attention actually done rather than full causal attention over the whole sequence.
+    Made by ``document_batches.DocumentBatchMaker``: sharded on the host, where the
+    dataloader leaves the sample, so only this rank's rows go to the GPU and the boundaries
+    never need a device read; the pack's ring plans made for the run's layers. Made two
+    micro-batches ahead on a background thread (``prefetch``; $MEGATRON_BURST_PREFETCH=0
+    makes them here instead) under Megatron's RerunDataIterator; this step only copies them
+    to the GPU from pinned memory. The documents' lengths also go to Megatron's FLOPs count
+    where it keeps one (0.19+), and to this package's (``run_flops``), printed every few packs.
     """
+    batches = _document_batches(args)
+    _trace().step()
+    source = data_iterator
+    if prefetch.enabled():
+        source = prefetch.prefetching(data_iterator, batches.maker.ahead, batches.agree_group)
+    return batches.take(next(source))
+
+
+_BATCHES: List[Any] = []  # [(args, CP group, DocumentBatches)]: the run's, made once
+
+
+def _document_batches(args: Any) -> DocumentBatches:
+    """The run's document batches (maker, FLOPs report, device), made at the first call and
+    again only if the run's arguments or CP group are other objects (a new run in-process)."""
     from megatron.core import parallel_state
     from megatron.training import get_tokenizer
 
+    group = parallel_state.get_context_parallel_group()
+    if _BATCHES and _BATCHES[0][0] is args and _BATCHES[0][1] is group:
+        return _BATCHES[0][2]
     layout = args.burst_document_layout or DOCUMENT_LAYOUTS[0]
-    data = next(data_iterator)
-    local, params = shard_document_batch(data, get_tokenizer().eod,
-                                         parallel_state.get_context_parallel_group(), layout)
-    PACKS.add(params.pack.lens)
-    _count_flops(params.pack.cu_seqlens)
-    # Pinned, so the copies are asynchronous: from pageable memory the host would wait for
-    # the GPU to finish the previous micro-batch, and could no longer plan ahead of it.
-    return (*(_pinned(local[key]).cuda(non_blocking=True) for key in BATCH_KEYS), params)
+    topology = _CONFIGURED[0].topology if _CONFIGURED else None
+    targets = targets_from_args(layout, layer_windows(args), topology, group)
+    maker = DocumentBatchMaker(get_tokenizer().eod, group, layout, targets,
+                               FlopsCounter(args), pin=torch.cuda.is_available())
+    # A batch that fails on one rank stops every rank that would wait for it: its CP peers
+    # in the ring, and its TP peers (they read the same samples) in the layers' collectives.
+    agree = parallel_state.get_tensor_and_context_parallel_group(check_initialized=False)
+    batches = DocumentBatches(maker, _device(), say, agree or group, _megatron_seqlen_stats())
+    _BATCHES[:] = [(args, group, batches)]
+    return batches
 
 
-def _count_flops(cu_seqlens: torch.Tensor) -> None:
-    """Megatron's per-iteration sum of L and L^2 (on the device, no synchronisation)."""
+def plain_flops_once(args: Any) -> None:
+    """Print (once, rank 0) the FLOPs of one sequence without documents: full causal
+    attention over ``args.seq_length`` tokens, in the line the benchmarks read."""
+    if _PLAIN_SAID:
+        return
+    _PLAIN_SAID.append(True)
+    flops, _ = FlopsCounter(args).count([args.seq_length])
+    if flops is not None:
+        say(f"> {flops_line(flops)}")
+
+
+_PLAIN_SAID: List[bool] = []
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")  # CPU ranks (tests): the batch stays where it is
+
+
+def _megatron_seqlen_stats() -> Optional[Any]:
+    """Megatron's per-iteration sum of L and L^2 (0.19+, on the device), or None."""
+    if not torch.cuda.is_available():
+        return None
     try:
         from megatron.training.training import update_seqlen_stats_from_cu_seqlens
     except ImportError:  # before 0.19 Megatron counts full causal attention regardless
-        return
-    update_seqlen_stats_from_cu_seqlens(_pinned(cu_seqlens).cuda(non_blocking=True))
+        return None
+    return update_seqlen_stats_from_cu_seqlens
 
 
-def _pinned(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_cuda or t.is_pinned() else t.pin_memory()
+def _trace() -> StepTrace:
+    if not _TRACE:
+        _TRACE.append(StepTrace.from_env(dist.get_rank() if dist.is_initialized() else 0))
+    return _TRACE[0]
+
+
+_TRACE: List[StepTrace] = []
 
 
 def say(message: str) -> None:
@@ -238,31 +302,3 @@ def say(message: str) -> None:
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
     if rank == 0:
         print(message, flush=True)
-
-
-class PackStats:
-    """What the document masks leave of causal attention's work, over the packs read here.
-
-    Megatron's logged TFLOP/s counts full causal attention over the whole sequence; with
-    document masks the attention does only the pairs inside documents. Printed every
-    `EVERY` packs (rank 0), so a benchmark can count the FLOPs actually done.
-    """
-
-    EVERY = 8
-
-    def __init__(self) -> None:
-        self.packs, self.documents, self.pairs, self.full_pairs = 0, 0, 0, 0
-
-    def add(self, lens: Tuple[int, ...]) -> None:
-        total = sum(lens)
-        self.packs += 1
-        self.documents += len(lens)
-        self.pairs += sum(n * (n + 1) // 2 for n in lens)
-        self.full_pairs += total * (total + 1) // 2
-        if self.packs % self.EVERY == 0:
-            say(f"> document masks: {self.packs} packs of {total} tokens, "
-                f"{self.documents / self.packs:.1f} documents per pack; causal attention "
-                f"pairs done: {self.pairs / self.full_pairs:.5f} of full causal")
-
-
-PACKS = PackStats()

@@ -16,7 +16,13 @@ documents that end at EOD tokens: attention stays inside each document and RoPE 
 restart in each. The batch is sharded with `--burst-document-layout` (`whole_docs` by
 default) and carries a `DocumentParams` to the attention (`megatron_burst.megatron.documents`);
 the model is `document_model.DocumentGPTModel`. Every pipeline stage reads the data then,
-because middle stages need the boundaries and positions too.
+because middle stages need the boundaries and positions too. Each micro-batch's documents
+(shards, pack, ring plans) are made two micro-batches ahead on a background thread
+(`$MEGATRON_BURST_PREFETCH=0`: on the step); `$MEGATRON_BURST_TRACE=DIR` records a
+torch.profiler trace of a few of them (`megatron_burst.megatron.trace`).
+
+Rank 0 prints the FLOPs of one sequence as this run does them (padded vocabulary, documents,
+recompute; `megatron_burst.flops`), which `benchmarks/megatron_documents.py` reads back.
 """
 from __future__ import annotations
 
@@ -62,6 +68,7 @@ def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Any, ...]:
     args = get_args()
     if args.burst_document_mask:
         return entry.document_batch(data_iterator, args)
+    entry.plain_flops_once(args)  # the FLOPs line the benchmarks read (documents print theirs)
     if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
         return None, None, None, None, None
     data = next(data_iterator)

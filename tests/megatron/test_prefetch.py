@@ -1,0 +1,220 @@
+"""The prefetcher on one process: order, overlap with the step, errors at the batch that
+failed, the end of the data, Megatron's rerun replay, clean shutdown, and the trace."""
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from megatron_burst.megatron import prefetch  # noqa: E402
+from megatron_burst.megatron.prefetch import THREAD_PREFIX, Prefetcher  # noqa: E402
+
+
+def _prefetch_threads() -> list:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_left():
+    yield
+    prefetch.close_all()
+    assert _prefetch_threads() == []
+
+
+def test_batches_come_in_the_source_order_made_once_each():
+    made = []
+
+    def make(x):
+        made.append(x)
+        return ("batch", x)
+
+    assert list(Prefetcher(iter(range(7)), make)) == [("batch", x) for x in range(7)]
+    assert made == list(range(7))
+
+
+def test_the_batch_after_next_is_made_on_the_thread_while_the_step_runs():
+    """Deterministic, no timing: step i does not end until batch i+2 was made, which only a
+    thread running beside the step can do (made here, the step would wait forever)."""
+    done = {i: threading.Event() for i in range(8)}
+    where = {}
+
+    def make(i):
+        where[i] = threading.current_thread().name
+        done[i].set()
+        return i
+
+    taken = []
+    for i in Prefetcher(iter(range(8)), make):
+        taken.append(i)
+        if i + 2 < 8:  # the step: it runs while the thread makes batch i+2
+            assert done[i + 2].wait(timeout=30), f"batch {i + 2} was not made during step {i}"
+    assert taken == list(range(8))
+    assert all(name.startswith(THREAD_PREFIX) for name in where.values())
+
+
+def test_a_failed_batch_raises_at_its_own_step_and_only_there():
+    def make(x):
+        if x == 3:
+            raise ValueError("malformed pack 3")
+        return x
+
+    it = Prefetcher(iter(range(6)), make)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="malformed pack 3"):
+        next(it)
+    assert next(it) == 4  # the batches after it were made, in order
+
+
+def test_a_failed_read_raises_at_its_batch():
+    def source():
+        yield 0
+        raise OSError("disk gone")
+
+    it = Prefetcher(source(), lambda x: x)
+    assert next(it) == 0
+    with pytest.raises(OSError, match="disk gone"):
+        next(it)
+
+
+def test_the_data_ends_where_the_source_ends():
+    it = Prefetcher(iter([1, 2]), lambda x: x, depth=3)
+    assert list(it) == [1, 2]
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_close_ends_the_thread_and_a_closed_prefetcher_refuses():
+    it = Prefetcher(iter(range(100)), lambda x: x)
+    next(it)
+    assert len(_prefetch_threads()) == 1
+    it.close()
+    assert _prefetch_threads() == []
+    with pytest.raises(ValueError, match="closed"):
+        next(it)
+
+
+def test_depth_must_be_positive():
+    with pytest.raises(ValueError, match="depth"):
+        Prefetcher(iter(()), lambda x: x, depth=0)
+
+
+def test_a_rerun_replays_the_batches_made_for_its_iteration():
+    """Under Megatron's RerunDataIterator the prefetcher sits under it: a rewind hands back the
+    very batches of the iteration, and the batch made ahead is not lost by the replay."""
+    from megatron.core import rerun_state_machine as rsm
+
+    rsm.initialize_rerun_state_machine(mode=rsm.RerunMode.VALIDATE_RESULTS)
+    try:
+        outer = rsm.RerunDataIterator(iter(range(10)))
+        assert prefetch.prefetching(outer, lambda x: [x], None) is outer
+        assert isinstance(outer.iterable, Prefetcher)
+        assert prefetch.prefetching(outer, lambda x: [x], None).iterable is outer.iterable
+        first = [next(outer) for _ in range(3)]
+        outer.rewind()
+        assert [next(outer) for _ in range(3)] == first
+        assert all(a is b for a, b in zip(first, outer.saved_microbatches))
+        outer.advance()
+        assert next(outer) == [3]
+    finally:
+        rsm.destroy_rerun_state_machine()
+
+
+def test_other_iterators_are_left_as_they_are():
+    plain = iter(range(3))
+    assert prefetch.prefetching(plain, lambda x: x, None) is plain
+
+
+def test_the_switch_reads_the_environment(monkeypatch):
+    monkeypatch.setenv(prefetch.ENV, "0")
+    assert not prefetch.enabled()
+    monkeypatch.setenv(prefetch.ENV, "1")
+    assert prefetch.enabled()
+    monkeypatch.setenv(prefetch.ENV, "maybe")
+    with pytest.raises(ValueError, match=prefetch.ENV):
+        prefetch.enabled()
+
+
+def test_a_prepared_batch_pickles_as_its_sample():
+    from megatron_burst.megatron.document_batches import DocumentBatchMaker
+
+    tokens = torch.tensor([[1, 2, 9, 3, 4, 5, 9, 6]])
+    sample = {"tokens": tokens, "labels": tokens, "loss_mask": torch.ones(1, 8)}
+    batch = DocumentBatchMaker(9, None, "whole_docs", (), None, pin=False)(sample)
+    assert batch.params.pack.lens == (3, 4, 1)
+    back = pickle.loads(pickle.dumps(batch))
+    assert type(back) is dict and torch.equal(back["tokens"], tokens)
+
+
+def test_the_trace_records_the_prefetch_thread_beside_the_step(tmp_path):
+    from megatron_burst.megatron.trace import StepTrace
+
+    trace = StepTrace(f"{tmp_path}:1:2", rank=0)
+    made = {i: threading.Event() for i in range(6)}
+
+    def make(i):
+        torch.ones(64, 64) @ torch.ones(64, 64)
+        made[i].set()
+        return i
+
+    for i in Prefetcher(iter(range(6)), make):
+        trace.step()
+        with torch.profiler.record_function("the step"):
+            torch.ones(128, 128) @ torch.ones(128, 128)
+            if i + 2 < 6:  # the step ends once batch i+2 is made: inside the traced steps
+                assert made[i + 2].wait(timeout=30)
+    events = json.loads((tmp_path / "rank0.json").read_text())["traceEvents"]
+    threads = {e["name"]: e["tid"] for e in events if e.get("name", "").startswith(
+        ("megatron_burst", "the step"))}
+    assert {"megatron_burst: make batch", "megatron_burst: take batch", "the step"} <= set(threads)
+    assert threads["megatron_burst: make batch"] != threads["the step"]
+    with pytest.raises(ValueError, match="MEGATRON_BURST_TRACE"):
+        StepTrace("dir:1:0", rank=0)
+
+
+def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
+    """CP=1: the pack's one varlen call, planned by plan_pack, is what burst_attn runs; the
+    call itself plans nothing and gives what a pack planned at the call gives."""
+    import megatron_burst as mb
+    import megatron_burst.packs as packs
+    import megatron_burst.prepare as prepare
+    import megatron_burst.ring_spec as ring_spec
+    import megatron_burst.schedule as schedule
+    from megatron_burst.cp_topology import CPTopology
+    from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack
+
+    topology = CPTopology.build(1, backward="burst")
+    target = PlanTarget.of("whole_docs", schedule.Mask(True), topology, None)
+    cu = torch.tensor([0, 5, 45, 56, 64], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(64, 1, h, 16, generator=gen, requires_grad=True)
+               for h in (4, 2, 2))
+
+    def attend():
+        out = mb.burst_attn(q, k, v, None, causal=True, layout="whole_docs",
+                            qkv_format="sbhd", cu_seqlens=mb.pack_documents(cu),
+                            topology=topology)
+        out.sum().backward()
+        return out.detach(), q.grad.clone()
+
+    def fresh():
+        schedule.RingSchedule.of.cache_clear()
+        packs._PACKS.clear()
+        prepare.PREPARED.clear()
+        q.grad = None
+
+    fresh()
+    at_call = attend()
+    fresh()
+    calls = plan_pack(mb.pack_documents(cu), target, target.ring())
+    assert calls and all(c.varlen for c in calls)
+    planned = []
+    monkeypatch.setattr(ring_spec, "plan_alone", lambda *a: planned.append(a))
+    monkeypatch.setattr(ring_spec, "plan_calls", lambda *a, **k: planned.append(a))
+    ahead = attend()
+    assert planned == []
+    assert torch.equal(ahead[0], at_call[0]) and torch.equal(ahead[1], at_call[1])
