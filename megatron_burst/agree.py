@@ -142,7 +142,7 @@ def _device(group: dist.ProcessGroup | None) -> torch.device:
 
 
 def _disagreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
-                  names: list[str], table: list[list[int]]) -> str:
+                  names: list[str], table: list[list[int]], what: str = "burst_attn") -> str:
     """The error message, built only from gathered data so every rank prints the same.
 
     The hashes say who disagrees; one more exchange (on this error path only) fetches
@@ -153,7 +153,7 @@ def _disagreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
     dist.all_gather_object(values, {n: sig[n] for n in names}, group=group)
     if "error" in names:  # some rank's own arguments were invalid: that is the news
         failed = [(ranks[p], v["error"]) for p, v in enumerate(values) if v["error"]]
-        return "; ".join(f"burst_attn failed on rank {r}: {msg}" for r, msg in failed) + (
+        return "; ".join(f"{what} failed on rank {r}: {msg}" for r, msg in failed) + (
             " (every rank of the group raises this error)")
     parts = []
     for j, name in enumerate(names):
@@ -179,10 +179,12 @@ def tell_peers(group: dist.ProcessGroup | None, error: Exception) -> None:
     raise error
 
 
-def check_outcome(group: dist.ProcessGroup | None, error: Exception | None) -> None:
+def check_outcome(group: dist.ProcessGroup | None, error: Exception | None,
+                  what: str = "burst_attn") -> None:
     """For a check whose result can differ by rank and by call (it reads the call's data):
     every rank's outcome, every call, in one small all-gather; if any failed, every rank
-    raises the same ValueError naming the ranks and their errors."""
+    raises the same ValueError naming the ranks and their errors (``what`` names the check:
+    "burst_attn", "the document batch", ...)."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) < 2:
         if error is not None:
             raise error
@@ -192,4 +194,4 @@ def check_outcome(group: dist.ProcessGroup | None, error: Exception | None) -> N
     table = _exchange(group, [_field_hash("error", said)])
     if len({row[0] for row in table}) > 1 or said is not None:
         raise ValueError(_disagreement(group, failed_signature(said) if said else
-                                       {"error": None}, ["error"], table))
+                                       {"error": None}, ["error"], table, what))

@@ -42,7 +42,8 @@ def check_calls(group: dist.ProcessGroup | None, count: int) -> None:
     backend = str(dist.get_backend(group))
     on_gpu = "nccl" in backend and "gloo" not in backend
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    mine = torch.tensor([count], dtype=torch.int64, device=device)
+    # A fill, not a copy from the host: a pageable host-to-device copy would wait for the GPU.
+    mine = torch.full((1,), count, dtype=torch.int64, device=device)
     table = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
     work = dist.all_gather_into_tensor(table, mine, group=group, async_op=True)
     ranks = group_ranks(group)

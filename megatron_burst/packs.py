@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import hashlib
 import struct
+import threading
 
 import numpy as np
 import torch
@@ -75,19 +76,21 @@ def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
                          f"its last boundary is {bounds[-1]} > {INT32_MAX}")
     lens = tuple(steps.tolist())
     steps = steps.astype("<i8")  # the digest's bytes: little-endian int64, on every host
-    pack = _PACKS.get(lens)
-    if pack is None:
-        pack = DocumentPack(torch.from_numpy(bounds.astype(np.int32)), lens,
-                            describe_lengths(lens, steps.tobytes()))
-        _PACKS[lens] = pack
-        if len(_PACKS) > PACK_CACHE:
-            _PACKS.popitem(last=False)
-    else:
-        _PACKS.move_to_end(lens)
+    with _LOCK:  # the data path's prefetch thread makes packs while the step uses them
+        pack = _PACKS.get(lens)
+        if pack is None:
+            pack = DocumentPack(torch.from_numpy(bounds.astype(np.int32)), lens,
+                                describe_lengths(lens, steps.tobytes()))
+            _PACKS[lens] = pack
+            if len(_PACKS) > PACK_CACHE:
+                _PACKS.popitem(last=False)
+        else:
+            _PACKS.move_to_end(lens)
     return pack
 
 
 _PACKS: "collections.OrderedDict[tuple[int, ...], DocumentPack]" = collections.OrderedDict()
+_LOCK = threading.Lock()
 
 
 def doc_lengths(cu_seqlens: "torch.Tensor | DocumentPack") -> tuple[int, ...]:

@@ -80,7 +80,7 @@ def settle(codes: List[int], error: Optional[BaseException], group: Any) -> None
     if isinstance(error, StopIteration):
         said = ValueError("the data iterator ended here while other ranks still had batches")
     try:
-        check_outcome(group, said)  # every rank reports; any report raises everywhere
+        check_outcome(group, said, "the document batch")  # any report raises everywhere
     except ValueError as err:
         raise err from error
     # Some code says a rank failed, yet no rank reported an error: only a broken
