@@ -34,6 +34,7 @@ from megatron.core.transformer.utils import is_layer_window_attention
 from megatron_burst.agree import check_outcome, tell_peers
 from megatron_burst.call_count import check_calls
 from megatron_burst.megatron import masks
+from megatron_burst.megatron.softmax_offset import make_softmax_offset, sharded_offset
 from megatron_burst.api import burst_attn, calls_made
 from megatron_burst.cp_topology import CPTopology
 from megatron_burst.kernels.selection import default_scale
@@ -110,10 +111,6 @@ class BurstDotProductAttention(MegatronModule):
                 f"BurstAttention has no attention dropout, got attention_dropout={dropout}; "
                 f"set --attention-dropout 0 (config.attention_dropout=0.0)"
             )
-        if getattr(config, "softmax_type", "vanilla") != "vanilla":
-            raise ValueError(
-                f"BurstAttention supports softmax_type='vanilla' only, got {config.softmax_type!r}"
-            )
 
         # 0.13/0.14 call it model_comm_pgs, 0.15+ pg_collection.
         tp_group, cp_group = _groups_from(pg_collection or model_comm_pgs)
@@ -131,10 +128,13 @@ class BurstDotProductAttention(MegatronModule):
                 f"has {cp_size} ranks"
             )
 
+        # MLA hands Q/K and V heads of their own dims (192 and 128): both travel as they are.
         self.k_channels = k_channels or config.kv_channels
         self.v_channels = v_channels or config.kv_channels
         self.heads = layer_heads(config, tp_size, self.k_channels)
-        self.tp_size = tp_size
+        self.tp_size, self.tp_group = tp_size, tp_group
+        # Sinks (softmax_type "off-by-one" / "learnable"), one logit per head of this TP rank.
+        make_softmax_offset(self, config, self.heads.hq)
         self.topology: Optional[CPTopology] = None
         self.options: Optional[BurstOptions] = None  # kept only while 'auto' is undecided
         # Megatron's CP settings are read either way: a handed-down topology's Ulysses size
@@ -267,7 +267,15 @@ class BurstDotProductAttention(MegatronModule):
             # recompute takes it (never outside training, so evaluation keeps nothing).
             keep=self.keep if self.training else None,
             call_label=self.layer_number,  # a peer in another layer's call is caught
+            sinks=self.softmax_offset,
         )
+
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (),
+                           metadata: Optional[dict] = None) -> dict:
+        """The learnable sinks sharded by heads over TP, as Megatron's DotProductAttention
+        saves them (the layer holds nothing else)."""
+        return sharded_offset(self, prefix, sharded_offsets, metadata, self.tp_group)
 
 
 # The first BurstAttention layer built on each CP group in this process (by group name):

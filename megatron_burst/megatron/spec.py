@@ -146,8 +146,7 @@ def get_gpt_layer_burst_spec(
     (this pipeline stage's layers, found from `config` and `vp_stage`), which GPTModel
     accepts in the same argument.
     """
-    if _config_value(config, "multi_latent_attention", False):
-        raise ValueError("BurstAttention layer specs do not support multi_latent_attention")
+    mla = bool(_config_value(config, "multi_latent_attention", False))
     if _config_value(config, "num_moe_experts", None):
         raise ValueError(
             "get_gpt_layer_burst_spec builds dense layers; for MoE build Megatron's block spec "
@@ -158,20 +157,27 @@ def get_gpt_layer_burst_spec(
     qk_l2_norm = _config_value(config, "qk_l2_norm", False) if qk_l2_norm is None else qk_l2_norm
     # Reusing Megatron's own builders keeps every non-attention detail (norm placement,
     # sharded-state-dict key maps) identical to a TE/local run, so checkpoints interchange.
+    # MLA (DeepSeek-style latent attention) is Megatron's own MLASelfAttention with our core
+    # attention: Q/K and V heads of their own dims reach it, and travel at their own sizes.
     if provider.use_te:
         spec = get_gpt_layer_with_transformer_engine_spec(
-            qk_layernorm=qk_layernorm, qk_l2_norm=qk_l2_norm
+            qk_layernorm=qk_layernorm, qk_l2_norm=qk_l2_norm, multi_latent_attention=mla
         )
     else:
         spec = get_gpt_layer_local_spec(
             qk_layernorm=qk_layernorm,
             normalization=normalization or _config_value(config, "normalization", "LayerNorm"),
             qk_l2_norm=qk_l2_norm,
+            multi_latent_attention=mla,
         )
         layer = spec.submodules
         for name in ("input_layernorm", "pre_mlp_layernorm"):
             if getattr(layer, name) is WrappedTorchNorm:
                 setattr(layer, name, SequenceParallelTorchNorm)
+        attention = layer.self_attention.submodules
+        for name in ("q_layernorm", "kv_layernorm"):  # MLA's latent norms see local tokens
+            if getattr(attention, name, None) is WrappedTorchNorm:
+                setattr(attention, name, SequenceParallelTorchNorm)
     spec.submodules.self_attention.submodules.core_attention = provider.core_attention()
     if not provider.use_te and _config_value(config, "sequence_parallel", False):
         transformer_config = getattr(config, "transformer", config)  # GPTModelConfig wraps it

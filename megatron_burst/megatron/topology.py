@@ -30,8 +30,10 @@ from megatron_burst.timing import load_profile
 def layer_heads(config: Any, tp_size: int, head_dim: int) -> HeadShape:
     """Heads one TP rank holds, and bytes per activation element, from a TransformerConfig."""
     heads = config.num_attention_heads
-    return HeadShape.of_tp_rank(heads, config.num_query_groups or heads, head_dim, tp=tp_size,
-                                half=_half(config))
+    # MLA expands K and V from the latent to every query head: no grouped K/V heads there.
+    groups = heads if getattr(config, "multi_latent_attention", False) else (
+        config.num_query_groups or heads)
+    return HeadShape.of_tp_rank(heads, groups, head_dim, tp=tp_size, half=_half(config))
 
 
 def _half(config_or_args: Any) -> bool:
@@ -83,6 +85,8 @@ def topology_from_args(args: Any) -> CPTopology:
     heads = args.num_attention_heads
     kv = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
     head_dim = getattr(args, "kv_channels", None) or args.hidden_size // heads
+    if getattr(args, "multi_latent_attention", False):  # Q/K: the latent head and its RoPE
+        kv, head_dim = heads, args.qk_head_dim + args.qk_pos_emb_head_dim
     options = options_from_megatron(cp, args.cp_comm_type,
                                     args.hierarchical_context_parallel_sizes,
                                     options_from_args(args))

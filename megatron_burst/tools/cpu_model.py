@@ -76,11 +76,13 @@ def transformer_config(
     *,
     sequence_parallel: bool = False,
     recompute: Optional[str] = None,
+    config_class: Any = None,
     **overrides: Any,
 ) -> Any:
     """TransformerConfig for `shape` on the current parallel state (fp32, no dropout).
 
     recompute: None, "full" (every layer, uniform) or "selective" (core attention).
+    config_class: another TransformerConfig class (MLATransformerConfig for latent attention).
     """
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -121,7 +123,7 @@ def transformer_config(
     elif recompute is not None:
         raise ValueError(f"recompute must be None, 'full' or 'selective', got {recompute!r}")
     kwargs.update(overrides)
-    return TransformerConfig(**kwargs)
+    return (config_class or TransformerConfig)(**kwargs)
 
 
 def build_gpt(
