@@ -15,8 +15,8 @@ import dataclasses
 import hashlib
 import struct
 
+import numpy as np
 import torch
-
 
 
 @dataclasses.dataclass(eq=False)
@@ -64,18 +64,19 @@ def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
             or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2):
         raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
                          "[0, n0, n0+n1, ...]")
-    bounds = cu_seqlens.tolist()
-    if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
-        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {bounds[:8]}"
-                         f"{'...' if len(bounds) > 8 else ''}")
+    bounds = cu_seqlens.detach().cpu().numpy().astype(np.int64)  # one array op per check
+    steps = np.diff(bounds)
+    if bounds[0] != 0 or (steps < 0).any():
+        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got "
+                         f"{bounds[:8].tolist()}{'...' if len(bounds) > 8 else ''}")
     if bounds[-1] > INT32_MAX:
         raise ValueError(f"cu_seqlens must fit int32 (the kernels read boundaries as int32): "
                          f"its last boundary is {bounds[-1]} > {INT32_MAX}")
-    lens = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    lens = tuple(steps.tolist())
     pack = _PACKS.get(lens)
     if pack is None:
-        pack = DocumentPack(torch.tensor(bounds, dtype=torch.int32), lens,
-                            describe_lengths(lens))
+        pack = DocumentPack(torch.from_numpy(bounds.astype(np.int32)), lens,
+                            describe_lengths(lens, steps))
         _PACKS[lens] = pack
         if len(_PACKS) > PACK_CACHE:
             _PACKS.popitem(last=False)
@@ -92,8 +93,11 @@ def doc_lengths(cu_seqlens: "torch.Tensor | DocumentPack") -> tuple[int, ...]:
     return pack_documents(cu_seqlens).lens
 
 
-def describe_lengths(lens: tuple[int, ...]) -> str:
-    """Document lengths as a short string that still pins all of them (by digest)."""
-    digest = hashlib.blake2b(struct.pack(f"<{len(lens)}q", *lens), digest_size=8).hexdigest()
+def describe_lengths(lens: tuple[int, ...], array: np.ndarray | None = None) -> str:
+    """Document lengths as a short string that still pins all of them (by digest).
+    ``array``: the same lengths as an int64 array, if at hand (hashed without a copy)."""
+    raw = (array.astype("<i8").tobytes() if array is not None
+           else struct.pack(f"<{len(lens)}q", *lens))
+    digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
     head = ", ".join(map(str, lens[:6])) + (", ..." if len(lens) > 6 else "")
     return f"{len(lens)} documents [{head}] #{digest}"
