@@ -22,6 +22,7 @@ from .comm.topology import RingTopology
 from .kernels.protocol import LocalAttention
 from .schedule import Block, RingSchedule
 from .placement import local_length
+from .pack_calls import with_whole
 from .varlen import KernelCall, covers, plan_alone, plan_calls, upload_boundaries
 
 
@@ -90,9 +91,14 @@ class RingSpec:
         def plan():
             if self.alone:  # CP=1 documents: one varlen call from the boundaries
                 calls = plan_alone(self.sched.doc_lens, self.sched.mask)
-            else:
+            elif self.fixed_shapes or not varlen:
                 calls = plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
                                    dense_min_area=area, shape_free=not self.fixed_shapes)
+            else:  # a pack: the split documents' blocks, the whole ones from arrays
+                calls = plan_calls(self.sched.split_blocks(q_member, k_member), varlen=True,
+                                   dense_min_area=area, shape_free=True)
+                if q_member == k_member:
+                    calls = with_whole(calls, self.sched.shard(q_member), self.sched.mask)
             upload_boundaries(calls, device)
             return calls
         return self.sched.memo(key, plan)
