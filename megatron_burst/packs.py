@@ -65,7 +65,7 @@ def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
         raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
                          "[0, n0, n0+n1, ...]")
     bounds = cu_seqlens.detach().cpu().numpy().astype(np.int64)  # one array op per check
-    steps = np.diff(bounds)
+    steps = bounds[1:] - bounds[:-1]
     if bounds[0] != 0 or (steps < 0).any():
         raise ValueError(f"cu_seqlens must start at 0 and never decrease, got "
                          f"{bounds[:8].tolist()}{'...' if len(bounds) > 8 else ''}")

@@ -52,7 +52,7 @@ class Shard(Sequence[Segment]):
 
     ``split``: segments of documents not held whole here, with their own rows. Document
     ``docs[i]`` is held whole in rows ``rows[i]:rows[i]+lens[i]`` (no padding, never
-    empty). ``length``: the number of local rows.
+    empty), in row order (``rows`` increases). ``length``: the number of local rows.
     """
 
     split: tuple[Segment, ...]
@@ -87,7 +87,7 @@ class Shard(Sequence[Segment]):
     @property
     def whole_end(self) -> int:
         """One past the last row of a whole document (0 without any)."""
-        return int((self.rows + self.lens).max()) if len(self.docs) else 0
+        return int(self.rows[-1] + self.lens[-1]) if len(self.docs) else 0
 
     def shifted(self, offset: int) -> "Shard":
         """The same shard with its rows counted from ``offset``."""

@@ -2,29 +2,37 @@
 
 What it promises is ``placement``'s (every rank exactly N/G tokens; short documents whole on
 one rank, fewer than G cut; ranks balanced by attention work; rows other ranks need first).
-How, so that a pack of thousands of tiny documents costs a few array operations:
+How, so that a pack of thousands of tiny documents costs a few array operations and a
+Python loop over a number of documents bounded by the ring size, not by the pack:
 
 1. *Split* documents (longer than a rank's share of tokens, or with more work, the squared
    length, than a rank's share of work) go zigzag over every rank. There are fewer than 2G.
-2. *Big* documents (longer than 1/BIG of a rank's tokens, so at most BIG*G of them) go
-   longest first onto the least loaded rank with room: they set the balance, and the loop's
-   length is bounded by the ring size, not by the pack.
-3. The *rest* (all the short documents) form one stream, longest first, cut into one slice
-   per rank, each exactly the room that rank has left; the ranks needing the most work per
-   token of room take the first (longest) slices. A document across a cut is cut into
-   contiguous pieces: at most G-1 documents are cut. Big documents that found no room lead
-   the stream.
+2. The *head*: documents longer than 1/BIG of a rank's tokens (at most BIG*G of them), and
+   at least the FEW longest, one by one, longest first, onto the least loaded rank with
+   room (``_greedy``). They set the balance.
+3. The *bulk*: dealt to the ranks in proportion to their room left, so every rank gets its
+   share of every length and so of work per token (``_deal``); a rank keeps the longest of
+   what it is dealt that fits its room, and hands the rest back.
+4. The *tail*: what was handed back, and the RESERVE*G shortest documents, one by one as the
+   head (``_greedy``). The shortest come last, so they fill the ranks' room exactly, as
+   the one-by-one placement of a whole pack would; a document that fits no rank's room
+   is cut into contiguous pieces over the roomiest ranks, each cut filling a rank, so
+   fewer than G documents are cut.
 
 Rows: zigzag chunks, then pieces (those another rank needs first), then whole documents in
 document order. Whole documents are returned as arrays (``segments.Shard``).
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .segments import Segment, Shard, frozen
 
 BIG = 16  # documents longer than cap/BIG are placed one by one (at most BIG * G of them)
+FEW = 16  # and at least the FEW longest (a pack of so few needs no dealing)
+RESERVE = 4  # the RESERVE * G shortest are kept to fill the ranks' room exactly
 
 Run = tuple[int, int, int]  # (doc, pos, length)
 
@@ -33,8 +41,8 @@ def place(world: int, lens: np.ndarray, cap: int) -> tuple[Shard, ...]:
     """Every rank's shard of documents ``lens`` (int64), ``cap`` tokens each."""
     squares = lens * lens  # < 2**62: lengths fit int32
     # n*n > sum/G exactly, in integers: n*n is an integer, so it exceeds sum/G iff it
-    # exceeds floor(sum/G).
-    split = (lens > 0) & ((lens > cap) | (squares > int(squares.sum()) // world))
+    # exceeds floor(sum/G). Either test fails for an empty document.
+    split = (lens > cap) | (squares > int(squares.sum()) // world)
     held, work, runs = [0] * world, [0] * world, [[] for _ in range(world)]
     for d in np.flatnonzero(split).tolist():
         n = int(lens[d])
@@ -42,124 +50,106 @@ def place(world: int, lens: np.ndarray, cap: int) -> tuple[Shard, ...]:
             runs[r] += [(d, *first), (d, *second)]
             held[r] += first[1] + second[1]
             work[r] += n * n // world
-    rest = np.flatnonzero((lens > 0) & ~split)
+    rest = np.flatnonzero(lens * ~split)  # the documents left, not empty
     rest = rest[_longest_first(lens[rest])]
-    big = rest[lens[rest] * BIG > cap].tolist()
+    ones = max(int(np.count_nonzero(lens[rest] * BIG > cap)), min(len(rest), FEW))
+    last = max(ones, len(rest) - RESERVE * world)  # the bulk is rest[ones:last]
     room = [cap - h for h in held]
     pieces: list[list[Run]] = [[] for _ in range(world)]
-    owner = _greedy(big, lens, room, work, pieces)
-    stream = _deal(rest[lens[rest] * BIG <= cap], lens, room)
-    more, whole_rank, whole_doc = _cut(stream, lens, room)
-    pieces = [p + m for p, m in zip(pieces, more)]
-    whole_rank = np.concatenate([np.asarray(list(owner.values()), dtype=np.int64), whole_rank])
-    whole_doc = np.concatenate([np.asarray(list(owner), dtype=np.int64), whole_doc])
-    return _shards(cap, lens, runs, pieces, whole_rank, whole_doc)
+    rank_of = np.full(len(lens), -1, dtype=np.int16)  # the rank holding a document whole
+    _greedy(rest[:ones], lens, room, work, pieces, rank_of)
+    tail = rest[last:]
+    if last > ones:
+        back = _deal(rest[ones:last], lens, room, work, rank_of)
+        tail = np.concatenate((back[_longest_first(lens[back])], tail))
+    _greedy(tail, lens, room, work, pieces, rank_of)
+    return _shards(cap, lens, runs, pieces, rank_of)
 
 
 def _longest_first(n: np.ndarray) -> np.ndarray:
     """The order of lengths ``n`` longest first, ties by index: a stable sort, and a radix
     sort (linear) where the lengths fit 16 bits, as a pack of many documents' do."""
-    key = n.max(initial=0) - n
-    small = len(n) and int(key.max()) < 1 << 16
-    return np.argsort(key.astype(np.uint16) if small else key, kind="stable")
+    top = int(n.max(initial=0))
+    key = top - n  # >= 0, at most the longest length
+    return np.argsort(key.astype(np.uint16) if top < 1 << 16 else key, kind="stable")
 
 
-def _greedy(big: list[int], lens: np.ndarray, room: list[int], work: list[int],
-            pieces: list[list[Run]]) -> dict[int, int]:
-    """Big documents, longest first, onto the least loaded rank with room; one that fits
+def _greedy(docs: np.ndarray, lens: np.ndarray, room: list[int], work: list[int],
+            pieces: list[list[Run]], rank_of: np.ndarray) -> None:
+    """``docs``, longest first, each onto the least loaded rank with room; one that fits
     nowhere is cut into contiguous pieces at once, roomiest ranks first, each filled but the
-    last (so each cut empties a rank, and fewer than G are cut in all). ``room``, ``work``
-    and ``pieces`` are updated. Returns {document held whole: its rank}."""
-    owner = {}
-    for d in big:
-        n = int(lens[d])
-        fits = [r for r in range(len(room)) if room[r] >= n]
-        if fits:
-            r = min(fits, key=lambda r: (work[r], r))
-            owner[d] = r
-            room[r] -= n
-            work[r] += n * n
+    last (so each cut empties a rank, and fewer than G are cut in all). ``room``, ``work``,
+    ``pieces`` and ``rank_of`` (the rank of a document held whole) are updated."""
+    ranks = range(len(room))
+    for d, n in zip(docs.tolist(), lens[docs].tolist()):
+        best = -1
+        for r in ranks:  # the first of the least loaded with room (a plain loop: fastest)
+            if room[r] >= n and (best < 0 or work[r] < work[best]):
+                best = r
+        if best >= 0:
+            rank_of[d] = best
+            room[best] -= n
+            work[best] += n * n
             continue
         pos = 0
-        for r in sorted(range(len(room)), key=lambda r: (-room[r], r)):
+        for r in sorted(ranks, key=lambda r: (-room[r], r)):
             take = min(room[r], n - pos)
             if take > 0:
                 pieces[r].append((d, pos, take))
                 room[r] -= take
                 work[r] += take * (pos + take)
                 pos += take
-    return owner
 
 
-def _deal(small: np.ndarray, lens: np.ndarray, room: list[int]) -> np.ndarray:
-    """The short documents (longest first) dealt to ranks in proportion to their room, so
-    that every rank gets its share of every length, and so of work per token. Document i
-    goes to the rank whose share of [0, 1) holds frac(i / golden ratio), in integers (the
-    same on every rank): any run of neighbours, of like lengths, is shared out evenly. A
-    rank's count is off its share by O(log n) documents; ``_cut`` makes it exact. Returns
-    them rank by rank, a rank's shortest at both ends (where a cut takes from or adds to)."""
-    world, total = len(room), int(lens[small].sum())
-    if not total:
-        return small
-    spot = (np.arange(len(small), dtype=np.int64) * _PHI + _PHI // 2) % _ONE
-    shares = np.cumsum(room, dtype=np.int64) * _ONE // total
+def _deal(bulk: np.ndarray, lens: np.ndarray, room: list[int], work: list[int],
+          rank_of: np.ndarray) -> np.ndarray:
+    """The bulk (longest first) dealt to ranks in proportion to their room: document i goes
+    to the rank whose share of [0, 1) holds frac(i / golden ratio), in integers (the same
+    on every rank), so any run of neighbours, of like lengths, is shared out evenly, and a
+    rank's count is off its share by O(log n) documents. A rank keeps the longest of its
+    documents that fit its room (``room``, ``work``, ``rank_of`` updated) and hands the
+    others back: returned, to be placed one by one."""
+    world = len(room)
+    spot = (np.arange(len(bulk), dtype=np.int64) * _PHI + _PHI // 2) % _ONE
+    shares = np.cumsum(room, dtype=np.int64) * _ONE // max(sum(room), 1)
     rank = np.minimum(np.searchsorted(shares, spot, side="right"), world - 1)
+    by = np.argsort(rank.astype(np.int16), kind="stable")  # by rank, longest first in each
+    bulk, rank = bulk[by], rank[by]
+    n = lens[bulk]
     count = np.bincount(rank, minlength=world)
-    start = np.cumsum(count) - count
-    k = np.empty_like(rank)  # place among the rank's documents, longest first
-    k[np.argsort(rank.astype(np.int16), kind="stable")] = (
-        np.arange(len(small)) - np.repeat(start, count))
-    c = count[rank]
-    back = c - 1 - k  # from the shortest: alternately to the front and to the back
-    out = np.empty_like(small)
-    out[start[rank] + np.where(back % 2 == 0, back // 2, c - 1 - back // 2)] = small
-    return out
+    upto = np.cumsum(n)
+    before = np.concatenate(([0], upto))[np.cumsum(count) - count]  # each rank's first
+    keep = upto - np.repeat(before, count) <= np.asarray(room)[rank]  # its longest that fit
+    rank_of[bulk[keep]] = rank[keep]
+    tokens = np.bincount(rank[keep], weights=n[keep], minlength=world)
+    squares = np.bincount(rank[keep], weights=(n * n)[keep], minlength=world)
+    for r in range(world):
+        room[r] -= int(tokens[r])
+        work[r] += int(squares[r])
+    return bulk[~keep]
 
 
 _ONE = 1 << 31  # [0, 1) in integers; i * _PHI stays below 2**63 for i < 2**31
 _PHI = 1327217884  # round(_ONE / golden ratio): Weyl's sequence, evenly spread
 
 
-def _cut(stream: np.ndarray, lens: np.ndarray, room: list[int]
-         ) -> tuple[list[list[Run]], np.ndarray, np.ndarray]:
-    """The stream of documents cut into consecutive slices of ``room[r]`` tokens, rank after
-    rank. Returns (each rank's pieces, (rank, document) of each document kept whole)."""
-    n = lens[stream]
-    ends = np.cumsum(n)
-    starts = ends - n
-    bounds = np.concatenate(([0], np.cumsum(room)))
-    assert int(bounds[-1]) == (int(ends[-1]) if len(ends) else 0), "room != tokens left"
-    # A slice of no room repeats a bound: 'right' skips to the slice that holds the token.
-    first = np.searchsorted(bounds, starts, side="right") - 1
-    last = np.searchsorted(bounds, ends - 1, side="right") - 1
-    whole = first == last
-    pieces: list[list[Run]] = [[] for _ in room]
-    for i in np.flatnonzero(~whole).tolist():  # fewer than G documents
-        for slot in range(int(first[i]), int(last[i]) + 1):
-            a, b = max(starts[i], bounds[slot]), min(ends[i], bounds[slot + 1])
-            if b > a:
-                pieces[slot].append((int(stream[i]), int(a - starts[i]), int(b - a)))
-    return pieces, first[whole], stream[whole]
-
-
 def _shards(cap: int, lens: np.ndarray, runs: list[list[Run]], pieces: list[list[Run]],
-            whole_rank: np.ndarray, whole_doc: np.ndarray) -> tuple[Shard, ...]:
+            rank_of: np.ndarray) -> tuple[Shard, ...]:
     """Each rank's shard: zigzag chunks, pieces others need (a later piece exists) first,
-    then the rest of the pieces, then whole documents in document order."""
+    then the rest of the pieces, then whole documents (``rank_of`` >= 0) in document
+    order."""
     world = len(runs)
-    rank_of = np.full(len(lens), -1, dtype=np.int16)  # ranks fit 16 bits: a radix sort
-    rank_of[whole_doc] = whole_rank
-    by = np.argsort(rank_of, kind="stable")  # by rank, then by document
-    edges = np.searchsorted(rank_of[by], np.arange(world + 1))
-    docs = frozen(by[edges[0]:])
+    by = np.argsort(rank_of, kind="stable")  # int16: a radix sort; by rank, then document
+    count = np.bincount(rank_of[by] + 1, minlength=world + 1)  # count[0]: not whole
+    docs = frozen(by[count[0]:])
     n = frozen(lens[docs])
+    edges = [0, *itertools.accumulate(count[1:].tolist())]
     splits = [_segments(runs[r] + sorted(pieces[r], key=lambda p: (
         p[1] + p[2] == int(lens[p[0]]), p[0], p[1])), lens) for r in range(world)]
-    head = np.array([sum(s.length for s in split) for split in splits], dtype=np.int64)
-    edges = edges - edges[0]
-    before = np.cumsum(n) - n  # tokens of whole documents before each, over all ranks
-    rank = np.repeat(np.arange(world), np.diff(edges))
-    rows = frozen(head[rank] + before - before[edges[rank]] if len(n) else n)
+    head = [sum(s.length for s in split) for split in splits]  # rows before whole ones
+    before = np.cumsum(n) - n  # whole documents' tokens before each, over all ranks
+    base = np.array(head) - np.append(before, 0)[edges[:-1]]
+    rows = frozen(before + np.repeat(base, count[1:]))
     return tuple(Shard(splits[r], docs[edges[r]:edges[r + 1]], rows[edges[r]:edges[r + 1]],
                        n[edges[r]:edges[r + 1]], cap) for r in range(world))
 

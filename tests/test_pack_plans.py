@@ -69,6 +69,7 @@ def test_placement_keeps_its_promises(world, lens):
             rows += seg.length
             seen[start[seg.doc] + seg.pos:start[seg.doc] + seg.pos + seg.length] += 1
             ranks_of.setdefault(seg.doc, set()).add(r)
+        assert (np.diff(shard.rows) > 0).all(), "whole documents in row order"
         whole = set(shard.docs.tolist())
         assert all(s.doc not in whole for s in shard.split)
         assert all(s.pos == 0 and s.length == lens[s.doc] for s in shard if s.doc in whole)
@@ -84,14 +85,18 @@ def test_placement_keeps_its_promises(world, lens):
     assert [list(s) for s in again] == [list(s) for s in shards], "a pure function"
 
 
-def test_thousands_of_tiny_documents_place_fast_and_whole():
+def test_thousands_of_tiny_documents_stay_whole_so_nothing_travels():
+    """The shortest documents come last and fill every rank's room exactly: no document is
+    cut, so no ring step is run (as the one-by-one placement of the whole pack did)."""
     rng = random.Random(5)
-    for world in (2, 8):
+    for world in (2, 3, 8):
         lens = random_pack(rng, world * 32768, "tiny")
         shards = placement("whole_docs", world, lens)
-        whole = sum(len(s.docs) for s in shards)
-        assert whole >= sum(1 for n in lens if n) - (world - 1)
-        assert all(len(s.split) < world for s in shards)
+        assert sum(len(s.docs) for s in shards) == sum(1 for n in lens if n)
+        assert not any(s.split for s in shards)
+        for mask in (Mask(True), Mask(False)):
+            sched = RingSchedule("whole_docs", world, lens, mask)
+            assert sched.last_step(RingTopology(list(range(world)), 0).source) == 0
 
 
 # ------------------------------------------------------------------------- blocks, calls
