@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .blocks import Block, Mask
-from .segments import Shard, frozen
+from .segments import Shard
 from .varlen import KernelCall, Runs, boundaries, document_shape, join_runs
 
 
@@ -32,14 +32,13 @@ def whole_call(shard: Shard, mask: Mask) -> KernelCall | None:
 def with_whole(calls: tuple[KernelCall, ...], shard: Shard, mask: Mask
                ) -> tuple[KernelCall, ...]:
     """``calls`` (a diagonal pair's split blocks) with ``shard``'s whole documents added."""
-    whole = whole_call(shard, mask)
-    if whole is None:
+    if not len(shard.docs):
         return calls
+    shape = document_shape(mask)
     for i, call in enumerate(calls):
-        if (call.varlen and (call.window, call.causal) == (whole.window, whole.causal)
-                and _rebuilt_exactly(call)):
-            return (*calls[:i], _join(call, whole), *calls[i + 1:])
-    return (*calls, whole)
+        if call.varlen and (call.window, call.causal) == shape and _rebuilt_exactly(call):
+            return (*calls[:i], _join(call, shard), *calls[i + 1:])
+    return (*calls, whole_call(shard, mask))
 
 
 def _rebuilt_exactly(call: KernelCall) -> bool:
@@ -53,22 +52,31 @@ def _rebuilt_exactly(call: KernelCall) -> bool:
     return True
 
 
-def _join(call: KernelCall, whole: KernelCall) -> KernelCall:
-    """One varlen call: ``call``'s sequences, then ``whole``'s (their query rows are
-    disjoint: other documents). Without blocks: ``sequence_blocks`` rebuilds them."""
-    def cat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return frozen(np.concatenate((a, a[-1] + b[1:])))
+def _join(call: KernelCall, shard: Shard) -> KernelCall:
+    """One varlen call: ``call``'s sequences, then ``shard``'s whole documents (their query
+    rows are disjoint: other documents). Without blocks: ``sequence_blocks`` rebuilds them."""
+    runs = joined(shard.rows, shard.rows + shard.lens)
+    tail = shard.lens.cumsum()
 
-    return KernelCall((), True, join_runs(call.q_runs + whole.q_runs),
-                      join_runs(call.k_runs + whole.k_runs), cat(call.cu_q, whole.cu_q),
-                      cat(call.cu_k, whole.cu_k), call.window, call.causal)
+    def cat(cu: np.ndarray) -> np.ndarray:
+        out = np.concatenate((cu, cu[-1] + tail))
+        out.flags.writeable = False  # a fresh array: read-only, as every call's boundaries
+        return out
+
+    cu_q = cat(call.cu_q)
+    cu_k = cu_q if np.array_equal(call.cu_q, call.cu_k) else cat(call.cu_k)
+    return KernelCall((), True, join_runs(call.q_runs + runs), join_runs(call.k_runs + runs),
+                      cu_q, cu_k, call.window, call.causal)
 
 
 def joined(starts: np.ndarray, stops: np.ndarray) -> Runs:
     """Row ranges ``starts[i]:stops[i]``, in order, with touching ones joined."""
     if not len(starts):
         return ()
-    breaks = np.flatnonzero(stops[:-1] != starts[1:]) + 1
+    gaps = stops[:-1] != starts[1:]
+    if not gaps.any():  # the usual case: a shard's whole documents are its last rows
+        return ((int(starts[0]), int(stops[-1])),)
+    breaks = np.flatnonzero(gaps) + 1
     firsts = np.concatenate(([0], breaks))
     lasts = np.concatenate((breaks - 1, [len(starts) - 1]))
     return tuple(zip(starts[firsts].tolist(), stops[lasts].tolist()))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Sequence
 
 import torch
@@ -135,10 +136,12 @@ def document_shape(mask: Mask) -> tuple[tuple[int, int], bool]:
     return (left, 0 if mask.causal else right), False
 
 
-def boundaries(lens: np.ndarray) -> np.ndarray:
+def boundaries(lens: Sequence[int] | np.ndarray) -> np.ndarray:
     """cu_seqlens of sequences of ``lens`` rows: [0, n0, n0+n1, ...], read-only int64."""
-    cu = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=cu[1:])
+    if isinstance(lens, np.ndarray):
+        cu = np.concatenate(([0], lens.cumsum()))
+    else:  # a few blocks' lengths: no array ops on the way
+        cu = np.array((0, *itertools.accumulate(lens)), dtype=np.int64)
     cu.flags.writeable = False
     return cu
 
@@ -192,8 +195,8 @@ def _by_rows(b: Block) -> tuple[int, int]:
 def _varlen_call(wave: list[Block], window: tuple[int, int], causal: bool) -> KernelCall:
     q_ranges = [(b.q_start, b.q_stop) for b in wave]
     k_ranges = [(b.k_start, b.k_stop) for b in wave]
-    cu_q = boundaries(np.array([b - a for a, b in q_ranges], dtype=np.int64))
-    cu_k = boundaries(np.array([b - a for a, b in k_ranges], dtype=np.int64))
+    cu_q = boundaries([b - a for a, b in q_ranges])
+    cu_k = boundaries([b - a for a, b in k_ranges])
     return KernelCall(tuple(wave), True, join_runs(q_ranges), join_runs(k_ranges), cu_q,
                       cu_k, window, causal)
 
