@@ -37,7 +37,8 @@ class KernelCall:
 
     Dense (one block): ``blocks[0]`` on row slices. Varlen: the blocks' query rows packed
     in ``q_runs`` order, key rows in ``k_runs`` order, sequence i being block i, its
-    boundaries ``cu_q``/``cu_k`` (read-only int64 arrays, ``boundaries``).
+    boundaries ``cu_q``/``cu_k`` (tuples for a few blocks, read-only int64 arrays for
+    calls made from arrays, ``boundaries``).
     ``window`` is flash-attn's bottom-right aligned (left, right) for every sequence.
     A varlen call made from boundaries alone (``plan_alone``, documents held whole) has no
     ``blocks``: each sequence's block follows from its lengths and the window
@@ -48,8 +49,8 @@ class KernelCall:
     varlen: bool
     q_runs: Runs = ()
     k_runs: Runs = ()
-    cu_q: np.ndarray | tuple = ()  # () for a dense call
-    cu_k: np.ndarray | tuple = ()
+    cu_q: np.ndarray | tuple[int, ...] = ()  # () for a dense call
+    cu_k: np.ndarray | tuple[int, ...] = ()
     window: tuple[int, int] = (-1, -1)
     causal: bool = False
     _device_cu: dict = dataclasses.field(default_factory=dict, repr=False)
@@ -136,12 +137,9 @@ def document_shape(mask: Mask) -> tuple[tuple[int, int], bool]:
     return (left, 0 if mask.causal else right), False
 
 
-def boundaries(lens: Sequence[int] | np.ndarray) -> np.ndarray:
+def boundaries(lens: np.ndarray) -> np.ndarray:
     """cu_seqlens of sequences of ``lens`` rows: [0, n0, n0+n1, ...], read-only int64."""
-    if isinstance(lens, np.ndarray):
-        cu = np.concatenate(([0], lens.cumsum()))
-    else:  # a few blocks' lengths: no array ops on the way
-        cu = np.array((0, *itertools.accumulate(lens)), dtype=np.int64)
+    cu = np.concatenate(([0], lens.cumsum()))
     cu.flags.writeable = False
     return cu
 
@@ -195,8 +193,9 @@ def _by_rows(b: Block) -> tuple[int, int]:
 def _varlen_call(wave: list[Block], window: tuple[int, int], causal: bool) -> KernelCall:
     q_ranges = [(b.q_start, b.q_stop) for b in wave]
     k_ranges = [(b.k_start, b.k_stop) for b in wave]
-    cu_q = boundaries([b - a for a, b in q_ranges])
-    cu_k = boundaries([b - a for a, b in k_ranges])
+    # A few blocks: tuples, made without array operations (each costs more than the sums).
+    cu_q = (0, *itertools.accumulate(b - a for a, b in q_ranges))
+    cu_k = (0, *itertools.accumulate(b - a for a, b in k_ranges))
     return KernelCall(tuple(wave), True, join_runs(q_ranges), join_runs(k_ranges), cu_q,
                       cu_k, window, causal)
 
