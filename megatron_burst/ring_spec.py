@@ -4,7 +4,8 @@ The schedule (``schedule.RingSchedule``) says which blocks each member computes 
 step; a ``RingSpec`` adds the call's ring (topology and position), its scale, backward mode
 and message tag, and turns the schedule into what the loops run: the kernel calls of each
 pair of members, with their boundaries already on the device (``calls``, planned once per
-schedule; ``prepare`` plans a document pack's before the call's first collective), and the
+schedule; ``prepare`` plans a document pack's before the call's first collective: its split
+documents' blocks, and the whole ones from arrays, ``pack_calls``), and the
 payload and accumulator movers of each pass (``movers``). Its kernel is chosen and checked
 against its blocks by ``prepare`` (``kernels.selection.choose_kernel``).
 """

@@ -19,7 +19,7 @@ A document a member holds whole pairs only with itself, on the diagonal (the mem
 queries against its own keys), under the plain mask: so the schedule pairs only the
 segments of documents that are split (``Shard.split``: a handful per pack), and leaves the
 whole ones as the shard's arrays, for the kernel-call plans to take in one piece
-(``varlen.whole_call``). ``blocks`` still lists every block, whole documents' included,
+(``pack_calls.whole_call``). ``blocks`` still lists every block, whole documents' included,
 for whoever wants them one by one; per-pack planning never asks for it.
 """
 from __future__ import annotations
