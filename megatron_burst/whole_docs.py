@@ -7,12 +7,13 @@ Python loop over a number of documents bounded by the ring size, not by the pack
 
 1. *Split* documents (longer than a rank's share of tokens, or with more work, the squared
    length, than a rank's share of work) go zigzag over every rank. There are fewer than 2G.
-2. The *head*: documents longer than 1/BIG of a rank's tokens (at most BIG*G of them), and
-   at least the FEW longest, one by one, longest first, onto the least loaded rank with
-   room (``_greedy``). They set the balance.
+2. The *head*: documents longer than 1/BIG of a rank's tokens (at most BIG*G of them), one
+   by one, longest first, onto the least loaded rank with room (``_greedy``). They set the
+   balance.
 3. The *bulk*: dealt to the ranks in proportion to their room left, so every rank gets its
    share of every length and so of work per token (``_deal``); a rank keeps the longest of
-   what it is dealt that fits its room, and hands the rest back.
+   what it is dealt that fits its room, and hands the rest back. A bulk of fewer than FEW
+   documents (a pack of a few dozen) goes one by one instead: cheaper than array work.
 4. The *tail*: what was handed back, and the RESERVE*G shortest documents, one by one as the
    head (``_greedy``). The shortest come last, so they fill the ranks' room exactly, as
    the one-by-one placement of a whole pack would; a document that fits no rank's room
@@ -31,8 +32,8 @@ import numpy as np
 from .segments import Segment, Shard, frozen
 
 BIG = 16  # documents longer than cap/BIG are placed one by one (at most BIG * G of them)
-FEW = 16  # and at least the FEW longest (a pack of so few needs no dealing)
 RESERVE = 4  # the RESERVE * G shortest are kept to fill the ranks' room exactly
+FEW = 16  # a bulk of fewer documents is not dealt: they go one by one
 
 Run = tuple[int, int, int]  # (doc, pos, length)
 
@@ -52,8 +53,10 @@ def place(world: int, lens: np.ndarray, cap: int) -> tuple[Shard, ...]:
             work[r] += n * n // world
     rest = np.flatnonzero(lens * ~split)  # the documents left, not empty
     rest = rest[_longest_first(lens[rest])]
-    ones = max(int(np.count_nonzero(lens[rest] * BIG > cap)), min(len(rest), FEW))
-    last = max(ones, len(rest) - RESERVE * world)  # the bulk is rest[ones:last]
+    ones = int(np.count_nonzero(lens[rest] * BIG > cap))
+    last = len(rest) - RESERVE * world  # the bulk is rest[ones:last]
+    if last - ones < FEW:  # too few to be worth dealing: all one by one
+        ones = last = len(rest)
     room = [cap - h for h in held]
     pieces: list[list[Run]] = [[] for _ in range(world)]
     rank_of = np.full(len(lens), -1, dtype=np.int16)  # the rank holding a document whole
