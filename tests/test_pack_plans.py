@@ -217,3 +217,22 @@ def test_whole_documents_never_travel(world):
                                 if topo.source(m, t) == o for b in sched.blocks(m, o)),
                                default=0)
                     assert used <= rows[o][s] <= tail
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_large_packs_shard_and_gather_back_by_index(world):
+    """``shard_documents`` gathers a rank's rows by one index (split segments and whole
+    documents alike) and ``unshard_documents`` puts every token back."""
+    from megatron_burst.sharding import shard_documents, unshard_documents
+
+    rng = random.Random(world)
+    for kind in ("tiny", "huge", "mix"):
+        lens = random_pack(rng, world * 2048, kind)
+        x = torch.arange(sum(lens), dtype=torch.float64)[None, :, None].expand(2, -1, 3)
+        shards = [shard_documents(x, lens, world, r, 1, "whole_docs") for r in range(world)]
+        for r, part in enumerate(shards):
+            want = torch.cat([x[:, sum(lens[:s.doc]) + s.pos:][:, :s.length]
+                              for s in placement("whole_docs", world, lens)[r]], dim=1)
+            assert torch.equal(part, want)
+        assert torch.equal(unshard_documents(torch.stack(shards), lens, world, 1,
+                                             "whole_docs"), x)
