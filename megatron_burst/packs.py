@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 
-
 @dataclasses.dataclass(eq=False)
 class DocumentPack:
     """One pack of documents, described once (see the module docstring).
@@ -66,8 +65,8 @@ def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
             or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2):
         raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
                          "[0, n0, n0+n1, ...]")
-    bounds = cu_seqlens.cpu().numpy().astype(np.int64)  # one copy to the host
-    steps = np.diff(bounds)
+    bounds = cu_seqlens.detach().cpu().numpy().astype(np.int64)  # one array op per check
+    steps = bounds[1:] - bounds[:-1]
     if bounds[0] != 0 or (steps < 0).any():
         raise ValueError(f"cu_seqlens must start at 0 and never decrease, got "
                          f"{bounds[:8].tolist()}{'...' if len(bounds) > 8 else ''}")
@@ -75,12 +74,11 @@ def pack_documents(cu_seqlens: "torch.Tensor | DocumentPack") -> DocumentPack:
         raise ValueError(f"cu_seqlens must fit int32 (the kernels read boundaries as int32): "
                          f"its last boundary is {bounds[-1]} > {INT32_MAX}")
     lens = tuple(steps.tolist())
-    steps = steps.astype("<i8")  # the digest's bytes: little-endian int64, on every host
     with _LOCK:  # the data path's prefetch thread makes packs while the step uses them
         pack = _PACKS.get(lens)
         if pack is None:
             pack = DocumentPack(torch.from_numpy(bounds.astype(np.int32)), lens,
-                                describe_lengths(lens, steps.tobytes()))
+                                describe_lengths(lens, steps))
             _PACKS[lens] = pack
             if len(_PACKS) > PACK_CACHE:
                 _PACKS.popitem(last=False)
@@ -98,11 +96,11 @@ def doc_lengths(cu_seqlens: "torch.Tensor | DocumentPack") -> tuple[int, ...]:
     return pack_documents(cu_seqlens).lens
 
 
-def describe_lengths(lens: tuple[int, ...], packed: bytes | None = None) -> str:
+def describe_lengths(lens: tuple[int, ...], array: np.ndarray | None = None) -> str:
     """Document lengths as a short string that still pins all of them (by digest).
-    ``packed``: the lengths as little-endian int64 bytes, when the caller has them."""
-    if packed is None:
-        packed = struct.pack(f"<{len(lens)}q", *lens)
-    digest = hashlib.blake2b(packed, digest_size=8).hexdigest()
+    ``array``: the same lengths as an int64 array, if at hand (hashed without a copy)."""
+    raw = (array.astype("<i8").tobytes() if array is not None
+           else struct.pack(f"<{len(lens)}q", *lens))
+    digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
     head = ", ".join(map(str, lens[:6])) + (", ..." if len(lens) > 6 else "")
     return f"{len(lens)} documents [{head}] #{digest}"

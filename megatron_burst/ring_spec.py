@@ -4,7 +4,8 @@ The schedule (``schedule.RingSchedule``) says which blocks each member computes 
 step; a ``RingSpec`` adds the call's ring (topology and position), its scale, backward mode
 and message tag, and turns the schedule into what the loops run: the kernel calls of each
 pair of members, with their boundaries already on the device (``calls``, planned once per
-schedule; ``prepare`` plans a document pack's before the call's first collective), and the
+schedule; ``prepare`` plans a document pack's before the call's first collective: its split
+documents' blocks, and the whole ones from arrays, ``pack_calls``), and the
 payload and accumulator movers of each pass (``movers``). Its kernel is chosen and checked
 against its blocks by ``prepare`` (``kernels.selection.choose_kernel``).
 """
@@ -22,6 +23,7 @@ from .comm.topology import RingTopology
 from .kernels.protocol import LocalAttention
 from .schedule import Block, RingSchedule
 from .placement import local_length
+from .pack_calls import with_whole
 from .varlen import KernelCall, covers, plan_alone, plan_calls, upload_boundaries
 
 
@@ -91,9 +93,14 @@ class RingSpec:
         def plan():
             if self.alone:  # CP=1 documents: one varlen call from the boundaries
                 calls = plan_alone(self.sched.doc_lens, self.sched.mask)
-            else:
+            elif self.fixed_shapes or not varlen:
                 calls = plan_calls(self.sched.blocks(q_member, k_member), varlen=varlen,
                                    dense_min_area=area, shape_free=not self.fixed_shapes)
+            else:  # a pack: the split documents' blocks, the whole ones from arrays
+                calls = plan_calls(self.sched.split_blocks(q_member, k_member), varlen=True,
+                                   dense_min_area=area, shape_free=True)
+                if q_member == k_member:
+                    calls = with_whole(calls, self.sched.shard(q_member), self.sched.mask)
             upload_boundaries(calls, device)
             return calls
         return self.sched.memo(key, plan)

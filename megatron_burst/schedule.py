@@ -11,10 +11,16 @@ that prefix and a step nobody needs is not sent at all.
 Who holds which positions is ``placement``'s job. With Ulysses, a ring member holds the
 segments of all U ranks of its group.
 
-Every mask is a *band* on key-minus-query position inside a document: causal keeps
-j <= i, a window (left, right) keeps i-left <= j <= i+right. A block is trimmed to the
-rows and columns with something visible, so a block is never partly empty and fully
-masked pairs cost no FLOPs; steps with no block are skipped.
+Every mask is a *band* on key-minus-query position inside a document (``blocks``). A block
+is trimmed to the rows and columns with something visible, so a block is never partly
+empty and fully masked pairs cost no FLOPs; steps with no block are skipped.
+
+A document a member holds whole pairs only with itself, on the diagonal (the member's
+queries against its own keys), under the plain mask: so the schedule pairs only the
+segments of documents that are split (``Shard.split``: a handful per pack), and leaves the
+whole ones as the shard's arrays, for the kernel-call plans to take in one piece
+(``pack_calls.whole_call``). ``blocks`` still lists every block, whole documents' included,
+for whoever wants them one by one; per-pack planning never asks for it.
 """
 from __future__ import annotations
 
@@ -23,104 +29,9 @@ import functools
 from collections import defaultdict
 from typing import Callable
 
-from .placement import LAYOUTS, Segment, rank_segments  # noqa: F401  (LAYOUTS re-exported)
-
-INF = 1 << 62
-BLOCK_KINDS = ("full", "causal", "band")
-
-
-@dataclasses.dataclass(frozen=True)
-class Mask:
-    causal: bool = False
-    window: tuple[int, int] = (-1, -1)  # (left, right); -1 = unbounded
-
-    @property
-    def plain(self) -> bool:
-        return self.window == (-1, -1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Block:
-    """One kernel call's worth: query rows ``q_start:q_stop`` against key rows ``k_start:k_stop``.
-
-    ``kind`` is 'full' (every pair visible), 'causal' (square, key j visible to query i
-    iff j <= i) or 'band' (visible iff lo <= j - i <= hi). Every row and every column of a
-    block has at least one visible pair.
-    """
-
-    q_start: int
-    q_stop: int
-    k_start: int
-    k_stop: int
-    kind: str = "full"
-    lo: int = 0
-    hi: int = 0
-
-    @property
-    def causal(self) -> bool:
-        return self.kind == "causal"
-
-    @property
-    def q(self) -> slice:
-        return slice(self.q_start, self.q_stop)
-
-    @property
-    def k(self) -> slice:
-        return slice(self.k_start, self.k_stop)
-
-    @property
-    def flash_window(self) -> tuple[int, int]:
-        """(left, right) of flash-attn's bottom-right-aligned window that equals this block's
-        mask ((-1, -1): every pair, (-1, 0): causal). Flash aligns query i with key
-        i + m - n; blocks are trimmed so that a band's two values are >= 0 (the last row and
-        the last column each see something)."""
-        if self.kind == "full":
-            return -1, -1
-        if self.kind == "causal":
-            return -1, 0
-        n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
-        return (m - n) - self.lo, self.hi - (m - n)
-
-    @staticmethod
-    def of_window(n: int, m: int, window: tuple[int, int], causal: bool) -> "Block":
-        """The n x m block flash computes under its bottom-right ``window`` (and
-        ``causal``), trimmed to a kind: the inverse of ``flash_window``."""
-        if causal:
-            window = (window[0], 0)
-        left, right = window
-        lo = (m - n) - left if left >= 0 else -(n - 1)
-        hi = (m - n) + right if right >= 0 else m - 1
-        lo, hi = max(lo, -(n - 1)), min(hi, m - 1)
-        if (lo, hi) == (-(n - 1), m - 1):
-            return Block(0, n, 0, m, "full")
-        if n == m and (lo, hi) == (-(n - 1), 0):
-            return Block(0, n, 0, m, "causal")
-        return Block(0, n, 0, m, "band", lo, hi)
-
-    def describe(self) -> str:
-        """e.g. 'band block of 64 x 80 (key - query in [-16, 0])'."""
-        n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
-        mask = f" (key - query in [{self.lo}, {self.hi}])" if self.kind == "band" else ""
-        return f"{self.kind} block of {n} x {m}{mask}"
-
-    @property
-    def area(self) -> int:
-        """Visible (query, key) pairs: what the kernel spends FLOPs on."""
-        n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
-        if self.kind == "full":
-            return n * m
-        lo, hi = (-(n - 1), 0) if self.kind == "causal" else (self.lo, self.hi)
-        return _pairs_up_to(n, m, hi) - _pairs_up_to(n, m, lo - 1)
-
-
-def _pairs_up_to(n: int, m: int, x: int) -> int:
-    """Pairs (i, j), 0 <= i < n, 0 <= j < m, with j - i <= x: sum_i clamp(i + x + 1, 0, m),
-    in closed form (a per-row loop cost 30-130 ms per new document pack at 32K-128K rows)."""
-    a = x + 1
-    first = min(max(1 - a, 0), n)  # first row that sees a key
-    full = min(max(m - a, 0), n)  # first row that sees all m keys
-    return (full - first) * (first + full - 1) // 2 + (full - first) * a + (n - full) * m
-
+from .blocks import BLOCK_KINDS, INF, Block, Mask  # noqa: F401  (re-exported)
+from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
+from .segments import Segment, Shard, concat
 
 # ------------------------------------------------------------------------- blocks
 
@@ -171,6 +82,16 @@ def _whole(s: Segment) -> bool:
     return s.pos == 0 and s.length == s.doc_len
 
 
+def whole_blocks(shard: Shard, mask: Mask) -> list[Block]:
+    """The diagonal block of each document ``shard`` holds whole, one object each."""
+    rows, lens = shard.rows.tolist(), shard.lens.tolist()
+    if mask.plain:
+        kind = "causal" if mask.causal else "full"
+        return [Block(r, r + n, r, r + n, kind) for r, n in zip(rows, lens)]
+    segs = (Segment(r, d, 0, n, n) for r, d, n in zip(rows, shard.docs.tolist(), lens))
+    return [blk for s in segs if (blk := _pair_block(s, s, mask)) is not None]
+
+
 def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mask: Mask,
                    same: bool = False) -> tuple[Block, ...]:
     """All blocks of queries ``q_segs`` against keys ``k_segs`` under ``mask``.
@@ -179,11 +100,13 @@ def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mas
     causal mask without window, a run of one document's segments in increasing positions
     is one causal block: the global mask is the local one there.
 
-    A document held whole by one segment (most documents of most packs) pairs only with
-    itself: under a plain mask its block is the mask on the diagonal, made directly; the
-    pairing below only sees the other segments, so a pack's planning cost follows the
-    documents that are split, not all of them.
+    A document held whole by one segment pairs only with itself: under a plain mask its
+    block is the mask on the diagonal, made directly; the pairing below only sees the other
+    segments. (The whole_docs layout hands its whole documents over as arrays instead,
+    ``Shard``: they never reach this function.)
     """
+    if not same and {a.doc for a in q_segs}.isdisjoint(b.doc for b in k_segs):
+        return ()  # no document in common (most pairs of members of a pack of short ones)
     found: list[Block] = []
     if same and mask.plain:
         kind = "causal" if mask.causal else "full"
@@ -273,23 +196,34 @@ class RingSchedule:
             self._memo[key] = compute()
         return self._memo[key]
 
+    def shard(self, member: int) -> Shard:
+        """The member's rows: the shards of its U ranks one after the other."""
+        u = self.ulysses
+        # placement() once per schedule: its cache hashes all the lengths at every lookup
+        placed = self.memo("placement", lambda: placement(self.layout, self.world,
+                                                          self.doc_lens))
+        return self.memo(("shard", member), lambda: concat(placed[member * u:member * u + u]))
+
     def segments(self, member: int) -> tuple[Segment, ...]:
-        def compute():
-            u, out, row = self.ulysses, [], 0
-            for rank in range(member * u, member * u + u):
-                segs = rank_segments(self.layout, self.world, rank, self.doc_lens)
-                if u == 1:
-                    return segs  # rows already count from 0
-                for s in segs:
-                    out.append(Segment(row, s.doc, s.pos, s.length, s.doc_len))
-                    row += s.length
-            return tuple(out)
-        return self.memo(("segments", member), compute)
+        """Every segment of the member's rows, in row order (one object per document)."""
+        return self.shard(member).segments
+
+    def split_blocks(self, q_member: int, k_member: int) -> tuple[Block, ...]:
+        """The blocks between the members' segments of split documents: all of
+        ``blocks(q, k)`` but the diagonal blocks of documents held whole."""
+        return self.memo(("split blocks", q_member, k_member), lambda: blocks_between(
+            self.shard(q_member).split, self.shard(k_member).split, self.mask,
+            same=q_member == k_member))
 
     def blocks(self, q_member: int, k_member: int) -> tuple[Block, ...]:
-        return self.memo(("blocks", q_member, k_member), lambda: blocks_between(
-            self.segments(q_member), self.segments(k_member), self.mask,
-            same=q_member == k_member))
+        """Every block of ``q_member``'s queries against ``k_member``'s keys."""
+        def compute():
+            found = self.split_blocks(q_member, k_member)
+            if q_member != k_member:
+                return found
+            whole = whole_blocks(self.shard(q_member), self.mask)
+            return tuple(sorted((*found, *whole), key=lambda b: (b.q_start, b.k_start)))
+        return self.memo(("blocks", q_member, k_member), compute)
 
     def needed_rows(self, source: Source, side: str = "k") -> tuple[tuple[int, ...], ...]:
         """``rows[o][s]``: leading rows of member o's payload used at step s or later.
@@ -308,9 +242,11 @@ class RingSchedule:
         used = [[0] * size for _ in range(size)]
         for m in range(size):
             for s, o in enumerate(sources[m]):
-                blocks = self.blocks(m, o) if side == "k" else self.blocks(o, m)
+                blocks = self.split_blocks(m, o) if side == "k" else self.split_blocks(o, m)
                 used[o][s] = max((b.k_stop if side == "k" else b.q_stop for b in blocks),
                                  default=0)
+                if m == o:  # its own whole documents, at step 0 (they never travel)
+                    used[o][s] = max(used[o][s], self.shard(o).whole_end)
         for o in range(size):  # from a step on: the largest use at that step or later
             for s in range(size - 2, -1, -1):
                 used[o][s] = max(used[o][s], used[o][s + 1])

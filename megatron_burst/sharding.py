@@ -12,11 +12,13 @@ replicated.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from .packs import doc_lengths
-from .placement import check_layout, chunks_of, chunks_per_rank, local_length, rank_segments
+from .placement import check_layout, chunks_of, chunks_per_rank, local_length, placement
+from .segments import Shard
 
 
 def group_ranks(group: dist.ProcessGroup | None, world: int | None = None) -> list[int]:
@@ -110,31 +112,46 @@ def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *
 
 def shard_documents(x_full: torch.Tensor, lens: tuple[int, ...], world: int, rank: int,
                     seq_dim: int, layout: str) -> torch.Tensor:
-    """This rank's rows of every document (padding rows are zeros)."""
-    starts = [0]
-    for n in lens[:-1]:
-        starts.append(starts[-1] + n)
-    pieces = []
-    for seg in rank_segments(layout, world, rank, lens):
-        if seg.valid:
-            pieces.append(x_full.narrow(seq_dim, starts[seg.doc] + seg.pos, seg.valid))
-        if seg.valid < seg.length:
-            pad_shape = list(x_full.shape)
-            pad_shape[seq_dim] = seg.length - seg.valid
-            pieces.append(x_full.new_zeros(pad_shape))
-    if not pieces:
-        shape = list(x_full.shape)
-        shape[seq_dim] = 0
-        return x_full.new_zeros(shape)
-    return torch.cat(pieces, dim=seq_dim) if len(pieces) > 1 else pieces[0]
+    """This rank's rows of every document (padding rows are zeros): one gather by index."""
+    index = rank_index(placement(layout, world, lens)[rank], _starts(lens))
+    if len(index) and index[0] >= 0 and (np.diff(index) == 1).all():
+        return x_full.narrow(seq_dim, int(index[0]), len(index))  # one run: a view
+    pad = index < 0
+    rows = x_full.index_select(seq_dim, torch.from_numpy(np.where(pad, 0, index)))
+    if pad.any():
+        rows = rows.index_fill(seq_dim, torch.from_numpy(np.flatnonzero(pad)), 0)
+    return rows
 
 
 def unshard_documents(stacked: torch.Tensor, lens: tuple[int, ...], world: int,
                       seq_dim: int, layout: str) -> torch.Tensor:
-    """The packed, unpadded sequence from every rank's shard (``stacked[r]``)."""
-    placed: dict[tuple[int, int], torch.Tensor] = {}
-    for r in range(world):
-        for seg in rank_segments(layout, world, r, lens):
-            if seg.valid:
-                placed[(seg.doc, seg.pos)] = stacked[r].narrow(seq_dim, seg.row, seg.valid)
-    return torch.cat([placed[key] for key in sorted(placed)], dim=seq_dim)
+    """The packed, unpadded sequence from every rank's shard (``stacked[r]``): one gather
+    by index from the ranks' shards laid end to end."""
+    shards, starts = placement(layout, world, lens), _starts(lens)
+    local = stacked.shape[seq_dim + 1]
+    source = np.empty(int(starts[-1]), dtype=np.int64)  # each position's row in the ranks'
+    for r, shard in enumerate(shards):
+        index = rank_index(shard, starts)
+        held = np.flatnonzero(index >= 0)
+        source[index[held]] = r * local + held
+    rows = stacked.movedim(0, seq_dim).flatten(seq_dim, seq_dim + 1)
+    return rows.index_select(seq_dim, torch.from_numpy(source))
+
+
+def rank_index(shard: Shard, starts: np.ndarray) -> np.ndarray:
+    """The packed position of each of ``shard``'s rows (-1: padding), ``starts`` being the
+    documents' first positions: a loop over its split segments, arrays for the rest."""
+    index = np.full(shard.length, -1, dtype=np.int64)
+    for s in shard.split:
+        index[s.row:s.row + s.valid] = starts[s.doc] + s.pos + np.arange(s.valid)
+    n = shard.lens
+    if len(n):
+        offset = np.repeat(shard.rows - (np.cumsum(n) - n), n)  # local row - rank in order
+        rows = offset + np.arange(int(n.sum()))
+        index[rows] = np.repeat(starts[shard.docs] - shard.rows, n) + rows
+    return index
+
+
+def _starts(lens: tuple[int, ...]) -> np.ndarray:
+    """First packed position of each document, and the total after the last."""
+    return np.concatenate(([0], np.cumsum(np.asarray(lens, dtype=np.int64))))

@@ -36,18 +36,21 @@ class KernelCall:
     """One local kernel invocation of a ring step.
 
     Dense (one block): ``blocks[0]`` on row slices. Varlen: the blocks' query rows packed
-    in ``q_runs`` order, key rows in ``k_runs`` order, sequence i being block i.
+    in ``q_runs`` order, key rows in ``k_runs`` order, sequence i being block i, its
+    boundaries ``cu_q``/``cu_k`` (tuples for a few blocks, read-only int64 arrays for
+    calls made from arrays, ``boundaries``).
     ``window`` is flash-attn's bottom-right aligned (left, right) for every sequence.
-    A varlen call made from boundaries alone (``plan_alone``) has no ``blocks``: each
-    sequence's block follows from its lengths and the window (``sequence_blocks``).
+    A varlen call made from boundaries alone (``plan_alone``, documents held whole) has no
+    ``blocks``: each sequence's block follows from its lengths and the window
+    (``sequence_blocks``).
     """
 
     blocks: tuple[Block, ...]
     varlen: bool
     q_runs: Runs = ()
     k_runs: Runs = ()
-    cu_q: tuple[int, ...] = ()
-    cu_k: tuple[int, ...] = ()
+    cu_q: np.ndarray | tuple[int, ...] = ()  # () for a dense call
+    cu_k: np.ndarray | tuple[int, ...] = ()
     window: tuple[int, int] = (-1, -1)
     causal: bool = False
     _device_cu: dict = dataclasses.field(default_factory=dict, repr=False)
@@ -72,9 +75,8 @@ class KernelCall:
                 n, m = blk.q_stop - blk.q_start, blk.k_stop - blk.k_start
                 yield Block(0, n, 0, m, blk.kind, blk.lo, blk.hi)
             return
-        for i in range(len(self.cu_q) - 1):
-            yield Block.of_window(self.cu_q[i + 1] - self.cu_q[i],
-                                  self.cu_k[i + 1] - self.cu_k[i], self.window, self.causal)
+        for n, m in zip(np.diff(self.cu_q).tolist(), np.diff(self.cu_k).tolist()):
+            yield Block.of_window(n, m, self.window, self.causal)
 
     def cu_tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cu_seqlens_q/k as int32 tensors on ``device`` (``upload_boundaries`` put them
@@ -94,8 +96,8 @@ def upload_boundaries(calls: Sequence[KernelCall], device: torch.device) -> None
     varlen = [c for c in calls if c.varlen and str(device) not in c._device_cu]
     if not varlen:
         return
-    host = torch.from_numpy(np.concatenate([np.array(c.cu_q + c.cu_k, dtype=np.int32)
-                                            for c in varlen]))
+    host = torch.from_numpy(np.concatenate([x for c in varlen for x in (c.cu_q, c.cu_k)])
+                            .astype(np.int32))
     if device.type == "cuda":
         host = host.pin_memory()
     flat = host.to(device, non_blocking=True)
@@ -121,14 +123,25 @@ def plan_alone(lens: Sequence[int], mask: Mask) -> tuple[KernelCall, ...]:
     n = n[n > 0]
     if not n.size:
         return ()
-    cu = tuple(np.concatenate(([0], np.cumsum(n))).tolist())
+    cu = boundaries(n)
+    runs = ((0, int(cu[-1])),)
+    return (KernelCall((), True, runs, runs, cu, cu, *document_shape(mask)),)
+
+
+def document_shape(mask: Mask) -> tuple[tuple[int, int], bool]:
+    """(flash window, causal) under which a varlen kernel computes ``mask`` on sequences that
+    are whole documents: a square block with flash's bottom-right window is the band."""
     left, right = mask.window
     if mask.plain:
-        window, causal = ((-1, 0), True) if mask.causal else ((-1, -1), False)
-    else:
-        window, causal = (left, 0 if mask.causal else right), False
-    runs = ((0, cu[-1]),)
-    return (KernelCall((), True, runs, runs, cu, cu, window, causal),)
+        return ((-1, 0), True) if mask.causal else ((-1, -1), False)
+    return (left, 0 if mask.causal else right), False
+
+
+def boundaries(lens: np.ndarray) -> np.ndarray:
+    """cu_seqlens of sequences of ``lens`` rows: [0, n0, n0+n1, ...], read-only int64."""
+    cu = np.concatenate(([0], lens.cumsum()))
+    cu.flags.writeable = False
+    return cu
 
 
 def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
@@ -180,13 +193,14 @@ def _by_rows(b: Block) -> tuple[int, int]:
 def _varlen_call(wave: list[Block], window: tuple[int, int], causal: bool) -> KernelCall:
     q_ranges = [(b.q_start, b.q_stop) for b in wave]
     k_ranges = [(b.k_start, b.k_stop) for b in wave]
+    # A few blocks: tuples, made without array operations (each costs more than the sums).
     cu_q = (0, *itertools.accumulate(b - a for a, b in q_ranges))
     cu_k = (0, *itertools.accumulate(b - a for a, b in k_ranges))
-    return KernelCall(tuple(wave), True, _runs(q_ranges), _runs(k_ranges), cu_q, cu_k,
-                      window, causal)
+    return KernelCall(tuple(wave), True, join_runs(q_ranges), join_runs(k_ranges), cu_q,
+                      cu_k, window, causal)
 
 
-def _runs(ranges: list[tuple[int, int]]) -> Runs:
+def join_runs(ranges: list[tuple[int, int]]) -> Runs:
     """Ranges in order, adjacent ones joined."""
     out: list[tuple[int, int]] = []
     for a, b in ranges:

@@ -1,0 +1,107 @@
+"""What a kernel computes: a ``Block`` of query rows against key rows under a ``Mask``.
+
+Every mask is a *band* on key-minus-query position inside a document: causal keeps
+j <= i, a window (left, right) keeps i-left <= j <= i+right. A block is a rectangle of local
+query rows against local key rows, trimmed so every row and column sees something, with one
+of three kinds of mask inside (full, causal, band). The schedule makes blocks; kernels run
+them (``flash_window`` and ``of_window`` translate to flash-attn's windows).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+INF = 1 << 62
+BLOCK_KINDS = ("full", "causal", "band")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mask:
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)  # (left, right); -1 = unbounded
+
+    @property
+    def plain(self) -> bool:
+        return self.window == (-1, -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One kernel call's worth: query rows ``q_start:q_stop`` against key rows ``k_start:k_stop``.
+
+    ``kind`` is 'full' (every pair visible), 'causal' (square, key j visible to query i
+    iff j <= i) or 'band' (visible iff lo <= j - i <= hi). Every row and every column of a
+    block has at least one visible pair.
+    """
+
+    q_start: int
+    q_stop: int
+    k_start: int
+    k_stop: int
+    kind: str = "full"
+    lo: int = 0
+    hi: int = 0
+
+    @property
+    def causal(self) -> bool:
+        return self.kind == "causal"
+
+    @property
+    def q(self) -> slice:
+        return slice(self.q_start, self.q_stop)
+
+    @property
+    def k(self) -> slice:
+        return slice(self.k_start, self.k_stop)
+
+    @property
+    def flash_window(self) -> tuple[int, int]:
+        """(left, right) of flash-attn's bottom-right-aligned window that equals this block's
+        mask ((-1, -1): every pair, (-1, 0): causal). Flash aligns query i with key
+        i + m - n; blocks are trimmed so that a band's two values are >= 0 (the last row and
+        the last column each see something)."""
+        if self.kind == "full":
+            return -1, -1
+        if self.kind == "causal":
+            return -1, 0
+        n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
+        return (m - n) - self.lo, self.hi - (m - n)
+
+    @staticmethod
+    def of_window(n: int, m: int, window: tuple[int, int], causal: bool) -> "Block":
+        """The n x m block flash computes under its bottom-right ``window`` (and
+        ``causal``), trimmed to a kind: the inverse of ``flash_window``."""
+        if causal:
+            window = (window[0], 0)
+        left, right = window
+        lo = (m - n) - left if left >= 0 else -(n - 1)
+        hi = (m - n) + right if right >= 0 else m - 1
+        lo, hi = max(lo, -(n - 1)), min(hi, m - 1)
+        if (lo, hi) == (-(n - 1), m - 1):
+            return Block(0, n, 0, m, "full")
+        if n == m and (lo, hi) == (-(n - 1), 0):
+            return Block(0, n, 0, m, "causal")
+        return Block(0, n, 0, m, "band", lo, hi)
+
+    def describe(self) -> str:
+        """e.g. 'band block of 64 x 80 (key - query in [-16, 0])'."""
+        n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
+        mask = f" (key - query in [{self.lo}, {self.hi}])" if self.kind == "band" else ""
+        return f"{self.kind} block of {n} x {m}{mask}"
+
+    @property
+    def area(self) -> int:
+        """Visible (query, key) pairs: what the kernel spends FLOPs on."""
+        n, m = self.q_stop - self.q_start, self.k_stop - self.k_start
+        if self.kind == "full":
+            return n * m
+        lo, hi = (-(n - 1), 0) if self.kind == "causal" else (self.lo, self.hi)
+        return _pairs_up_to(n, m, hi) - _pairs_up_to(n, m, lo - 1)
+
+
+def _pairs_up_to(n: int, m: int, x: int) -> int:
+    """Pairs (i, j), 0 <= i < n, 0 <= j < m, with j - i <= x: sum_i clamp(i + x + 1, 0, m),
+    in closed form (a per-row loop cost 30-130 ms per new document pack at 32K-128K rows)."""
+    a = x + 1
+    first = min(max(1 - a, 0), n)  # first row that sees a key
+    full = min(max(m - a, 0), n)  # first row that sees all m keys
+    return (full - first) * (first + full - 1) // 2 + (full - first) * a + (n - full) * m
