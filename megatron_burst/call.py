@@ -18,7 +18,7 @@ from .cp_topology import CPTopology
 from .kernels.selection import KERNEL_NAMES
 from .options import NOT_GIVEN, BurstOptions, is_given
 from .packs import DocumentPack, pack_documents
-from .placement import LAYOUTS
+from .layouts import LAYOUTS
 from .remat import AttentionKeep
 
 QKV_FORMATS = ("bshd", "sbhd")

@@ -26,8 +26,6 @@ import dataclasses
 import re
 from typing import Sequence
 
-import numpy as np
-
 FWD_BWD = 3  # forward + data gradient + weight gradient
 
 
@@ -95,7 +93,16 @@ class StepFlops:
 def causal_pairs(lens: Sequence[int], window_left: int = -1) -> int:
     """Visible (query, key) pairs of causal attention inside each document of ``lens``; with
     a sliding window of ``window_left`` earlier keys (-1: unbounded) a query sees at most
-    window_left + 1 keys. Vectorised: a pack may hold thousands of documents."""
+    window_left + 1 keys. Vectorised: a pack may hold thousands of documents (a few are
+    summed in Python: `plan` and the CLI count a plain sequence without importing numpy)."""
+    if len(lens) <= 64:
+        if any(x < 0 for x in lens):
+            raise ValueError(f"document lengths must not be negative, got {min(lens)}")
+        w = window_left + 1
+        return sum(x * (x + 1) // 2 if window_left < 0 or x <= w
+                   else w * (w + 1) // 2 + (x - w) * w for x in lens)
+    import numpy as np
+
     n = np.asarray(lens, dtype=np.int64)
     if n.size and n.min() < 0:
         raise ValueError(f"document lengths must not be negative, got {int(n.min())}")

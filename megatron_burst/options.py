@@ -27,7 +27,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from .cp_topology import BACKWARD_MODES, CPTopology, HeadShape
-from .placement import DOCUMENT_LAYOUTS
+from .layouts import DOCUMENT_LAYOUTS
 from .timing import PROFILE_ENV, choose, load_profile, profile_key
 
 logger = logging.getLogger(__name__)

@@ -32,10 +32,7 @@ import numpy as np
 from . import whole_docs
 from .segments import Segment, Shard
 
-LAYOUTS = ("zigzag", "contiguous", "whole_docs")
-# How Megatron document batches may be placed: `whole_docs` keeps short documents on one
-# rank; `zigzag` splits every document over all ranks, padded to 2*cp.
-DOCUMENT_LAYOUTS = ("whole_docs", "zigzag")
+from .layouts import DOCUMENT_LAYOUTS, LAYOUTS  # noqa: F401  (re-exported)
 
 
 def check_layout(layout: str) -> None:

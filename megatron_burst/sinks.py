@@ -46,7 +46,9 @@ def merge_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
     keep = torch.exp(lse - merged).transpose(1, 2).unsqueeze(-1)  # [b, s, h, 1]
     if seq_first:
         keep = keep.transpose(0, 1)
-    return (out.to(lse.dtype) * keep).to(out.dtype), merged
+    # One pass over the output, in its own dtype (a row's factor rounds once, as the
+    # output's own elements do); ``out`` is the kernel's or the ring's fresh result.
+    return out.mul_(keep.to(out.dtype)), merged
 
 
 def sink_grad(dout: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
@@ -56,7 +58,9 @@ def sink_grad(dout: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
     if dout is not None:
         if seq_first:
             dout, out = dout.transpose(0, 1), out.transpose(0, 1)
-        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1).transpose(1, 2)
+        # rowsum(dO * O') summed in fp32 over products in the tensors' own dtype: one pass
+        # over each, no fp32 copies of the two largest tensors of the backward.
+        delta = torch.sum(dout * out, -1, dtype=lse.dtype).transpose(1, 2)
     if dlse is not None:
         delta = delta - dlse.to(lse.dtype)
     p_sink = torch.exp(sinks.to(lse.dtype)[None, :, None] - lse)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import OPTION_FIELDS
-from ..placement import DOCUMENT_LAYOUTS
+from ..layouts import DOCUMENT_LAYOUTS
 from .config_file import read_config_yaml
 from .hardware import HARDWARE, Hardware
 from .config_values import (BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text,
