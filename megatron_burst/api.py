@@ -91,8 +91,18 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # graph replays its messages as captured: no header to write or check there.
         spec = dataclasses.replace(spec, tag=headers.CallTag(_next_call(group),
                                                              prepared.digest, prepared.label))
+    if prepared.native and not return_lse and sinks is None and keep is None:
+        return _native(q, k, v, spec)  # one aten op, its own autograd: nothing more to do
     out, lse = _attend(q, k, v, spec, group, prepared, keep, sinks)
     return (out, lse) if return_lse else out
+
+
+def _native(q, k, v, spec):
+    """A single rank's whole attention as its kernel's one differentiable op (CP=1)."""
+    if spec.seq_first:
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    out = spec.kernel.native(q, k, v, spec.whole, spec.scale)
+    return out.transpose(0, 1) if spec.seq_first else out
 
 
 def _attend(q, k, v, spec, group, prepared, keep: AttentionKeep | None, sinks):

@@ -24,12 +24,12 @@ from .call import BurstCall, signature
 from .comm import headers
 from .comm.topology import RingTopology
 from .cp_topology import CPTopology, HeadShape
-from .kernels.selection import choose_kernel, default_scale
+from .kernels.selection import choose_kernel, default_scale, has_native
 from .options import check_decided, resolve
 from .packs import DocumentPack
 from .placement import chunks_per_rank, local_length
 from .ring_spec import RingSpec
-from .schedule import Mask, RingSchedule
+from .schedule import Block, Mask, RingSchedule
 from .sinks import check_sinks
 from .sharding import group_ranks
 from .timing import load_profile, profile_key
@@ -99,6 +99,9 @@ class Prepared:
     spec: RingSpec  # without the call's tag
     keep_key: str  # what a kept output is made for: the signature without autograd's part
     ulysses_peers: tuple[int, ...] | None  # this rank's Ulysses group; None: no Ulysses
+    # A single rank's whole attention is one kernel op that aten differentiates itself:
+    # a call that needs no lse is that op and nothing else (``kernels.has_native``).
+    native: bool = False
 
 
 PREPARED: "collections.OrderedDict[tuple, Prepared]" = collections.OrderedDict()
@@ -153,9 +156,12 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared
     spec = _ring_spec(q, k, v, group, world, cp, call, backward=bool(sig["requires_grad"]))
     keep_key = headers.describe_call({n: x for n, x in sig.items()
                                       if n not in ("requires_grad", "error")})
+    peers = _ulysses_peers(group, world, cp.ulysses)
+    native = (peers is None and isinstance(spec.whole, Block)
+              and has_native(spec.kernel, spec.whole))
     return Prepared(call, cp, sig, headers.digest(sorted(sig.items())),
-                    0 if call.call_label is None else headers.digest(call.call_label), spec, keep_key,
-                    _ulysses_peers(group, world, cp.ulysses))
+                    0 if call.call_label is None else headers.digest(call.call_label), spec,
+                    keep_key, peers, native)
 
 
 def _ulysses_peers(group, world: int, u: int) -> tuple[int, ...] | None:

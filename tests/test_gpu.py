@@ -484,3 +484,25 @@ def test_a_kept_output_is_matched_to_its_own_inputs_on_the_gpu():
     for got, want in zip(leaves, plain):
         assert rel(got.grad, want.grad) < 1e-3
     assert len(keep) == 0
+
+
+@pytest.mark.parametrize("mask", [dict(causal=True), dict(causal=False),
+                                  dict(causal=True, window_size=(300, 0))])
+@pytest.mark.parametrize("heads", [(16, 16), (16, 4)])
+def test_one_rank_without_lse_is_the_kernels_own_op(mask, heads):
+    """At CP=1 a call that needs no lse is the kernel's one aten op with aten's backward: the
+    same output and gradients as the package's autograd function around the same kernel."""
+    hq, hkv = heads
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    q, do = (torch.randn(1, 2048, hq, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+             for _ in range(2))
+    k, v = (torch.randn(1, 2048, hkv, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+            for _ in range(2))
+    got = []
+    for return_lse in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = mb.burst_attn(*leaves, return_lse=return_lse, **mask)
+        (out[0] if return_lse else out).backward(do)
+        got.append([(out[0] if return_lse else out)] + [t.grad for t in leaves])
+    for a, b in zip(*got):
+        assert rel(a, b) < 1e-3

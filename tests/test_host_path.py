@@ -43,16 +43,21 @@ def _qkv(s: int = 16):
 
 
 def test_a_prepared_cp1_call_is_the_kernel_and_a_few_lookups():
+    """Without lse the call is the kernel's one op, differentiated by aten itself; with lse
+    (or sinks, or a keep) it is the package's autograd function around one kernel call."""
     q, k, v = _qkv()
     do = torch.randn_like(q)
-    step = lambda: mb.burst_attn(q, k, v, causal=True).backward(do)  # noqa: E731
-    step()  # prepares
-    seen = _package_calls(step)
-    assert not {name for _, name in seen} & PLANNING, seen
-    assert sum(seen.values()) <= 60, (sum(seen.values()), seen.most_common(12))
-    kernel_calls = [c for (f, name), c in seen.items() if f.startswith("kernels/")
-                    and name in ("forward", "backward")]
-    assert sum(kernel_calls) == 2  # one kernel call each way
+    for return_lse, budget, kernel_calls in ((False, 30, {"native": 1}),
+                                             (True, 60, {"forward": 1, "backward": 1})):
+        step = lambda: mb.burst_attn(q, k, v, causal=True, return_lse=return_lse)  # noqa
+        loss = lambda: (step()[0] if return_lse else step()).backward(do)  # noqa: E731
+        loss()  # prepares
+        seen = _package_calls(loss)
+        assert not {name for _, name in seen} & PLANNING, seen
+        assert sum(seen.values()) <= budget, (sum(seen.values()), seen.most_common(12))
+        ran = {name: c for (f, name), c in seen.items() if f.startswith("kernels/")
+               and name in ("forward", "backward", "native")}
+        assert ran == kernel_calls, ran
 
 
 def test_a_new_cp1_pack_is_planned_without_python_per_document():

@@ -33,6 +33,15 @@ class CudnnAttention(VarlenByLoop):
     capabilities = Capabilities(kinds=frozenset({"full", "causal"}), min_side=2,
                                 other_v_dim=True, **_FUSED)
 
+    def native(self, q, k, v, block, scale):
+        """The output alone, differentiable by aten's own backward (no lse, no Python in the
+        backward): the whole attention of a single rank when nothing needs its lse."""
+        if self.expand_kv:
+            return self.forward(q, k, v, block, scale)[0]  # (not differentiable: no native)
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(
+            _heads(q), _heads(k), _heads(v), None, False, 0.0, block.causal, False,
+            scale=scale)[0].transpose(1, 2)
+
     def forward(self, q, k, v, block, scale):
         if self.expand_kv:
             k, v = _expand_kv(k, q.shape[2]), _expand_kv(v, q.shape[2])
@@ -77,6 +86,13 @@ class TorchFlashAttention(VarlenByLoop):
     @staticmethod
     def _window(block):
         return block.flash_window if block.kind == "band" else (None, None)
+
+    def native(self, q, k, v, block, scale):
+        """The output alone, differentiable by aten's own backward (see CudnnAttention)."""
+        left, right = self._window(block)
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, None, None, q.shape[1], k.shape[1], 0.0, block.causal, False, scale=scale,
+            window_size_left=left, window_size_right=right)[0]
 
     def forward(self, q, k, v, block, scale):
         left, right = self._window(block)

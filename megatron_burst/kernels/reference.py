@@ -92,6 +92,12 @@ class CpuFlashAttention(VarlenByLoop):
         return torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(
             ~keep, float("-inf"))
 
+    def native(self, q, k, v, block, scale):
+        """The output alone, differentiable by aten's own backward (see cuda.CudnnAttention)."""
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            _heads(q), _heads(k), _heads(v), 0.0, block.causal,
+            attn_mask=self._bias(block, q), scale=scale)[0].transpose(1, 2)
+
     def forward(self, q, k, v, block, scale):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             _heads(q), _heads(k), _heads(v), 0.0, block.causal,

@@ -141,6 +141,12 @@ class BandDispatch(VarlenByLoop):
     def forward(self, q, k, v, block, scale):
         return self._pick(block).forward(q, k, v, block, scale)
 
+    def native(self, q, k, v, block, scale):
+        return self._pick(block).native(q, k, v, block, scale)
+
+    def has_native(self, block: Block) -> bool:
+        return has_native(self._pick(block), block)
+
     def backward(self, dout, q, k, v, out, lse, block, scale):
         return self._pick(block).backward(dout, q, k, v, out, lse, block, scale)
 
@@ -153,6 +159,16 @@ class BandDispatch(VarlenByLoop):
         if self.varlen is None:
             return super().backward_varlen(dout, q, k, v, out, lse, call, scale)
         return self.varlen.backward_varlen(dout, q, k, v, out, lse, call, scale)
+
+
+def has_native(kernel: LocalAttention, block: Block) -> bool:
+    """Whether ``kernel`` computes ``block``'s output with aten's own autograd (``native``):
+    then a single rank's call that needs no lse is that one differentiable op."""
+    if isinstance(kernel, BandDispatch):
+        return kernel.has_native(block)
+    if isinstance(kernel, CudnnAttention) and kernel.expand_kv:
+        return False
+    return hasattr(kernel, "native")
 
 
 # From this many visible pairs a block runs faster alone on the dense kernel (cuDNN, ~550
