@@ -38,8 +38,13 @@ class CudnnAttention(VarlenByLoop):
         backward): the whole attention of a single rank when nothing needs its lse."""
         if self.expand_kv:
             return self.forward(q, k, v, block, scale)[0]  # (not differentiable: no native)
+        # cuDNN's backward reads the forward's logsumexp: without it (compute_log_sumexp
+        # False) the op still returns a gradient, a wrong one. SDPA asks for it whenever an
+        # input needs a gradient; so does this.
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                            or v.requires_grad)
         return torch.ops.aten._scaled_dot_product_cudnn_attention(
-            _heads(q), _heads(k), _heads(v), None, False, 0.0, block.causal, False,
+            _heads(q), _heads(k), _heads(v), None, grad, 0.0, block.causal, False,
             scale=scale)[0].transpose(1, 2)
 
     def forward(self, q, k, v, block, scale):
