@@ -117,10 +117,15 @@ def shard_documents(x_full: torch.Tensor, lens: tuple[int, ...], world: int, ran
     if len(index) and index[0] >= 0 and (np.diff(index) == 1).all():
         return x_full.narrow(seq_dim, int(index[0]), len(index))  # one run: a view
     pad = index < 0
-    rows = x_full.index_select(seq_dim, torch.from_numpy(np.where(pad, 0, index)))
+    rows = x_full.index_select(seq_dim, _on(np.where(pad, 0, index), x_full))
     if pad.any():
-        rows = rows.index_fill(seq_dim, torch.from_numpy(np.flatnonzero(pad)), 0)
+        rows = rows.index_fill(seq_dim, _on(np.flatnonzero(pad), rows), 0)
     return rows
+
+
+def _on(index: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A host index as a tensor on ``like``'s device (index ops take no index elsewhere)."""
+    return torch.from_numpy(index).to(like.device)
 
 
 def unshard_documents(stacked: torch.Tensor, lens: tuple[int, ...], world: int,
@@ -135,7 +140,7 @@ def unshard_documents(stacked: torch.Tensor, lens: tuple[int, ...], world: int,
         held = np.flatnonzero(index >= 0)
         source[index[held]] = r * local + held
     rows = stacked.movedim(0, seq_dim).flatten(seq_dim, seq_dim + 1)
-    return rows.index_select(seq_dim, torch.from_numpy(source))
+    return rows.index_select(seq_dim, _on(source, rows))
 
 
 def rank_index(shard: Shard, starts: np.ndarray) -> np.ndarray:

@@ -147,10 +147,12 @@ def test_benchmarks_read_the_switch_when_they_start_their_ranks():
 
 
 # Every benchmark whose own ranks run it (`if __name__` and torch.distributed), not the
-# helpers they import (ranks.py starts them; baselines.py holds the peers' code).
+# helpers they import (ranks.py starts them; baselines.py holds the peers' code), nor the
+# CPU-only ones (`*_cpu.py`), which spawn gloo processes of their own and emulate no links.
 GPU_BENCHMARKS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py")
                         if "import torch.distributed" in p.read_text()
-                        and "__main__" in p.read_text() and p.name != "ranks.py")
+                        and "__main__" in p.read_text() and p.name != "ranks.py"
+                        and not p.stem.endswith("_cpu"))
 
 
 def test_the_gpu_benchmarks_are_found():
