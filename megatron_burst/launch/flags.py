@@ -16,6 +16,7 @@ import typing
 from ..cp_topology import RING_COMM_TYPE
 from .topology import run_problem, topology_of
 from .config import VARIABLE, Config, ConfigError, expand_vars
+from .job_plan import job_plan
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
 ENTRY_POINT = "megatron_burst.megatron.pretrain_gpt"
@@ -173,11 +174,22 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     f += ["--log-interval", str(tr.log_interval), "--log-throughput",
           "--eval-interval", str(tr.eval_interval), "--eval-iters", str(tr.eval_iters)]
     if save:
-        f += ["--save", save, "--save-interval", str(tr.save_interval)]
+        f += ["--save", save, "--save-interval", str(save_interval(cfg))]
     if load:
         f += ["--load", load]
     f += [path(a, f"megatron_args[{i}]") for i, a in enumerate(cfg.megatron_args)]
     return f
+
+
+def save_interval(cfg: Config) -> int:
+    """Iterations between saves: the config's, else the job plan's (saves sized to the
+    checkpoint and the step), else, where no step time is predicted (CPU ranks), one save
+    at the end. Megatron requires one with --save."""
+    if cfg.training.save_interval is not None:
+        return cfg.training.save_interval
+    if not cfg.cluster.hardware.timed:
+        return cfg.training.train_iters
+    return job_plan(cfg).save_interval
 
 
 def data_path_words(text: str, written: str) -> list[str]:
