@@ -19,7 +19,6 @@ travelling gradient accumulator shares the link of the step's intra-node hop.
 from __future__ import annotations
 
 from . import cost
-from .comm.topology import RingTopology, payload_hops
 from .cp_topology import CPTopology
 from .schedule import Mask, RingSchedule
 from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, attention_flops,
@@ -80,6 +79,8 @@ class _HopPlan:
     the ring follows (``payload_hops``) over the rows the schedule says are used."""
 
     def __init__(self, layout: CPTopology, sched: RingSchedule, batch: int, backward: bool):
+        from .comm.topology import RingTopology  # the comm package imports torch: not for plan
+
         self.ring = layout.ring_size
         self.inner = layout.inner_ring if layout.double else self.ring
         self.burst = backward and layout.backward == "burst"
@@ -93,6 +94,8 @@ class _HopPlan:
         """(kind, bytes) of each hop ``member`` posts at ``step``: 'intra' and 'inter'
         payload hops, and 'acc', the gradient accumulator it passes on (from step 1, as
         ``cost.ring_pass_bytes`` counts it)."""
+        from .comm.topology import RingTopology, payload_hops  # as in __init__
+
         mine = RingTopology(range(self.ring), member, self.inner, self.topo.direction)
         origin = mine.source(member, step)
         out = []
