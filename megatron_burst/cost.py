@@ -3,13 +3,14 @@
 These formulas are the contract ``count_comm()`` is tested against, and the byte terms of
 the time model (``timing``, which decides ``backward="auto"`` in seconds). Per rank, with G ranks, T local tokens
 (batch x local sequence), e bytes per element of q/k/v, fp32 (4-byte) gradient
-accumulators and fp32 lse/delta:
+accumulators and fp32 lse/delta, Q/K head dim d and V head dim dv (MLA: d = 192, dv = 128;
+otherwise dv = d, and every formula below is the one of d alone):
 
-- forward: K and V make G-1 hops: (G-1) * T * 2*hkv*d*e.
+- forward: K and V make G-1 hops: (G-1) * T * hkv*(d + dv)*e.
 - backward "ring" (K/V travel, dK/dV accumulate while travelling, then go home):
-  (G-1) * T * 2*hkv*d*e  +  (G-1) * T * 2*hkv*d*4.
+  (G-1) * T * hkv*(d + dv)*e  +  (G-1) * T * hkv*(d + dv)*4.
 - backward "burst" (K/V/dK/dV stay home; Q, dO, lse, delta travel; dQ on a second ring):
-  (G-1) * T * (2*hq*d*e + 2*hq*4)  +  (G-1) * T * hq*d*4.
+  (G-1) * T * (hq*(d + dv)*e + 2*hq*4)  +  (G-1) * T * hq*d*4   (Q and dQ at d, dO at dv).
 An accumulator starts at the first holder after its owner (the owner's own step-0
 gradients never leave home) and its last hop is the one home: G-1 hops.
 
@@ -19,56 +20,82 @@ packed documents the schedule sends less (``schedule.RingSchedule.needed_rows``)
 
 For MHA at d=128 in bf16 the burst backward sends 0.67x the ring's bytes; with GQA the
 ring wins as soon as hq/hkv exceeds about 1.5.
+
+Attention sinks (a learnable logit per query head) add no byte: they are merged into each
+row's (out, lse) after the ring, on the rank that holds the row, and their gradient is a
+per-head sum over this rank's rows that Megatron's gradient reduction adds up.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
+def kv_row_bytes(hkv: int, head_dim: int, elem_bytes: int, v_head_dim: int | None = None
+                 ) -> int:
+    """Bytes of one token's K and V (each at its own head dim)."""
+    return hkv * (head_dim + _dv(head_dim, v_head_dim)) * elem_bytes
+
+
+def burst_row_bytes(hq: int, head_dim: int, elem_bytes: int, v_head_dim: int | None = None
+                    ) -> tuple[int, int]:
+    """(payload, accumulator) bytes of one token in the burst backward: Q at d, dO at dv
+    and the fp32 lse and delta travel; the fp32 dQ accumulator is at d."""
+    payload = hq * (head_dim + _dv(head_dim, v_head_dim)) * elem_bytes + 2 * hq * 4
+    return payload, hq * head_dim * 4
+
+
 def forward_bytes(world: int, tokens: int, hkv: int, head_dim: int, elem_bytes: int,
-                  hops: int | None = None) -> int:
+                  hops: int | None = None, *, v_head_dim: int | None = None) -> int:
     """Bytes one rank sends in the forward ring.
 
     ``hops`` is the number of ring steps after the first that compute anything (G-1
-    unless a sliding window lets the schedule stop early).
+    unless a sliding window lets the schedule stop early). ``v_head_dim``: V's head dim
+    where it differs from Q/K's (MLA); None: ``head_dim``.
     """
     hops = world - 1 if hops is None else hops
-    return hops * tokens * 2 * hkv * head_dim * elem_bytes
+    return hops * tokens * kv_row_bytes(hkv, head_dim, elem_bytes, v_head_dim)
 
 
 def backward_bytes(mode: str, world: int, tokens: int, hq: int, hkv: int, head_dim: int,
-                   elem_bytes: int, hops: int | None = None) -> int:
+                   elem_bytes: int, hops: int | None = None, *,
+                   v_head_dim: int | None = None) -> int:
     """Bytes one rank sends in the backward ring of ``mode`` ('burst' or 'ring').
 
     The payload makes ``hops`` hops and so do the gradient accumulators (the last one home).
     """
     hops = world - 1 if hops is None else hops
+    if mode not in ("burst", "ring"):
+        raise ValueError(f"backward must be 'burst' or 'ring', got {mode!r}")
     if hops == 0:
         return 0
-    if mode == "ring":
-        return (hops * tokens * 2 * hkv * head_dim * elem_bytes
-                + hops * tokens * 2 * hkv * head_dim * 4)
-    if mode == "burst":
-        return (hops * tokens * (2 * hq * head_dim * elem_bytes + 2 * hq * 4)
-                + hops * tokens * hq * head_dim * 4)
-    raise ValueError(f"backward must be 'burst' or 'ring', got {mode!r}")
+    if mode == "ring":  # K/V at e bytes, then dK/dV in fp32: the same elements
+        kv = kv_row_bytes(hkv, head_dim, 1, v_head_dim)
+        return hops * tokens * kv * (elem_bytes + 4)
+    payload, acc = burst_row_bytes(hq, head_dim, elem_bytes, v_head_dim)
+    return hops * tokens * (payload + acc)
 
 
 def ulysses_bytes(ulysses: int, tokens: int, hq: int, hkv: int, head_dim: int,
-                  elem_bytes: int, *, lse_grad: bool = False) -> tuple[int, int]:
+                  elem_bytes: int, *, lse_grad: bool = False,
+                  v_head_dim: int | None = None) -> tuple[int, int]:
     """(forward, backward) bytes one rank sends in the Ulysses all-to-alls of one call.
 
     Each all-to-all keeps 1/U of a tensor and sends the rest. Forward: q, k, v in (k/v
-    replicated to U heads when hkv < U), out and the fp32 lse back. Backward: dO in, dQ,
-    dK, dV back, and d(lse) in only when the lse reaches the loss.
+    replicated to U heads when hkv < U), out (V's head dim) and the fp32 lse back.
+    Backward: dO in, dQ, dK, dV back, and d(lse) in only when the lse reaches the loss.
     """
     if ulysses == 1:
         return 0, 0
+    dv = _dv(head_dim, v_head_dim)
     hkv = max(hkv, ulysses)
     rest = (ulysses - 1) * tokens
-    qkv = rest * (hq + 2 * hkv) * head_dim * elem_bytes // ulysses
-    out = rest * hq * head_dim * elem_bytes // ulysses
+    qkv = rest * (hq * head_dim + hkv * (head_dim + dv)) * elem_bytes // ulysses
+    out = rest * hq * dv * elem_bytes // ulysses
     lse = rest * hq * 4 // ulysses
     return qkv + out + lse, out + qkv + (lse if lse_grad else 0)
+
+
+def _dv(head_dim: int, v_head_dim: int | None) -> int:
+    return head_dim if v_head_dim is None else v_head_dim
 
 
 def ring_pass_bytes(topo, rows: Sequence[Sequence[int]], payload_row: int,

@@ -36,22 +36,32 @@ COMM_TYPE_ALIASES = {None: RING_COMM_TYPE, "p2p": RING_COMM_TYPE, RING_COMM_TYPE
 
 @dataclasses.dataclass(frozen=True)
 class HeadShape:
-    """Attention heads of one rank (after tensor parallelism) and bytes per element."""
+    """Attention heads of one rank (after tensor parallelism) and bytes per element.
+
+    ``head_dim`` is Q's and K's; ``v_head_dim`` V's (and the output's), which MLA makes
+    smaller (DeepSeek-V3: 192 and 128). Left out it is ``head_dim``, so that a shape is
+    equal to itself however it was spelt.
+    """
 
     hq: int
     hkv: int
     head_dim: int
     elem_bytes: int = 2
+    v_head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
 
     @staticmethod
     def of_tp_rank(heads: int, groups: int, head_dim: int, *, tp: int,
-                   half: bool) -> "HeadShape":
+                   half: bool, v_head_dim: int | None = None) -> "HeadShape":
         """The heads one of ``tp`` tensor-parallel ranks holds (``half``: 16-bit)."""
         for count, what in ((heads, "num_attention_heads"), (groups, "num_query_groups")):
             if count % tp:
                 raise ValueError(f"{what} over tensor parallel size: {count} is not "
                                  f"divisible by {tp}")
-        return HeadShape(heads // tp, groups // tp, head_dim, 2 if half else 4)
+        return HeadShape(heads // tp, groups // tp, head_dim, 2 if half else 4, v_head_dim)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +144,13 @@ class CPTopology:
         h = self._need_heads()
         hq, hkv = self.ring_heads
         tokens = tokens_local * self.ulysses  # a ring member holds its Ulysses group's tokens
-        fwd = cost.forward_bytes(self.ring_size, tokens, hkv, h.head_dim, h.elem_bytes)
+        fwd = cost.forward_bytes(self.ring_size, tokens, hkv, h.head_dim, h.elem_bytes,
+                                 v_head_dim=h.v_head_dim)
         bwd = cost.backward_bytes(self.backward, self.ring_size, tokens, hq, hkv, h.head_dim,
-                                  h.elem_bytes)
+                                  h.elem_bytes, v_head_dim=h.v_head_dim)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, tokens_local, h.hq, h.hkv,
-                                              h.head_dim, h.elem_bytes, lse_grad=lse_grad)
+                                              h.head_dim, h.elem_bytes, lse_grad=lse_grad,
+                                              v_head_dim=h.v_head_dim)
         return fwd + a2a_fwd, bwd + a2a_bwd
 
     def rank_bytes(self, rank: int, *, batch: int, s_local: int, layout: str = "zigzag",
@@ -152,7 +164,7 @@ class CPTopology:
 
         h = self._need_heads()
         hq, hkv = self.ring_heads
-        d, e = h.head_dim, h.elem_bytes
+        d, dv, e = h.head_dim, h.v_head_dim, h.elem_bytes
         docs = doc_lens or (s_local * self.cp,)
         sched = RingSchedule.of(layout, self.cp, docs, Mask(causal, tuple(window)),
                                 self.ulysses)
@@ -160,25 +172,26 @@ class CPTopology:
         if self.ring_size > 1:
             topo = RingTopology(list(range(self.ring_size)), rank // self.ulysses,
                                 self.inner_ring)
-            kv_row = batch * 2 * hkv * d * e
+            kv_row = batch * cost.kv_row_bytes(hkv, d, e, dv)
             k_rows = sched.needed_rows(topo.source, "k")
             fwd = cost.ring_pass_bytes(topo, k_rows, kv_row)
             if self.backward == "ring":
-                bwd = cost.ring_pass_bytes(topo, k_rows, kv_row, batch * 2 * hkv * d * 4)
+                bwd = cost.ring_pass_bytes(topo, k_rows, kv_row,
+                                           batch * cost.kv_row_bytes(hkv, d, 4, dv))
             else:
                 rev = topo.reversed()
+                payload, acc = cost.burst_row_bytes(hq, d, e, dv)
                 bwd = cost.ring_pass_bytes(rev, sched.needed_rows(rev.source, "q"),
-                                           batch * (2 * hq * d * e + 2 * hq * 4),
-                                           batch * hq * d * 4)
+                                           batch * payload, batch * acc)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, batch * s_local, h.hq, h.hkv, d,
-                                              e, lse_grad=lse_grad)
+                                              e, lse_grad=lse_grad, v_head_dim=dv)
         return fwd + a2a_fwd, bwd + a2a_bwd
 
     def hop_bytes(self, tokens_local: int) -> int:
         """Bytes of one forward K/V hop."""
         h = self._need_heads()
         return cost.forward_bytes(2, tokens_local * self.ulysses, self.ring_heads[1],
-                                  h.head_dim, h.elem_bytes)
+                                  h.head_dim, h.elem_bytes, v_head_dim=h.v_head_dim)
 
     def _need_heads(self) -> HeadShape:
         if self.heads is None:

@@ -6,11 +6,13 @@ forward, and the backward's data and weight gradients): fwd+bwd = 3 x the forwar
 convention of Megatron's own count and of MFU. Per token, one layer's forward:
 
 - QKV projection: ``2 h (hq + 2 hkv) d`` (GQA: ``hkv`` key/value heads of ``d`` channels);
-- output projection: ``2 hq d h``;
+- output projection: ``2 hq dv h`` (dv: V's head dim, d but for MLA);
+- multi-latent attention (MLA) instead projects through low-rank latents: ``2 x`` its
+  projections' weights (``mla_projections``) per token;
 - MLP: ``2 h f x 3`` with SwiGLU (gate and up, h -> 2f, then down, f -> h), ``x 2`` without.
 
-Attention costs ``4 hq d`` per visible (query, key) pair and layer (QK^T and PV, ``2 d``
-each per head): a causal document of n tokens has n(n+1)/2 pairs, a pack the sum over its
+Attention costs ``2 hq (d + dv)`` per visible (query, key) pair and layer (QK^T at Q/K's
+head dim, PV at V's; ``4 hq d`` where they agree): a causal document of n tokens has n(n+1)/2 pairs, a pack the sum over its
 documents (``causal_pairs``), so document masks remove work and the count says so. The
 logits cost ``2 h V`` per token, V the *padded* vocabulary the output layer multiplies by.
 Norms, RoPE, softmax, the loss and the embedding lookup are no matmul and are not counted.
@@ -41,18 +43,31 @@ class ModelShape:
     head_dim: int
     vocab: int  # padded: the output layer's rows
     swiglu: bool = True
+    v_head_dim: int = 0  # V's head dim where it is not Q/K's (MLA); 0: head_dim
+    projections: int = 0  # one layer's attention projection weights where they are not
+    #                       plain GQA's (MLA: ``mla_projections``); 0: from the heads
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn_hidden", "heads", "query_groups", "head_dim",
                      "vocab"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelShape.{name} must be positive, got {getattr(self, name)}")
+        for name in ("v_head_dim", "projections"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ModelShape.{name} must be positive or 0 (not given), got "
+                                 f"{getattr(self, name)}")
 
     @property
     def attention_linear(self) -> int:
         """Forward FLOPs per token of one layer's QKV and output projections."""
+        if self.projections:
+            return 2 * self.projections
         qkv = self.hidden * (self.heads + 2 * self.query_groups) * self.head_dim
-        return 2 * (qkv + self.heads * self.head_dim * self.hidden)
+        return 2 * (qkv + self.heads * self.v_dim * self.hidden)
 
     @property
     def mlp(self) -> int:
@@ -62,7 +77,20 @@ class ModelShape:
     @property
     def per_pair(self) -> int:
         """Forward FLOPs of one layer's attention per visible (query, key) pair."""
-        return 4 * self.heads * self.head_dim
+        return 2 * self.heads * (self.head_dim + self.v_dim)
+
+
+def mla_projections(hidden: int, heads: int, q_lora_rank: int | None, kv_lora_rank: int,
+                    head_dim: int, rope_dim: int, v_head_dim: int) -> int:
+    """Weights of one multi-latent attention layer's projections (before tensor
+    parallelism), as Megatron's MLA builds them: Q down h x q_lora and up q_lora x hq d (one
+    h x hq d projection without q_lora); K/V down h x (kv_lora + d_rope) and up
+    kv_lora x hq (d - d_rope + dv); the output hq dv x h. ``head_dim`` is Q/K's whole head
+    dim, RoPE part included."""
+    q = hidden * heads * head_dim if not q_lora_rank else q_lora_rank * (hidden + heads * head_dim)
+    kv = hidden * (kv_lora_rank + rope_dim) + kv_lora_rank * heads * (head_dim - rope_dim
+                                                                       + v_head_dim)
+    return q + kv + heads * v_head_dim * hidden
 
 
 @dataclasses.dataclass(frozen=True)

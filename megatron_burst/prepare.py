@@ -145,7 +145,7 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared
     communication)."""
     _validate(q, k, v, world, call)
     check_sinks(sinks, q.shape[2], q.device)
-    cp = _topology(group, world, q, k, call)
+    cp = _topology(group, world, q, k, v, call)
     if capturing(q) and call.cu_seqlens is not None:
         raise ValueError("burst_attn with cu_seqlens cannot be captured in a CUDA graph: a "
                          "document pack changes its shapes with every batch")
@@ -224,10 +224,10 @@ def _schedule(pack: DocumentPack | None, total: int, layout: str, world: int, ma
     return pack.schedules[key]
 
 
-def _topology(group, world: int, q, k, call: BurstCall) -> CPTopology:
+def _topology(group, world: int, q, k, v, call: BurstCall) -> CPTopology:
     """The call's CPTopology: the caller's decided one (checked against what the call's
     options fix), else the one resolver's for these options, this shape and this cluster."""
-    heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size())
+    heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size(), v.shape[3])
     if call.topology is not None:
         return check_decided(call.topology, call.options, cp=world, heads=heads)
     options = call.options

@@ -14,6 +14,10 @@ on the kernel. A ``Profile`` holds what ``megatron-burst tune`` measures on a cl
 
 ``predict`` turns (CPTopology, tokens per rank, mask) into seconds per attention call, fwd+bwd,
 step by step: a step costs the larger of its compute and its hop, plus the host's share.
+Its FLOPs count QK^T at Q/K's head dim and PV at V's (MLA: 192 and 128), its bytes each
+tensor at its own dim (``cost``); attention sinks add no byte and one logit per row.
+Every step of a causal or full layer does the same work; a sliding window's do not, and
+``scheduled_time`` predicts those layers step by step from the schedule itself.
 ``choose`` ranks every layout a group allows (Ulysses sizes, flat or double ring, backward
 mode), fastest first; ``options.resolve``, the one place 'auto' is decided, takes its first. Shipped profiles: ``h200-nvlink`` (measured on this
 project's 4x H200 machine) and ``a100-ib`` (8x A100-80GB nodes with NVLink and 200 Gb/s
@@ -35,6 +39,9 @@ from .cp_topology import CPTopology, HeadShape, heads_split
 PROFILE_ENV = "MEGATRON_BURST_PROFILE"
 DEFAULT_PROFILE = "h200-nvlink"
 PROFILES_DIR = Path(__file__).parent / "profiles"
+# A fwd+bwd attention call as forward passes: the forward, and a backward of 2.5 (it
+# recomputes the scores and computes three products).
+FWD_BWD_PASSES = 3.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,26 +229,51 @@ def predict(layout: CPTopology, prof: Profile, *, tokens: int, causal: bool = Tr
     vis = 0.5 if causal else 1.0
     per_node = cp_ranks_per_node or layout.cp
     # Attention work of one member: its share of the whole N x N (masked) score matrix.
-    flops = 3.5 * 4 * member * member * ring * vis * hq * h.head_dim
+    flops = attention_flops(member * member * ring * vis, hq, h.head_dim, h.v_head_dim)
     compute = flops / (prof.dense.tflops(member) * 1e12)
-    # The fp32 accumulators: ~3 passes over out/lse forward, ~9 over dq/dk/dv backward.
-    elementwise = 12 * member * hq * h.head_dim * 4 / (prof.memory_gbps * 1e9)
     host = prof.call_overhead_us * 1e-6 + 2 * ring * prof.step_overhead_us * 1e-6
     exposed = 0.0
     if ring > 1:
-        fwd_hop = cost.forward_bytes(2, member, hkv, h.head_dim, h.elem_bytes)
+        fwd_hop = cost.forward_bytes(2, member, hkv, h.head_dim, h.elem_bytes,
+                                     v_head_dim=h.v_head_dim)
         bwd_hop = cost.backward_bytes(layout.backward, 2, member, hq, hkv, h.head_dim,
-                                      h.elem_bytes)
-        step_fwd, step_bwd = compute / 3.5 / ring, compute * 2.5 / 3.5 / ring
+                                      h.elem_bytes, v_head_dim=h.v_head_dim)
+        step_fwd = compute / FWD_BWD_PASSES / ring
+        step_bwd = compute * (FWD_BWD_PASSES - 1) / FWD_BWD_PASSES / ring
         exposed = (_ring_exposed(layout, prof, per_node, step_fwd, fwd_hop)
                    + _ring_exposed(layout, prof, per_node, step_bwd, bwd_hop))
-    a2a_fwd, a2a_bwd = cost.ulysses_bytes(layout.ulysses, tokens, h.hq, h.hkv, h.head_dim,
-                                          h.elem_bytes)
-    # Each all-to-all spreads its bytes over U-1 peers at once: 4 in forward, 4 in backward.
-    a2a = 0.0 if layout.ulysses == 1 else (
-        8 * prof.alltoall.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (prof.alltoall.gbps * 1e9))
+    a2a, elementwise = alltoall_seconds(layout, prof, tokens), elementwise_seconds(
+        layout, prof, tokens)
     total = compute + elementwise + exposed + a2a + host
     return Prediction(layout, total, compute + elementwise, exposed, a2a, host)
+
+
+def attention_flops(pairs: float, hq: int, head_dim: int, v_head_dim: int | None = None, *,
+                    passes: float = FWD_BWD_PASSES) -> float:
+    """FLOPs of attention over ``pairs`` visible (query, key) pairs per head: QK^T at Q/K's
+    head dim and PV at V's (MLA: 192 and 128), 2 FLOPs a multiply-add, ``passes`` forward
+    passes' worth (fwd+bwd by default). Sinks add one logit per row: nothing next to these."""
+    dv = head_dim if v_head_dim is None else v_head_dim
+    return passes * 2 * (head_dim + dv) * pairs * hq
+
+
+def elementwise_seconds(layout: CPTopology, prof: Profile, tokens: int) -> float:
+    """The fp32 accumulators' memory passes per call: ~3 over out/lse (V's head dim)
+    forward, ~9 over dq/dk/dv (Q/K's) backward."""
+    h = layout.heads
+    hq, member = layout.ring_heads[0], tokens * layout.ulysses
+    return member * hq * (3 * h.v_head_dim + 9 * h.head_dim) * 4 / (prof.memory_gbps * 1e9)
+
+
+def alltoall_seconds(layout: CPTopology, prof: Profile, tokens: int) -> float:
+    """Seconds of the Ulysses all-to-alls of one call (0 without Ulysses)."""
+    h = layout.heads
+    if layout.ulysses == 1:
+        return 0.0
+    a2a_fwd, a2a_bwd = cost.ulysses_bytes(layout.ulysses, tokens, h.hq, h.hkv, h.head_dim,
+                                          h.elem_bytes, v_head_dim=h.v_head_dim)
+    # Each all-to-all spreads its bytes over U-1 peers at once: 4 in forward, 4 in backward.
+    return 8 * prof.alltoall.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (prof.alltoall.gbps * 1e9)
 
 
 def _ring_exposed(layout: CPTopology, prof: Profile, per_node: int, step_s: float,

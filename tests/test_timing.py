@@ -3,7 +3,8 @@
 Synthetic profiles make each choice clear-cut: a slow inter-node link must pick the double
 ring, many heads over a short sequence must pick Ulysses, GQA must pick the ring backward,
 and no choice may break a divisibility rule. `tune` runs on gloo ranks at toy sizes and
-must write a profile the model can load.
+must write a profile the model can load. MLA's two head dims count apart, and a sliding
+window's layer is timed step by step over exactly the bytes the ring sends.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import torch
 
 import megatron_burst as mb
 from megatron_burst.cp_topology import CPTopology, HeadShape
-from megatron_burst.timing import Kernel, Link, Profile, choose, load_profile, predict
+from megatron_burst.scheduled_time import predict_scheduled, scheduled_bytes
+from megatron_burst.timing import (Kernel, Link, Profile, attention_flops, choose, load_profile,
+                                   predict)
 
 from .distributed import run_ranks
 
@@ -112,3 +115,55 @@ def _auto_worker(rank, world):
 
 def test_auto_layout_gives_the_same_attention():
     assert max(run_ranks(4, _auto_worker, timeout=120)) < 1e-12
+
+
+# ------------------------------------------------------------------ MLA dims and windows
+
+MLA = HeadShape(16, 16, 192, 2, v_head_dim=128)  # DeepSeek-V3's dims, MLA's K head per Q head
+
+
+def test_attention_flops_count_qk_at_its_dim_and_pv_at_vs():
+    assert attention_flops(1000, 16, 192, 128) == 3.5 * 2 * (192 + 128) * 1000 * 16
+    assert attention_flops(1000, 16, 128) == attention_flops(1000, 16, 128, 128)
+    assert attention_flops(1000, 16, 192, 128, passes=1) * 3.5 == attention_flops(1000, 16, 192,
+                                                                                    128)
+
+
+def test_mla_prediction_sits_between_its_two_head_dims():
+    narrow = dataclasses.replace(FAST, intra=Link(5.0, 2.0))  # the links bind: bytes show
+    for mode in ("burst", "ring"):
+        pred = {d: predict(CPTopology.build(4, backward=mode, heads=h), narrow, tokens=8192)
+                for d, h in (("mla", MLA), (128, HeadShape(16, 16, 128, 2)),
+                             (192, HeadShape(16, 16, 192, 2)))}
+        for part in ("compute_s", "exposed_comm_s"):
+            low, mid, high = (getattr(pred[k], part) for k in (128, "mla", 192))
+            assert low < mid < high, (mode, part, low, mid, high)
+
+
+@pytest.mark.parametrize("cp, per_node, mode", [(4, None, "ring"), (8, None, "burst"),
+                                                (8, 4, "ring"), (4, 2, "burst")])
+def test_the_scheduled_model_times_exactly_the_bytes_the_ring_sends(cp, per_node, mode):
+    layout = CPTopology.build(cp, backward=mode, ranks_per_node=per_node,
+                              heads=HeadShape(8, 2, 24, 2, v_head_dim=16))
+    for window in ((-1, 0), (3, 0), (20, 0)):
+        for member in range(cp):
+            assert scheduled_bytes(layout, batch=2, s_local=16, window=window,
+                                   member=member) == layout.rank_bytes(
+                member, batch=2, s_local=16, window=window), (window, member)
+
+
+def test_a_sliding_window_layer_costs_its_band_and_its_hops():
+    layout = CPTopology.build(4, backward="ring", heads=HeadShape(32, 8, 64, 2))
+    full = predict(layout, FAST, tokens=32768)
+    # Unbounded on the left it is the causal layer again, step by step: near the uniform law.
+    causal = predict_scheduled(layout, FAST, batch=1, s_local=32768, window=(-1, 0))
+    assert abs(causal.compute_s / full.compute_s - 1) < 0.15
+    band = predict_scheduled(layout, FAST, batch=1, s_local=32768, window=(128, 0))
+    wider = predict_scheduled(layout, FAST, batch=1, s_local=32768, window=(1024, 0))
+    assert band.compute_s < wider.compute_s < full.compute_s / 10
+    # Over a slow link the band's hops show: zigzag hops carry leading rows, so a rank that
+    # needs the last 128 keys of a neighbour's second chunk receives the whole payload.
+    slow = dataclasses.replace(FAST, intra=Link(5.0, 2.0))
+    waiting = predict_scheduled(layout, slow, batch=1, s_local=32768, window=(128, 0))
+    hop = slow.intra.seconds(layout.hop_bytes(32768))
+    assert waiting.exposed_comm_s > hop > 10 * waiting.compute_s

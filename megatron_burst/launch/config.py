@@ -12,6 +12,7 @@ needed (``flags``, ``run``); the sbatch scripts keep them for the shell to expan
 
 Arithmetic consistency (heads divide TP, CP divides the sequence, the world size adds up,
 memory fits) is checked by ``plan.validate``, not here: this file knows shapes, not sums.
+The model section and the rules between its attention keys are ``model_config``'s.
 """
 from __future__ import annotations
 
@@ -29,34 +30,8 @@ from .config_file import read_config_yaml
 from .hardware import HARDWARE, Hardware
 from .config_values import (BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text,
                             number_of)
+from .model_config import SOFTMAX_TYPES, ModelConfig, check_model
 from .owned_flags import check_megatron_args
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """A Llama-style decoder: RMSNorm, SwiGLU, RoPE, GQA when num_query_groups < heads."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    vocab_size: int
-    seq_length: int
-    max_position_embeddings: int | None = None  # defaults to seq_length
-    rotary_base: int = 10000
-    norm_epsilon: float = 1e-5
-    normalization: str = "RMSNorm"
-    activation: str = "swiglu"
-    position_embedding: str = "rope"
-    untie_embeddings: bool = True
-    init_method_std: float = 0.02
-    make_vocab_size_divisible_by: int = 128
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +164,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.normalization": ("RMSNorm", "LayerNorm"),
     "model.activation": ("swiglu", "gelu"),
     "model.position_embedding": ("rope",),
+    "model.softmax_type": SOFTMAX_TYPES,
     **{f"burst.{f.name}": tuple(f.metadata["choices"]) for f in OPTION_FIELDS
        if f.name in BURST_KEYS and f.metadata["choices"]},
     "data.document_layout": DOCUMENT_LAYOUTS,
@@ -215,6 +191,7 @@ def config_from_dict(raw: Any) -> Config:
     """Build a Config from parsed YAML, failing on unknown keys, bad types and choices, and
     on megatron_args that would set again what the config's keys decide."""
     cfg = _build(Config, raw, "")
+    check_model(cfg.model)
     check_seed(cfg)
     check_megatron_args(cfg.megatron_args)
     return cfg
@@ -271,10 +248,11 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if len(inner) > 1:  # a count or "auto" (burst.ulysses_size)
             return value if value == "auto" else _convert(int, value, key)
         return _convert(inner[0], value, key)
-    if typing.get_origin(hint) is list:
+    if typing.get_origin(hint) in (list, tuple):  # tuple[x, ...]: a list kept hashable
         if not isinstance(value, list):
             raise ConfigError(f"'{key}' must be a list, got {value!r}")
-        return [_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+        items = [_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if typing.get_origin(hint) is list else tuple(items)
     if hint in (int, float):
         value = number_of(value, key, integer=hint is int)
     if hint is bool and not isinstance(value, bool):

@@ -3,7 +3,8 @@
 A config in configs/ opens with comment lines: first what the run is for and why it is laid
 out so, by hand and without numbers (a number typed there drifts from the code that computes
 it), then a block between two marker lines that this module writes from the functions `plan`
-prints with: layout, memory per GPU, the ring's bytes and time, the step and the job.
+prints with: layout, memory per GPU, the ring's bytes and time (a sliding-window layer's
+apart), the step and the job.
 
     python -m megatron_burst.launch.config_header configs/*.yaml           # rewrite the blocks
     python -m megatron_burst.launch.config_header --check configs/*.yaml   # exit 1 if stale
@@ -21,9 +22,9 @@ from pathlib import Path
 from .config import Config, load_config
 from .hardware import HARDWARE
 from .job_plan import job_plan
-from .layout_candidates import chosen_prediction
+from .layout_candidates import chosen_prediction, window_prediction
 from .memory import GIB, estimate_memory
-from .plan_report import ring_traffic
+from .plan_report import ring_traffic, window_ring_bytes
 from .step_time import format_duration, predict_step
 from .units import format_bytes
 
@@ -60,6 +61,7 @@ def _sentences(cfg: Config) -> list[str]:
                      f"{pred.total_s * 1e3:.2f} ms fwd+bwd, {pred.exposed_comm_s * 1e3:.2f} ms "
                      f"of it waiting on links")
         out.append(line + ".")
+        out += _window_sentence(cfg)
     step = predict_step(cfg)
     if step is None:
         out.append(f"Times: not predicted for {c.gpu} ranks.")
@@ -75,6 +77,22 @@ def _sentences(cfg: Config) -> list[str]:
                    f"{job.write_gbps:g} GB/s); exit {job.exit_margin_min} min before the "
                    f"limit.")
     return out
+
+
+def _window_sentence(cfg: Config) -> list[str]:
+    """The sliding-window layers' bytes and time, where the model has them."""
+    m = cfg.model
+    pred = window_prediction(cfg)
+    if pred is None:
+        return []
+    fwd, bwd = window_ring_bytes(cfg)
+    line = (f"Sliding-window layers ({m.window_layers(1, m.num_layers)} of {m.num_layers}): "
+            f"the busiest rank sends {format_bytes(fwd)} forward and {format_bytes(bwd)} "
+            f"backward")
+    if cfg.cluster.hardware.timed:
+        line += (f", and the time model predicts {pred.total_s * 1e3:.2f} ms fwd+bwd, "
+                 f"{pred.exposed_comm_s * 1e3:.2f} ms of it waiting on links")
+    return [line + "."]
 
 
 def generated_block(cfg: Config) -> list[str]:

@@ -58,7 +58,10 @@ BOUNDS: dict[str, Bound] = {
     **{f"model.{name}": COUNT for name in (
         "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
         "num_query_groups", "vocab_size", "seq_length", "max_position_embeddings",
-        "rotary_base", "make_vocab_size_divisible_by")},
+        "rotary_base", "make_vocab_size_divisible_by", "q_lora_rank", "kv_lora_rank",
+        "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")},
+    # 1 would make every layer full attention: no window at all (remove model.window_size).
+    "model.window_attn_skip_freq": Bound(2),
     "model.norm_epsilon": POSITIVE,
     "model.init_method_std": POSITIVE,
     **{f"parallel.{name}": COUNT for name in ("tensor", "context", "pipeline", "data")},

@@ -16,6 +16,8 @@ import typing
 from ..cp_topology import RING_COMM_TYPE
 from .topology import run_problem, topology_of
 from .config import VARIABLE, Config, ConfigError, expand_vars
+from .job_plan import job_plan
+from .model_config import MLA_KEYS, ModelConfig
 
 SPEC = ("megatron_burst.megatron.spec", "get_llama_layer_burst_spec")
 ENTRY_POINT = "megatron_burst.megatron.pretrain_gpt"
@@ -85,6 +87,7 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     ]
     if m.num_query_groups != m.num_attention_heads:
         f += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    f += attention_flags(m)
     if m.activation == "swiglu":
         f += ["--swiglu"]
     if m.untie_embeddings:
@@ -173,10 +176,42 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     f += ["--log-interval", str(tr.log_interval), "--log-throughput",
           "--eval-interval", str(tr.eval_interval), "--eval-iters", str(tr.eval_iters)]
     if save:
-        f += ["--save", save, "--save-interval", str(tr.save_interval)]
+        f += ["--save", save, "--save-interval", str(save_interval(cfg))]
     if load:
         f += ["--load", load]
     f += [path(a, f"megatron_args[{i}]") for i, a in enumerate(cfg.megatron_args)]
+    return f
+
+
+def save_interval(cfg: Config) -> int:
+    """Iterations between saves: the config's, else the job plan's (saves sized to the
+    checkpoint and the step), else, where no step time is predicted (CPU ranks), one save
+    at the end. Megatron requires one with --save."""
+    if cfg.training.save_interval is not None:
+        return cfg.training.save_interval
+    if not cfg.cluster.hardware.timed:
+        return cfg.training.train_iters
+    return job_plan(cfg).save_interval
+
+
+def attention_flags(m: ModelConfig) -> list[str]:
+    """Megatron's flags for the model's attention variant: sinks, sliding-window layers, MLA
+    and Q/K norms (nothing for plain Llama attention)."""
+    f: list[str] = []
+    if m.qk_layernorm:
+        f += ["--qk-layernorm"]
+    if m.softmax_type != "vanilla":
+        f += ["--softmax-type", m.softmax_type]
+    if m.window_size is not None:
+        f += ["--window-size", ",".join(map(str, m.window_size))]
+        if m.window_attn_skip_freq is not None:
+            f += ["--window-attn-skip-freq", str(m.window_attn_skip_freq)]
+    if m.multi_latent_attention:
+        # MLA's own RoPE type defaults to YaRN; the config's position_embedding says rope.
+        f += ["--multi-latent-attention", "--rope-type", "rope"]
+        for key in MLA_KEYS:
+            if getattr(m, key) is not None:
+                f += [f"--{key.replace('_', '-')}", str(getattr(m, key))]
     return f
 
 

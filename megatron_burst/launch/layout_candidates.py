@@ -6,6 +6,8 @@ The universe is what ``timing.candidates`` enumerates for the CP group with noth
 the layouts the config admits are what it enumerates with the config's fixed values, the
 same call `auto` chooses from. Every row's time is ``timing.predict`` for the run's tokens
 per rank and profile, so the chosen row is the attention time the step time is built on.
+The ranking is of a full-attention layer (the one `auto` chooses by); a model's sliding-window
+layers run the chosen layout and are timed apart (``window_prediction``).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from ..cp_topology import CPTopology, HeadShape, check_heads
+from ..scheduled_time import predict_scheduled
 from ..timing import Prediction, candidates, load_profile, predict
 from .config import Config
 from .topology import group_ranks_per_node, tokens_per_rank, topology_of
@@ -23,6 +26,18 @@ def chosen_prediction(cfg: Config) -> Prediction:
     return predict(topology_of(cfg), load_profile(cfg.cluster.profile_name),
                    tokens=tokens_per_rank(cfg), causal=True,
                    cp_ranks_per_node=group_ranks_per_node(cfg))
+
+
+def window_prediction(cfg: Config) -> Prediction | None:
+    """The same for one of the model's sliding-window layers, step by step from its
+    schedule (``scheduled_time``); None where the model has none."""
+    m = cfg.model
+    if m.window_layers(1, m.num_layers) == 0:
+        return None
+    return predict_scheduled(topology_of(cfg), load_profile(cfg.cluster.profile_name),
+                             batch=cfg.training.micro_batch_size,
+                             s_local=m.seq_length // cfg.parallel.context, window=m.window,
+                             cp_ranks_per_node=group_ranks_per_node(cfg))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,9 @@ tensors by t too (Korthikanti's Table 2 "sequence parallel" column):
   Q, K, V                e*T*(hq + 2*hkv)*d / t
   attention out, lse     e*T*hq*d / t + 4*T*hq / t
   fc1 out, fc2 input     e*T*(2f + f) / t     (SwiGLU; GeLU: e*T*(f + f) / t)
-where t_sp = t with sequence parallelism and 1 without.
+where t_sp = t with sequence parallelism and 1 without. Attention's terms (and its
+parameters) for MLA's two head dims and latents, Q/K norms and sinks are
+``attention_params``'s.
 
 Weights/gradients/optimizer follow Megatron's mixed precision with the distributed
 optimizer: bf16 weights (2 bytes), fp32 main gradients (4), and fp32 master weights plus
@@ -35,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .attention_params import attention_activation_bytes, attention_params
 from .config import Config
 from .topology import topology_of
 
@@ -76,12 +79,16 @@ def padded_vocab(cfg: Config) -> int:
 
 def layer_params(cfg: Config) -> int:
     """Parameters of one transformer layer on one TP rank (norm weights replicated)."""
-    m, t = cfg.model, cfg.parallel.tensor
-    h, d = m.hidden_size, m.head_dim
-    qkv = h * (m.num_attention_heads + 2 * m.num_query_groups) * d
-    proj = m.num_attention_heads * d * h
-    mlp = (3 if m.activation == "swiglu" else 2) * h * m.ffn_hidden_size
-    return (qkv + proj + mlp) // t + 2 * h
+    vectors = attention_params(cfg)[1]
+    return layer_matmul_params(cfg) + vectors + 2 * cfg.model.hidden_size
+
+
+def layer_matmul_params(cfg: Config) -> int:
+    """The matrix weights of one layer on one TP rank: attention's projections (MLA's down
+    and up ones) and the MLP's, what the matmuls' FLOPs count."""
+    m = cfg.model
+    mlp = (3 if m.activation == "swiglu" else 2) * m.hidden_size * m.ffn_hidden_size
+    return attention_params(cfg)[0] + mlp // cfg.parallel.tensor
 
 
 def stage_params(cfg: Config, stage: str) -> int:
@@ -116,17 +123,13 @@ def layer_activation_bytes(cfg: Config, recompute: str) -> int:
     e, t = _elem_bytes(cfg), p.tensor
     tokens = cfg.training.micro_batch_size * m.seq_length // p.context
     t_sp = t if p.sequence_parallel else 1
-    h, d, f = m.hidden_size, m.head_dim, m.ffn_hidden_size
-    layer_input = e * tokens * h // t_sp
+    layer_input = e * tokens * m.hidden_size // t_sp
     if recompute == "full":
         return layer_input
     norms_and_linear_inputs = 4 * layer_input
-    qkv = e * tokens * (m.num_attention_heads + 2 * m.num_query_groups) * d // t
-    attn_out = e * tokens * m.num_attention_heads * d // t
-    lse = 4 * tokens * m.num_attention_heads // t
-    mlp = e * tokens * ((3 if m.activation == "swiglu" else 2) * f) // t
-    core_attention_internal = 0 if recompute == "selective" else lse
-    return norms_and_linear_inputs + qkv + attn_out + mlp + core_attention_internal
+    attention = attention_activation_bytes(cfg, tokens, keep_lse=recompute != "selective")
+    mlp = e * tokens * ((3 if m.activation == "swiglu" else 2) * m.ffn_hidden_size) // t
+    return norms_and_linear_inputs + attention + mlp
 
 
 def remat_kept_bytes(cfg: Config) -> int:
@@ -135,7 +138,7 @@ def remat_kept_bytes(cfg: Config) -> int:
     m, p = cfg.model, cfg.parallel
     tokens = cfg.training.micro_batch_size * m.seq_length // p.context
     heads = m.num_attention_heads // p.tensor
-    return tokens * heads * (m.head_dim * _elem_bytes(cfg) + 4)
+    return tokens * heads * (m.v_dim * _elem_bytes(cfg) + 4)
 
 
 def microbatches(cfg: Config) -> int:
@@ -180,11 +183,11 @@ def ring_buffer_bytes(cfg: Config) -> int:
     accumulators, the K/V double buffer, and the fp32 dK/dV accumulators in flight."""
     layout = topology_of(cfg)
     hq, hkv = layout.ring_heads
-    d, e = layout.heads.head_dim, layout.heads.elem_bytes
+    d, dv, e = layout.heads.head_dim, layout.heads.v_head_dim, layout.heads.elem_bytes
     tokens = cfg.training.micro_batch_size * cfg.model.seq_length // layout.ring_size
-    return (tokens * hq * d * 4 * 2            # fp32 out and dQ accumulators
-            + 2 * tokens * 2 * hkv * d * e     # K/V double buffer
-            + tokens * 2 * hkv * d * 4 * 2)    # dK/dV accumulators in flight
+    return (tokens * hq * (dv + d) * 4              # fp32 out (V's dim) and dQ accumulators
+            + 2 * tokens * hkv * (d + dv) * e       # K/V double buffer
+            + tokens * hkv * (d + dv) * 4 * 2)      # dK/dV accumulators in flight
 
 
 def _logits_bytes(cfg: Config) -> int:

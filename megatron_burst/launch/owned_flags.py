@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .config_values import ConfigError
 from .megatron_options import ANY, OptionTable, pinned_table
+from .model_config import MLA_KEYS
 
 FIXED = "is set by megatron-burst for the BurstAttention layer spec; a config cannot change it"
 
@@ -44,6 +45,13 @@ OWNED_FLAGS: dict[str, str] = {
     "--swiglu": "model.activation",
     "--untie-embeddings-and-output-weights": "model.untie_embeddings",
     "--vocab-size": "model.vocab_size",
+    "--qk-layernorm": "model.qk_layernorm",
+    "--softmax-type": "model.softmax_type",
+    "--window-size": "model.window_size",
+    "--window-attn-skip-freq": "model.window_attn_skip_freq",
+    "--multi-latent-attention": "model.multi_latent_attention",
+    "--rope-type": "model.position_embedding (multi-latent attention runs it as rope-type rope)",
+    **{f"--{key.replace('_', '-')}": f"model.{key}" for key in MLA_KEYS},
     # Parallel layout.
     "--tensor-model-parallel-size": "parallel.tensor",
     "--pipeline-model-parallel-size": "parallel.pipeline",

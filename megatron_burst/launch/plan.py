@@ -3,7 +3,8 @@
 ``validate`` raises ConfigError naming the field for anything that would make Megatron or
 BurstAttention fail at start-up (or, worse, run out of memory an hour in): sizes that do
 not divide, a world size that does not add up, an inner ring that crosses nodes, memory
-per GPU beyond the device, head dims the GPU kernels cannot run. ``plan_report.report``
+per GPU beyond the device, head dims the GPU kernels cannot run (MLA's Q/K and V dims each),
+MLA latents that do not split over TP. ``plan_report.report``
 renders what it costs: memory per GPU, the ring's bytes, the layouts the time model ranked,
 and the step and job time (``step_time``), all from one time model (``megatron_burst.timing``).
 """
@@ -32,6 +33,39 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"'{key}': {message}")
 
 
+def _check_head_dims(cfg: Config) -> None:
+    """Q/K's and V's head dims (MLA's differ) must be ones the GPU kernels run."""
+    m = cfg.model
+    if m.multi_latent_attention:
+        dims = [("model.qk_head_dim", m.head_dim, f"Q/K head dim qk_head_dim + "
+                 f"qk_pos_emb_head_dim = {m.qk_head_dim} + {m.qk_pos_emb_head_dim}"),
+                ("model.v_head_dim", m.v_dim, "V head dim v_head_dim")]
+    else:
+        dims = [("model.num_attention_heads", m.head_dim, f"head dim hidden_size / "
+                 f"num_attention_heads = {m.hidden_size} / {m.num_attention_heads}")]
+    for key, d, what in dims:
+        _require(d % HEAD_DIM_MULTIPLE == 0 and d <= MAX_HEAD_DIM, key,
+                 f"{what} = {d}: PyTorch's flash and cuDNN attention kernels take a multiple "
+                 f"of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}")
+
+
+def _check_mla(cfg: Config) -> None:
+    """MLA's down projections are column-parallel in Megatron's local spec: their outputs
+    split over TP; and its RoPE runs inside attention, which document masks cannot move."""
+    m, t = cfg.model, cfg.parallel.tensor
+    if m.q_lora_rank is not None:
+        _require(m.q_lora_rank % t == 0, "model.q_lora_rank",
+                 f"{m.q_lora_rank} does not divide over tensor parallel {t} (the Q down "
+                 f"projection's output is split over TP)")
+    _require((m.kv_lora_rank + m.qk_pos_emb_head_dim) % t == 0, "model.kv_lora_rank",
+             f"kv_lora_rank + qk_pos_emb_head_dim = {m.kv_lora_rank} + "
+             f"{m.qk_pos_emb_head_dim} does not divide over tensor parallel {t} (the K/V down "
+             f"projection's output is split over TP)")
+    _require(not cfg.data.document_mask, "data.document_mask",
+             "document masks do not support multi-latent attention (its RoPE is applied "
+             "inside the attention, at positions 0..s-1)")
+
+
 def validate(cfg: Config) -> list[str]:
     """Raise ConfigError naming the field if ``cfg`` cannot run; return warnings."""
     m, p, tr, b, c = cfg.model, cfg.parallel, cfg.training, cfg.burst, cfg.cluster
@@ -49,11 +83,7 @@ def validate(cfg: Config) -> list[str]:
     _require(m.hidden_size % m.num_attention_heads == 0, "model.num_attention_heads",
              f"{m.num_attention_heads} does not divide hidden_size {m.hidden_size}")
     if c.gpu != "cpu":  # the CPU kernel takes any head dim
-        d = m.hidden_size // m.num_attention_heads
-        _require(d % HEAD_DIM_MULTIPLE == 0 and d <= MAX_HEAD_DIM, "model.num_attention_heads",
-                 f"head dim hidden_size / num_attention_heads = {m.hidden_size} / "
-                 f"{m.num_attention_heads} = {d}: PyTorch's flash and cuDNN attention kernels "
-                 f"take a multiple of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}")
+        _check_head_dims(cfg)
     _require(m.num_attention_heads % m.num_query_groups == 0, "model.num_query_groups",
              f"{m.num_query_groups} does not divide num_attention_heads "
              f"{m.num_attention_heads}")
@@ -61,6 +91,8 @@ def validate(cfg: Config) -> list[str]:
              f"{m.num_attention_heads} heads do not divide over tensor parallel {p.tensor}")
     _require(m.num_query_groups % p.tensor == 0, "model.num_query_groups",
              f"{m.num_query_groups} KV heads do not divide over tensor parallel {p.tensor}")
+    if m.multi_latent_attention:
+        _check_mla(cfg)
     _require(m.ffn_hidden_size % p.tensor == 0, "model.ffn_hidden_size",
              f"{m.ffn_hidden_size} does not divide over tensor parallel {p.tensor}")
     _require(m.num_layers % p.pipeline == 0, "model.num_layers",
@@ -129,6 +161,9 @@ def validate(cfg: Config) -> list[str]:
             _require(bool(cfg.data.tokenizer_model), "data.tokenizer_model",
                      f"tokenizer_type {cfg.data.tokenizer_type} needs a tokenizer model")
 
+    if m.window is not None and m.window[0] >= m.seq_length - 1:
+        warnings.append(f"model.window_size {list(m.window)} reaches back over the whole "
+                        f"{m.seq_length}-token sequence: its windowed layers attend fully")
     if p.context > 1 and c.hardware.timed:
         attention = chosen_prediction(cfg)
         if attention.exposed_comm_s > EXPOSED_WARNING * attention.total_s:

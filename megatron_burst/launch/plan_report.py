@@ -13,7 +13,7 @@ from ..cp_topology import CPTopology
 from ..timing import PROFILES_DIR, load_profile
 from .config import Config
 from .topology import topology_of
-from .layout_candidates import layout_rows, tie_note
+from .layout_candidates import layout_rows, tie_note, window_prediction
 from .topology import group_ranks_per_node, tokens_per_rank
 from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes, ring_buffer_bytes
 from .step_time import (ATTENTION_FORWARD_SHARE, STEP_MARGIN, StepTime, format_duration,
@@ -41,10 +41,12 @@ def _shape_lines(cfg: Config) -> list[str]:
     where = (f"{prof.name}.json" if (PROFILES_DIR / f"{prof.name}.json").is_file()
              else c.profile_name)
     matmul = (f"; matmuls at {hw.matmul_tflops:g} TFLOP/s" if hw.matmul_tflops else "")
+    heads = (f"{m.num_attention_heads} heads ({gqa}; d={m.head_dim})"
+             if not m.multi_latent_attention else f"{m.num_attention_heads} heads (MLA)")
     return [
         f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, ffn {m.ffn_hidden_size}, "
-        f"{m.num_attention_heads} heads ({gqa}; d={m.head_dim}), vocab {m.vocab_size} "
-        f"(padded {padded_vocab(cfg)}), {m.seq_length:,} tokens",
+        f"{heads}, vocab {m.vocab_size} (padded {padded_vocab(cfg)}), {m.seq_length:,} tokens",
+        *attention_variant_lines(cfg),
         f"cluster: {c.nodes} node(s) x {c.gpus_per_node} {c.gpu} ({hw.memory_gib:g} GiB each)",
         f"time model: profile {prof.name} ({where}; its 'source' says how it was made): links "
         f"intra {prof.intra.gbps:g} GB/s, inter {prof.inter.gbps:g} GB/s, attention kernel "
@@ -54,6 +56,30 @@ def _shape_lines(cfg: Config) -> list[str]:
         f"{m.seq_length // p.context:,} tokens per CP rank; micro batch "
         f"{tr.micro_batch_size}, global batch {tr.global_batch_size}; recompute {tr.recompute}",
     ]
+
+
+def attention_variant_lines(cfg: Config) -> list[str]:
+    """What the model's attention is beyond Llama's: MLA's dims, sinks, windowed layers."""
+    m, t = cfg.model, cfg.parallel.tensor
+    out = []
+    if m.multi_latent_attention:
+        q = (f"Q from a {m.q_lora_rank}-dim latent" if m.q_lora_rank is not None
+             else "Q projected at full rank")
+        out.append(f"  multi-latent attention: Q/K heads of {m.head_dim} ({m.qk_head_dim} + "
+                   f"RoPE {m.qk_pos_emb_head_dim}), V heads of {m.v_dim}; {q}, K/V from a "
+                   f"{m.kv_lora_rank}-dim latent; the ring moves K and V at their own dims")
+    if m.softmax_type != "vanilla":
+        what = (f"learnable attention sinks: {m.num_attention_heads} logits per layer "
+                f"({m.num_attention_heads // t} per TP rank)" if m.softmax_type == "learnable"
+                else "softmax off by one (a zero sink logit)")
+        out.append(f"  {what}; merged per row after the ring: no bytes, no measurable FLOPs")
+    if m.window is not None:
+        windowed = m.window_layers(1, m.num_layers)
+        skip = (f"full attention on the layers numbered a multiple of "
+                f"{m.window_attn_skip_freq}" if m.window_attn_skip_freq else "every layer")
+        out.append(f"  sliding window of {m.window[0]} earlier keys on {windowed} of "
+                   f"{m.num_layers} layers ({skip})")
+    return out
 
 
 def _memory_lines(cfg: Config) -> list[str]:
@@ -100,12 +126,13 @@ def _attention_lines(cfg: Config) -> list[str]:
     if h.hkv < h.hq and layout.backward == "ring":
         out.append(f"  GQA {h.hq}:{h.hkv} per TP rank: the ring backward moves fewer bytes "
                    f"than burst")
+    out += _window_lines(cfg)
     if not cfg.cluster.hardware.timed:
         return out + [f"  layouts: not ranked for {cfg.cluster.gpu} ranks (the time model's "
                       f"profiles describe GPU clusters)"]
     rows = layout_rows(cfg)
-    out.append("  layouts of the CP group, per layer and microbatch (fwd+bwd, time model; "
-               "* chosen, x excluded):")
+    out.append("  layouts of the CP group, per full-attention layer and microbatch (fwd+bwd, "
+               "time model; * chosen, x excluded):")
     out += [f"    {row.describe()}" for row in rows]
     tie = tie_note(rows)
     if tie:
@@ -119,6 +146,33 @@ def _attention_lines(cfg: Config) -> list[str]:
     return out
 
 
+def window_ring_bytes(cfg: Config) -> tuple[int, int]:
+    """(forward, backward) bytes the busiest CP rank sends in one sliding-window layer per
+    microbatch, exactly as its schedule sends them (``CPTopology.rank_bytes``)."""
+    layout, m = topology_of(cfg), cfg.model
+    per_rank = [layout.rank_bytes(r, batch=cfg.training.micro_batch_size,
+                                  s_local=m.seq_length // layout.cp, window=m.window)
+                for r in range(layout.cp)]
+    return max(per_rank, key=sum)
+
+
+def _window_lines(cfg: Config) -> list[str]:
+    pred = window_prediction(cfg)
+    if pred is None:
+        return []
+    fwd, bwd = window_ring_bytes(cfg)
+    line = (f"  sliding-window layers: the busiest rank sends {format_bytes(fwd)} forward and "
+            f"{format_bytes(bwd)} backward (zigzag hops carry the leading rows a receiver "
+            f"uses, so most of each payload still travels)")
+    if not cfg.cluster.hardware.timed:
+        return [line]
+    ms = 1e3
+    return [line, f"  one sliding-window layer, step by step from its schedule (time model): "
+                  f"{pred.total_s * ms:.2f} ms per call (compute {pred.compute_s * ms:.2f}, "
+                  f"exposed ring {pred.exposed_comm_s * ms:.2f}, all-to-all "
+                  f"{pred.alltoall_s * ms:.2f}, host {pred.host_s * ms:.2f})"]
+
+
 def _step_lines(cfg: Config, step: StepTime | None) -> list[str]:
     if step is None:
         return ["", f"step time: not predicted for {cfg.cluster.gpu} ranks (the time model's "
@@ -127,7 +181,11 @@ def _step_lines(cfg: Config, step: StepTime | None) -> list[str]:
     parts = [("attention", step.attention_s), ("matmuls", step.matmul_s),
              ("TP collectives", step.tp_comm_s), ("recompute", step.recompute_s),
              ("logits", step.logits_s), ("rest of the layers (calibrated)", step.rest_s)]
-    out = ["", f"step time (time model; {step.layers} layers on the busiest stage):",
+    layers = (f"{step.layers} layers on the busiest stage" if not step.window_layers else
+              f"{step.layers} layers on the busiest stage, {step.window_layers} of them "
+              f"windowed at {step.window_attention.total_s * 1e3:.2f} ms of attention each, "
+              f"the others {step.attention.total_s * 1e3:.2f} ms")
+    out = ["", f"step time (time model; {layers}):",
            "  one microbatch: " + ", ".join(f"{name} {format_duration(s)}"
                                               for name, s in parts if s)
            + f" = {format_duration(step.stage_s)}"]

@@ -58,6 +58,7 @@ def _run_on_cpu(cfg: Config, args: argparse.Namespace) -> int:
     from ..tools.cpu_run import check_cpu_config, describe_cpu_run, run_cpu
 
     tokenizer = check_cpu_config(cfg)
+    check_cpu_attention(cfg)
     check_imports(cfg)
     if args.dry_run:
         source = open_batch_source(cfg)  # what each rank opens, with the checks it makes
@@ -66,6 +67,21 @@ def _run_on_cpu(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     run_cpu(cfg, iters=args.iters, compare=not args.no_compare)
     return 0
+
+
+def check_cpu_attention(cfg: Config) -> None:
+    """Refuse, naming the key, an attention variant the CPU trainer does not build (its
+    layers are plain Llama attention), rather than train without it."""
+    m = cfg.model
+    unbuilt = [("softmax_type", m.softmax_type != "vanilla"),
+               ("window_size", m.window_size is not None),
+               ("multi_latent_attention", m.multi_latent_attention),
+               ("qk_layernorm", m.qk_layernorm)]
+    for key, set_ in unbuilt:
+        if set_:
+            raise ConfigError(f"'model.{key}': the CPU run builds plain Llama attention; "
+                              f"sinks, sliding windows, MLA and Q/K norms train on GPUs "
+                              f"through Megatron (`megatron-burst flags` carries them)")
 
 
 def check_gpu_host(cfg: Config, config_path: str, gpus_here: int) -> None:

@@ -2,7 +2,9 @@
 
 Attention is the time model's (``megatron_burst.timing.predict``): the same prediction, for
 the same layout, tokens and profile, that ranked the layouts and that `auto` chose by, so the
-plan shows one time per layer, not two. The rest of a layer is its matrix multiplies, FLOPs
+plan shows one time per layer, not two. Sliding-window layers (``model.window_size``) are
+timed apart, step by step from their schedule (``scheduled_time``), and counted as many
+times as the busiest stage has them. The rest of a layer is its matrix multiplies, FLOPs
 at the GPU's achieved matmul rate (``Hardware.matmul_tflops``), and with TP > 1 its four
 collectives per pass, timed on the profile's intra-node link (``timing.Link``). Recompute
 repeats the forward (attention's too, unless remat-aware); selective recompute repeats
@@ -24,10 +26,11 @@ import math
 
 from ..flops import ModelShape, causal_pairs, training_flops
 from ..timing import Prediction, Profile, load_profile
+from .attention_params import attention_params
 from .config import Config
-from .layout_candidates import chosen_prediction
+from .layout_candidates import chosen_prediction, window_prediction
 from .topology import tokens_per_rank
-from .memory import layer_params, microbatches, padded_vocab
+from .memory import layer_matmul_params, microbatches, padded_vocab
 
 # The rest of a layer beyond its matmuls, attention and TP collectives (norms, RoPE, SwiGLU,
 # residual adds, the loss, launches: Megatron's local, unfused layers), as passes over each
@@ -48,7 +51,9 @@ ATTENTION_FORWARD_SHARE = 1 / 3.5
 class StepTime:
     """Seconds of one training step, by part, on the busiest pipeline stage."""
 
-    attention: Prediction  # one layer, one microbatch, fwd+bwd
+    attention: Prediction  # one full-attention layer, one microbatch, fwd+bwd
+    window_attention: Prediction | None  # one sliding-window layer (None: the model has none)
+    window_layers: int  # of the busiest stage's layers, those with a sliding window
     layers: int  # on the busiest stage
     microbatches: int
     pipeline: int
@@ -119,16 +124,29 @@ def _rest_pass_s(cfg: Config, prof: Profile, tokens: int) -> float:
 
 def model_flops_per_step(cfg: Config) -> float:
     """Model FLOPs of one step of the whole model (``megatron_burst.flops``, the count the
-    entry point prints): linears, causal attention over each whole sequence, logits over
-    the padded vocabulary; fwd+bwd, no recompute."""
+    entry point prints): linears (MLA's projections as they are), causal attention over each
+    whole sequence (QK^T at Q/K's head dim, PV at V's; a windowed layer's band only), logits
+    over the padded vocabulary; fwd+bwd, no recompute."""
     m = cfg.model
     whole = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tensor=1))
     shape = ModelShape(layers=m.num_layers, hidden=m.hidden_size, ffn_hidden=m.ffn_hidden_size,
                        heads=m.num_attention_heads, query_groups=m.num_query_groups,
                        head_dim=m.head_dim, vocab=padded_vocab(whole),
-                       swiglu=m.activation == "swiglu")
+                       swiglu=m.activation == "swiglu", v_head_dim=m.v_dim,
+                       projections=attention_params(whole)[0])
     s = m.seq_length
-    return training_flops(shape, s, causal_pairs([s])).model * cfg.training.global_batch_size
+    windowed = m.window_layers(1, m.num_layers)
+    pairs = ((m.num_layers - windowed) * causal_pairs([s])
+             + windowed * causal_pairs([s], m.window[0] if m.window else -1)) / m.num_layers
+    return training_flops(shape, s, pairs).model * cfg.training.global_batch_size
+
+
+def stage_window_layers(cfg: Config) -> int:
+    """Windowed layers of the busiest pipeline stage: the one with the most full-attention
+    layers (Megatron numbers layers from 1 across the stages)."""
+    layers = cfg.model.num_layers // cfg.parallel.pipeline
+    return min(cfg.model.window_layers(k * layers + 1, layers)
+               for k in range(cfg.parallel.pipeline))
 
 
 def predict_step(cfg: Config) -> StepTime | None:
@@ -140,11 +158,18 @@ def predict_step(cfg: Config) -> StepTime | None:
     prof = load_profile(cfg.cluster.profile_name)
     tokens = tokens_per_rank(cfg)
     attention = chosen_prediction(cfg)  # the row `plan` marks chosen: one time per layer
+    window = window_prediction(cfg)
     layers = m.num_layers // p.pipeline
+    windowed = stage_window_layers(cfg)
     rate = hw.matmul_tflops * 1e12
-    matmul_fwd = 2 * tokens * (layer_params(cfg) - 2 * m.hidden_size) / rate
+    matmul_fwd = 2 * tokens * layer_matmul_params(cfg) / rate
     tp_pass = _tp_collectives_s(cfg, prof, tokens)
-    attention_fwd = attention.compute_s * ATTENTION_FORWARD_SHARE
+    # Per layer, on average over the stage: windowed layers cost their band and hops.
+    mix = [(layers - windowed, attention)] + ([(windowed, window)] if windowed else [])
+    attention_s = sum(n * pred.total_s for n, pred in mix)
+    compute = (attention.compute_s if not windowed
+               else sum(n * pred.compute_s for n, pred in mix) / layers)
+    attention_fwd = compute * ATTENTION_FORWARD_SHARE
     if tr.recompute == "full":
         skip_attention = cfg.burst.remat_aware and p.context > 1
         recompute = matmul_fwd + tp_pass + (0.0 if skip_attention else attention_fwd)
@@ -155,8 +180,9 @@ def predict_step(cfg: Config) -> StepTime | None:
     logits = 3 * 2 * tokens * m.hidden_size * padded_vocab(cfg) / p.tensor / rate
     return StepTime(
         rest_pass_s=layers * _rest_pass_s(cfg, prof, tokens), rest_passes=REST_PASSES,
-        attention=attention, layers=layers, microbatches=microbatches(cfg),
-        pipeline=p.pipeline, attention_s=layers * attention.total_s,
+        attention=attention, window_attention=window, window_layers=windowed,
+        layers=layers, microbatches=microbatches(cfg),
+        pipeline=p.pipeline, attention_s=attention_s,
         matmul_s=layers * 3 * matmul_fwd, tp_comm_s=layers * 2 * tp_pass,
         recompute_s=layers * recompute, logits_s=logits,
         model_flops=model_flops_per_step(cfg), tokens=tr.global_batch_size * m.seq_length,

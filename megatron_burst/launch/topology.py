@@ -63,11 +63,10 @@ _RUN_KEYS = {"remat_aware": " ('training.recompute': full)",
 
 
 def heads_of(cfg: Config) -> HeadShape:
-    """Heads of one TP rank and bytes per element."""
+    """Heads of one TP rank, their Q/K and V head dims (MLA's differ), bytes per element."""
     m, p = cfg.model, cfg.parallel
-    return HeadShape.of_tp_rank(m.num_attention_heads, m.num_query_groups,
-                                m.hidden_size // m.num_attention_heads, tp=p.tensor,
-                                half=cfg.training.precision == "bf16")
+    return HeadShape.of_tp_rank(m.num_attention_heads, m.kv_heads, m.head_dim, tp=p.tensor,
+                                half=cfg.training.precision == "bf16", v_head_dim=m.v_dim)
 
 
 def tokens_per_rank(cfg: Config) -> int:

@@ -131,7 +131,7 @@ class BurstDotProductAttention(MegatronModule):
         # MLA hands Q/K and V heads of their own dims (192 and 128): both travel as they are.
         self.k_channels = k_channels or config.kv_channels
         self.v_channels = v_channels or config.kv_channels
-        self.heads = layer_heads(config, tp_size, self.k_channels)
+        self.heads = layer_heads(config, tp_size, self.k_channels, self.v_channels)
         self.tp_size, self.tp_group = tp_size, tp_group
         # Sinks (softmax_type "off-by-one" / "learnable"), one logit per head of this TP rank.
         make_softmax_offset(self, config, self.heads.hq)

@@ -21,6 +21,7 @@ from megatron_burst.flops import (
     StepFlops,
     causal_pairs,
     flops_line,
+    mla_projections,
     training_flops,
 )
 
@@ -34,11 +35,16 @@ def shape_from_args(args: Any) -> Optional[ModelShape]:
         return None
     heads = args.num_attention_heads
     groups = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
+    head_dim, mla = args.kv_channels or args.hidden_size // heads, {}
+    if getattr(args, "multi_latent_attention", False):  # Q/K at nope + rope dims, V its own
+        head_dim = args.qk_head_dim + args.qk_pos_emb_head_dim
+        mla = dict(v_head_dim=args.v_head_dim, projections=mla_projections(
+            args.hidden_size, heads, args.q_lora_rank, args.kv_lora_rank, head_dim,
+            args.qk_pos_emb_head_dim, args.v_head_dim))
     return ModelShape(layers=args.num_layers, hidden=args.hidden_size,
                       ffn_hidden=args.ffn_hidden_size, heads=heads,
-                      query_groups=groups or heads,
-                      head_dim=args.kv_channels or args.hidden_size // heads, vocab=vocab,
-                      swiglu=bool(getattr(args, "swiglu", False)))
+                      query_groups=groups or heads, head_dim=head_dim, vocab=vocab,
+                      swiglu=bool(getattr(args, "swiglu", False)), **mla)
 
 
 def recompute_from_args(args: Any) -> Recompute:

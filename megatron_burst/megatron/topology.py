@@ -27,13 +27,16 @@ from megatron_burst.options import TOPOLOGY_OPTIONS, BurstOptions, resolve
 from megatron_burst.timing import load_profile
 
 
-def layer_heads(config: Any, tp_size: int, head_dim: int) -> HeadShape:
-    """Heads one TP rank holds, and bytes per activation element, from a TransformerConfig."""
+def layer_heads(config: Any, tp_size: int, head_dim: int,
+                v_head_dim: Optional[int] = None) -> HeadShape:
+    """Heads one TP rank holds, and bytes per activation element, from a TransformerConfig
+    (``v_head_dim``: V's head dim where MLA makes it differ from Q/K's)."""
     heads = config.num_attention_heads
     # MLA expands K and V from the latent to every query head: no grouped K/V heads there.
     groups = heads if getattr(config, "multi_latent_attention", False) else (
         config.num_query_groups or heads)
-    return HeadShape.of_tp_rank(heads, groups, head_dim, tp=tp_size, half=_half(config))
+    return HeadShape.of_tp_rank(heads, groups, head_dim, tp=tp_size, half=_half(config),
+                                v_head_dim=v_head_dim)
 
 
 def _half(config_or_args: Any) -> bool:
@@ -85,14 +88,17 @@ def topology_from_args(args: Any) -> CPTopology:
     heads = args.num_attention_heads
     kv = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
     head_dim = getattr(args, "kv_channels", None) or args.hidden_size // heads
+    v_head_dim = None
     if getattr(args, "multi_latent_attention", False):  # Q/K: the latent head and its RoPE
         kv, head_dim = heads, args.qk_head_dim + args.qk_pos_emb_head_dim
+        v_head_dim = args.v_head_dim
     options = options_from_megatron(cp, args.cp_comm_type,
                                     args.hierarchical_context_parallel_sizes,
                                     options_from_args(args))
     tokens = getattr(args, "micro_batch_size", 1) * args.seq_length // cp
-    return layer_topology(options, cp, HeadShape.of_tp_rank(heads, kv, head_dim, tp=tp,
-                                                            half=_half(args)), tokens, tp)
+    shape = HeadShape.of_tp_rank(heads, kv, head_dim, tp=tp, half=_half(args),
+                                 v_head_dim=v_head_dim)
+    return layer_topology(options, cp, shape, tokens, tp)
 
 
 def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens: int,

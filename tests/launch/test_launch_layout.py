@@ -51,6 +51,10 @@ def _parse(flags: list[str]) -> argparse.Namespace:
     p.add_argument("--num-query-groups", type=int, default=1)
     p.add_argument("--kv-channels", type=int, default=None)
     p.add_argument("--group-query-attention", action="store_true")
+    p.add_argument("--multi-latent-attention", action="store_true")  # MLA: its head dims
+    for name, default in (("--qk-head-dim", 128), ("--qk-pos-emb-head-dim", 64),
+                          ("--v-head-dim", 128)):
+        p.add_argument(name, type=int, default=default)
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--attention-dropout", type=float, default=0.1)
     p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])
@@ -87,6 +91,9 @@ def _layer(args: argparse.Namespace, **params):
         attention_dropout=0.0, bf16=args.bf16, context_parallel_size=cp,
         hierarchical_context_parallel_sizes=params.pop(
             "hierarchical_sizes", args.hierarchical_context_parallel_sizes))
+    if args.multi_latent_attention:  # as MLASelfAttention builds its core attention
+        params.update(k_channels=args.qk_head_dim + args.qk_pos_emb_head_dim,
+                      v_channels=args.v_head_dim)
     return BurstDotProductAttention(config, layer_number=2, attn_mask_type=AttnMaskType.causal,
                                     cp_comm_type=params.pop("cp_comm_type", args.cp_comm_type[0]),
                                     pg_collection=groups, **params)

@@ -11,7 +11,7 @@ from megatron_burst.launch.topology import group_ranks_per_node, tokens_per_rank
 from megatron_burst.launch.config import load_config, resize_note, with_nodes
 from megatron_burst.launch.layout_candidates import chosen_prediction, layout_rows
 from megatron_burst.launch.plan import make_plan
-from megatron_burst.launch.step_time import format_duration, predict_step
+from megatron_burst.launch.step_time import format_duration, predict_step, stage_window_layers
 from megatron_burst.timing import choose, load_profile, predict
 
 from .conftest import CONFIGS, REPO
@@ -73,7 +73,11 @@ def test_step_time_is_built_on_the_chosen_attention_time(path):
     cfg = load_config(path)
     step = predict_step(cfg)
     assert step.attention == chosen_prediction(cfg)
-    assert step.attention_s == pytest.approx(step.layers * step.attention.total_s)
+    windowed = (step.window_layers * step.window_attention.total_s
+                if step.window_attention is not None else 0.0)
+    assert step.attention_s == pytest.approx(
+        (step.layers - step.window_layers) * step.attention.total_s + windowed)
+    assert step.window_layers == stage_window_layers(cfg)
     assert step.step_s == pytest.approx((step.microbatches + cfg.parallel.pipeline - 1)
                                         * step.stage_s)
     assert step.tokens_per_s_per_gpu == pytest.approx(

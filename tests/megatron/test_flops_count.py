@@ -156,3 +156,51 @@ def test_the_benchmark_reads_the_count_the_run_printed():
     assert figures["model_tflops_per_gpu"] == pytest.approx(per_gpu / 1e12)
     assert figures["mfu"] == pytest.approx(per_gpu / 989e12)
     assert megatron_documents.run_figures("no count", 4, 100.0, 2, 989.0) == {}
+
+
+# MLA on the same 2-layer model: 4 heads, Q/K head dim 3 (2 + 1 RoPE), V head dim 2, Q
+# latent 4, K/V latent 5. Projection MACs per token and layer:
+#   Q down 8 x 4 = 32, up 4 x (4 x 3) = 48; K/V down 8 x (5 + 1) = 48, up 5 x 4 x (2 + 2) = 80
+#   output (4 x 2) x 8 = 64  => 272 MACs (GQA's Q/K/V/out above: 192)
+# Attention per pair and layer: QK^T 4 x 3 = 12 MACs, PV 4 x 2 = 8 => 40 FLOPs.
+MLA_ARGS = dict(multi_latent_attention=True, q_lora_rank=4, kv_lora_rank=5, qk_head_dim=2,
+                qk_pos_emb_head_dim=1, v_head_dim=2)
+MLA_MODEL = 3 * (2 * 6 * 2 * (272 + 256 + 128) + 2 * 40 * PAIRS + LOGITS)
+
+
+def test_mla_is_counted_at_its_projections_and_head_dims_every_way_in():
+    from megatron_burst.flops import mla_projections
+
+    assert mla_projections(8, 4, 4, 5, 3, 1, 2) == 272
+    shape = dataclasses.replace(SHAPE, head_dim=3, v_head_dim=2, projections=272)
+    assert shape.per_pair == 40
+    assert training_flops(shape, 6, PAIRS).model == MLA_MODEL
+    pytest.importorskip("megatron.core")
+    from megatron_burst.megatron.run_flops import FlopsCounter
+
+    assert FlopsCounter(_args(**MLA_ARGS)).count(LENS)[0].model == MLA_MODEL
+
+
+def test_the_planner_counts_mla_and_windows_with_the_same_helper():
+    from megatron_burst.flops import mla_projections
+    from megatron_burst.launch.config import load_config
+    from megatron_burst.launch.memory import padded_vocab
+    from megatron_burst.launch.step_time import model_flops_per_step
+
+    for name in ("deepseek-style-mla-dense-8b-128k", "gptoss-style-dense-7b-128k"):
+        cfg = load_config(f"configs/{name}.yaml")
+        m = cfg.model
+        whole = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tensor=1))
+        projections = (mla_projections(m.hidden_size, m.num_attention_heads, m.q_lora_rank,
+                                       m.kv_lora_rank, m.head_dim, m.qk_pos_emb_head_dim,
+                                       m.v_dim) if m.multi_latent_attention else 0)
+        shape = ModelShape(m.num_layers, m.hidden_size, m.ffn_hidden_size,
+                           m.num_attention_heads, m.num_query_groups, m.head_dim,
+                           padded_vocab(whole), v_head_dim=m.v_dim, projections=projections)
+        s, windowed = m.seq_length, m.window_layers(1, m.num_layers)
+        left = m.window[0] if m.window else -1
+        pairs = ((m.num_layers - windowed) * s * (s + 1) // 2
+                 + windowed * causal_pairs([s], left)) / m.num_layers
+        assert (windowed > 0) == (name.startswith("gptoss"))
+        expected = training_flops(shape, s, pairs).model * cfg.training.global_batch_size
+        assert model_flops_per_step(cfg) == pytest.approx(expected, rel=1e-12)

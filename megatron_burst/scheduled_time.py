@@ -1,0 +1,153 @@
+"""The time model for layers whose ring steps differ (sliding windows), step by step.
+
+``timing.predict`` prices a causal or full layer from one step's work: under the zigzag
+layout every step of every rank does the same. A sliding window breaks that. Step 0 holds
+nearly all of a rank's work (its own band) and later steps a sliver or nothing, while the
+hops may still carry whole payloads: a hop carries the leading rows its receiver uses, so a
+rank that needs only the last W keys of a payload's second zigzag chunk receives the rows
+before them too. So here the schedule the ring runs (``schedule.RingSchedule``) gives, for
+every ring member and step, the visible (query, key) pairs it computes, and the hop plan the
+ring follows (``comm.topology.payload_hops``) the rows each hop carries. A step then takes
+the slowest member's larger of its compute and its hop; an inter-node hop of the double ring
+overlaps its whole round, as in ``timing``. The profile, the kernel law, the host's and the
+all-to-all's terms are ``timing``'s.
+
+Approximations, as in ``timing``: the backward's FLOPs are 2.5 forwards'; a step's blocks
+run at the kernel rate of a block as long as the keys its queries see on average; a
+travelling gradient accumulator shares the link of the step's intra-node hop.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import cost
+from .cp_topology import CPTopology
+from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, attention_flops,
+                     elementwise_seconds)
+
+if TYPE_CHECKING:
+    from .schedule import RingSchedule
+
+
+def predict_scheduled(layout: CPTopology, prof: Profile, *, batch: int, s_local: int,
+                      window: tuple[int, int], causal: bool = True,
+                      cp_ranks_per_node: int | None = None) -> Prediction:
+    """Seconds of one attention call (fwd+bwd) of ``batch`` sequences of ``s_local`` tokens
+    per CP rank under ``window`` (flash-attn's (left, right)), zigzag as Megatron shards."""
+    from .schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
+
+    sched = RingSchedule.of("zigzag", layout.cp, (s_local * layout.cp,),
+                            Mask(causal, tuple(window)), layout.ulysses)
+    per_node = cp_ranks_per_node or layout.cp
+    forward = _pass(layout, prof, sched, batch, per_node, backward=False)
+    backward = _pass(layout, prof, sched, batch, per_node, backward=True)
+    compute = forward[0] + backward[0]
+    exposed = forward[1] + backward[1]
+    steps = forward[2] + backward[2]
+    host = prof.call_overhead_us * 1e-6 + steps * prof.step_overhead_us * 1e-6
+    tokens = batch * s_local
+    a2a, elementwise = (alltoall_seconds(layout, prof, tokens),
+                        elementwise_seconds(layout, prof, tokens))
+    total = compute + elementwise + exposed + a2a + host
+    return Prediction(layout, total, compute + elementwise, exposed, a2a, host)
+
+
+def _pass(layout: CPTopology, prof: Profile, sched: RingSchedule, batch: int, per_node: int,
+          *, backward: bool) -> tuple[float, float, int]:
+    """(compute, exposed ring, steps run) of one pass: the forward (K/V travel), or the
+    backward of the layout's mode ('ring': K/V again, with dK/dV; 'burst': the queries, the
+    other way round, with dQ)."""
+    ring = layout.ring_size
+    plan = _HopPlan(layout, sched, batch, backward)
+    passes = FWD_BWD_PASSES - 1 if backward else 1.0
+    compute = [[_step_compute(layout, prof, sched, batch, p, plan.topo.source(p, s),
+                              plan.burst, passes) for s in range(ring)] for p in range(ring)]
+    last = max((s for p in range(ring) for s in range(ring) if compute[p][s]), default=0)
+    crosses = ring > max(1, per_node // layout.ulysses)  # a flat ring over nodes waits on IB
+    near = prof.inter if crosses and not layout.double else prof.intra
+    step_s, inter_s = [0.0] * (last + 1), [0.0] * (last + 1)
+    for p in range(ring):
+        for s in range(last + 1):
+            hops = plan.hops(p, s)
+            inter = sum(n for kind, n in hops if kind == "inter")
+            inter_s[s] = max(inter_s[s], prof.inter.seconds(inter))
+            hop = near.seconds(sum(n for kind, n in hops if kind != "inter"))
+            step_s[s] = max(step_s[s], compute[p][s], hop)
+    total = sum(step_s)
+    for s in range(0, last + 1, plan.inner):  # the double ring's crossing overlaps its round
+        total += max(0.0, inter_s[s] - sum(step_s[s:s + plan.inner]))
+    busy = sum(max(compute[p][s] for p in range(ring)) for s in range(last + 1))
+    return busy, total - busy, last + 1
+
+
+class _HopPlan:
+    """The hops of one pass, member by member and step by step, with their bytes: the plan
+    the ring follows (``payload_hops``) over the rows the schedule says are used."""
+
+    def __init__(self, layout: CPTopology, sched: RingSchedule, batch: int, backward: bool):
+        from .comm.topology import RingTopology  # the comm package imports torch: not for plan
+
+        self.ring = layout.ring_size
+        self.inner = layout.inner_ring if layout.double else self.ring
+        self.burst = backward and layout.backward == "burst"
+        topo = RingTopology(range(self.ring), 0, self.inner)
+        self.topo = topo.reversed() if self.burst else topo
+        self.rows = sched.needed_rows(self.topo.source, "q" if self.burst else "k")
+        payload, acc = _row_bytes(layout, backward)
+        self.payload, self.acc = batch * payload, batch * acc
+
+    def hops(self, member: int, step: int) -> list[tuple[str, int]]:
+        """(kind, bytes) of each hop ``member`` posts at ``step``: 'intra' and 'inter'
+        payload hops, and 'acc', the gradient accumulator it passes on (from step 1, as
+        ``cost.ring_pass_bytes`` counts it)."""
+        from .comm.topology import RingTopology, payload_hops  # as in __init__
+
+        mine = RingTopology(range(self.ring), member, self.inner, self.topo.direction)
+        origin = mine.source(member, step)
+        out = []
+        out = [(kind, sent * self.payload) for kind, _, sent, _, _ in
+               payload_hops(mine, step, lambda o, s: self.rows[o][s])]
+        if self.acc and step and self.rows[origin][step]:
+            out.append(("acc", self.rows[origin][1] * self.acc))
+        return out
+
+
+def scheduled_bytes(layout: CPTopology, *, batch: int, s_local: int,
+                    window: tuple[int, int], member: int, causal: bool = True
+                    ) -> tuple[int, int]:
+    """(forward, backward) ring bytes ring member ``member`` sends in the hops this model
+    times (no all-to-all): what ``CPTopology.rank_bytes`` counts, by another road."""
+    from .schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
+
+    sched = RingSchedule.of("zigzag", layout.cp, (s_local * layout.cp,),
+                            Mask(causal, tuple(window)), layout.ulysses)
+    out = []
+    for backward in (False, True):
+        plan = _HopPlan(layout, sched, batch, backward)
+        out.append(sum(n for s in range(layout.ring_size) for _, n in plan.hops(member, s)))
+    return out[0], out[1]
+
+
+def _row_bytes(layout: CPTopology, backward: bool) -> tuple[int, int]:
+    """(payload, gradient accumulator) bytes per travelling row of one sequence."""
+    h = layout.heads
+    hq, hkv = layout.ring_heads
+    if backward and layout.backward == "burst":
+        return cost.burst_row_bytes(hq, h.head_dim, h.elem_bytes, h.v_head_dim)
+    kv = cost.kv_row_bytes(hkv, h.head_dim, h.elem_bytes, h.v_head_dim)
+    return kv, (cost.kv_row_bytes(hkv, h.head_dim, 4, h.v_head_dim) if backward else 0)
+
+
+def _step_compute(layout: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
+                  member: int, other: int, burst: bool, passes: float) -> float:
+    """Seconds ``member`` computes at a step with ``other``'s payload: the blocks of its
+    queries against other's keys, or (the burst backward) other's queries against its keys."""
+    blocks = sched.blocks(other, member) if burst else sched.blocks(member, other)
+    pairs = sum(b.area for b in blocks)
+    if not pairs:
+        return 0.0
+    rows = sum(b.q_stop - b.q_start for b in blocks)
+    h = layout.heads
+    flops = attention_flops(batch * pairs, layout.ring_heads[0], h.head_dim, h.v_head_dim,
+                            passes=passes)
+    return flops / (prof.dense.tflops(pairs / rows) * 1e12)
