@@ -217,6 +217,8 @@ def resolve(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
     """The decided topology for a CP group of ``cp`` ranks (``tokens`` per rank: batch x
     local sequence; ``cp_ranks_per_node``: ranks of the group on one node, None: all, as
     ``cluster.ranks_per_node`` gives them)."""
+    if cp == 1:  # one rank: no ring, no Ulysses, no backward to choose; 'auto' has no say
+        return fixed_topology(options, cp=1, heads=heads)
     profile = options.profile or os.environ.get(PROFILE_ENV)
     # The profile's identity and content, so a profile rewritten by `tune` is read again.
     return _resolve(cp, heads, tokens, cp_ranks_per_node, bool(causal), options.backward,
@@ -240,8 +242,9 @@ def check_decided(topology: CPTopology, options: BurstOptions, *, cp: int,
     doing what ``options`` fix (every option given by value; 'auto' and options not given
     fix nothing)."""
     made_for = None if topology.heads is None else (
-        topology.heads.hq, topology.heads.hkv, topology.heads.head_dim)
-    if topology.cp != cp or made_for not in (None, (heads.hq, heads.hkv, heads.head_dim)):
+        topology.heads.hq, topology.heads.hkv, topology.heads.head_dim, topology.heads.v_head_dim)
+    if topology.cp != cp or made_for not in (None, (heads.hq, heads.hkv, heads.head_dim,
+                                                     heads.v_head_dim)):
         raise ValueError(f"topology was resolved for cp={topology.cp} and heads "
                          f"{topology.heads}, but here cp={cp} and heads are {heads}")
     asked = options.fixes()

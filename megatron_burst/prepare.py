@@ -234,7 +234,7 @@ def _topology(group, world: int, q, k, v, call: BurstCall) -> CPTopology:
     tokens = q.shape[0] * q.shape[1]  # bshd and sbhd alike: batch x local sequence
     if isinstance(options.intra_node_size, int):  # stated: the double ring's own count
         per_node = options.intra_node_size
-    elif options.has_auto and dist.is_initialized():
+    elif options.has_auto and world > 1 and dist.is_initialized():
         size = cluster.node_size(profile_gpus=load_profile(options.profile).gpus_per_node)
         per_node = cluster.ranks_per_node(world, size, group_ranks=group_ranks(group, world),
                                           rank=dist.get_rank())

@@ -7,8 +7,10 @@ traceback, and the processes are killed so nothing lingers.
 """
 from __future__ import annotations
 
+import os
 import queue as queue_mod
-import socket
+import shutil
+import tempfile
 import traceback
 
 import torch
@@ -16,18 +18,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, port, backend, fn, args, results, barrier):
+def _worker(rank, world, store, backend, fn, args, results, barrier):
     try:
         torch.set_num_threads(1)
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        # A file store: no port to pick, so no other process can take it first.
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
                                 world_size=world)
         out = fn(rank, world, *args)
         if barrier:
@@ -49,9 +46,9 @@ def run_ranks(world: int, fn, *args, timeout: float = 600.0, backend: str = "glo
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker,
-                         args=(r, world, port, backend, fn, args, results, barrier), daemon=True)
+    folder = tempfile.mkdtemp(prefix="burst-ranks-")
+    procs = [ctx.Process(target=_worker, args=(r, world, os.path.join(folder, "store"), backend,
+                                               fn, args, results, barrier), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
@@ -70,6 +67,7 @@ def run_ranks(world: int, fn, *args, timeout: float = 600.0, backend: str = "glo
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+        shutil.rmtree(folder, ignore_errors=True)
     if errors:
         raise AssertionError("\n".join(errors))
     return [got[r] for r in range(world)]

@@ -382,3 +382,15 @@ def test_softmax_scale_and_causal_are_checked_once_by_value() -> None:
         mb.burst_attn(q, k, v, causal=1)
     assert math.isclose(float(mb.burst_attn(q, k, v, softmax_scale=1).sum()),
                         float(mb.burst_attn(q, k, v, softmax_scale=1.0).sum()))
+
+
+def test_a_decided_topology_is_checked_against_vs_head_dim_too() -> None:
+    """A topology made for MLA's V (dv 8 < d 16) is not taken by a call whose V is d wide,
+    nor the other way round: the time model and the byte counts read V's dim."""
+    from megatron_burst.cp_topology import CPTopology, HeadShape
+
+    q, k, v = _inputs(0, 8)
+    mla = CPTopology.build(1, heads=HeadShape(q.shape[2], k.shape[2], 16, 8, v_head_dim=8))
+    with pytest.raises(ValueError, match="topology was resolved for"):
+        mb.burst_attn(q, k, v, topology=mla)
+    assert mb.burst_attn(q, k, v[..., :8], topology=mla).shape[-1] == 8

@@ -76,5 +76,8 @@ def test_a_new_cp1_pack_is_planned_without_python_per_document():
                   cu_seqlens=cu, kernel=None, keep=None, call_label=None, topology=None)
         seen = _package_calls(lambda: prepare.lookup(None, q, k, v, BurstCall.of(**kw), 1))
         counts[docs] = sum(seen.values())
+        # One rank has nothing for 'auto' to decide: no profile read (a file stat each
+        # time), no cluster asked.
+        assert not {f for f, _ in seen} & {"timing.py", "cluster.py"}, seen
     # 64 times the documents, the same Python work (within a few calls).
     assert counts[1024] <= counts[16] + 10, counts
