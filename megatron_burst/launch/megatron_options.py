@@ -96,11 +96,15 @@ def generate(root: Path | None) -> OptionTable:
     import megatron.training.arguments as arguments
     from megatron.core.package_info import __version__
 
+    # package_info appends the short hash of whatever git checkout holds the wheel (CI
+    # unpacks it inside this repo): that local tag names our commit, not Megatron's release.
+    release = __version__.split("+")[0]
+
     parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     dests = {option: action.dest for action in parser._actions
              for option in action.option_strings if option.startswith("--")}
     dests.pop("--help", None)
-    return OptionTable(__version__, dict(sorted(dests.items())), rewrite_sources(root))
+    return OptionTable(release, dict(sorted(dests.items())), rewrite_sources(root))
 
 
 def main(argv: list[str] | None = None) -> int:
