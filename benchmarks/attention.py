@@ -32,7 +32,7 @@ from documents import pack_lengths  # noqa: E402
 
 import megatron_burst as mb  # noqa: E402
 from megatron_burst import kernels, timing  # noqa: E402
-from megatron_burst.cp_topology import HeadShape  # noqa: E402
+from megatron_burst.topology import HeadShape  # noqa: E402
 from megatron_burst.options import BurstOptions, resolve  # noqa: E402
 from megatron_burst.schedule import Block  # noqa: E402
 

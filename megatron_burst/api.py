@@ -18,7 +18,7 @@ from . import agree, call_count, prepare
 from .burst import BurstAttentionFunction
 from .call import BurstCall, failed_signature
 from .comm import headers
-from .cp_topology import CPTopology
+from .topology import CPTopology
 from .options import NotGiven
 from .packs import DocumentPack
 from .remat import AttentionKeep, in_backward

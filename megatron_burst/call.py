@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .cp_topology import CPTopology
+from .topology import CPTopology
 from .kernels.selection import KERNEL_NAMES
 from .options import NOT_GIVEN, BurstOptions, is_given
 from .packs import DocumentPack, pack_documents

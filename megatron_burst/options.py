@@ -26,7 +26,7 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
-from .cp_topology import BACKWARD_MODES, CPTopology, HeadShape
+from .topology import BACKWARD_MODES, CPTopology, HeadShape
 from .layouts import DOCUMENT_LAYOUTS
 from .timing import PROFILE_ENV, choose, load_profile, profile_key
 

@@ -22,8 +22,8 @@ import torch.distributed as dist
 from . import cluster
 from .call import BurstCall, signature
 from .comm import headers
-from .comm.topology import RingTopology
-from .cp_topology import CPTopology, HeadShape
+from .comm.ring_positions import RingTopology
+from .topology import CPTopology, HeadShape
 from .kernels.selection import choose_kernel, default_scale, has_native
 from .options import check_decided, resolve
 from .packs import DocumentPack

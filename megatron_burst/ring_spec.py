@@ -19,7 +19,7 @@ import torch.distributed as dist
 from .comm.headers import CallTag, HeaderCheck
 from .comm.messages import PeerComm
 from .comm.rings import AccumulatorRoute, PayloadRing, RowLayout
-from .comm.topology import RingTopology
+from .comm.ring_positions import RingTopology
 from .kernels.protocol import LocalAttention
 from .schedule import Block, RingSchedule
 from .placement import local_length

@@ -7,7 +7,7 @@ hops may still carry whole payloads: a hop carries the leading rows its receiver
 rank that needs only the last W keys of a payload's second zigzag chunk receives the rows
 before them too. So here the schedule the ring runs (``schedule.RingSchedule``) gives, for
 every ring member and step, the visible (query, key) pairs it computes, and the hop plan the
-ring follows (``comm.topology.payload_hops``) the rows each hop carries. A step then takes
+ring follows (``comm.ring_positions.payload_hops``) the rows each hop carries. A step then takes
 the slowest member's larger of its compute and its hop; an inter-node hop of the double ring
 overlaps its whole round, as in ``timing``. The profile, the kernel law, the host's and the
 all-to-all's terms are ``timing``'s.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import cost
-from .cp_topology import CPTopology
+from .topology import CPTopology
 from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, attention_flops,
                      elementwise_seconds)
 
@@ -85,7 +85,7 @@ class _HopPlan:
     the ring follows (``payload_hops``) over the rows the schedule says are used."""
 
     def __init__(self, layout: CPTopology, sched: RingSchedule, batch: int, backward: bool):
-        from .comm.topology import RingTopology  # the comm package imports torch: not for plan
+        from .comm.ring_positions import RingTopology  # the comm package imports torch: not for plan
 
         self.ring = layout.ring_size
         self.inner = layout.inner_ring if layout.double else self.ring
@@ -100,7 +100,7 @@ class _HopPlan:
         """(kind, bytes) of each hop ``member`` posts at ``step``: 'intra' and 'inter'
         payload hops, and 'acc', the gradient accumulator it passes on (from step 1, as
         ``cost.ring_pass_bytes`` counts it)."""
-        from .comm.topology import RingTopology, payload_hops  # as in __init__
+        from .comm.ring_positions import RingTopology, payload_hops  # as in __init__
 
         mine = RingTopology(range(self.ring), member, self.inner, self.topo.direction)
         origin = mine.source(member, step)

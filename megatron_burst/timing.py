@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import cost
-from .cp_topology import CPTopology, HeadShape, heads_split
+from .topology import CPTopology, HeadShape, heads_split
 
 PROFILE_ENV = "MEGATRON_BURST_PROFILE"
 DEFAULT_PROFILE = "h200-nvlink"

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 import megatron_burst as mb
 from megatron_burst import prepare
 from megatron_burst.comm import count_comm, record_sent
-from megatron_burst.cp_topology import CPTopology
+from megatron_burst.topology import CPTopology
 
 from .distributed import run_ranks
 

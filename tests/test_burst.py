@@ -166,7 +166,7 @@ def bytes_worker(rank, world, cases):
 def test_count_comm_matches_the_schedule(world):
     """Each rank sends exactly what CPTopology.rank_bytes counts from the schedule, never more
     than the plain formulas, and the paper's backward claims hold in what is measured."""
-    from megatron_burst.cp_topology import HeadShape
+    from megatron_burst.topology import HeadShape
     from megatron_burst.options import BurstOptions, resolve
 
     cases = [(hq, hkv, 64, mode) for hq, hkv in [(8, 8), (8, 2), (4, 1)]
@@ -279,7 +279,7 @@ def ulysses_bytes_worker(rank, world, cases):
 
 def test_count_comm_matches_the_layout_with_ulysses():
     """What CPTopology.call_bytes predicts (ring + all-to-alls) is what a rank sends."""
-    from megatron_burst.cp_topology import HeadShape
+    from megatron_burst.topology import HeadShape
     from megatron_burst.options import BurstOptions, resolve
 
     cases = [(8, 8, 2, None), (8, 2, 2, None), (4, 1, 4, None), (8, 4, 2, 4), (8, 8, 1, 2)]

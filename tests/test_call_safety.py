@@ -18,7 +18,7 @@ import torch
 import torch.utils.checkpoint as ckpt
 
 import megatron_burst as mb
-from megatron_burst.cp_topology import CPTopology, HeadShape
+from megatron_burst.topology import CPTopology, HeadShape
 from megatron_burst.kernels.protocol import Capabilities, FLOATS
 from megatron_burst.kernels.reference import ReferenceAttention
 from megatron_burst.options import BurstOptions, OptionError
@@ -387,7 +387,7 @@ def test_softmax_scale_and_causal_are_checked_once_by_value() -> None:
 def test_a_decided_topology_is_checked_against_vs_head_dim_too() -> None:
     """A topology made for MLA's V (dv 8 < d 16) is not taken by a call whose V is d wide,
     nor the other way round: the time model and the byte counts read V's dim."""
-    from megatron_burst.cp_topology import CPTopology, HeadShape
+    from megatron_burst.topology import CPTopology, HeadShape
 
     q, k, v = _inputs(0, 8)
     mla = CPTopology.build(1, heads=HeadShape(q.shape[2], k.shape[2], 16, 8, v_head_dim=8))

@@ -94,7 +94,7 @@ def window_bytes_worker(rank, world):
 
 
 def test_skipped_window_steps_send_nothing():
-    from megatron_burst.cp_topology import CPTopology, HeadShape
+    from megatron_burst.topology import CPTopology, HeadShape
 
     tokens, h, d = 8, 4, 16
     layout = CPTopology.build(4, backward="ring", heads=HeadShape(h, h, d, 4))

@@ -13,7 +13,7 @@ import torch
 
 import megatron_burst as mb
 from megatron_burst import cost
-from megatron_burst.cp_topology import CPTopology, HeadShape
+from megatron_burst.topology import CPTopology, HeadShape
 
 from .distributed import run_ranks
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst.cp_topology import CPTopology, HeadShape
+from megatron_burst.topology import CPTopology, HeadShape
 from megatron_burst.scheduled_time import predict_scheduled, scheduled_bytes
 from megatron_burst.timing import (Kernel, Link, Profile, attention_flops, choose, load_profile,
                                    predict)

@@ -11,7 +11,7 @@ One module per job:
 - ``waits``: host-blocking waits that give up, naming the peer (``wait_bounded``);
 - ``headers``: the header every message starts with, checked by its receiver;
 - ``messages``: one buffer per hop (``Packed``), posted one batch per step (``PeerComm``);
-- ``topology``: who holds what at each step of a flat or double ring (``RingTopology``);
+- ``ring_positions``: who holds what at each step of a flat or double ring (``RingTopology``);
 - ``rings``: payloads and gradient accumulators moved round it (``PayloadRing``,
   ``AccumulatorRoute``);
 - ``exchange``: the all-to-all among a few peers (Ulysses).
@@ -25,7 +25,7 @@ from .accounting import CommStats, count_comm, record_sent
 from .exchange import exchange
 from .messages import Batch, Packed, Pending, PeerComm
 from .rings import AccumulatorRoute, PayloadRing, RowLayout
-from .topology import RingTopology, Rows, payload_hops
+from .ring_positions import RingTopology, Rows, payload_hops
 from .waits import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, timeout_s, wait_bounded
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Payload rings and gradient-accumulator routes over a ``RingTopology``.
 
 ``PayloadRing`` / ``AccumulatorRoute`` move payloads (K/V; Q with dO, lse and delta) and
-their gradient accumulators round a flat or double ring (``topology.py``), each hop cut to
+their gradient accumulators round a flat or double ring (``ring_positions.py``), each hop cut to
 the rows its receiver uses (``RowLayout``), so the attention loops never see the topology.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from .messages import Packed, Pending, PeerComm
-from .topology import RingTopology, Rows, payload_hops
+from .ring_positions import RingTopology, Rows, payload_hops
 
 
 @dataclasses.dataclass(frozen=True)

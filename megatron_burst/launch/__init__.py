@@ -4,8 +4,8 @@ The schema is `config` (with `config_values`, `config_file`, `hardware` and `own
 value rules, the YAML reader, the accelerators, and the Megatron flags the keys decide, by
 argparse destination and post-parse rewrites: `megatron_options`, `megatron_rewrites`).
 `plan` checks a config can run; `plan_report` says what it costs: `memory` per GPU, the
-layouts of the CP group ranked by the time model (`layout_candidates`) and the step and job
-time built on them (`step_time`), sizes in `units`; `config_header` writes the plan's
+topologies of the CP group ranked by the time model (`topology_candidates`) and the step and
+job time built on them (`step_time`), sizes in `units`; `config_header` writes the plan's
 numbers into the shipped configs. `flags` turns a config into Megatron's command line,
 `slurm` into an sbatch script, `data` and `sample_data` write Megatron's indexed datasets
 from JSONL text (`corpus` reads it; a version switched in by one link, under a lock:
@@ -13,6 +13,6 @@ from JSONL text (`corpus` reads it; a version switched in by one link, under a l
 the one-file outputs of `slurm -o` and `tune --out`, and `environment` says what the
 installed packages can run. `cli` parses the `megatron-burst` command and hands it to `commands` or
 `run_command`, which start the tools of `megatron_burst.tools` for `tune` and for `run` on
-CPU ranks (`tools.cpu_run`). The run's context-parallel layout is
-`megatron_burst.launch.topology.topology_of(cfg)` (the one resolver, once per config), read by all of them.
+CPU ranks (`tools.cpu_run`). The run's context-parallel topology
+is `resolve.topology_of(cfg)` (the one resolver, once per config), read by all of them.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 from .config import Config, load_config
 from .hardware import HARDWARE
 from .job_plan import job_plan
-from .layout_candidates import chosen_prediction, window_prediction
+from .topology_candidates import chosen_prediction, window_prediction
 from .memory import GIB, estimate_memory
 from .plan_report import ring_traffic, window_ring_bytes
 from .step_time import format_duration, predict_step

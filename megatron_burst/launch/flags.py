@@ -13,8 +13,8 @@ import re
 import shlex
 import typing
 
-from ..cp_topology import RING_COMM_TYPE
-from .topology import run_problem, topology_of
+from ..topology import RING_COMM_TYPE
+from .resolve import run_problem, topology_of
 from .config import VARIABLE, Config, ConfigError, expand_vars
 from .job_plan import job_plan
 from .model_config import MLA_KEYS, ModelConfig

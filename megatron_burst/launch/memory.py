@@ -39,7 +39,7 @@ import math
 
 from .attention_params import attention_activation_bytes, attention_params
 from .config import Config
-from .topology import topology_of
+from .resolve import topology_of
 
 GIB = 1024 ** 3
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from ..options import AUTO
 from ..timing import load_profile
 from .config import Config, ConfigError
-from .layout_candidates import chosen_prediction
-from .topology import group_ranks_per_node, run_problem, topology_of
+from .topology_candidates import chosen_prediction
+from .resolve import group_ranks_per_node, run_problem, topology_of
 from .memory import GIB, estimate_memory
 from .plan_report import report
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..cp_topology import CPTopology
+from ..topology import CPTopology
 from ..timing import PROFILES_DIR, load_profile
 from .config import Config
-from .topology import topology_of
-from .layout_candidates import layout_rows, tie_note, window_prediction
-from .topology import group_ranks_per_node, tokens_per_rank
+from .resolve import topology_of
+from .topology_candidates import layout_rows, tie_note, window_prediction
+from .resolve import group_ranks_per_node, tokens_per_rank
 from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes, ring_buffer_bytes
 from .step_time import (ATTENTION_FORWARD_SHARE, STEP_MARGIN, StepTime, format_duration,
                         predict_step)

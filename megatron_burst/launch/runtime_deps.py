@@ -16,7 +16,7 @@ import importlib
 import warnings
 
 from .config import Config
-from .topology import topology_of
+from .resolve import topology_of
 
 
 @dataclasses.dataclass(frozen=True)

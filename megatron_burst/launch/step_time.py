@@ -28,8 +28,8 @@ from ..flops import ModelShape, causal_pairs, training_flops
 from ..timing import Prediction, Profile, load_profile
 from .attention_params import attention_params
 from .config import Config
-from .layout_candidates import chosen_prediction, window_prediction
-from .topology import tokens_per_rank
+from .topology_candidates import chosen_prediction, window_prediction
+from .resolve import tokens_per_rank
 from .memory import layer_matmul_params, microbatches, padded_vocab
 
 # The rest of a layer beyond its matmuls, attention and TP collectives (norms, RoPE, SwiGLU,

@@ -1,6 +1,6 @@
 """Megatron-Core adapter: BurstAttention as a context-parallel core-attention backend.
 
-`attention` holds the core-attention module, `topology` reads a run's CP topology from
+`attention` holds the core-attention module, `resolve` reads a run's CP topology from
 Megatron's settings, `spec` the BackendSpecProvider and layer specs (which hand the topology
 to every layer), `arguments` the extra command-line options, `entry` what both ways into the
 training loop share, `documents`/`document_model`/`masks` packed documents, `norms` a

@@ -10,15 +10,15 @@ would change nothing stops the run), `burst_checks` (what the run could not hono
 document options; Megatron's --reset-* flags, which the entry point would otherwise
 ignore, are refused). The options themselves are checked by the schema they are read into
 (`options_from_all_args`). The run's topology is resolved once by
-`megatron_burst.megatron.topology.topology_from_args`.
+`megatron_burst.megatron.resolve.topology_from_args`.
 """
 from __future__ import annotations
 
 import argparse
 from typing import Optional
 
-from megatron_burst.cp_topology import COMM_TYPE_ALIASES
-from megatron_burst.megatron.topology import comm_types
+from megatron_burst.topology import COMM_TYPE_ALIASES
+from megatron_burst.megatron.resolve import comm_types
 from megatron_burst.options import AUTO, OPTION_FIELDS, BurstOptions, OptionError
 from megatron_burst.placement import DOCUMENT_LAYOUTS
 

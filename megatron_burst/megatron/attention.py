@@ -36,9 +36,9 @@ from megatron_burst.call_count import check_calls
 from megatron_burst.megatron import masks
 from megatron_burst.megatron.softmax_offset import make_softmax_offset, sharded_offset
 from megatron_burst.api import burst_attn, calls_made
-from megatron_burst.cp_topology import CPTopology
+from megatron_burst.topology import CPTopology
 from megatron_burst.kernels.selection import default_scale
-from megatron_burst.megatron.topology import (
+from megatron_burst.megatron.resolve import (
     layer_heads,
     layer_topology,
     options_from_megatron,

@@ -28,7 +28,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron_burst.cp_topology import CPTopology
+from megatron_burst.topology import CPTopology
 from megatron_burst.link_emulation import maybe_emulate_links
 from megatron_burst.megatron.arguments import (
     burst_checks,
@@ -42,7 +42,7 @@ from megatron_burst.megatron import prefetch
 from megatron_burst.megatron.document_batches import DocumentBatches, DocumentBatchMaker
 from megatron_burst.megatron.pack_plans import targets_from_args
 from megatron_burst.megatron.run_flops import FlopsCounter, layer_windows
-from megatron_burst.megatron.topology import topology_from_args
+from megatron_burst.megatron.resolve import topology_from_args
 from megatron_burst.megatron.trace import StepTrace
 from megatron_burst.placement import DOCUMENT_LAYOUTS
 

@@ -21,8 +21,8 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron_burst.comm.topology import RingTopology
-from megatron_burst.cp_topology import CPTopology
+from megatron_burst.comm.ring_positions import RingTopology
+from megatron_burst.topology import CPTopology
 from megatron_burst.megatron import masks
 from megatron_burst.megatron.attention import BurstDotProductAttention
 from megatron_burst.packs import DocumentPack

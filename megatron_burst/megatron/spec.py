@@ -31,7 +31,7 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
-from megatron_burst.cp_topology import CPTopology
+from megatron_burst.topology import CPTopology
 from megatron_burst.megatron.attention import BurstDotProductAttention
 from megatron_burst.options import TOPOLOGY_OPTIONS, BurstOptions
 from megatron_burst.megatron.norms import SequenceParallelTorchNorm

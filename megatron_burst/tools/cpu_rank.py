@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..launch.topology import topology_of
+from ..launch.resolve import topology_of
 from ..launch.config import Config, ConfigError
 from ..launch.memory import padded_vocab
 from .cpu_data import open_batch_source

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 import torch.multiprocessing as mp
 
-from ..launch.topology import topology_of
+from ..launch.resolve import topology_of
 from ..launch.config import Config, ConfigError
 from .cpu_data import SUCCESSORS, check_text_config, describe_data
 from .cpu_rank import Progress, RankFailure, RunResult, lr_at, rank_main

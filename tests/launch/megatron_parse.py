@@ -25,8 +25,8 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import megatron.training.arguments as arguments  # noqa: E402
 
-from megatron_burst.launch.topology import topology_of  # noqa: E402
-from megatron_burst.megatron.topology import topology_from_args  # noqa: E402
+from megatron_burst.launch.resolve import topology_of  # noqa: E402
+from megatron_burst.megatron.resolve import topology_from_args  # noqa: E402
 from megatron_burst.launch.config import load_config  # noqa: E402
 from megatron_burst.launch.flags import megatron_flags  # noqa: E402
 from megatron_burst.megatron.arguments import add_burst_args  # noqa: E402

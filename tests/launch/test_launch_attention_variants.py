@@ -21,7 +21,7 @@ from megatron_burst.launch.plan_report import ring_traffic, window_ring_bytes
 from megatron_burst.launch.run_command import check_cpu_attention
 from megatron_burst.flops import causal_pairs
 from megatron_burst.launch.step_time import model_flops_per_step, predict_step, stage_window_layers
-from megatron_burst.launch.topology import topology_of
+from megatron_burst.launch.resolve import topology_of
 
 from .conftest import REPO
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from megatron_burst.launch.topology import group_ranks_per_node, tokens_per_rank, topology_of
+from megatron_burst.launch.resolve import group_ranks_per_node, tokens_per_rank, topology_of
 from megatron_burst.launch.config import load_config, resize_note, with_nodes
-from megatron_burst.launch.layout_candidates import chosen_prediction, layout_rows
+from megatron_burst.launch.topology_candidates import chosen_prediction, layout_rows
 from megatron_burst.launch.plan import make_plan
 from megatron_burst.launch.step_time import format_duration, predict_step, stage_window_layers
 from megatron_burst.timing import choose, load_profile, predict

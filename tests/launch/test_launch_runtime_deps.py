@@ -14,7 +14,7 @@ from megatron_burst import environment
 from megatron_burst.launch import runtime_deps
 from megatron_burst.launch.cli import main
 from megatron_burst.launch.config import load_config
-from megatron_burst.launch.topology import topology_of
+from megatron_burst.launch.resolve import topology_of
 from megatron_burst.tools.cpu_run import predicted_ring_bytes, run_cpu
 
 from .conftest import CONFIGS, REPO, TINY

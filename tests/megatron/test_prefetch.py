@@ -184,7 +184,7 @@ def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
     import megatron_burst.prepare as prepare
     import megatron_burst.ring_spec as ring_spec
     import megatron_burst.schedule as schedule
-    from megatron_burst.cp_topology import CPTopology
+    from megatron_burst.topology import CPTopology
     from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack
 
     topology = CPTopology.build(1, backward="burst")

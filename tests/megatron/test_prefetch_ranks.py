@@ -50,7 +50,7 @@ def _args():
 def _setup(weights):
     from megatron.core import parallel_state
 
-    from megatron_burst.cp_topology import CPTopology
+    from megatron_burst.topology import CPTopology
     from megatron_burst.megatron import entry
     from megatron_burst.megatron.document_model import as_document_model
     from megatron_burst.megatron.pack_plans import targets_from_args, targets_of_model

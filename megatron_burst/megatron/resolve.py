@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-from megatron_burst.cp_topology import (
+from megatron_burst.topology import (
     COMM_TYPE_ALIASES,
     HYBRID_COMM_TYPE,
     RING_COMM_TYPE,

@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..cp_topology import CPTopology, HeadShape, check_heads
+from ..topology import CPTopology, HeadShape, check_heads
 from ..scheduled_time import predict_scheduled
 from ..timing import Prediction, candidates, load_profile, predict
 from .config import Config
-from .topology import group_ranks_per_node, tokens_per_rank, topology_of
+from .resolve import group_ranks_per_node, tokens_per_rank, topology_of
 
 
 def chosen_prediction(cfg: Config) -> Prediction:

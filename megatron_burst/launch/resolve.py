@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from .. import cluster
-from ..cp_topology import CPTopology, HeadShape
+from ..topology import CPTopology, HeadShape
 from ..options import AUTO, BurstOptions, OptionError, resolve
 from .config import Config, ConfigError
 

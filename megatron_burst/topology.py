@@ -159,7 +159,7 @@ class CPTopology:
                    ) -> tuple[int, int]:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
         sends them: only the rows each hop's receiver uses (``schedule.needed_rows``)."""
-        from .comm.topology import RingTopology
+        from .comm.ring_positions import RingTopology
         from .schedule import Mask, RingSchedule
 
         h = self._need_heads()

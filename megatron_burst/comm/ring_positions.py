@@ -1,4 +1,4 @@
-"""Ring topology: who holds which payload at each step, and which hops bring it there.
+"""Ring positions: who holds which payload at each step, and which hops bring it there.
 
 Why apart: the ring can be flat or a double ring (K/V go round the ranks of a node every
 step and cross to the next node once every L steps). ``RingTopology`` answers who holds
