@@ -148,16 +148,16 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
 
     wanted = lambda name: not args.methods or any(m in name for m in args.methods.split(","))  # noqa
 
-    def run(name, fn_of_local, layout="zigzag", cp_layout=None):
+    def run(name, fn_of_local, layout="zigzag", topology=None):
         if wanted(name):
             local = [shard(t, layout).requires_grad_() for t in (q, k, v)]
             rows.append(measure(args, name, lambda: fn_of_local(local), shard(do, layout),
                                 local, None if ref is None else shard(ref, layout), world,
                                 flops_fwd))
-            if cp_layout is not None and "error" not in rows[-1]:  # the time model's guess
-                pred = timing.predict(cp_layout, timing.load_profile(), tokens=per_gpu,
+            if topology is not None and "error" not in rows[-1]:  # the time model's guess
+                pred = timing.predict(topology, timing.load_profile(), tokens=per_gpu,
                                       causal=causal)
-                rows[-1].update(layout=cp_layout.describe(), predicted_ms=pred.total_s * 1e3)
+                rows[-1].update(topology=topology.describe(), predicted_ms=pred.total_s * 1e3)
 
     if docs:
         run_documents(run, cu, world, hq, hkv)
@@ -177,7 +177,7 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
 
 
 def run_sequence(run, causal, window, mask, world, hq, hkv, per_gpu) -> None:
-    """burst's layouts on a plain (causal, full or windowed) sequence, and `auto`."""
+    """burst's topologies on a plain (causal, full or windowed) sequence, and `auto`."""
     burst = {f"burst ({bwd} bwd)": dict(backward=bwd) for bwd in ("auto", "burst", "ring")}
     if world >= 4:  # two simulated "nodes" of world/2 GPUs: 2x2 on 4 GPUs, 2x4 on 8
         burst[f"burst double-ring 2x{world // 2}"] = dict(intra_node_size=world // 2)
@@ -186,15 +186,15 @@ def run_sequence(run, causal, window, mask, world, hq, hkv, per_gpu) -> None:
             if 1 < u <= world and world % u == 0 and hq % u == 0 and (hkv % u == 0
                                                                          or u % hkv == 0):
                 burst[f"burst usp {u}x{world // u} (ulysses x ring)"] = dict(ulysses_size=u)
-        burst["burst auto layout (time model)"] = dict(ulysses_size="auto",
-                                                       intra_node_size="auto", backward="auto")
+        burst["burst auto topology (time model)"] = dict(ulysses_size="auto",
+                                                         intra_node_size="auto", backward="auto")
     heads = HeadShape(hq, hkv, 128, 2)
     for name, opts in burst.items():
         # The topology burst_attn resolves for these options (the one resolver).
-        lay = resolve(BurstOptions(**opts), cp=world, heads=heads, tokens=per_gpu,
-                      cp_ranks_per_node=None, causal=causal)
+        topology = resolve(BurstOptions(**opts), cp=world, heads=heads, tokens=per_gpu,
+                           cp_ranks_per_node=None, causal=causal)
         run(name, lambda local, opts=opts: mb.burst_attn(
-            *local, causal=causal, window_size=window, **opts), cp_layout=lay)
+            *local, causal=causal, window_size=window, **opts), topology=topology)
 
 
 def run_documents(run, cu, world, hq, hkv) -> None:

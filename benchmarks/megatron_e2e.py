@@ -80,7 +80,7 @@ def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
     iters_seen = [(int(i), float(ms), float(loss)) for i, ms, loss in ITER.findall(log)]
     mem = [float(m) for m in MEM.findall(log)]
     tflops = [float(x) for x in TFLOPS.findall(log)]
-    layout = [line for line in log.splitlines() if "context parallelism" in line][:1]
+    topology = [line for line in log.splitlines() if "context parallelism" in line][:1]
     seq, gbs = _last_value(flags, "--seq-length"), _last_value(flags, "--global-batch-size")
     # Iterations 1-2 hold kernel probing, Triton compiles and allocator growth.
     steady = [ms for i, ms, _ in iters_seen if i > 2]
@@ -89,7 +89,7 @@ def run(name: str, nproc: int, extra: list[str], iters: int, timeout: int,
     print(f"{name}: rc={rc} {len(iters_seen)} iterations, last loss "
           f"{iters_seen[-1][2] if iters_seen else None}, tokens/s {tokens_s}, "
           f"max allocated MB {max(mem) if mem else None} ({time.time() - t0:.0f}s)", flush=True)
-    return dict(name=name, gpus=nproc, rc=rc, command=" ".join(cmd), layout=layout,
+    return dict(name=name, gpus=nproc, rc=rc, command=" ".join(cmd), topology=topology,
                 seq_length=seq, global_batch_size=gbs, config=os.path.relpath(config, ROOT),
                 tflops_per_gpu=sum(steady_tflops) / len(steady_tflops) if steady_tflops else None,
                 losses=[loss for _, _, loss in iters_seen],
@@ -241,7 +241,7 @@ def main() -> None:
     parser.add_argument("--remat-only", action="store_true",
                         help="features --part train: only full recompute with/without remat")
     parser.add_argument("--resume-only", action="store_true",
-                        help="features --part ckpt: save, then only the same-layout resume")
+                        help="features --part ckpt: save, then only the resume at the same parallel setup")
     parser.add_argument("--out", required=True)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seqs", default="131072,262144", help="h200x8: sequence lengths")

@@ -5,8 +5,8 @@
 For every shipped config on A100 nodes of 8 GPUs, and an inter-node link of 25 and 50 GB/s
 per GPU (the a100-ib profile with its `inter` link replaced; NVLink inside a node as
 profiled), the time model `megatron-burst plan` uses (`launch.step_time.predict_step`, on
-the layout `options.resolve` picks for the config's options with that profile) gives: the
-step time, tokens/s per GPU, MFU, the layout chosen, and the share of the step the ring
+the topology `options.resolve` picks for the config's options with that profile) gives: the
+step time, tokens/s per GPU, MFU, the topology chosen, and the share of the step the ring
 waits on links. The run is scaled by data parallelism to 1,024 GPUs, each replica keeping
 its share of the global batch; the model leaves out the data-parallel gradient reduction,
 so tokens/s per GPU does not change with it (a real run loses some).
@@ -69,11 +69,11 @@ def rows_for(path: pathlib.Path, gbps: float, profile: str) -> list[dict]:
         sized = dataclasses.replace(sized, training=dataclasses.replace(
             sized.training, global_batch_size=cfg.training.global_batch_size * grow))
         step = predict_step(sized)
-        layout = topology_of(sized)
+        topology = topology_of(sized)
         exposed = (step.layers * step.attention.exposed_comm_s * step.microbatches
                    / step.step_s)
         out.append(dict(config=path.stem, inter_gbps=gbps, gpus=gpus, nodes=nodes,
-                        layout=layout.describe(), step_s=step.step_s,
+                        topology=topology.describe(), step_s=step.step_s,
                         tokens_per_s_per_gpu=step.tokens_per_s_per_gpu, mfu=step.mfu,
                         link_exposed_share=exposed, projection=True,
                         model_error=MODEL_ERROR))
@@ -99,7 +99,7 @@ def main() -> None:
              f"Model error: {MODEL_ERROR}. Per-GPU figures are the model's at the config's "
              f"size and at 1,024 GPUs alike (data parallelism; its gradient reduction is not "
              f"modelled).", "",
-             "| config | GPUs | link between nodes | layout (resolved) | step s | tokens/s/GPU | "
+             "| config | GPUs | link between nodes | topology (resolved) | step s | tokens/s/GPU | "
              "MFU | ring waiting on links |", "|---|---|---|---|---|---|---|---|"]
     seen = set()
     for r in rows:
@@ -109,7 +109,7 @@ def main() -> None:
         seen.add(key)
         sizes = sorted({x["gpus"] for x in rows if (x["config"], x["inter_gbps"]) == key})
         lines.append(f"| {r['config']} | {' .. '.join(map(str, sizes))} | "
-                     f"{r['inter_gbps']:g} GB/s | {r['layout']} | {r['step_s']:.1f} | "
+                     f"{r['inter_gbps']:g} GB/s | {r['topology']} | {r['step_s']:.1f} | "
                      f"{r['tokens_per_s_per_gpu']:.0f} | {r['mfu']:.2f} | "
                      f"{r['link_exposed_share']:.1%} of the step |")
     md = "\n".join(lines) + "\n"

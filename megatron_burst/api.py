@@ -41,7 +41,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     q: [b, s_local, hq, d]; k: [b, s_local, hkv, d]; v: [b, s_local, hkv, dv] (dv may differ
     from d, as in MLA; ``qkv_format="sbhd"`` swaps the first two dims). Returns out (q's
-    shape with V's head dim, q's dtype and layout), and with ``return_lse=True`` also lse
+    shape with V's head dim, q's dtype and format), and with ``return_lse=True`` also lse
     [b, hq, s_local] fp32. Differentiable in q, k and v (and through lse too, exactly,
     whatever the output's gradient).
     ``sinks``: attention sinks, one logit per query head ([hq], any float dtype) that joins

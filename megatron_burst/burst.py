@@ -32,7 +32,7 @@ from .varlen import run_backward, run_forward
 
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec,
                  kernel: LocalAttention) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward ring. Returns (out in q's dtype and layout, lse [b, hq, s] fp32)."""
+    """Forward ring. Returns (out in q's dtype and format, lse [b, hq, s] fp32)."""
     qb = spec.bshd(q)
     b, s, hq, _ = qb.shape
     acc = working_dtype(q.dtype)
@@ -279,7 +279,7 @@ def _whole_backward(spec: RingSpec, dout, q, k, v, out, lse) -> Grads:
 
 
 def _rowsum(spec: RingSpec, a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Tensor:
-    """rowsum(a * b) over the head dim, [b, h, s] in ``dtype`` (a, b in the user layout)."""
+    """rowsum(a * b) over the head dim, [b, h, s] in ``dtype`` (a, b in the caller's format)."""
     return (spec.bshd(a).to(dtype) * spec.bshd(b).to(dtype)).sum(-1).transpose(1, 2)
 
 
@@ -294,7 +294,7 @@ def _backward(spec: RingSpec, q, k, v, dout, out, lse, delta) -> Grads:
     o = out
     if delta is not None:
         delta = delta.contiguous()
-        # bshd() is its own inverse, so this hands the surrogate back in the user layout.
+        # bshd() is its own inverse, so this hands the surrogate back in the caller's format.
         o = spec.bshd(surrogate_out(spec.bshd(dout), delta))
     elif mode == "burst":  # visitors' queries travel with delta, not O
         delta = _rowsum(spec, dout, out, lse.dtype).contiguous()

@@ -1,6 +1,6 @@
 """How many ranks of a context-parallel group share a node: one answer, one priority order.
 
-The resolver (``options.resolve``) weighs a layout's links by where its ranks sit: a ring
+The resolver (``options.resolve``) weighs a topology's links by where its ranks sit: a ring
 hop inside a node rides NVLink, one between nodes the network. Every entry point asks here,
 and the answer comes from the first of these that is known:
 

@@ -277,4 +277,4 @@ def _resolve(cp: int, heads: HeadShape, tokens: int, cp_ranks_per_node: int | No
                     backward=backward)
     logger.info("burst auto (%d tokens per rank, %s, profile %s): %s", tokens,
                 "causal" if causal else "full", prof.name, ranked[0].describe())
-    return ranked[0].layout
+    return ranked[0].topology

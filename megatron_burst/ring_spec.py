@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from .comm.headers import CallTag, HeaderCheck
 from .comm.messages import PeerComm
-from .comm.rings import AccumulatorRoute, PayloadRing, RowLayout
+from .comm.rings import AccumulatorRoute, PayloadRing, RowShape
 from .comm.ring_positions import RingTopology
 from .kernels.protocol import LocalAttention
 from .schedule import Block, RingSchedule
@@ -53,7 +53,7 @@ class RingSpec:
 
     @property
     def row_dim(self) -> int:
-        """The sequence dimension of q, k, v, out in the caller's layout."""
+        """The sequence dimension of q, k, v, out in the caller's format (``qkv_format``)."""
         return 0 if self.seq_first else 1
 
     @property
@@ -154,13 +154,13 @@ class RingSpec:
         if self.tag is not None:
             check = HeaderCheck(self.tag, phase, payload[0].device, topo.rank(topo.index))
         comm = PeerComm(self.group, phase, check)
-        return (PayloadRing(topo, comm, RowLayout.of(payload, row_dims), rows),
+        return (PayloadRing(topo, comm, RowShape.of(payload, row_dims), rows),
                 AccumulatorRoute(topo, comm, accumulators, rows))
 
-    def accumulators(self, like: tuple[torch.Tensor, ...], dtype: torch.dtype) -> RowLayout:
-        """The layout of travelling fp32 gradient accumulators shaped like ``like``."""
-        return RowLayout(tuple(t.shape for t in like), (dtype,) * len(like),
-                         (self.row_dim,) * len(like), like[0].device)
+    def accumulators(self, like: tuple[torch.Tensor, ...], dtype: torch.dtype) -> RowShape:
+        """The row shape of travelling fp32 gradient accumulators shaped like ``like``."""
+        return RowShape(tuple(t.shape for t in like), (dtype,) * len(like),
+                        (self.row_dim,) * len(like), like[0].device)
 
     @property
     def alone(self) -> bool:

@@ -29,42 +29,42 @@ if TYPE_CHECKING:
     from .schedule import RingSchedule
 
 
-def predict_scheduled(layout: CPTopology, prof: Profile, *, batch: int, s_local: int,
+def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_local: int,
                       window: tuple[int, int], causal: bool = True,
                       cp_ranks_per_node: int | None = None) -> Prediction:
     """Seconds of one attention call (fwd+bwd) of ``batch`` sequences of ``s_local`` tokens
     per CP rank under ``window`` (flash-attn's (left, right)), zigzag as Megatron shards."""
     from .schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
 
-    sched = RingSchedule.of("zigzag", layout.cp, (s_local * layout.cp,),
-                            Mask(causal, tuple(window)), layout.ulysses)
-    per_node = cp_ranks_per_node or layout.cp
-    forward = _pass(layout, prof, sched, batch, per_node, backward=False)
-    backward = _pass(layout, prof, sched, batch, per_node, backward=True)
+    sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
+                            Mask(causal, tuple(window)), topology.ulysses)
+    per_node = cp_ranks_per_node or topology.cp
+    forward = _pass(topology, prof, sched, batch, per_node, backward=False)
+    backward = _pass(topology, prof, sched, batch, per_node, backward=True)
     compute = forward[0] + backward[0]
     exposed = forward[1] + backward[1]
     steps = forward[2] + backward[2]
     host = prof.call_overhead_us * 1e-6 + steps * prof.step_overhead_us * 1e-6
     tokens = batch * s_local
-    a2a, elementwise = (alltoall_seconds(layout, prof, tokens),
-                        elementwise_seconds(layout, prof, tokens))
+    a2a, elementwise = (alltoall_seconds(topology, prof, tokens),
+                        elementwise_seconds(topology, prof, tokens))
     total = compute + elementwise + exposed + a2a + host
-    return Prediction(layout, total, compute + elementwise, exposed, a2a, host)
+    return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 
 
-def _pass(layout: CPTopology, prof: Profile, sched: RingSchedule, batch: int, per_node: int,
+def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int, per_node: int,
           *, backward: bool) -> tuple[float, float, int]:
     """(compute, exposed ring, steps run) of one pass: the forward (K/V travel), or the
-    backward of the layout's mode ('ring': K/V again, with dK/dV; 'burst': the queries, the
+    backward of the topology's mode ('ring': K/V again, with dK/dV; 'burst': the queries, the
     other way round, with dQ)."""
-    ring = layout.ring_size
-    plan = _HopPlan(layout, sched, batch, backward)
+    ring = topology.ring_size
+    plan = _HopPlan(topology, sched, batch, backward)
     passes = FWD_BWD_PASSES - 1 if backward else 1.0
-    compute = [[_step_compute(layout, prof, sched, batch, p, plan.topo.source(p, s),
+    compute = [[_step_compute(topology, prof, sched, batch, p, plan.topo.source(p, s),
                               plan.burst, passes) for s in range(ring)] for p in range(ring)]
     last = max((s for p in range(ring) for s in range(ring) if compute[p][s]), default=0)
-    crosses = ring > max(1, per_node // layout.ulysses)  # a flat ring over nodes waits on IB
-    near = prof.inter if crosses and not layout.double else prof.intra
+    crosses = ring > max(1, per_node // topology.ulysses)  # a flat ring over nodes waits on IB
+    near = prof.inter if crosses and not topology.double else prof.intra
     step_s, inter_s = [0.0] * (last + 1), [0.0] * (last + 1)
     for p in range(ring):
         for s in range(last + 1):
@@ -84,16 +84,16 @@ class _HopPlan:
     """The hops of one pass, member by member and step by step, with their bytes: the plan
     the ring follows (``payload_hops``) over the rows the schedule says are used."""
 
-    def __init__(self, layout: CPTopology, sched: RingSchedule, batch: int, backward: bool):
+    def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):
         from .comm.ring_positions import RingTopology  # the comm package imports torch: not for plan
 
-        self.ring = layout.ring_size
-        self.inner = layout.inner_ring if layout.double else self.ring
-        self.burst = backward and layout.backward == "burst"
+        self.ring = topology.ring_size
+        self.inner = topology.inner_ring if topology.double else self.ring
+        self.burst = backward and topology.backward == "burst"
         topo = RingTopology(range(self.ring), 0, self.inner)
         self.topo = topo.reversed() if self.burst else topo
         self.rows = sched.needed_rows(self.topo.source, "q" if self.burst else "k")
-        payload, acc = _row_bytes(layout, backward)
+        payload, acc = _row_bytes(topology, backward)
         self.payload, self.acc = batch * payload, batch * acc
 
     def hops(self, member: int, step: int) -> list[tuple[str, int]]:
@@ -112,33 +112,33 @@ class _HopPlan:
         return out
 
 
-def scheduled_bytes(layout: CPTopology, *, batch: int, s_local: int,
+def scheduled_bytes(topology: CPTopology, *, batch: int, s_local: int,
                     window: tuple[int, int], member: int, causal: bool = True
                     ) -> tuple[int, int]:
     """(forward, backward) ring bytes ring member ``member`` sends in the hops this model
     times (no all-to-all): what ``CPTopology.rank_bytes`` counts, by another road."""
     from .schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
 
-    sched = RingSchedule.of("zigzag", layout.cp, (s_local * layout.cp,),
-                            Mask(causal, tuple(window)), layout.ulysses)
+    sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
+                            Mask(causal, tuple(window)), topology.ulysses)
     out = []
     for backward in (False, True):
-        plan = _HopPlan(layout, sched, batch, backward)
-        out.append(sum(n for s in range(layout.ring_size) for _, n in plan.hops(member, s)))
+        plan = _HopPlan(topology, sched, batch, backward)
+        out.append(sum(n for s in range(topology.ring_size) for _, n in plan.hops(member, s)))
     return out[0], out[1]
 
 
-def _row_bytes(layout: CPTopology, backward: bool) -> tuple[int, int]:
+def _row_bytes(topology: CPTopology, backward: bool) -> tuple[int, int]:
     """(payload, gradient accumulator) bytes per travelling row of one sequence."""
-    h = layout.heads
-    hq, hkv = layout.ring_heads
-    if backward and layout.backward == "burst":
+    h = topology.heads
+    hq, hkv = topology.ring_heads
+    if backward and topology.backward == "burst":
         return cost.burst_row_bytes(hq, h.head_dim, h.elem_bytes, h.v_head_dim)
     kv = cost.kv_row_bytes(hkv, h.head_dim, h.elem_bytes, h.v_head_dim)
     return kv, (cost.kv_row_bytes(hkv, h.head_dim, 4, h.v_head_dim) if backward else 0)
 
 
-def _step_compute(layout: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
+def _step_compute(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
                   member: int, other: int, burst: bool, passes: float) -> float:
     """Seconds ``member`` computes at a step with ``other``'s payload: the blocks of its
     queries against other's keys, or (the burst backward) other's queries against its keys."""
@@ -147,7 +147,7 @@ def _step_compute(layout: CPTopology, prof: Profile, sched: RingSchedule, batch:
     if not pairs:
         return 0.0
     rows = sum(b.q_stop - b.q_start for b in blocks)
-    h = layout.heads
-    flops = attention_flops(batch * pairs, layout.ring_heads[0], h.head_dim, h.v_head_dim,
+    h = topology.heads
+    flops = attention_flops(batch * pairs, topology.ring_heads[0], h.head_dim, h.v_head_dim,
                             passes=passes)
     return flops / (prof.dense.tflops(pairs / rows) * 1e12)

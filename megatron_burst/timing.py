@@ -1,6 +1,6 @@
-"""The time model: what a context-parallel layout costs in seconds, from a measured profile.
+"""The time model: what a context-parallel topology costs in seconds, from a measured profile.
 
-``cost.py`` counts bytes; choosing a layout needs seconds, because a byte on NVLink is not a
+``cost.py`` counts bytes; choosing a topology needs seconds, because a byte on NVLink is not a
 byte on InfiniBand, and at short lengths the ring waits on the links or on the host, not
 on the kernel. A ``Profile`` holds what ``megatron-burst tune`` measures on a cluster:
 
@@ -18,7 +18,7 @@ Its FLOPs count QK^T at Q/K's head dim and PV at V's (MLA: 192 and 128), its byt
 tensor at its own dim (``cost``); attention sinks add no byte and one logit per row.
 Every step of a causal or full layer does the same work; a sliding window's do not, and
 ``scheduled_time`` predicts those layers step by step from the schedule itself.
-``choose`` ranks every layout a group allows (Ulysses sizes, flat or double ring, backward
+``choose`` ranks every topology a group allows (Ulysses sizes, flat or double ring, backward
 mode), fastest first; ``options.resolve``, the one place 'auto' is decided, takes its first. Shipped profiles: ``h200-nvlink`` (measured on this
 project's 4x H200 machine) and ``a100-ib`` (8x A100-80GB nodes with NVLink and 200 Gb/s
 InfiniBand per GPU, from published figures, not measured here: marked so in the file).
@@ -202,7 +202,7 @@ def _load_profile(name: str, mtime_ns: int | None, size: int | None) -> Profile:
 class Prediction:
     """Seconds of one attention call (fwd+bwd) and where they go."""
 
-    layout: CPTopology
+    topology: CPTopology
     total_s: float
     compute_s: float
     exposed_comm_s: float
@@ -211,23 +211,23 @@ class Prediction:
 
     def describe(self) -> str:
         ms = 1e3
-        return (f"{self.layout.describe()}: {self.total_s * ms:.2f} ms fwd+bwd predicted "
+        return (f"{self.topology.describe()}: {self.total_s * ms:.2f} ms fwd+bwd predicted "
                 f"(compute {self.compute_s * ms:.2f}, exposed ring {self.exposed_comm_s * ms:.2f}, "
                 f"all-to-all {self.alltoall_s * ms:.2f}, host {self.host_s * ms:.2f})")
 
 
-def predict(layout: CPTopology, prof: Profile, *, tokens: int, causal: bool = True,
+def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = True,
             cp_ranks_per_node: int | None = None) -> Prediction:
     """Seconds per call for ``tokens`` tokens per rank (batch x local sequence).
 
     ``cp_ranks_per_node``: how many ranks of the group share a node (None: all of them);
     with fewer, ring hops that cross nodes use the inter-node link.
     """
-    h = layout.heads
-    hq, hkv = layout.ring_heads
-    ring, member = layout.ring_size, tokens * layout.ulysses
+    h = topology.heads
+    hq, hkv = topology.ring_heads
+    ring, member = topology.ring_size, tokens * topology.ulysses
     vis = 0.5 if causal else 1.0
-    per_node = cp_ranks_per_node or layout.cp
+    per_node = cp_ranks_per_node or topology.cp
     # Attention work of one member: its share of the whole N x N (masked) score matrix.
     flops = attention_flops(member * member * ring * vis, hq, h.head_dim, h.v_head_dim)
     compute = flops / (prof.dense.tflops(member) * 1e12)
@@ -236,16 +236,16 @@ def predict(layout: CPTopology, prof: Profile, *, tokens: int, causal: bool = Tr
     if ring > 1:
         fwd_hop = cost.forward_bytes(2, member, hkv, h.head_dim, h.elem_bytes,
                                      v_head_dim=h.v_head_dim)
-        bwd_hop = cost.backward_bytes(layout.backward, 2, member, hq, hkv, h.head_dim,
+        bwd_hop = cost.backward_bytes(topology.backward, 2, member, hq, hkv, h.head_dim,
                                       h.elem_bytes, v_head_dim=h.v_head_dim)
         step_fwd = compute / FWD_BWD_PASSES / ring
         step_bwd = compute * (FWD_BWD_PASSES - 1) / FWD_BWD_PASSES / ring
-        exposed = (_ring_exposed(layout, prof, per_node, step_fwd, fwd_hop)
-                   + _ring_exposed(layout, prof, per_node, step_bwd, bwd_hop))
-    a2a, elementwise = alltoall_seconds(layout, prof, tokens), elementwise_seconds(
-        layout, prof, tokens)
+        exposed = (_ring_exposed(topology, prof, per_node, step_fwd, fwd_hop)
+                   + _ring_exposed(topology, prof, per_node, step_bwd, bwd_hop))
+    a2a, elementwise = alltoall_seconds(topology, prof, tokens), elementwise_seconds(
+        topology, prof, tokens)
     total = compute + elementwise + exposed + a2a + host
-    return Prediction(layout, total, compute + elementwise, exposed, a2a, host)
+    return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 
 
 def attention_flops(pairs: float, hq: int, head_dim: int, v_head_dim: int | None = None, *,
@@ -257,36 +257,36 @@ def attention_flops(pairs: float, hq: int, head_dim: int, v_head_dim: int | None
     return passes * 2 * (head_dim + dv) * pairs * hq
 
 
-def elementwise_seconds(layout: CPTopology, prof: Profile, tokens: int) -> float:
+def elementwise_seconds(topology: CPTopology, prof: Profile, tokens: int) -> float:
     """The fp32 accumulators' memory passes per call: ~3 over out/lse (V's head dim)
     forward, ~9 over dq/dk/dv (Q/K's) backward."""
-    h = layout.heads
-    hq, member = layout.ring_heads[0], tokens * layout.ulysses
+    h = topology.heads
+    hq, member = topology.ring_heads[0], tokens * topology.ulysses
     return member * hq * (3 * h.v_head_dim + 9 * h.head_dim) * 4 / (prof.memory_gbps * 1e9)
 
 
-def alltoall_seconds(layout: CPTopology, prof: Profile, tokens: int) -> float:
+def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int) -> float:
     """Seconds of the Ulysses all-to-alls of one call (0 without Ulysses)."""
-    h = layout.heads
-    if layout.ulysses == 1:
+    h = topology.heads
+    if topology.ulysses == 1:
         return 0.0
-    a2a_fwd, a2a_bwd = cost.ulysses_bytes(layout.ulysses, tokens, h.hq, h.hkv, h.head_dim,
+    a2a_fwd, a2a_bwd = cost.ulysses_bytes(topology.ulysses, tokens, h.hq, h.hkv, h.head_dim,
                                           h.elem_bytes, v_head_dim=h.v_head_dim)
     # Each all-to-all spreads its bytes over U-1 peers at once: 4 in forward, 4 in backward.
     return 8 * prof.alltoall.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (prof.alltoall.gbps * 1e9)
 
 
-def _ring_exposed(layout: CPTopology, prof: Profile, per_node: int, step_s: float,
+def _ring_exposed(topology: CPTopology, prof: Profile, per_node: int, step_s: float,
                   hop_bytes: int) -> float:
     """Seconds the ring waits on its links over one pass of ring-1 hops."""
-    ring = layout.ring_size
-    positions_per_node = max(1, per_node // layout.ulysses)
+    ring = topology.ring_size
+    positions_per_node = max(1, per_node // topology.ulysses)
     if ring <= positions_per_node:  # the whole ring inside one node
         return (ring - 1) * max(0.0, prof.intra.seconds(hop_bytes) - step_s)
-    if not layout.double:  # a flat ring across nodes: every step waits for the slowest hop
+    if not topology.double:  # a flat ring across nodes: every step waits for the slowest hop
         return (ring - 1) * max(0.0, prof.inter.seconds(hop_bytes) - step_s)
-    inner = layout.inner_ring  # the double ring: one inter-node hop per round of L steps
-    rounds = layout.outer_ring
+    inner = topology.inner_ring  # the double ring: one inter-node hop per round of L steps
+    rounds = topology.outer_ring
     intra = (inner - 1) * rounds * max(0.0, prof.intra.seconds(hop_bytes) - step_s)
     inter = (rounds - 1) * max(0.0, prof.inter.seconds(hop_bytes) - inner * step_s)
     return intra + inter
@@ -298,7 +298,7 @@ def _ring_exposed(layout: CPTopology, prof: Profile, per_node: int, step_s: floa
 def candidates(cp: int, heads: HeadShape, *, cp_ranks_per_node: int | None = None,
                ulysses: int | str = "auto", ranks_per_node: int | None | str = "auto",
                backward: str = "auto") -> list[CPTopology]:
-    """Every layout the group allows, within what the caller fixed."""
+    """Every topology the group allows, within what the caller fixed."""
     per_node = cp_ranks_per_node or cp
     sizes = [u for u in range(1, cp + 1) if cp % u == 0] if ulysses == "auto" else [ulysses]
     modes = ("burst", "ring") if backward == "auto" else (backward,)
@@ -327,7 +327,7 @@ def choose(cp: int, heads: HeadShape, *, tokens: int, causal: bool = True,
     preds = [predict(c, prof, tokens=tokens, causal=causal, cp_ranks_per_node=cp_ranks_per_node)
              for c in candidates(cp, heads, cp_ranks_per_node=cp_ranks_per_node, **fixed)]
     if not preds:
-        raise ValueError(f"no context-parallel layout fits cp={cp} with heads {heads} "
+        raise ValueError(f"no context-parallel topology fits cp={cp} with heads {heads} "
                          f"and {fixed}")
-    return sorted(preds, key=lambda p: (round(p.total_s, 6), p.layout.ulysses,
-                                        sum(p.layout.call_bytes(tokens)), p.layout.double))
+    return sorted(preds, key=lambda p: (round(p.total_s, 6), p.topology.ulysses,
+                                        sum(p.topology.call_bytes(tokens)), p.topology.double))

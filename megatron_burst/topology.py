@@ -120,7 +120,7 @@ class CPTopology:
 
     @property
     def hierarchical_sizes(self) -> list[int] | None:
-        """Megatron's --hierarchical-context-parallel-sizes for this layout (None: flat)."""
+        """Megatron's --hierarchical-context-parallel-sizes for this topology (None: flat)."""
         if self.ulysses > 1:
             ring = [self.inner_ring, self.outer_ring] if self.double else [self.ring_size]
             return [self.ulysses, *ring] if self.ring_size > 1 else None

@@ -57,7 +57,7 @@ DISAGREEMENTS = {
     "hkv": ({}, {"hkv": 1}),
     "ulysses_size": ({}, {"ulysses_size": 3}),
     # (intra_node_size is not among them: on 3 ranks every value is the flat ring, and the
-    # check compares the layout each rank resolved, so 1 and None rightly agree.)
+    # check compares the topology each rank resolved, so 1 and None rightly agree.)
     "qkv_format": ({}, {"qkv_format": "sbhd"}),
     "requires_grad": ({}, {"grad": True}),
 }

@@ -108,7 +108,7 @@ def grid(world):
     for layout, causal, (hq, hkv), d, backward, dtype in itertools.product(
             layouts, [True, False], HEADS, [64, 128], ["burst", "ring", "auto"],
             [torch.float32, torch.bfloat16]):
-        # sbhd (Megatron's layout) on a rotating subset keeps the grid small but covers it.
+        # sbhd (Megatron's format) on a rotating subset keeps the grid small but covers it.
         fmt = "sbhd" if (d == 64 and backward != "auto") else "bshd"
         cases.append(dict(layout=layout, causal=causal, hq=hq, hkv=hkv, d=d,
                           backward=backward, dtype=dtype, fmt=fmt))
@@ -176,11 +176,11 @@ def test_count_comm_matches_the_schedule(world):
     for rank, per_rank in enumerate(results):
         for (hq, hkv, d, mode), (fwd, bwd) in zip(cases, per_rank):
             # The topology burst_attn resolved for this call ('auto' by the one resolver).
-            layout = resolve(BurstOptions(backward=mode), cp=world,
-                             heads=HeadShape(hq, hkv, d, 2), tokens=16, cp_ranks_per_node=None)
-            assert (fwd, bwd) == layout.rank_bytes(rank, batch=2, s_local=8)
+            topology = resolve(BurstOptions(backward=mode), cp=world,
+                               heads=HeadShape(hq, hkv, d, 2), tokens=16, cp_ranks_per_node=None)
+            assert (fwd, bwd) == topology.rank_bytes(rank, batch=2, s_local=8)
             assert fwd <= cost.forward_bytes(world, tokens, hkv, d, 2)
-            assert bwd <= cost.backward_bytes(layout.backward, world, tokens, hq, hkv, d, 2)
+            assert bwd <= cost.backward_bytes(topology.backward, world, tokens, hq, hkv, d, 2)
     if world < 4:
         return  # at 2 ranks half of rank 0's payload stays home: the ratios below shift
     total = {case: [sum(x) for x in zip(*(r[i] for r in results))]
@@ -277,7 +277,7 @@ def ulysses_bytes_worker(rank, world, cases):
     return out
 
 
-def test_count_comm_matches_the_layout_with_ulysses():
+def test_count_comm_matches_the_topology_with_ulysses():
     """What CPTopology.call_bytes predicts (ring + all-to-alls) is what a rank sends."""
     from megatron_burst.topology import HeadShape
     from megatron_burst.options import BurstOptions, resolve
@@ -286,7 +286,7 @@ def test_count_comm_matches_the_layout_with_ulysses():
     results = run_ranks(4, ulysses_bytes_worker, cases)
     for rank, per_rank in enumerate(results):
         for (hq, hkv, u, per_node), got in zip(cases, per_rank):
-            layout = resolve(BurstOptions(ulysses_size=u, intra_node_size=per_node), cp=4,
-                             heads=HeadShape(hq, hkv, 32, 2), tokens=16,
-                             cp_ranks_per_node=None)
-            assert got == layout.rank_bytes(rank, batch=2, s_local=8), (hq, hkv, u, per_node)
+            topology = resolve(BurstOptions(ulysses_size=u, intra_node_size=per_node), cp=4,
+                               heads=HeadShape(hq, hkv, 32, 2), tokens=16,
+                               cp_ranks_per_node=None)
+            assert got == topology.rank_bytes(rank, batch=2, s_local=8), (hq, hkv, u, per_node)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron_burst.comm import Packed, PayloadRing, PeerComm, RingTopology, RowLayout, count_comm
+from megatron_burst.comm import Packed, PayloadRing, PeerComm, RingTopology, RowShape, count_comm
 from tests.distributed import run_ranks
 
 
@@ -46,7 +46,7 @@ def _ring_hops(rank: int, world: int, keep: dict) -> dict:
                torch.arange(2 * 3, dtype=torch.float32).view(2, 3) + 100 * rank)
     rows = lambda origin, step: keep[step]  # noqa: E731
     ring = PayloadRing(RingTopology(ranks, rank), PeerComm(None),
-                       RowLayout.of(payload, (0, 1)), rows)
+                       RowShape.of(payload, (0, 1)), rows)
     seen, held = [], payload
     with count_comm() as stats:
         for step in range(world):

@@ -97,11 +97,11 @@ def test_skipped_window_steps_send_nothing():
     from megatron_burst.topology import CPTopology, HeadShape
 
     tokens, h, d = 8, 4, 16
-    layout = CPTopology.build(4, backward="ring", heads=HeadShape(h, h, d, 4))
+    topology = CPTopology.build(4, backward="ring", heads=HeadShape(h, h, d, 4))
     results = run_ranks(4, window_bytes_worker)
     for rank, (fwd, bwd, fwd0, bwd0) in enumerate(results):
-        assert (fwd, bwd) == layout.rank_bytes(rank, batch=1, s_local=tokens,
-                                               layout="contiguous", window=(3, 0))
+        assert (fwd, bwd) == topology.rank_bytes(rank, batch=1, s_local=tokens,
+                                                 layout="contiguous", window=(3, 0))
         assert (fwd0, bwd0) == (0, 0)
     # One hop for each rank's K/V to its right neighbour (none from the last rank), and one
     # dK/dV accumulator home for each: 3 hops in all, instead of 3 per rank.

@@ -55,12 +55,12 @@ def test_count_comm_matches_rank_bytes_with_mla_dims(world):
         for case, (shape, fwd, bwd) in zip(cases, per_rank):
             hq, hkv, backward, ulysses, per_node, window, _ = case
             assert shape == (B, S, hq, DV), case  # the output has V's head dim
-            layout = CPTopology.build(world, ulysses=ulysses, ranks_per_node=per_node,
-                                      backward=backward,
-                                      heads=HeadShape(hq, hkv, D, 2, v_head_dim=DV))
-            assert (fwd, bwd) == layout.rank_bytes(rank, batch=B, s_local=S,
-                                                   window=window), (rank, case)
-            bound = layout.call_bytes(B * S)
+            topology = CPTopology.build(world, ulysses=ulysses, ranks_per_node=per_node,
+                                        backward=backward,
+                                        heads=HeadShape(hq, hkv, D, 2, v_head_dim=DV))
+            assert (fwd, bwd) == topology.rank_bytes(rank, batch=B, s_local=S,
+                                                     window=window), (rank, case)
+            bound = topology.call_bytes(B * S)
             assert fwd <= bound[0] and bwd <= bound[1], (rank, case)
             # The same shape with V at Q's dim would be counted (and sent) larger.
             square = CPTopology.build(world, ulysses=ulysses, ranks_per_node=per_node,

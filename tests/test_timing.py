@@ -1,4 +1,4 @@
-"""The time model and `auto`: which layout it picks for which cluster, and `tune` on CPU ranks.
+"""The time model and `auto`: which topology it picks for which cluster, and `tune` on CPU ranks.
 
 Synthetic profiles make each choice clear-cut: a slow inter-node link must pick the double
 ring, many heads over a short sequence must pick Ulysses, GQA must pick the ring backward,
@@ -40,15 +40,15 @@ def test_shipped_profiles_load_and_say_where_they_come_from():
 def test_a_slow_inter_node_link_picks_the_double_ring():
     slow = dataclasses.replace(FAST, inter=Link(10.0, 5.0))
     best = choose(8, HeadShape(32, 8, 128, 2), tokens=16384, prof=slow, cp_ranks_per_node=4,
-                  ulysses=1)[0].layout
+                  ulysses=1)[0].topology
     assert best.double and best.inner_ring == 4
     # Inside one node there is no double ring to pick.
     assert not choose(8, HeadShape(32, 8, 128, 2), tokens=16384, prof=slow,
-                      ulysses=1)[0].layout.double
+                      ulysses=1)[0].topology.double
 
 
 def test_many_heads_and_a_short_sequence_pick_ulysses():
-    best = choose(8, HeadShape(64, 64, 128, 2), tokens=2048, prof=FAST)[0].layout
+    best = choose(8, HeadShape(64, 64, 128, 2), tokens=2048, prof=FAST)[0].topology
     assert best.ulysses > 1
 
 
@@ -56,7 +56,7 @@ def test_gqa_picks_the_ring_backward_and_mha_the_burst_one_when_links_bind():
     narrow = dataclasses.replace(FAST, intra=Link(5.0, 20.0))
     gqa = choose(4, HeadShape(32, 8, 128, 2), tokens=8192, prof=narrow, ulysses=1)[0]
     mha = choose(4, HeadShape(32, 32, 128, 2), tokens=8192, prof=narrow, ulysses=1)[0]
-    assert gqa.layout.backward == "ring" and mha.layout.backward == "burst"
+    assert gqa.topology.backward == "ring" and mha.topology.backward == "burst"
 
 
 @pytest.mark.parametrize("cp, hq, hkv", [(8, 32, 8), (8, 24, 3), (6, 12, 4), (16, 8, 1),
@@ -65,19 +65,19 @@ def test_auto_never_breaks_divisibility(cp, hq, hkv):
     heads = HeadShape(hq, hkv, 64, 2)
     for per_node in (None, cp // 2 if cp % 2 == 0 else None):
         for pred in choose(cp, heads, tokens=4096, prof=FAST, cp_ranks_per_node=per_node):
-            lay = pred.layout
-            assert cp % lay.ulysses == 0 and hq % lay.ulysses == 0
-            assert hkv % lay.ulysses == 0 or lay.ulysses % hkv == 0
-            if lay.double:
-                assert cp % lay.ranks_per_node == 0 and lay.ranks_per_node <= (per_node or cp)
+            topology = pred.topology
+            assert cp % topology.ulysses == 0 and hq % topology.ulysses == 0
+            assert hkv % topology.ulysses == 0 or topology.ulysses % hkv == 0
+            if topology.double:
+                assert cp % topology.ranks_per_node == 0 and topology.ranks_per_node <= (per_node or cp)
 
 
 def test_prediction_grows_with_work_and_exposes_slow_links():
     heads = HeadShape(32, 32, 128, 2)
-    lay = CPTopology.build(4, heads=heads, backward="burst")
-    short, long = (predict(lay, FAST, tokens=t) for t in (4096, 32768))
+    topology = CPTopology.build(4, heads=heads, backward="burst")
+    short, long = (predict(topology, FAST, tokens=t) for t in (4096, 32768))
     assert long.compute_s > 8 * short.compute_s
-    slow = predict(lay, dataclasses.replace(FAST, intra=Link(5.0, 2.0)), tokens=4096)
+    slow = predict(topology, dataclasses.replace(FAST, intra=Link(5.0, 2.0)), tokens=4096)
     assert slow.exposed_comm_s > 0 and short.exposed_comm_s == 0
 
 
@@ -96,7 +96,7 @@ def test_tune_on_cpu_ranks_writes_a_profile_the_model_loads(tmp_path):
     assert prof.intra.points and prof.inter.points and prof.dense.peak_tflops > 0
     raw = json.loads((tmp_path / "profile.raw.json").read_text())
     assert raw["raw"]["world"] == 4
-    # The model ranks every layout with it, fastest first, with finite positive times.
+    # The model ranks every topology with it, fastest first, with finite positive times.
     ranked = choose(4, HeadShape(4, 2, 32, 4), tokens=512, prof=prof)
     times = [p.total_s for p in ranked]
     assert len(ranked) >= 4 and times == sorted(times)
@@ -113,7 +113,7 @@ def _auto_worker(rank, world):
     return float((auto - plain).abs().max())
 
 
-def test_auto_layout_gives_the_same_attention():
+def test_auto_topology_gives_the_same_attention():
     assert max(run_ranks(4, _auto_worker, timeout=120)) < 1e-12
 
 
@@ -143,27 +143,27 @@ def test_mla_prediction_sits_between_its_two_head_dims():
 @pytest.mark.parametrize("cp, per_node, mode", [(4, None, "ring"), (8, None, "burst"),
                                                 (8, 4, "ring"), (4, 2, "burst")])
 def test_the_scheduled_model_times_exactly_the_bytes_the_ring_sends(cp, per_node, mode):
-    layout = CPTopology.build(cp, backward=mode, ranks_per_node=per_node,
-                              heads=HeadShape(8, 2, 24, 2, v_head_dim=16))
+    topology = CPTopology.build(cp, backward=mode, ranks_per_node=per_node,
+                                heads=HeadShape(8, 2, 24, 2, v_head_dim=16))
     for window in ((-1, 0), (3, 0), (20, 0)):
         for member in range(cp):
-            assert scheduled_bytes(layout, batch=2, s_local=16, window=window,
-                                   member=member) == layout.rank_bytes(
+            assert scheduled_bytes(topology, batch=2, s_local=16, window=window,
+                                   member=member) == topology.rank_bytes(
                 member, batch=2, s_local=16, window=window), (window, member)
 
 
 def test_a_sliding_window_layer_costs_its_band_and_its_hops():
-    layout = CPTopology.build(4, backward="ring", heads=HeadShape(32, 8, 64, 2))
-    full = predict(layout, FAST, tokens=32768)
+    topology = CPTopology.build(4, backward="ring", heads=HeadShape(32, 8, 64, 2))
+    full = predict(topology, FAST, tokens=32768)
     # Unbounded on the left it is the causal layer again, step by step: near the uniform law.
-    causal = predict_scheduled(layout, FAST, batch=1, s_local=32768, window=(-1, 0))
+    causal = predict_scheduled(topology, FAST, batch=1, s_local=32768, window=(-1, 0))
     assert abs(causal.compute_s / full.compute_s - 1) < 0.15
-    band = predict_scheduled(layout, FAST, batch=1, s_local=32768, window=(128, 0))
-    wider = predict_scheduled(layout, FAST, batch=1, s_local=32768, window=(1024, 0))
+    band = predict_scheduled(topology, FAST, batch=1, s_local=32768, window=(128, 0))
+    wider = predict_scheduled(topology, FAST, batch=1, s_local=32768, window=(1024, 0))
     assert band.compute_s < wider.compute_s < full.compute_s / 10
     # Over a slow link the band's hops show: zigzag hops carry leading rows, so a rank that
     # needs the last 128 keys of a neighbour's second chunk receives the whole payload.
     slow = dataclasses.replace(FAST, intra=Link(5.0, 2.0))
-    waiting = predict_scheduled(layout, slow, batch=1, s_local=32768, window=(128, 0))
-    hop = slow.intra.seconds(layout.hop_bytes(32768))
+    waiting = predict_scheduled(topology, slow, batch=1, s_local=32768, window=(128, 0))
+    hop = slow.intra.seconds(topology.hop_bytes(32768))
     assert waiting.exposed_comm_s > hop > 10 * waiting.compute_s

@@ -24,12 +24,12 @@ from . import headers
 from .accounting import CommStats, count_comm, record_sent
 from .exchange import exchange
 from .messages import Batch, Packed, Pending, PeerComm
-from .rings import AccumulatorRoute, PayloadRing, RowLayout
+from .rings import AccumulatorRoute, PayloadRing, RowShape
 from .ring_positions import RingTopology, Rows, payload_hops
 from .waits import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, timeout_s, wait_bounded
 
 __all__ = [
     "AccumulatorRoute", "Batch", "CommStats", "DEFAULT_TIMEOUT_S", "Packed", "PayloadRing",
-    "Pending", "PeerComm", "RingTopology", "RowLayout", "Rows", "TIMEOUT_ENV", "count_comm",
+    "Pending", "PeerComm", "RingTopology", "RowShape", "Rows", "TIMEOUT_ENV", "count_comm",
     "exchange", "headers", "payload_hops", "record_sent", "timeout_s", "wait_bounded",
 ]

@@ -56,7 +56,7 @@ class Packed:
 
     @classmethod
     def like(cls, tensors: Sequence[torch.Tensor], *, zero: bool = False) -> "Packed":
-        """An uninitialised (or zero) buffer with the layout of ``tensors``."""
+        """An uninitialised (or zero) buffer with the shapes and dtypes of ``tensors``."""
         return cls([(t.shape, t.dtype) for t in tensors], tensors[0].device, zero=zero)
 
     @classmethod

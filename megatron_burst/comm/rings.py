@@ -2,7 +2,7 @@
 
 ``PayloadRing`` / ``AccumulatorRoute`` move payloads (K/V; Q with dO, lse and delta) and
 their gradient accumulators round a flat or double ring (``ring_positions.py``), each hop cut to
-the rows its receiver uses (``RowLayout``), so the attention loops never see the topology.
+the rows its receiver uses (``RowShape``), so the attention loops never see the topology.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .ring_positions import RingTopology, Rows, payload_hops
 
 
 @dataclasses.dataclass(frozen=True)
-class RowLayout:
+class RowShape:
     """Shapes and dtypes of a payload's tensors, each cut to its first rows along its row
     dimension: how a hop knows the size of what it receives without asking."""
 
@@ -26,9 +26,9 @@ class RowLayout:
     device: torch.device
 
     @staticmethod
-    def of(tensors: Sequence[torch.Tensor], row_dims: Sequence[int]) -> "RowLayout":
-        return RowLayout(tuple(t.shape for t in tensors), tuple(t.dtype for t in tensors),
-                         tuple(row_dims), tensors[0].device)
+    def of(tensors: Sequence[torch.Tensor], row_dims: Sequence[int]) -> "RowShape":
+        return RowShape(tuple(t.shape for t in tensors), tuple(t.dtype for t in tensors),
+                        tuple(row_dims), tensors[0].device)
 
     def _shape(self, i: int, rows: int) -> torch.Size:
         shape = list(self.shapes[i])
@@ -58,8 +58,8 @@ class PayloadRing:
     and that inter-node transfer has the whole round of L-1 intra-node steps to complete.
     """
 
-    def __init__(self, topo: RingTopology, comm: PeerComm, layout: RowLayout, rows: Rows):
-        self.topo, self.comm, self.layout, self.rows = topo, comm, layout, rows
+    def __init__(self, topo: RingTopology, comm: PeerComm, row_shape: RowShape, rows: Rows):
+        self.topo, self.comm, self.row_shape, self.rows = topo, comm, row_shape, rows
         self._pending: dict[str, Pending] = {}
         self._held: Packed | None = None  # the buffer the last next() handed out
         self._outgoing: Pending | None = None
@@ -71,7 +71,7 @@ class PayloadRing:
             if n_send:
                 sends.append((self._pack(payload, n_send), self.topo.rank(to)))
             if n_recv:
-                recvs.append((self.layout.packed(n_recv), self.topo.rank(frm)))
+                recvs.append((self.row_shape.packed(n_recv), self.topo.rank(frm)))
                 kinds.append(kind)
         self.finish()  # last step's sends: done by now (their receivers posted first)
         if sends or recvs:
@@ -88,9 +88,9 @@ class PayloadRing:
     def _pack(self, payload: Sequence[torch.Tensor], rows: int) -> Packed:
         held = self._held
         if (held is not None and all(a is b for a, b in zip(payload, held.views))
-                and self.layout.rows_of(held.views) == rows):
+                and self.row_shape.rows_of(held.views) == rows):
             return held  # received by this ring, all of it still needed: send on as is
-        return Packed.holding(self.layout.cut(payload, rows))  # cut and packed: one copy
+        return Packed.holding(self.row_shape.cut(payload, rows))  # cut and packed: one copy
 
     def next(self, step: int) -> tuple[torch.Tensor, ...] | None:
         """The payload for ``step + 1`` (waits for its transfer); None when nothing of it
@@ -111,8 +111,8 @@ class AccumulatorRoute:
     holder that still uses o's payload, or home after the last one.
     """
 
-    def __init__(self, topo: RingTopology, comm: PeerComm, layout: RowLayout, rows: Rows):
-        self.topo, self.comm, self.layout, self.rows = topo, comm, layout, rows
+    def __init__(self, topo: RingTopology, comm: PeerComm, row_shape: RowShape, rows: Rows):
+        self.topo, self.comm, self.row_shape, self.rows = topo, comm, row_shape, rows
 
     def used(self, origin: int, step: int) -> int:
         return self.rows(origin, step) if step < self.topo.size else 0
@@ -121,7 +121,7 @@ class AccumulatorRoute:
         """A zero accumulator for ``origin``'s travelling rows, if this position holds that
         payload at ``step`` (None: it does not, or the payload never travels)."""
         rows = self.used(origin, 1)
-        return self.layout.packed(rows, zero=True) if rows and self.used(origin, step) else None
+        return self.row_shape.packed(rows, zero=True) if rows and self.used(origin, step) else None
 
     def pass_on(self, step: int, acc: Packed | None
                 ) -> tuple[Pending | None, Pending | None, Pending]:
@@ -139,10 +139,12 @@ class AccumulatorRoute:
             sends.append((acc, topo.rank(to)))
         nxt = topo.source(p, step + 1) if step + 1 < topo.size else None
         if nxt is not None and self.used(nxt, step + 1):
-            recvs.append((self.layout.packed(self.used(nxt, 1)), topo.rank(topo.holder(nxt, step))))
+            recvs.append((self.row_shape.packed(self.used(nxt, 1)),
+                          topo.rank(topo.holder(nxt, step))))
             kinds.append("forward")
         if self.used(p, step) and not self.used(p, step + 1):  # the last use of our payload
-            recvs.append((self.layout.packed(self.used(p, 1)), topo.rank(topo.holder(p, step))))
+            recvs.append((self.row_shape.packed(self.used(p, 1)),
+                          topo.rank(topo.holder(p, step))))
             kinds.append("home")
         pending = self.comm.post(sends, recvs)
         got = dict(zip(kinds, pending))

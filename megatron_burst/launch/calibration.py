@@ -5,7 +5,7 @@ how far every prediction is from what was measured.
     python -m megatron_burst.launch.calibration benchmarks/results --check  # exit 1 if stale
 
 What is calibrated on what: attention stays the time model's (``timing.predict`` with the
-profile `megatron-burst tune` measured; the same time `auto` chooses layouts by), and so do
+profile `megatron-burst tune` measured; the same time `auto` chooses topologies by), and so do
 the matmuls at the GPU's measured GEMM rate, the TP collectives and the logits. The one
 fitted number is ``step_time.REST_PASSES``: what the rest of every layer costs, as passes over
 each token's (hidden + ffn) row at the memory rate, fitted by least squares on the relative

@@ -61,7 +61,7 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "plan", "check a config fits; memory, ring traffic, step and job time",
                  "Check that a config can run (sizes that divide, memory per GPU), and print "
                  "what it costs: memory per GPU, the ring's traffic, the context-parallel "
-                 "layouts the time model considered (and those the config excludes, with why), "
+                 "topologies the time model considered (and those the config excludes, with why), "
                  "the predicted step time, tokens/s per GPU, MFU and the time to train "
                  "training.train_iters iterations.")
     p.add_argument("config", help=CONFIG_HELP)

@@ -3,7 +3,7 @@
 A config in configs/ opens with comment lines: first what the run is for and why it is laid
 out so, by hand and without numbers (a number typed there drifts from the code that computes
 it), then a block between two marker lines that this module writes from the functions `plan`
-prints with: layout, memory per GPU, the ring's bytes and time (a sliding-window layer's
+prints with: topology, memory per GPU, the ring's bytes and time (a sliding-window layer's
 apart), the step and the job.
 
     python -m megatron_burst.launch.config_header configs/*.yaml           # rewrite the blocks
@@ -52,7 +52,7 @@ def _sentences(cfg: Config) -> list[str]:
     ]
     if p.context > 1:
         t = ring_traffic(cfg)
-        line = (f"Attention: {t['layout'].describe()}; per layer and microbatch a rank sends "
+        line = (f"Attention: {t['topology'].describe()}; per layer and microbatch a rank sends "
                 f"at most {format_bytes(t['forward'])} forward and {format_bytes(t['backward'])} "
                 f"backward")
         if c.hardware.timed:

@@ -27,7 +27,7 @@ none, which Megatron reports as missing files. A killed run's leftovers (its ver
 a temporary link) are removed by the next run, under the lock. Nothing else is deleted: a
 folder where PREFIX.bin or PREFIX.idx should be is refused, ``--force`` or not.
 
-What no layout of two files can give: Megatron opens PREFIX.idx and PREFIX.bin one after
+What no arrangement of two files can give: Megatron opens PREFIX.idx and PREFIX.bin one after
 the other, so a reader that starts in the instant of a switch, between its two opens, can
 pair an old .idx with a new .bin. Replace a dataset while no job is starting on it; jobs
 already reading keep the files they opened (a replaced version is unlinked, not rewritten).

@@ -106,17 +106,17 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
         # entry point's document masks need --cp-comm-type to say so.
         f += ["--cp-comm-type", RING_COMM_TYPE]
     else:
-        # The layout `plan` reports, resolved once here ('auto' by the time model with the
+        # The topology `plan` reports, resolved once here ('auto' by the time model with the
         # cluster's profile), so the adapter runs exactly it and decides nothing again.
-        layout = topology_of(cfg)
-        f += ["--cp-comm-type", layout.cp_comm_type,
-              "--burst-backward", layout.backward,
-              "--burst-ulysses-size", str(layout.ulysses)]
-        if layout.double:
-            f += ["--burst-intra-node-size", str(layout.ranks_per_node)]
-        if layout.hierarchical_sizes:
+        topology = topology_of(cfg)
+        f += ["--cp-comm-type", topology.cp_comm_type,
+              "--burst-backward", topology.backward,
+              "--burst-ulysses-size", str(topology.ulysses)]
+        if topology.double:
+            f += ["--burst-intra-node-size", str(topology.ranks_per_node)]
+        if topology.hierarchical_sizes:
             f += ["--hierarchical-context-parallel-sizes",
-                  *map(str, layout.hierarchical_sizes)]
+                  *map(str, topology.hierarchical_sizes)]
     # BurstAttention reads no attention mask; upstream pretrain_gpt.py would otherwise build
     # a dense [s, s] one per sample in the dataloader (2.5 s per iteration at 16K tokens).
     f += ["--no-create-attention-mask-in-dataloader"]

@@ -181,10 +181,10 @@ def _stage_activations(cfg: Config, stage: str) -> tuple[int, int]:
 def ring_buffer_bytes(cfg: Config) -> int:
     """What one attention layer's ring holds per rank while it runs: the fp32 output and dQ
     accumulators, the K/V double buffer, and the fp32 dK/dV accumulators in flight."""
-    layout = topology_of(cfg)
-    hq, hkv = layout.ring_heads
-    d, dv, e = layout.heads.head_dim, layout.heads.v_head_dim, layout.heads.elem_bytes
-    tokens = cfg.training.micro_batch_size * cfg.model.seq_length // layout.ring_size
+    topology = topology_of(cfg)
+    hq, hkv = topology.ring_heads
+    d, dv, e = topology.heads.head_dim, topology.heads.v_head_dim, topology.heads.elem_bytes
+    tokens = cfg.training.micro_batch_size * cfg.model.seq_length // topology.ring_size
     return (tokens * hq * (dv + d) * 4              # fp32 out (V's dim) and dQ accumulators
             + 2 * tokens * hkv * (d + dv) * e       # K/V double buffer
             + tokens * hkv * (d + dv) * 4 * 2)      # dK/dV accumulators in flight

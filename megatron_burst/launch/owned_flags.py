@@ -1,6 +1,6 @@
 """The Megatron flags a config's keys decide, so that `megatron_args` cannot set them again.
 
-`flags.megatron_flags` writes the parallel sizes, the sequence length, the CP layout, the
+`flags.megatron_flags` writes the parallel sizes, the sequence length, the CP topology, the
 batch, the model's shape and the schedule from the config's keys, and `plan` checks and
 prices exactly those values. Megatron's parser lets the last occurrence of a flag win, so a
 ``megatron_args: ["--context-parallel-size", "2"]`` appended after the planned
@@ -52,12 +52,12 @@ OWNED_FLAGS: dict[str, str] = {
     "--multi-latent-attention": "model.multi_latent_attention",
     "--rope-type": "model.position_embedding (multi-latent attention runs it as rope-type rope)",
     **{f"--{key.replace('_', '-')}": f"model.{key}" for key in MLA_KEYS},
-    # Parallel layout.
+    # Parallel sizes.
     "--tensor-model-parallel-size": "parallel.tensor",
     "--pipeline-model-parallel-size": "parallel.pipeline",
     "--context-parallel-size": "parallel.context",
     "--sequence-parallel": "parallel.sequence_parallel",
-    "--cp-comm-type": "burst.ulysses_size and burst.intra_node_size (the planned CP layout)",
+    "--cp-comm-type": "burst.ulysses_size and burst.intra_node_size (the planned CP topology)",
     "--hierarchical-context-parallel-sizes": "burst.intra_node_size and burst.ulysses_size",
     # Batch, schedule, precision, optimizer, recompute.
     "--micro-batch-size": "training.micro_batch_size",

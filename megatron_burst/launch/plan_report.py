@@ -1,8 +1,8 @@
-"""The text `megatron-burst plan` prints: shape, memory per GPU, the ring, the layouts ranked,
+"""The text `megatron-burst plan` prints: shape, memory per GPU, the ring, the topologies ranked,
 the step and the job.
 
 Every time in it comes from one time model, ``megatron_burst.timing`` with the cluster's
-profile: the attention time of the chosen layout is the row the layout table marks, and the
+profile: the attention time of the chosen topology is the row the topology table marks, and the
 step time (``step_time``) is built on that same number. Sizes are binary units (``units``).
 """
 from __future__ import annotations
@@ -12,9 +12,8 @@ import dataclasses
 from ..topology import CPTopology
 from ..timing import PROFILES_DIR, load_profile
 from .config import Config
-from .resolve import topology_of
-from .topology_candidates import layout_rows, tie_note, window_prediction
-from .resolve import group_ranks_per_node, tokens_per_rank
+from .resolve import group_ranks_per_node, tokens_per_rank, topology_of
+from .topology_candidates import tie_note, topology_rows, window_prediction
 from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes, ring_buffer_bytes
 from .step_time import (ATTENTION_FORWARD_SHARE, STEP_MARGIN, StepTime, format_duration,
                         predict_step)
@@ -23,12 +22,13 @@ from .job_plan import job_plan
 
 
 def ring_traffic(cfg: Config) -> dict[str, object]:
-    """What one CP rank sends per attention layer and microbatch, from the run's layout."""
-    layout = topology_of(cfg)
-    other = dataclasses.replace(layout, backward="ring" if layout.backward == "burst" else "burst")
+    """What one CP rank sends per attention layer and microbatch, from the run's topology."""
+    topology = topology_of(cfg)
+    other = dataclasses.replace(topology,
+                                backward="ring" if topology.backward == "burst" else "burst")
     tokens = tokens_per_rank(cfg)
-    fwd, bwd = layout.call_bytes(tokens)
-    return {"layout": layout, "forward": fwd, "forward_hop": layout.hop_bytes(tokens),
+    fwd, bwd = topology.call_bytes(tokens)
+    return {"topology": topology, "forward": fwd, "forward_hop": topology.hop_bytes(tokens),
             "backward": bwd, "other_backward": other.call_bytes(tokens)[1]}
 
 
@@ -93,28 +93,28 @@ def _memory_lines(cfg: Config) -> list[str]:
     return out
 
 
-def _topology(cfg: Config, layout: CPTopology) -> str:
-    if layout.cp <= group_ranks_per_node(cfg):
-        return f"flat ring of {layout.ring_size} inside one node (intra-node links)"
-    if layout.double:
-        return (f"double ring: {layout.inner_ring} positions per node on NVLink x "
-                f"{layout.outer_ring} nodes over InfiniBand")
-    return f"flat ring of {layout.ring_size} across nodes (every step waits on InfiniBand)"
+def _topology(cfg: Config, topology: CPTopology) -> str:
+    if topology.cp <= group_ranks_per_node(cfg):
+        return f"flat ring of {topology.ring_size} inside one node (intra-node links)"
+    if topology.double:
+        return (f"double ring: {topology.inner_ring} positions per node on NVLink x "
+                f"{topology.outer_ring} nodes over InfiniBand")
+    return f"flat ring of {topology.ring_size} across nodes (every step waits on InfiniBand)"
 
 
 def _attention_lines(cfg: Config) -> list[str]:
     b = cfg.burst
     t = ring_traffic(cfg)
-    layout: CPTopology = t["layout"]
-    other = "ring" if layout.backward == "burst" else "burst"
-    h = layout.heads
+    topology: CPTopology = t["topology"]
+    other = "ring" if topology.backward == "burst" else "burst"
+    h = topology.heads
     out = [
         "",
-        f"burst attention: {layout.describe()}; {_topology(cfg, layout)}"
-        + (f", Ulysses all-to-all over {layout.ulysses}" if layout.ulysses > 1 else ""),
+        f"burst attention: {topology.describe()}; {_topology(cfg, topology)}"
+        + (f", Ulysses all-to-all over {topology.ulysses}" if topology.ulysses > 1 else ""),
         f"  per layer and microbatch, a rank sends at most: forward {format_bytes(t['forward'])} "
-        f"({layout.ring_size - 1} hop(s) of {format_bytes(t['forward_hop'])} K/V)",
-        f"  backward '{layout.backward}' {format_bytes(t['backward'])} "
+        f"({topology.ring_size - 1} hop(s) of {format_bytes(t['forward_hop'])} K/V)",
+        f"  backward '{topology.backward}' {format_bytes(t['backward'])} "
         f"(the '{other}' backward would send {format_bytes(t['other_backward'])})"
         + (" [chosen by auto]" if b.backward == "auto" else ""),
         f"  (a bound for every rank: each row on every hop; under the causal mask the zigzag "
@@ -123,15 +123,15 @@ def _attention_lines(cfg: Config) -> list[str]:
         f"  ring buffers and fp32 accumulators: {format_bytes(ring_buffer_bytes(cfg))} per "
         f"rank (in the workspace above)",
     ]
-    if h.hkv < h.hq and layout.backward == "ring":
+    if h.hkv < h.hq and topology.backward == "ring":
         out.append(f"  GQA {h.hq}:{h.hkv} per TP rank: the ring backward moves fewer bytes "
                    f"than burst")
     out += _window_lines(cfg)
     if not cfg.cluster.hardware.timed:
-        return out + [f"  layouts: not ranked for {cfg.cluster.gpu} ranks (the time model's "
+        return out + [f"  topologies: not ranked for {cfg.cluster.gpu} ranks (the time model's "
                       f"profiles describe GPU clusters)"]
-    rows = layout_rows(cfg)
-    out.append("  layouts of the CP group, per full-attention layer and microbatch (fwd+bwd, "
+    rows = topology_rows(cfg)
+    out.append("  topologies of the CP group, per full-attention layer and microbatch (fwd+bwd, "
                "time model; * chosen, x excluded):")
     out += [f"    {row.describe()}" for row in rows]
     tie = tie_note(rows)
@@ -149,10 +149,10 @@ def _attention_lines(cfg: Config) -> list[str]:
 def window_ring_bytes(cfg: Config) -> tuple[int, int]:
     """(forward, backward) bytes the busiest CP rank sends in one sliding-window layer per
     microbatch, exactly as its schedule sends them (``CPTopology.rank_bytes``)."""
-    layout, m = topology_of(cfg), cfg.model
-    per_rank = [layout.rank_bytes(r, batch=cfg.training.micro_batch_size,
-                                  s_local=m.seq_length // layout.cp, window=m.window)
-                for r in range(layout.cp)]
+    topology, m = topology_of(cfg), cfg.model
+    per_rank = [topology.rank_bytes(r, batch=cfg.training.micro_batch_size,
+                                    s_local=m.seq_length // topology.cp, window=m.window)
+                for r in range(topology.cp)]
     return max(per_rank, key=sum)
 
 
@@ -213,7 +213,7 @@ def _step_lines(cfg: Config, step: StepTime | None) -> list[str]:
 
 def report(cfg: Config, warnings: list[str] | None = None,
            notes: list[str] | None = None) -> str:
-    """The human-readable plan: shape, memory per GPU, the ring, the layouts, step and job."""
+    """The human-readable plan: shape, memory per GPU, the ring, the topologies, step and job."""
     out = [f"note: {note}" for note in notes or []]
     out += _shape_lines(cfg) + _memory_lines(cfg)
     if cfg.parallel.context > 1:

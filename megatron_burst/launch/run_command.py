@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def check_imports(cfg: Config) -> None:
-    """Import what the run of ``cfg`` will (its layout's and tokenizer's modules included),
+    """Import what the run of ``cfg`` will (its topology's and tokenizer's modules included),
     so a missing one stops it here, in one line, not in every rank after start-up."""
     problem = import_problem(run_needs(cfg))
     if problem:

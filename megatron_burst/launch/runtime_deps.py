@@ -2,7 +2,7 @@
 
 A run that starts and then dies on a missing module wastes a queue wait (on a cluster) or
 a minute of start-up (on CPU), and its error is a traceback per rank. The modules a run
-imports follow from its config: megatron-core always; einops when the CP layout passes
+imports follow from its config: megatron-core always; einops when the CP topology passes
 ``--hierarchical-context-parallel-sizes`` (megatron-core's ``parallel_state`` builds those
 groups with it, and only then imports it); Megatron's training loop on GPUs; the tokenizer's
 library. `run --dry-run`, `run` itself and the sbatch pre-flight import exactly this list
@@ -61,12 +61,13 @@ def run_needs(cfg: Config) -> list[Need]:
         needs.append(Need("triton", "triton", "megatron",
                           "the CPU run builds megatron-core's GPTModel, whose imports need "
                           "triton"))
-    layout = topology_of(cfg) if cfg.parallel.context > 1 else None
-    if layout is not None and layout.hierarchical_sizes:
+    topology = topology_of(cfg) if cfg.parallel.context > 1 else None
+    if topology is not None and topology.hierarchical_sizes:
         needs.append(Need("einops", "einops", "megatron",
                           f"megatron-core builds the CP groups of "
                           f"--hierarchical-context-parallel-sizes "
-                          f"{' '.join(map(str, layout.hierarchical_sizes))} ({layout.describe()}) "
+                          f"{' '.join(map(str, topology.hierarchical_sizes))} "
+                          f"({topology.describe()}) "
                           f"with einops"))
     if not on_cpu:
         needs.append(TRAINING)

@@ -1,7 +1,7 @@
 """What one training step takes, and what that makes of the job: the numbers `plan` and `slurm` use.
 
 Attention is the time model's (``megatron_burst.timing.predict``): the same prediction, for
-the same layout, tokens and profile, that ranked the layouts and that `auto` chose by, so the
+the same topology, tokens and profile, that ranked the topologies and that `auto` chose by, so the
 plan shows one time per layer, not two. Sliding-window layers (``model.window_size``) are
 timed apart, step by step from their schedule (``scheduled_time``), and counted as many
 times as the busiest stage has them. The rest of a layer is its matrix multiplies, FLOPs

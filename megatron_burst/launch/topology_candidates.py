@@ -1,13 +1,13 @@
-"""The context-parallel layouts a run could use, as `plan` shows them: ranked by the time model,
+"""The context-parallel topologies a run could use, as `plan` shows them: ranked by the time model,
 the chosen one marked, and those the config or the shape rules out said so, with why.
 
 The universe is what ``timing.candidates`` enumerates for the CP group with nothing fixed
 (every Ulysses split the heads and the node allow, flat or double ring, either backward);
-the layouts the config admits are what it enumerates with the config's fixed values, the
+the topologies the config admits are what it enumerates with the config's fixed values, the
 same call `auto` chooses from. Every row's time is ``timing.predict`` for the run's tokens
 per rank and profile, so the chosen row is the attention time the step time is built on.
 The ranking is of a full-attention layer (the one `auto` chooses by); a model's sliding-window
-layers run the chosen layout and are timed apart (``window_prediction``).
+layers run the chosen topology and are timed apart (``window_prediction``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .resolve import group_ranks_per_node, tokens_per_rank, topology_of
 
 
 def chosen_prediction(cfg: Config) -> Prediction:
-    """The time model's prediction for the run's own layout: one layer, one microbatch."""
+    """The time model's prediction for the run's own topology: one layer, one microbatch."""
     return predict(topology_of(cfg), load_profile(cfg.cluster.profile_name),
                    tokens=tokens_per_rank(cfg), causal=True,
                    cp_ranks_per_node=group_ranks_per_node(cfg))
@@ -41,11 +41,11 @@ def window_prediction(cfg: Config) -> Prediction | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class LayoutRow:
-    """One layout of the plan's table: its predicted time, and whether it could run here."""
+class TopologyRow:
+    """One topology of the plan's table: its predicted time, and whether it could run here."""
 
     ulysses: int
-    prediction: Prediction | None  # None: no layout with this Ulysses split can run
+    prediction: Prediction | None  # None: no topology with this Ulysses split can run
     excluded: str | None  # why this run does not consider it; None: considered
     chosen: bool = False
 
@@ -59,7 +59,7 @@ class LayoutRow:
 
 
 def config_fixes(cfg: Config) -> dict[str, Any]:
-    """What the config fixes of the layout, as ``timing.candidates`` takes it."""
+    """What the config fixes of the topology, as ``timing.candidates`` takes it."""
     b = cfg.burst
     fixed: dict[str, Any] = {}
     if b.intra_node_size != "auto":
@@ -71,23 +71,23 @@ def config_fixes(cfg: Config) -> dict[str, Any]:
     return fixed
 
 
-def _why_excluded(layout: CPTopology, cfg: Config, fixed: dict[str, Any]) -> str:
-    """Which of the config's fixed values rules ``layout`` out."""
+def _why_excluded(topology: CPTopology, cfg: Config, fixed: dict[str, Any]) -> str:
+    """Which of the config's fixed values rules ``topology`` out."""
     b, reasons = cfg.burst, []
-    if "ulysses" in fixed and layout.ulysses != fixed["ulysses"]:
+    if "ulysses" in fixed and topology.ulysses != fixed["ulysses"]:
         reasons.append(f"burst.ulysses_size is {b.ulysses_size} (auto would consider it)")
     if "ranks_per_node" in fixed:
-        ring = CPTopology.build(layout.cp, ulysses=layout.ulysses, backward=layout.backward,
-                                ranks_per_node=fixed["ranks_per_node"], heads=layout.heads)
-        if ring.ranks_per_node != layout.ranks_per_node:
+        ring = CPTopology.build(topology.cp, ulysses=topology.ulysses, backward=topology.backward,
+                                ranks_per_node=fixed["ranks_per_node"], heads=topology.heads)
+        if ring.ranks_per_node != topology.ranks_per_node:
             reasons.append(f"burst.intra_node_size is {b.intra_node_size}")
-    if "backward" in fixed and layout.backward != fixed["backward"]:
+    if "backward" in fixed and topology.backward != fixed["backward"]:
         reasons.append(f"burst.backward is {b.backward}")
     return "; ".join(reasons) or "not admitted by the config"
 
 
 def _why_no_ulysses(u: int, heads: HeadShape, per_node: int) -> str:
-    """Why no layout splits heads ``u`` ways (the checks ``timing.candidates`` makes)."""
+    """Why no topology splits heads ``u`` ways (the checks ``timing.candidates`` makes)."""
     try:
         check_heads(heads, u)
     except ValueError as e:
@@ -96,8 +96,8 @@ def _why_no_ulysses(u: int, heads: HeadShape, per_node: int) -> str:
             f"one)")
 
 
-def layout_rows(cfg: Config) -> list[LayoutRow]:
-    """Every layout of the run's CP group: considered ones fastest first, then the excluded."""
+def topology_rows(cfg: Config) -> list[TopologyRow]:
+    """Every topology of the run's CP group: considered ones fastest first, then the excluded."""
     p = cfg.parallel
     chosen = topology_of(cfg)
     heads, per_node = chosen.heads, group_ranks_per_node(cfg)
@@ -108,21 +108,20 @@ def layout_rows(cfg: Config) -> list[LayoutRow]:
     admitted.add(chosen)  # fixed values `candidates` would drop still run as configured
     every = candidates(p.context, heads, cp_ranks_per_node=per_node)
     rows = []
-    for layout in dict.fromkeys([chosen, *admitted, *every]):
-        pred = predict(layout, prof, tokens=tokens, causal=True, cp_ranks_per_node=per_node)
-        rows.append(LayoutRow(layout.ulysses, pred,
-                              None if layout in admitted else _why_excluded(layout, cfg, fixed),
-                              layout == chosen))
-    splits = {layout.ulysses for layout in [*admitted, *every]}
-    rows += [LayoutRow(u, None, _why_no_ulysses(u, heads, per_node))
+    for topology in dict.fromkeys([chosen, *admitted, *every]):
+        pred = predict(topology, prof, tokens=tokens, causal=True, cp_ranks_per_node=per_node)
+        excluded = None if topology in admitted else _why_excluded(topology, cfg, fixed)
+        rows.append(TopologyRow(topology.ulysses, pred, excluded, topology == chosen))
+    splits = {topology.ulysses for topology in [*admitted, *every]}
+    rows += [TopologyRow(u, None, _why_no_ulysses(u, heads, per_node))
              for u in range(2, p.context + 1) if p.context % u == 0 and u not in splits]
     return sorted(rows, key=lambda r: (r.excluded is not None, r.prediction is None,
                                        r.prediction.total_s if r.prediction else 0.0,
                                        not r.chosen))
 
 
-def tie_note(rows: list[LayoutRow]) -> str | None:
-    """A line saying so when a considered layout predicts the chosen one's time."""
+def tie_note(rows: list[TopologyRow]) -> str | None:
+    """A line saying so when a considered topology predicts the chosen one's time."""
     chosen = next((r for r in rows if r.chosen), None)
     if chosen is None:
         return None
@@ -130,5 +129,5 @@ def tie_note(rows: list[LayoutRow]) -> str | None:
             and round(r.prediction.total_s, 6) == round(chosen.prediction.total_s, 6)]
     if not ties:
         return None
-    return (f"{len(ties)} considered layout(s) predict the chosen one's time: the choice "
+    return (f"{len(ties)} considered topologies predict the chosen one's time: the choice "
             f"between equals takes fewer Ulysses ranks, then fewer bytes, then the flat ring")

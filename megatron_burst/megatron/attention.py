@@ -3,13 +3,13 @@
 `BurstDotProductAttention` is a drop-in `core_attention` for Megatron-Core's `SelfAttention`
 (megatron-core 0.16 to 0.19). It takes the tensors Megatron hands to core attention, already
 split by `get_batch_on_this_cp_rank` (zigzag, 2*cp chunks) and by tensor parallelism (heads),
-and returns the attention output in the same layout:
+and returns the attention output in the same format:
 
     query [s/cp, b, hq/tp, d], key/value [s/cp, b, hkv/tp, d] (GQA not expanded)
     -> [s/cp, b, hq/tp * d]
 
 or, for packed sequences (THD, `PackedSeqParams`), [t, h, d] -> [t, h * d]. Packed
-documents in the [s, b, h, d] layout come with `DocumentParams` (batch 1, sharded with the
+documents in the [s, b, h, d] format (sbhd) come with `DocumentParams` (batch 1, sharded with the
 layout it names, `whole_docs` by default); see `megatron_burst.megatron.documents`. Which
 masks are honoured, and which refused, is `megatron_burst.megatron.masks`.
 

@@ -35,7 +35,7 @@ BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
 @dataclasses.dataclass
 class DocumentParams(PackedSeqParams):
-    """`packed_seq_params` for packed documents in Megatron's [s, b, h, d] layout.
+    """`packed_seq_params` for packed documents in Megatron's [s, b, h, d] format.
 
     `cu_seqlens_q` (= `cu_seqlens_kv`) are the boundaries of the whole packed sequence
     [0, n0, n0+n1, ..., s], the same on every CP rank; `layout` is how the batch was

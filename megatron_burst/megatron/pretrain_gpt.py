@@ -9,7 +9,7 @@ Built on `megatron.training.pretrain` (shipped in the megatron-core wheel from 0
 releases put Megatron-LM on PYTHONPATH). With `--cp-comm-type burst` (or `a2a+burst`) and no
 `--spec`, the layers use `megatron_burst.megatron.spec.get_gpt_layer_burst_spec`. Batches are
 split across CP ranks by megatron-core's `get_batch_on_this_cp_rank` (zigzag), which is the
-layout BurstAttention expects; the CP layout chosen is logged at start-up.
+layout BurstAttention expects; the CP topology chosen is logged at start-up.
 
 With `--burst-document-mask` (and `--micro-batch-size 1`) every sample is a pack of
 documents that end at EOD tokens: attention stays inside each document and RoPE positions
@@ -198,7 +198,7 @@ def use_prebuilt_dataset_helpers() -> None:
 
 
 def main() -> None:
-    """Parse Megatron's flags plus --burst-*, log the CP layout, and train."""
+    """Parse Megatron's flags plus --burst-*, log the CP topology, and train."""
     use_prebuilt_dataset_helpers()
     defaults = {"tokenizer_type": "GPT2BPETokenizer"}
     if not _NEW_PRETRAIN:

@@ -81,7 +81,7 @@ def with_train_iters(cfg: Config, iters: int) -> Config:
 
 
 def predicted_ring_bytes(cfg: Config, iters: int) -> tuple[int, int]:
-    """(forward, backward) bytes CP rank 0 sends over ``iters`` steps, per the layout."""
+    """(forward, backward) bytes CP rank 0 sends over ``iters`` steps, per the topology."""
     m, p, tr = cfg.model, cfg.parallel, cfg.training
     if p.context == 1:
         return 0, 0
@@ -162,7 +162,7 @@ def _raise_rank_failure(results: Any, rank: int, exitcode: int) -> None:
 
 
 def describe_cpu_run(cfg: Config, iters: int | None = None, tokenizer: Any = None) -> str:
-    """One line: the model, the ranks and their layout, the iterations and the data."""
+    """One line: the model, the ranks and their topology, the iterations and the data."""
     p = cfg.parallel
     iters = iters or cfg.training.train_iters
     return (f"{cfg.model.name}, {p.tensor * p.context * p.pipeline * p.data} gloo ranks "

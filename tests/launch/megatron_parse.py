@@ -7,7 +7,7 @@ the 0.17+ wheels do but declare Python >= 3.12. Their argument parser is pure Py
 imports on 3.11 once ``typing.override`` (a 3.12 name) exists, so CI unpacks such a wheel
 at MEGATRON_PATH and runs this script, which puts it first on sys.path. Exit status 0
 means every config's flags passed ``parse_args`` and ``validate_args``, the attention
-variant (sinks, windows, MLA) reads back as the config says, and the CP layout read back
+variant (sinks, windows, MLA) reads back as the config says, and the CP topology read back
 from the parsed arguments is the one the config plans; otherwise every failing config is
 named.
 """
@@ -38,7 +38,7 @@ os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
 
 
 def check(path: str) -> None:
-    """Parse and validate one config's flags; the layout read back is the plan's."""
+    """Parse and validate one config's flags; the topology read back is the plan's."""
     cfg = load_config(path)
     sys.argv = ["pretrain_gpt", *megatron_flags(cfg, env=ENV, save="/ckpt", load="/ckpt")]
     os.environ["WORLD_SIZE"] = str(cfg.cluster.world_size)
@@ -53,7 +53,7 @@ def check(path: str) -> None:
         m.softmax_type, m.multi_latent_attention), path
     assert args.window_size == m.window and args.window_attn_skip_freq == \
         m.window_attn_skip_freq, path
-    if cfg.parallel.context > 1:  # the adapter's layout from these args is the plan's
+    if cfg.parallel.context > 1:  # the adapter's topology from these args is the plan's
         adapter, planned = topology_from_args(args), topology_of(cfg)
         assert adapter == planned, f"{path}: the adapter reads {adapter}, the plan {planned}"
 

@@ -120,9 +120,9 @@ def test_ring_traffic_comes_from_the_cost_model():
     hkv = cfg.model.num_query_groups // cfg.parallel.tensor
     assert t["forward"] == cost.forward_bytes(cfg.parallel.context, tokens, hkv, 128, 2)
     # GQA 32:8 -> the ring backward sends less, and auto picks it.
-    assert t["layout"].backward == "ring" and t["backward"] < t["other_backward"]
+    assert t["topology"].backward == "ring" and t["backward"] < t["other_backward"]
     mha = ring_traffic(_cfg("llama2-7b-128k"))
-    assert mha["layout"].backward == "burst" and mha["backward"] < mha["other_backward"]
+    assert mha["topology"].backward == "burst" and mha["backward"] < mha["other_backward"]
 
 
 def test_plan_speaks_one_unit_family_and_counts_in_words():

@@ -1,5 +1,6 @@
-"""`plan`'s times come from one time model: the layout table, the chosen layout's attention time
-and the step built on it agree with `megatron_burst.timing`; excluded layouts say why."""
+"""`plan`'s times come from one time model: the topology table, the chosen topology's
+attention time and the step built on it agree with `megatron_burst.timing`; excluded
+topologies say why."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +10,7 @@ import pytest
 
 from megatron_burst.launch.resolve import group_ranks_per_node, tokens_per_rank, topology_of
 from megatron_burst.launch.config import load_config, resize_note, with_nodes
-from megatron_burst.launch.topology_candidates import chosen_prediction, layout_rows
+from megatron_burst.launch.topology_candidates import chosen_prediction, topology_rows
 from megatron_burst.launch.plan import make_plan
 from megatron_burst.launch.step_time import format_duration, predict_step, stage_window_layers
 from megatron_burst.timing import choose, load_profile, predict
@@ -25,20 +26,20 @@ def _cfg(name: str):
 
 
 @pytest.mark.parametrize("path", CP_CONFIGS, ids=lambda p: p.stem)
-def test_every_time_in_the_layout_table_is_the_time_models(path):
+def test_every_time_in_the_topology_table_is_the_time_models(path):
     cfg = load_config(path)
     text = make_plan(cfg)
     prof = load_profile(cfg.cluster.profile_name)
-    rows = layout_rows(cfg)
+    rows = topology_rows(cfg)
     for row in rows:
         if row.prediction is None:
             continue
-        again = predict(row.prediction.layout, prof, tokens=tokens_per_rank(cfg), causal=True,
+        again = predict(row.prediction.topology, prof, tokens=tokens_per_rank(cfg), causal=True,
                         cp_ranks_per_node=group_ranks_per_node(cfg))
         assert again == row.prediction
         assert row.prediction.describe() in text
     chosen = [r for r in rows if r.chosen]
-    assert len(chosen) == 1 and chosen[0].prediction.layout == topology_of(cfg)
+    assert len(chosen) == 1 and chosen[0].prediction.topology == topology_of(cfg)
     # Attention per layer is printed once: the table's times are the only "ms fwd+bwd" ones.
     assert len(re.findall(r"ms fwd\+bwd", text)) == sum(r.prediction is not None for r in rows)
 
@@ -51,11 +52,11 @@ def test_auto_chooses_what_the_table_ranks_first(path):
     fixed["ranks_per_node"] = None if b.intra_node_size in (None, 1) else b.intra_node_size
     if b.backward != "auto":
         fixed["backward"] = b.backward
-    layout = topology_of(cfg)
-    best = choose(cfg.parallel.context, layout.heads, tokens=tokens_per_rank(cfg),
+    topology = topology_of(cfg)
+    best = choose(cfg.parallel.context, topology.heads, tokens=tokens_per_rank(cfg),
                   prof=load_profile(cfg.cluster.profile_name),
                   cp_ranks_per_node=group_ranks_per_node(cfg), **fixed)[0]
-    considered = [r for r in layout_rows(cfg) if r.excluded is None]
+    considered = [r for r in topology_rows(cfg) if r.excluded is None]
     assert considered[0].chosen and considered[0].prediction == best
     assert chosen_prediction(cfg) == best
 

@@ -1,5 +1,5 @@
 """Every module a shipped config's run imports is in an install extra, `run --dry-run` imports
-them, and the CPU job runs every layout kind the package ships (Ulysses, Ulysses x ring, the
+them, and the CPU job runs every topology kind the package ships (Ulysses, Ulysses x ring, the
 double ring), as a fresh install with the README's extras has it."""
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_every_module_a_shipped_config_imports_is_in_its_extra(path):
         assert f".[{need.extra}]" in need.missing()
 
 
-def test_hierarchical_layouts_need_einops_and_flat_rings_do_not():
+def test_hierarchical_topologies_need_einops_and_flat_rings_do_not():
     for path in CONFIGS:
         cfg = load_config(path)
         hierarchical = cfg.parallel.context > 1 and bool(topology_of(cfg).hierarchical_sizes)
@@ -55,7 +55,7 @@ def test_hierarchical_layouts_need_einops_and_flat_rings_do_not():
 
 
 def _variant(tmp_path, name: str, **changes) -> str:
-    """tiny-llama-cpu with another layout, written as a config file."""
+    """tiny-llama-cpu with another topology, written as a config file."""
     text = TINY.read_text()
     for key, value in changes.items():
         text = re.sub(rf"^(\s+{key}:)\s*\S+", rf"\1 {value}", text, count=1, flags=re.M)
@@ -64,15 +64,15 @@ def _variant(tmp_path, name: str, **changes) -> str:
     return str(path)
 
 
-LAYOUTS = {  # the layout kinds the package ships, on the tiny model's 4 CPU ranks
+TOPOLOGIES = {  # the topology kinds the package ships, on the tiny model's 4 CPU ranks
     "ulysses": dict(ulysses_size=2),  # TP=2 x CP=2, all of CP in one all-to-all
     "ulysses-x-ring": dict(tensor=1, context=4, sequence_parallel="false", ulysses_size=2),
     "double-ring": dict(tensor=1, context=4, sequence_parallel="false", intra_node_size=2),
 }
 
 
-def test_dry_run_imports_what_the_layout_needs(tmp_path, monkeypatch, capsys):
-    path = _variant(tmp_path, "double", **LAYOUTS["double-ring"])
+def test_dry_run_imports_what_the_topology_needs(tmp_path, monkeypatch, capsys):
+    path = _variant(tmp_path, "double", **TOPOLOGIES["double-ring"])
     real = importlib.import_module
 
     def without_einops(name, package=None):
@@ -89,10 +89,10 @@ def test_dry_run_imports_what_the_layout_needs(tmp_path, monkeypatch, capsys):
     assert main(["run", path, "--dry-run"]) == 0
 
 
-@pytest.mark.parametrize("kind", LAYOUTS)
-def test_cpu_job_runs_every_layout_kind(tmp_path, kind):
+@pytest.mark.parametrize("kind", TOPOLOGIES)
+def test_cpu_job_runs_every_topology_kind(tmp_path, kind):
     """The job itself, as `megatron-burst run` starts it: losses equal the CP=1 run's."""
-    cfg = load_config(_variant(tmp_path, kind, **LAYOUTS[kind]))
+    cfg = load_config(_variant(tmp_path, kind, **TOPOLOGIES[kind]))
     assert runtime_deps.import_problem(runtime_deps.run_needs(cfg)) is None
     main_run, ref = run_cpu(cfg, iters=3, echo=lambda line: None)
     assert ref is not None and max(abs(a - b) for a, b in zip(main_run.losses, ref.losses)) < 1e-4

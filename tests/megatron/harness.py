@@ -2,7 +2,7 @@
 and gradients between the reference's full tensors and a TP/PP-sharded model.
 
 The reference is megatron-core's own local spec (its DotProductAttention, no BurstAttention
-anywhere) at TP=PP=CP=1; every parallel layout loads the reference's weights and must give
+anywhere) at TP=PP=CP=1; every parallel setup loads the reference's weights and must give
 the reference's loss and (gathered) gradients.
 """
 from __future__ import annotations
@@ -128,18 +128,18 @@ def reports_here() -> bool:
 
 
 def burst_model(tp: int, pp: int, cp: int, weights: Dict[str, torch.Tensor], **config_kwargs: Any) -> torch.nn.Module:
-    """The tiny Llama with BurstAttention on a fresh TP/PP/CP layout, reference weights loaded."""
+    """The tiny Llama with BurstAttention on a fresh TP/PP/CP setup, reference weights loaded."""
     cm.init_parallel(tp=tp, pp=pp, cp=cp)
     model = cm.build_tiny_llama(SHAPE, **config_kwargs)
     load_reference_weights(model, weights)
     return model
 
 
-def layout_step(
+def parallel_step(
     batch: Dict[str, torch.Tensor], weights: Dict[str, torch.Tensor], tp: int = 1, pp: int = 1, cp: int = 1,
     **config_kwargs: Any,
 ) -> Optional[Dict[str, Any]]:
-    """Loss and gathered grads of one step on a layout; None on ranks that do not report."""
+    """Loss and gathered grads of one step on a parallel setup; None on ranks that do not report."""
     model = burst_model(tp, pp, cp, weights, **config_kwargs)
     loss = cm.train_step(model, cm.split_batch_for_cp(batch), num_tokens=int(batch["loss_mask"].sum()))
     grads = gather_full_grads(model)

@@ -5,7 +5,7 @@ pretrain_gpt.py with patches/ applied) hand the parsed options to
 `megatron_burst.megatron.entry.configure_run` and make document batches with
 `entry.document_batch`; the patch and the entry point are checked to call exactly those.
 The walk takes the options from the parser itself, so an option added later without a case
-here fails the test. What a run does is everything `configure_run` decides: the layout, the
+here fails the test. What a run does is everything `configure_run` decides: the topology, the
 layer spec, the model hooks, remat, the document layout, and the dataloader's dense mask.
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """megatron-core GPTModel with BurstAttention on CPU gloo ranks matches the CP=1 reference.
 
 The reference is megatron-core's own local attention at TP=PP=CP=1 (no BurstAttention code);
-every layout loads its weights, and loss and gradients (all parameters, including the
+every parallel setup loads its weights, and loss and gradients (all parameters, including the
 embedding, a QKV weight and the final norm) must match to fp32 tolerance. Each spawn runs
-several layouts in turn, because starting ranks costs more than a tiny step.
+several parallel setups in turn, because starting ranks costs more than a tiny step.
 """
 from __future__ import annotations
 
@@ -30,28 +30,28 @@ def _reference_case():
     return batch, weights, {"reference": {"loss": loss, "grads": grads}}
 
 
-def _four_rank_layouts(rank: int, world: int) -> dict:
+def _four_rank_setups(rank: int, world: int) -> dict:
     batch, weights, out = _reference_case()
-    out["cp4"] = harness.layout_step(batch, weights, cp=4)
-    out["tp2_cp2"] = harness.layout_step(batch, weights, tp=2, cp=2)
-    out["tp2_cp2_sp"] = harness.layout_step(batch, weights, tp=2, cp=2, sequence_parallel=True)
-    out["pp2_cp2"] = harness.layout_step(batch, weights, pp=2, cp=2)
+    out["cp4"] = harness.parallel_step(batch, weights, cp=4)
+    out["tp2_cp2"] = harness.parallel_step(batch, weights, tp=2, cp=2)
+    out["tp2_cp2_sp"] = harness.parallel_step(batch, weights, tp=2, cp=2, sequence_parallel=True)
+    out["pp2_cp2"] = harness.parallel_step(batch, weights, pp=2, cp=2)
     # Megatron's hierarchical CP sizes [2, 2]: a double ring of 2 "nodes" x 2 ranks.
-    out["cp4_double_ring"] = harness.layout_step(
+    out["cp4_double_ring"] = harness.parallel_step(
         batch, weights, cp=4, hierarchical_context_parallel_sizes=[2, 2])
     # Ulysses 2 x ring 2, one Ulysses group (2 ranks, one ring position) per node.
-    out["cp4_ulysses2_double"] = harness.layout_step(
+    out["cp4_ulysses2_double"] = harness.parallel_step(
         batch, weights, cp=4, spec_kwargs={"ulysses_size": 2, "intra_node_size": 2})
     return out
 
 
-def _two_rank_layouts(rank: int, world: int) -> dict:
+def _two_rank_setups(rank: int, world: int) -> dict:
     batch, weights, out = _reference_case()
-    out["cp2"] = harness.layout_step(batch, weights, cp=2)
-    out["cp2_full_recompute"] = harness.layout_step(batch, weights, cp=2, recompute="full")
-    out["cp2_selective_recompute"] = harness.layout_step(batch, weights, cp=2, recompute="selective")
+    out["cp2"] = harness.parallel_step(batch, weights, cp=2)
+    out["cp2_full_recompute"] = harness.parallel_step(batch, weights, cp=2, recompute="full")
+    out["cp2_selective_recompute"] = harness.parallel_step(batch, weights, cp=2, recompute="selective")
     # An fp16 overflow guard in Megatron whose net softmax scale is unchanged.
-    out["cp2_qk_layer_scaling"] = harness.layout_step(
+    out["cp2_qk_layer_scaling"] = harness.parallel_step(
         batch, weights, cp=2, apply_query_key_layer_scaling=True
     )
     return out
@@ -59,13 +59,13 @@ def _two_rank_layouts(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def four_rank() -> dict:
-    reports = run_ranks(4, _four_rank_layouts, timeout=900)
+    reports = run_ranks(4, _four_rank_setups, timeout=900)
     return _collect(reports)
 
 
 @pytest.fixture(scope="module")
 def two_rank() -> dict:
-    reports = run_ranks(2, _two_rank_layouts, timeout=600)
+    reports = run_ranks(2, _two_rank_setups, timeout=600)
     return _collect(reports)
 
 
@@ -88,13 +88,13 @@ def _assert_matches_reference(cases: dict, name: str) -> None:
 @pytest.mark.parametrize(
     "name", ["cp2", "cp2_full_recompute", "cp2_selective_recompute", "cp2_qk_layer_scaling"]
 )
-def test_two_rank_layout_matches_cp1(two_rank: dict, name: str) -> None:
+def test_two_rank_parallel_setup_matches_cp1(two_rank: dict, name: str) -> None:
     _assert_matches_reference(two_rank, name)
 
 
 @pytest.mark.parametrize("name", ["cp4", "tp2_cp2", "tp2_cp2_sp", "pp2_cp2", "cp4_double_ring",
                                   "cp4_ulysses2_double"])
-def test_four_rank_layout_matches_cp1(four_rank: dict, name: str) -> None:
+def test_four_rank_parallel_setup_matches_cp1(four_rank: dict, name: str) -> None:
     _assert_matches_reference(four_rank, name)
 
 

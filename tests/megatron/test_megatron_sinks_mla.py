@@ -154,7 +154,7 @@ def _worker(rank: int, world: int, name: str, tp: int) -> dict:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_sinks_and_mla_on_gptmodel_equal_cp1(name: str, world: int, tp: int) -> None:
     if tp > 1 and name == "off-by-one":
-        pytest.skip("off-by-one has no parameter: the TP x CP layout adds nothing over CP=2")
+        pytest.skip("off-by-one has no parameter: the TP x CP setup adds nothing over CP=2")
     for out in run_ranks(world, _worker, name, tp, timeout=600):
         torch.testing.assert_close(out["loss"], out["ref_loss"], **TOL)
         if out["grads"] is None:

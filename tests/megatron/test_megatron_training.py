@@ -140,7 +140,7 @@ def _errors(rank: int, world: int) -> dict:
     attempt("old_keyword", base, burst_ulysses_size=2)  # never accepted and ignored
     odd = torch.zeros(3, 1, 4, 16)  # 3 local tokens: 6 in all, not divisible by 2*cp = 4
     attempt("sequence", base, call=lambda m: m(odd, odd[:, :, :2], odd[:, :, :2], None))
-    # Heads not divisible by the TP group's size: a TP=2 layout with 3 query groups.
+    # Heads not divisible by the TP group's size: a TP=2 setup with 3 query groups.
     cm.init_parallel(tp=2)
     attempt(
         "tp_heads",

@@ -1,7 +1,7 @@
 """SequenceParallelTorchNorm and the burst spec's use of it (TP + SP without TE or apex).
 
 The numerical check, TP=2 x CP=2 with sequence parallelism against the CP=1 reference, is in
-test_megatron_parallel.py (layout "tp2_cp2_sp"); these tests pin the pieces it relies on.
+test_megatron_parallel.py (setup "tp2_cp2_sp"); these tests pin the pieces it relies on.
 """
 from __future__ import annotations
 

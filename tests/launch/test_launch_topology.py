@@ -1,12 +1,12 @@
-"""One layout everywhere: what `plan` reports is what the adapter builds from the emitted flags.
+"""One topology everywhere: what `plan` reports is what the adapter builds from the emitted flags.
 
 For every shipped config, and for cp=8 with Ulysses 2 as a flat ring and as a 2 x 2 double
-ring, the config's `CPTopology` (the one `megatron-burst plan` prints) must equal the layout
+ring, the config's `CPTopology` (the one `megatron-burst plan` prints) must equal the topology
 `BurstDotProductAttention` builds from the Megatron flags `megatron-burst flags` emits: once
 handed down through the layer spec's params (the entry points' path: `topology_from_args`,
 resolved once) and once resolved by the layer itself from Megatron's own CP settings and the
 options a spec provider was given (a user's own spec). The flags are parsed by a parser that
-knows only the flags the layout needs plus the adapter's --burst-* arguments, so this runs
+knows only the flags the topology needs plus the adapter's --burst-* arguments, so this runs
 on Python 3.11 too; `test_launch_flags` checks the same flags with Megatron's full parser.
 """
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _layer(args: argparse.Namespace, **params):
                                     pg_collection=groups, **params)
 
 
-def _adapter_layouts(args: argparse.Namespace) -> list[CPTopology]:
+def _adapter_topologies(args: argparse.Namespace) -> list[CPTopology]:
     """The topology BurstDotProductAttention runs: handed down, and resolved by itself."""
     return [_layer(args, topology=topology_from_args(args)).topology,
             _layer(args, burst_options={"backward": args.burst_backward}).topology]
@@ -107,10 +107,10 @@ def _adapter_layouts(args: argparse.Namespace) -> list[CPTopology]:
 
 def _check(cfg) -> CPTopology:
     validate(cfg)
-    planned = ring_traffic(cfg)["layout"]
+    planned = ring_traffic(cfg)["topology"]
     args = _parse(megatron_flags(cfg, env=ENV))
     assert topology_from_args(args) == planned
-    for built in _adapter_layouts(args):
+    for built in _adapter_topologies(args):
         assert built == planned, (built, planned)
     return planned
 
@@ -141,14 +141,14 @@ def _from_megatron(cp: int, comm: str, hier, heads: HeadShape, **given) -> CPTop
 
 
 def test_one_unit_for_ranks_per_node():
-    """`intra_node_size` counts ranks in burst_attn, configs, flags and the layout alike."""
+    """`intra_node_size` counts ranks in burst_attn, configs, flags and the topology alike."""
     heads = HeadShape(8, 8, 64, 2)
-    layout = CPTopology.build(8, ulysses=2, ranks_per_node=4, heads=heads)
-    assert (layout.ranks_per_node, layout.inner_ring) == (4, 2)
+    topology = CPTopology.build(8, ulysses=2, ranks_per_node=4, heads=heads)
+    assert (topology.ranks_per_node, topology.inner_ring) == (4, 2)
     same = _from_megatron(8, "a2a+burst", [2, 2, 2], heads, backward="burst")
-    assert same == layout
+    assert same == topology
     assert _from_megatron(8, "a2a+burst", None, heads, ulysses_size=2, intra_node_size=4,
-                          backward="burst") == layout
+                          backward="burst") == topology
     # Flat with Ulysses: the old bug read the Ulysses size as the inner ring's.
     flat = _from_megatron(8, "a2a+burst", [2, 4], heads, ulysses_size=2)
     assert not flat.double and flat.ring_size == 4
