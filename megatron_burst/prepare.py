@@ -92,7 +92,7 @@ class Prepared:
     (``call_key``) and reused, so a repeated call costs the host a dictionary lookup."""
 
     call: BurstCall
-    cp: CPTopology
+    topology: CPTopology
     sig: dict
     digest: int  # of the signature, for every message's header
     label: int  # of call_label
@@ -145,21 +145,21 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared
     communication)."""
     _validate(q, k, v, world, call)
     check_sinks(sinks, q.shape[2], q.device)
-    cp = _topology(group, world, q, k, v, call)
+    topology = _topology(group, world, q, k, v, call)
     if capturing(q) and call.cu_seqlens is not None:
         raise ValueError("burst_attn with cu_seqlens cannot be captured in a CUDA graph: a "
                          "document pack changes its shapes with every batch")
     if capturing(q) and call.keep:
         raise ValueError("burst_attn with keep= cannot be captured in a CUDA graph: matching "
                          "a kept output to its recompute reads the host")
-    sig = signature(call, q, k, v, cp, sinks)
-    spec = _ring_spec(q, k, v, group, world, cp, call, backward=bool(sig["requires_grad"]))
+    sig = signature(call, q, k, v, topology, sinks)
+    spec = _ring_spec(q, k, v, group, world, topology, call, backward=bool(sig["requires_grad"]))
     keep_key = headers.describe_call({n: x for n, x in sig.items()
                                       if n not in ("requires_grad", "error")})
-    peers = _ulysses_peers(group, world, cp.ulysses)
+    peers = _ulysses_peers(group, world, topology.ulysses)
     native = (peers is None and isinstance(spec.whole, Block)
               and has_native(spec.kernel, spec.whole))
-    return Prepared(call, cp, sig, headers.digest(sorted(sig.items())),
+    return Prepared(call, topology, sig, headers.digest(sorted(sig.items())),
                     0 if call.call_label is None else headers.digest(call.call_label), spec,
                     keep_key, peers, native)
 
@@ -178,22 +178,22 @@ def capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _ring_spec(q, k, v, group, world: int, cp: CPTopology, call: BurstCall, *,
+def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall, *,
                backward: bool) -> RingSpec:
     """Everything the ring loops need besides tensors: schedule, ring, scale and the kernel,
     chosen for (and checked against) every block this rank will run."""
-    u, seq_first = cp.ulysses, call.qkv_format == "sbhd"
+    u, seq_first = topology.ulysses, call.qkv_format == "sbhd"
     s_local = q.shape[0] if seq_first else q.shape[1]
     sched = _schedule(call.cu_seqlens, s_local * world, call.layout, world,
                       Mask(call.causal, call.window_size), u)
     topo = None
-    if cp.ring_size > 1:
+    if topology.ring_size > 1:
         members = group_ranks(group, world)
         me = members.index(dist.get_rank())
         ring_ranks = members[me % u::u]  # the same Ulysses slot of every group
-        topo = RingTopology(ring_ranks, members[me], cp.inner_ring)
+        topo = RingTopology(ring_ranks, members[me], topology.inner_ring)
     scale = call.softmax_scale if call.softmax_scale is not None else default_scale(q.shape[3])
-    spec = RingSpec(group=group, topo=topo, sched=sched, scale=scale, backward=cp.backward,
+    spec = RingSpec(group=group, topo=topo, sched=sched, scale=scale, backward=topology.backward,
                     seq_first=seq_first and u == 1, kernel=None,
                     fixed_shapes=call.cu_seqlens is None)
     pairs = spec.pairs(backward)

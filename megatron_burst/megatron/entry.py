@@ -60,7 +60,7 @@ class BurstRun:
     """What a run does with BurstAttention (topology None: it does not use it)."""
 
     topology: Optional[CPTopology]
-    documents: Optional[str]  # the document batch layout, None without document masks
+    document_layout: Optional[str]  # how document batches are placed; None: no document masks
     remat_aware: bool = False
     dense_mask_off: bool = False  # --create-attention-mask-in-dataloader turned off here
 
@@ -90,10 +90,10 @@ class BurstRun:
         if self.topology is None:
             return []
         lines = [f"BurstAttention context parallelism: {self.topology.describe()}"]
-        if self.documents:
+        if self.document_layout:
             lines.append(f"document masks: documents end after each EOD token, attention "
                          f"stays inside them, RoPE positions restart in each; sharded "
-                         f"{self.documents} over the CP group")
+                         f"{self.document_layout} over the CP group")
             ahead = ("made two micro-batches ahead on a background thread"
                      if prefetch.enabled() else "made on the step ($MEGATRON_BURST_PREFETCH=0)")
             lines.append(f"document batches (shards, pack, ring plans): {ahead}")
@@ -119,16 +119,16 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     refuse_ignored_options(args)
     if not uses_burst(args):  # Megatron's own CP modes: nothing here is ours to check
         return BurstRun(None, None)
-    documents = document_layout_from_args(args)
+    document_layout = document_layout_from_args(args)
     if getattr(args, "hybrid_context_parallel", False):
         raise ValueError("--hybrid-context-parallel gives each sample its own CP group; "
                          "BurstAttention runs one ring over the model's CP group")
-    if getattr(args, "dataloader_inter_document_masking", False) and not documents:
+    if getattr(args, "dataloader_inter_document_masking", False) and not document_layout:
         raise ValueError("--dataloader-inter-document-masking with BurstAttention: use "
                          "--burst-document-mask (documents from EOD, sharded whole_docs)")
     _refuse_failing_resume(args)
-    _check_cuda_graphs(args, documents)
-    if documents:
+    _check_cuda_graphs(args, document_layout)
+    if document_layout:
         for name, conflict in _DOCUMENT_CONFLICTS:
             if getattr(args, name, None):
                 raise ValueError(f"--burst-document-mask cannot be combined with {conflict}")
@@ -137,11 +137,11 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     dense_off = bool(getattr(args, "create_attention_mask_in_dataloader", False))
     if dense_off:
         args.create_attention_mask_in_dataloader = False
-    run = BurstRun(topology, documents, bool(getattr(args, "burst_remat_aware", False)),
+    run = BurstRun(topology, document_layout, bool(getattr(args, "burst_remat_aware", False)),
                    dense_off)
     if model_cfg is not None:
         model_cfg.transformer_layer_spec = run.bind_spec(model_cfg.transformer_layer_spec)
-        if documents:
+        if document_layout:
             from megatron_burst.megatron.document_model import document_models
 
             # GPTModelBuilder constructs GPTModel itself: make each chunk a DocumentGPTModel.
@@ -174,12 +174,12 @@ def check_own_entry(args: Any) -> None:
         refuse_dense_mask_flags(args)
 
 
-def _check_cuda_graphs(args: Any, documents: Optional[str]) -> None:
+def _check_cuda_graphs(args: Any, document_layout: Optional[str]) -> None:
     """Megatron's CUDA graphs replay what they captured: fixed shapes, no host decisions."""
     impl = getattr(args, "cuda_graph_impl", None) or "none"
     if impl == "none":
         return
-    if documents:
+    if document_layout:
         raise ValueError(f"--cuda-graph-impl {impl} with --burst-document-mask: every micro-"
                          f"batch brings a new pack, with new attention shapes; a captured "
                          f"graph replays only the shapes it captured")

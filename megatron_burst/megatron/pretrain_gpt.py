@@ -177,7 +177,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling,
     )
-    return as_document_model(model) if run.documents else model
+    return as_document_model(model) if run.document_layout else model
 
 
 def use_prebuilt_dataset_helpers() -> None:
