@@ -192,7 +192,7 @@ def run_sequence(run, causal, window, mask, world, hq, hkv, per_gpu) -> None:
     for name, opts in burst.items():
         # The topology burst_attn resolves for these options (the one resolver).
         topology = resolve(BurstOptions(**opts), cp=world, heads=heads, tokens=per_gpu,
-                           cp_ranks_per_node=None, causal=causal)
+                           max_intra_node_size=None, causal=causal)
         run(name, lambda local, opts=opts: mb.burst_attn(
             *local, causal=causal, window_size=window, **opts), topology=topology)
 

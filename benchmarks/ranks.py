@@ -1,7 +1,7 @@
 """Start a torchrun benchmark's ranks: the process group, this rank's GPU, the link emulator.
 
 attention.py, documents.py and p2p_ring.py call `start_ranks()` first. With
-``$MEGATRON_BURST_EMULATE`` set (``node_size=2,gbps=25[,latency_us=5]``, see
+``$MEGATRON_BURST_EMULATE`` set (``gpus_per_node=2,gbps=25[,latency_us=5]``, see
 `megatron_burst.tools.emulate`), messages between virtual nodes are slowed from then on and
 rank 0 prints one line saying so; unset (the default), nothing is emulated. `emulated()`
 says which, so that methods whose traffic the emulator cannot slow (PyTorch's native CP)

@@ -131,7 +131,7 @@ def signature(call: BurstCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         value = getattr(call, name)
         sig[name] = value.described if isinstance(value, DocumentPack) else value
     sig.update(backward=topology.backward, ulysses_size=topology.ulysses,
-               intra_node_size=topology.ranks_per_node, error=None)
+               intra_node_size=topology.intra_node_size, error=None)
     return sig
 
 

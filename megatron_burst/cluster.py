@@ -2,17 +2,18 @@
 
 The resolver (``options.resolve``) weighs a topology's links by where its ranks sit: a ring
 hop inside a node rides NVLink, one between nodes the network. Every entry point asks here,
-and the answer comes from the first of these that is known:
+and the answer (``gpus_per_node``) comes from the first of these that is known:
 
-1. explicit: ranks per node the caller states (a config's ``cluster.gpus_per_node``, a
-   double ring's ``intra_node_size`` given by value);
+1. explicit: what the caller states (a config's ``cluster.gpus_per_node``, a double ring's
+   ``intra_node_size`` given by value);
 2. the link emulator's virtual nodes (``$MEGATRON_BURST_EMULATE``), so that 'auto' plans
    for the network the benchmark emulates rather than for the real NVLink host;
 3. torchrun's ``LOCAL_WORLD_SIZE``: nodes are that many consecutive global ranks;
 4. the cluster profile's ``gpus_per_node`` (what ``megatron-burst tune`` measured on).
 
-With the group's global ranks the count is exact; without them, Megatron's rank order (TP
-innermost, then CP) gives ``gpus_per_node / tp`` of the group per node.
+Of those GPUs, the CP group's share (``max_intra_node_size``) is exact with the group's global
+ranks; without them, Megatron's rank order (TP innermost, then CP) gives ``gpus_per_node / tp``
+of the group per node.
 """
 from __future__ import annotations
 
@@ -24,35 +25,36 @@ from .link_emulation import ENV as EMULATE_ENV, virtual_nodes
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeSize:
+class GpusPerNode:
     """GPUs per node and where that number came from (for logs and plans)."""
 
     gpus_per_node: int | None
     source: str
 
 
-def node_size(explicit: int | None = None, profile_gpus: int | None = None) -> NodeSize:
+def gpus_per_node(explicit: int | None = None, profile_gpus: int | None = None) -> GpusPerNode:
     """GPUs (ranks) per node, by the priority order of the module docstring."""
     if explicit is not None:
-        return NodeSize(explicit, "explicit")
+        return GpusPerNode(explicit, "explicit")
     nodes = virtual_nodes()
     if nodes is not None:
-        return NodeSize(nodes.node_size, "emulated nodes ($MEGATRON_BURST_EMULATE)")
+        return GpusPerNode(nodes.gpus_per_node, "emulated nodes ($MEGATRON_BURST_EMULATE)")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
     if local > 0:
-        return NodeSize(local, "LOCAL_WORLD_SIZE")
+        return GpusPerNode(local, "LOCAL_WORLD_SIZE")
     if profile_gpus:
-        return NodeSize(profile_gpus, "the cluster profile")
-    return NodeSize(None, "unknown")
+        return GpusPerNode(profile_gpus, "the cluster profile")
+    return GpusPerNode(None, "unknown")
 
 
-def ranks_per_node(cp: int, size: NodeSize, *, tp: int = 1,
-                   group_ranks: Sequence[int] | None = None,
-                   rank: int | None = None) -> int | None:
-    """Ranks of a CP group of ``cp`` that share this rank's node (None: unknown, taken as
-    all of them). Exact from ``group_ranks`` (global) and this ``rank``; otherwise from
-    Megatron's rank order."""
-    per = size.gpus_per_node
+def max_intra_node_size(cp: int, gpus: GpusPerNode, *, tp: int = 1,
+                        group_ranks: Sequence[int] | None = None,
+                        rank: int | None = None) -> int | None:
+    """Ranks of a CP group of ``cp`` that share this rank's node, so the largest
+    ``intra_node_size`` whose inner ring stays inside a node (None: unknown, taken as all of
+    them). Exact from ``group_ranks`` (global) and this ``rank``; otherwise from Megatron's
+    rank order."""
+    per = gpus.gpus_per_node
     if not per or per <= 0:
         return None
     if group_ranks is not None and rank is not None:
@@ -62,5 +64,5 @@ def ranks_per_node(cp: int, size: NodeSize, *, tp: int = 1,
 
 
 def view_key() -> tuple:
-    """What ``node_size`` reads from the environment, for caches of decisions it shapes."""
+    """What ``gpus_per_node`` reads from the environment, for caches of decisions it shapes."""
     return os.environ.get(EMULATE_ENV), os.environ.get("LOCAL_WORLD_SIZE")

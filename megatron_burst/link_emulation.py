@@ -14,7 +14,7 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
-ENV = "MEGATRON_BURST_EMULATE"  # e.g. "node_size=2,gbps=25,latency_us=5"
+ENV = "MEGATRON_BURST_EMULATE"  # e.g. "gpus_per_node=2,gbps=25,latency_us=5"
 
 
 def maybe_emulate_links() -> Any:
@@ -30,29 +30,29 @@ def maybe_emulate_links() -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class VirtualNodes:
-    """``node_size`` consecutive global ranks per virtual node, joined by a slow link."""
+    """``gpus_per_node`` consecutive global ranks per virtual node, joined by a slow link."""
 
-    node_size: int
+    gpus_per_node: int
     gbps: float
     latency_us: float = 5.0
 
     @staticmethod
     def parse(text: str) -> "VirtualNodes":
-        """'node_size=2,gbps=25,latency_us=5' (latency optional)."""
+        """'gpus_per_node=2,gbps=25,latency_us=5' (latency optional)."""
         try:
             fields = dict(item.split("=", 1) for item in text.replace(" ", "").split(","))
-            nodes = VirtualNodes(int(fields.pop("node_size")), float(fields.pop("gbps")),
+            nodes = VirtualNodes(int(fields.pop("gpus_per_node")), float(fields.pop("gbps")),
                                  float(fields.pop("latency_us", 5.0)))
         except (KeyError, ValueError) as e:
-            raise ValueError(f"{ENV}={text!r}: expected 'node_size=N,gbps=G[,latency_us=L]' "
+            raise ValueError(f"{ENV}={text!r}: expected 'gpus_per_node=N,gbps=G[,latency_us=L]' "
                              f"({e})") from None
-        if fields or nodes.node_size < 1 or nodes.gbps <= 0 or nodes.latency_us < 0:
+        if fields or nodes.gpus_per_node < 1 or nodes.gbps <= 0 or nodes.latency_us < 0:
             raise ValueError(f"{ENV}={text!r}: unknown fields {sorted(fields)} or values out "
                              f"of range")
         return nodes
 
     def crosses(self, a: int, b: int) -> bool:
-        return a // self.node_size != b // self.node_size
+        return a // self.gpus_per_node != b // self.gpus_per_node
 
     def seconds(self, nbytes: int) -> float:
         """Emulated time of one message of ``nbytes`` across the slow link."""

@@ -15,7 +15,7 @@ to a decided topology of Ulysses 2 is a contradiction, while leaving it out is n
 ``resolve`` is the only function that turns options into a decided ``CPTopology``: it is
 where 'auto' (backward mode, Ulysses split, double ring) is settled, by the time model
 (``timing``) with the cluster's profile. Every entry point calls it once and hands the value
-down; ranks per node come from one place, ``cluster.ranks_per_node``.
+down; ranks per node come from one place, ``cluster.max_intra_node_size``.
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ class BurstOptions:
         """The topology fields this asks for by value (given, and not 'auto'), by the
         names ``CPTopology.build`` takes."""
         names = {"backward": "backward", "ulysses_size": "ulysses",
-                 "intra_node_size": "ranks_per_node"}
+                 "intra_node_size": "intra_node_size"}
         return {names[n]: getattr(self, n) for n in names
                 if n in self.given and getattr(self, n) != AUTO}
 
@@ -213,15 +213,15 @@ TOPOLOGY_OPTIONS = ("backward", "ulysses_size", "intra_node_size", "profile")
 
 
 def resolve(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
-            cp_ranks_per_node: int | None, causal: bool = True) -> CPTopology:
+            max_intra_node_size: int | None, causal: bool = True) -> CPTopology:
     """The decided topology for a CP group of ``cp`` ranks (``tokens`` per rank: batch x
-    local sequence; ``cp_ranks_per_node``: ranks of the group on one node, None: all, as
-    ``cluster.ranks_per_node`` gives them)."""
+    local sequence; ``max_intra_node_size``: ranks of the group on one node, None: all, as
+    ``cluster.max_intra_node_size`` gives them)."""
     if cp == 1:  # one rank: no ring, no Ulysses, no backward to choose; 'auto' has no say
         return fixed_topology(options, cp=1, heads=heads)
     profile = options.profile or os.environ.get(PROFILE_ENV)
     # The profile's identity and content, so a profile rewritten by `tune` is read again.
-    return _resolve(cp, heads, tokens, cp_ranks_per_node, bool(causal), options.backward,
+    return _resolve(cp, heads, tokens, max_intra_node_size, bool(causal), options.backward,
                     options.ulysses_size, options.intra_node_size,
                     profile_key(profile) if options.has_auto else None)
 
@@ -231,7 +231,7 @@ def fixed_topology(options: BurstOptions, *, cp: int, heads: HeadShape) -> CPTop
     a bad value is named even where 'auto' leaves the rest to the time model."""
     return CPTopology.build(
         cp, ulysses=1 if options.ulysses_size == AUTO else options.ulysses_size,
-        ranks_per_node=None if options.intra_node_size == AUTO else options.intra_node_size,
+        intra_node_size=None if options.intra_node_size == AUTO else options.intra_node_size,
         backward="burst" if options.backward == AUTO else options.backward, heads=heads)
 
 
@@ -249,7 +249,7 @@ def check_decided(topology: CPTopology, options: BurstOptions, *, cp: int,
                          f"{topology.heads}, but here cp={cp} and heads are {heads}")
     asked = options.fixes()
     if asked:
-        held = dict(ulysses=topology.ulysses, ranks_per_node=topology.ranks_per_node,
+        held = dict(ulysses=topology.ulysses, intra_node_size=topology.intra_node_size,
                     backward=topology.backward)
         try:
             same = CPTopology.build(cp, **{**held, **asked}, heads=topology.heads) == topology
@@ -262,18 +262,18 @@ def check_decided(topology: CPTopology, options: BurstOptions, *, cp: int,
 
 
 @functools.lru_cache(maxsize=256)  # every layer of a model, and every call, asks alike
-def _resolve(cp: int, heads: HeadShape, tokens: int, cp_ranks_per_node: int | None,
-             causal: bool, backward: str, ulysses: int | str, per_node: int | str | None,
+def _resolve(cp: int, heads: HeadShape, tokens: int, max_intra_node_size: int | None,
+             causal: bool, backward: str, ulysses: int | str, intra_node_size: int | str | None,
              profile: tuple | None) -> CPTopology:
     fixed = fixed_topology(BurstOptions(backward=backward, ulysses_size=ulysses,
-                                        intra_node_size=per_node), cp=cp, heads=heads)
-    if AUTO not in (backward, ulysses, per_node):
+                                        intra_node_size=intra_node_size), cp=cp, heads=heads)
+    if AUTO not in (backward, ulysses, intra_node_size):
         return fixed
     prof = load_profile(profile[0])
     ranked = choose(cp, heads, tokens=tokens, causal=causal, prof=prof,
-                    cp_ranks_per_node=cp_ranks_per_node,
+                    max_intra_node_size=max_intra_node_size,
                     ulysses=AUTO if ulysses == AUTO else fixed.ulysses,
-                    ranks_per_node=AUTO if per_node == AUTO else fixed.ranks_per_node,
+                    intra_node_size=AUTO if intra_node_size == AUTO else fixed.intra_node_size,
                     backward=backward)
     logger.info("burst auto (%d tokens per rank, %s, profile %s): %s", tokens,
                 "causal" if causal else "full", prof.name, ranked[0].describe())

@@ -191,7 +191,7 @@ def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
         members = group_ranks(group, world)
         me = members.index(dist.get_rank())
         ring_ranks = members[me % u::u]  # the same Ulysses slot of every group
-        topo = RingTopology(ring_ranks, members[me], topology.inner_ring)
+        topo = RingTopology(ring_ranks, members[me], topology.positions_per_node)
     scale = call.softmax_scale if call.softmax_scale is not None else default_scale(q.shape[3])
     spec = RingSpec(group=group, topo=topo, sched=sched, scale=scale, backward=topology.backward,
                     seq_first=seq_first and u == 1, kernel=None,
@@ -233,12 +233,12 @@ def _topology(group, world: int, q, k, v, call: BurstCall) -> CPTopology:
     options = call.options
     tokens = q.shape[0] * q.shape[1]  # bshd and sbhd alike: batch x local sequence
     if isinstance(options.intra_node_size, int):  # stated: the double ring's own count
-        per_node = options.intra_node_size
+        max_intra_node_size = options.intra_node_size
     elif options.has_auto and world > 1 and dist.is_initialized():
-        size = cluster.node_size(profile_gpus=load_profile(options.profile).gpus_per_node)
-        per_node = cluster.ranks_per_node(world, size, group_ranks=group_ranks(group, world),
-                                          rank=dist.get_rank())
+        gpus = cluster.gpus_per_node(profile_gpus=load_profile(options.profile).gpus_per_node)
+        max_intra_node_size = cluster.max_intra_node_size(
+            world, gpus, group_ranks=group_ranks(group, world), rank=dist.get_rank())
     else:
-        per_node = None  # nothing 'auto' reads it
-    return resolve(options, cp=world, heads=heads, tokens=tokens, cp_ranks_per_node=per_node,
-                   causal=call.causal)
+        max_intra_node_size = None  # nothing 'auto' reads it
+    return resolve(options, cp=world, heads=heads, tokens=tokens,
+                   max_intra_node_size=max_intra_node_size, causal=call.causal)

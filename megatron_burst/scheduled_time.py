@@ -31,16 +31,16 @@ if TYPE_CHECKING:
 
 def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_local: int,
                       window: tuple[int, int], causal: bool = True,
-                      cp_ranks_per_node: int | None = None) -> Prediction:
+                      max_intra_node_size: int | None = None) -> Prediction:
     """Seconds of one attention call (fwd+bwd) of ``batch`` sequences of ``s_local`` tokens
     per CP rank under ``window`` (flash-attn's (left, right)), zigzag as Megatron shards."""
     from .schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
 
     sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
                             Mask(causal, tuple(window)), topology.ulysses)
-    per_node = cp_ranks_per_node or topology.cp
-    forward = _pass(topology, prof, sched, batch, per_node, backward=False)
-    backward = _pass(topology, prof, sched, batch, per_node, backward=True)
+    max_intra_node_size = max_intra_node_size or topology.cp
+    forward = _pass(topology, prof, sched, batch, max_intra_node_size, backward=False)
+    backward = _pass(topology, prof, sched, batch, max_intra_node_size, backward=True)
     compute = forward[0] + backward[0]
     exposed = forward[1] + backward[1]
     steps = forward[2] + backward[2]
@@ -52,8 +52,8 @@ def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_loca
     return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 
 
-def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int, per_node: int,
-          *, backward: bool) -> tuple[float, float, int]:
+def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
+          max_intra_node_size: int, *, backward: bool) -> tuple[float, float, int]:
     """(compute, exposed ring, steps run) of one pass: the forward (K/V travel), or the
     backward of the topology's mode ('ring': K/V again, with dK/dV; 'burst': the queries, the
     other way round, with dQ)."""
@@ -63,7 +63,8 @@ def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int, 
     compute = [[_step_compute(topology, prof, sched, batch, p, plan.topo.source(p, s),
                               plan.burst, passes) for s in range(ring)] for p in range(ring)]
     last = max((s for p in range(ring) for s in range(ring) if compute[p][s]), default=0)
-    crosses = ring > max(1, per_node // topology.ulysses)  # a flat ring over nodes waits on IB
+    # A flat ring over nodes waits on IB.
+    crosses = ring > max(1, max_intra_node_size // topology.ulysses)
     near = prof.inter if crosses and not topology.double else prof.intra
     step_s, inter_s = [0.0] * (last + 1), [0.0] * (last + 1)
     for p in range(ring):
@@ -88,7 +89,7 @@ class _HopPlan:
         from .comm.ring_positions import RingTopology  # the comm package imports torch: not for plan
 
         self.ring = topology.ring_size
-        self.inner = topology.inner_ring if topology.double else self.ring
+        self.inner = topology.positions_per_node if topology.double else self.ring
         self.burst = backward and topology.backward == "burst"
         topo = RingTopology(range(self.ring), 0, self.inner)
         self.topo = topo.reversed() if self.burst else topo

@@ -217,17 +217,17 @@ class Prediction:
 
 
 def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = True,
-            cp_ranks_per_node: int | None = None) -> Prediction:
+            max_intra_node_size: int | None = None) -> Prediction:
     """Seconds per call for ``tokens`` tokens per rank (batch x local sequence).
 
-    ``cp_ranks_per_node``: how many ranks of the group share a node (None: all of them);
+    ``max_intra_node_size``: how many ranks of the group share a node (None: all of them);
     with fewer, ring hops that cross nodes use the inter-node link.
     """
     h = topology.heads
     hq, hkv = topology.ring_heads
     ring, member = topology.ring_size, tokens * topology.ulysses
     vis = 0.5 if causal else 1.0
-    per_node = cp_ranks_per_node or topology.cp
+    max_intra_node_size = max_intra_node_size or topology.cp
     # Attention work of one member: its share of the whole N x N (masked) score matrix.
     flops = attention_flops(member * member * ring * vis, hq, h.head_dim, h.v_head_dim)
     compute = flops / (prof.dense.tflops(member) * 1e12)
@@ -240,8 +240,8 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
                                       h.elem_bytes, v_head_dim=h.v_head_dim)
         step_fwd = compute / FWD_BWD_PASSES / ring
         step_bwd = compute * (FWD_BWD_PASSES - 1) / FWD_BWD_PASSES / ring
-        exposed = (_ring_exposed(topology, prof, per_node, step_fwd, fwd_hop)
-                   + _ring_exposed(topology, prof, per_node, step_bwd, bwd_hop))
+        exposed = (_ring_exposed(topology, prof, max_intra_node_size, step_fwd, fwd_hop)
+                   + _ring_exposed(topology, prof, max_intra_node_size, step_bwd, bwd_hop))
     a2a, elementwise = alltoall_seconds(topology, prof, tokens), elementwise_seconds(
         topology, prof, tokens)
     total = compute + elementwise + exposed + a2a + host
@@ -276,16 +276,16 @@ def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int) -> float:
     return 8 * prof.alltoall.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (prof.alltoall.gbps * 1e9)
 
 
-def _ring_exposed(topology: CPTopology, prof: Profile, per_node: int, step_s: float,
-                  hop_bytes: int) -> float:
+def _ring_exposed(topology: CPTopology, prof: Profile, max_intra_node_size: int,
+                  step_s: float, hop_bytes: int) -> float:
     """Seconds the ring waits on its links over one pass of ring-1 hops."""
     ring = topology.ring_size
-    positions_per_node = max(1, per_node // topology.ulysses)
+    positions_per_node = max(1, max_intra_node_size // topology.ulysses)
     if ring <= positions_per_node:  # the whole ring inside one node
         return (ring - 1) * max(0.0, prof.intra.seconds(hop_bytes) - step_s)
     if not topology.double:  # a flat ring across nodes: every step waits for the slowest hop
         return (ring - 1) * max(0.0, prof.inter.seconds(hop_bytes) - step_s)
-    inner = topology.inner_ring  # the double ring: one inter-node hop per round of L steps
+    inner = topology.positions_per_node  # the double ring: one inter-node hop per round
     rounds = topology.outer_ring
     intra = (inner - 1) * rounds * max(0.0, prof.intra.seconds(hop_bytes) - step_s)
     inter = (rounds - 1) * max(0.0, prof.inter.seconds(hop_bytes) - inner * step_s)
@@ -295,37 +295,39 @@ def _ring_exposed(topology: CPTopology, prof: Profile, per_node: int, step_s: fl
 # ------------------------------------------------------------------------- choice
 
 
-def candidates(cp: int, heads: HeadShape, *, cp_ranks_per_node: int | None = None,
-               ulysses: int | str = "auto", ranks_per_node: int | None | str = "auto",
+def candidates(cp: int, heads: HeadShape, *, max_intra_node_size: int | None = None,
+               ulysses: int | str = "auto", intra_node_size: int | None | str = "auto",
                backward: str = "auto") -> list[CPTopology]:
     """Every topology the group allows, within what the caller fixed."""
-    per_node = cp_ranks_per_node or cp
+    max_intra_node_size = max_intra_node_size or cp
     sizes = [u for u in range(1, cp + 1) if cp % u == 0] if ulysses == "auto" else [ulysses]
     modes = ("burst", "ring") if backward == "auto" else (backward,)
     out = []
     for u in sizes:
         if not heads_split(heads, u):
             continue
-        if u > per_node:  # the all-to-all stays inside a node
+        if u > max_intra_node_size:  # the all-to-all stays inside a node
             continue
-        if ranks_per_node == "auto":
-            rings: Iterable = {None, per_node if per_node < cp and per_node % u == 0 else None}
+        if intra_node_size == "auto":  # the flat ring, and the double ring that fills a node
+            double = max_intra_node_size < cp and max_intra_node_size % u == 0
+            rings: Iterable = {None, max_intra_node_size if double else None}
         else:
-            rings = [ranks_per_node]
+            rings = [intra_node_size]
         for r in rings:
             for mode in modes:
-                out.append(CPTopology.build(cp, ulysses=u, ranks_per_node=r, backward=mode,
+                out.append(CPTopology.build(cp, ulysses=u, intra_node_size=r, backward=mode,
                                           heads=heads))
     return list(dict.fromkeys(out))
 
 
 def choose(cp: int, heads: HeadShape, *, tokens: int, causal: bool = True,
-           prof: Profile | None = None, cp_ranks_per_node: int | None = None,
+           prof: Profile | None = None, max_intra_node_size: int | None = None,
            **fixed: Any) -> list[Prediction]:
     """All candidates ranked fastest first (ties: fewer bytes, then the plain ring)."""
     prof = prof or load_profile()
-    preds = [predict(c, prof, tokens=tokens, causal=causal, cp_ranks_per_node=cp_ranks_per_node)
-             for c in candidates(cp, heads, cp_ranks_per_node=cp_ranks_per_node, **fixed)]
+    preds = [predict(c, prof, tokens=tokens, causal=causal,
+                     max_intra_node_size=max_intra_node_size)
+             for c in candidates(cp, heads, max_intra_node_size=max_intra_node_size, **fixed)]
     if not preds:
         raise ValueError(f"no context-parallel topology fits cp={cp} with heads {heads} "
                          f"and {fixed}")

@@ -4,15 +4,15 @@ How a context-parallel (CP) group of ``cp`` ranks runs attention, once decided:
 
 - ``ulysses``: ranks that trade heads for sequence by all-to-all before the ring (1 = none);
 - the ring of ``cp / ulysses`` members that K/V travel round;
-- ``ranks_per_node``: CP ranks of the group that share a node, in *ranks* (never in ring
-  positions). With ``ranks_per_node`` L the ring is a double ring of L/U positions per
+- ``intra_node_size``: CP ranks of the group that share a node, in *ranks* (never in ring
+  positions). With ``intra_node_size`` L the ring is a double ring of L/U positions per
   node; ``None`` is a flat ring;
 - the backward mode, resolved ('burst' or 'ring', never 'auto');
 - how Megatron spells all that (``--cp-comm-type``, ``--hierarchical-context-parallel-sizes``);
 - what one attention call sends, per rank (from ``cost``'s formulas).
 
 ``CPTopology.build`` validates a fully decided value. Deciding is not done here: every
-'auto' (and the ranks per node) is settled by ``options.resolve``, the one resolver, from a
+'auto' (with the CP ranks a node holds) is settled by ``options.resolve``, the one resolver, from a
 ``BurstOptions``. (Where tokens sit on the ranks, the *placement*, is ``placement``'s.)
 """
 from __future__ import annotations
@@ -70,21 +70,21 @@ class CPTopology:
 
     cp: int
     ulysses: int
-    ranks_per_node: int | None  # CP ranks per node of the double ring; None = flat ring
+    intra_node_size: int | None  # CP ranks per node of the double ring; None = flat ring
     backward: str  # 'burst' or 'ring'
     heads: HeadShape | None = None
 
     # ------------------------------------------------------------------ construction
 
     @staticmethod
-    def build(cp: int, *, ulysses: int = 1, ranks_per_node: int | None = None,
+    def build(cp: int, *, ulysses: int = 1, intra_node_size: int | None = None,
               backward: str = "burst", heads: HeadShape | None = None) -> "CPTopology":
         """Validate and normalise a decided topology (``options.resolve`` decides 'auto').
 
-        Raises ValueError naming the argument. ``ranks_per_node`` that holds the whole group,
+        Raises ValueError naming the argument. ``intra_node_size`` that holds the whole group,
         or only one ring position, is the flat ring (None).
         """
-        return _build(cp, ulysses, ranks_per_node, backward, heads)
+        return _build(cp, ulysses, intra_node_size, backward, heads)
 
     # ------------------------------------------------------------------ topology
 
@@ -95,17 +95,17 @@ class CPTopology:
 
     @property
     def double(self) -> bool:
-        return self.ranks_per_node is not None
+        return self.intra_node_size is not None
 
     @property
-    def inner_ring(self) -> int:
-        """Ring positions per node (the whole ring when flat)."""
-        return self.ranks_per_node // self.ulysses if self.double else self.ring_size
+    def positions_per_node(self) -> int:
+        """Ring positions per node, ``intra_node_size / ulysses`` (the whole ring when flat)."""
+        return self.intra_node_size // self.ulysses if self.double else self.ring_size
 
     @property
     def outer_ring(self) -> int:
         """Nodes the ring crosses (1 when flat)."""
-        return self.ring_size // self.inner_ring
+        return self.ring_size // self.positions_per_node
 
     @property
     def ring_heads(self) -> tuple[int, int]:
@@ -122,14 +122,14 @@ class CPTopology:
     def hierarchical_sizes(self) -> list[int] | None:
         """Megatron's --hierarchical-context-parallel-sizes for this topology (None: flat)."""
         if self.ulysses > 1:
-            ring = [self.inner_ring, self.outer_ring] if self.double else [self.ring_size]
+            ring = [self.positions_per_node, self.outer_ring] if self.double else [self.ring_size]
             return [self.ulysses, *ring] if self.ring_size > 1 else None
-        return [self.ranks_per_node, self.outer_ring] if self.double else None
+        return [self.intra_node_size, self.outer_ring] if self.double else None
 
     def describe(self) -> str:
         """One line for logs and plans."""
         if self.double:
-            ring = f"double ring {self.inner_ring} x {self.outer_ring}"
+            ring = f"double ring {self.positions_per_node} x {self.outer_ring}"
         else:
             ring = f"flat ring {self.ring_size}"
         return f"cp={self.cp}: ulysses {self.ulysses} x {ring}, backward {self.backward}"
@@ -171,7 +171,7 @@ class CPTopology:
         fwd = bwd = 0
         if self.ring_size > 1:
             topo = RingTopology(list(range(self.ring_size)), rank // self.ulysses,
-                                self.inner_ring)
+                                self.positions_per_node)
             kv_row = batch * cost.kv_row_bytes(hkv, d, e, dv)
             k_rows = sched.needed_rows(topo.source, "k")
             fwd = cost.ring_pass_bytes(topo, k_rows, kv_row)
@@ -200,28 +200,28 @@ class CPTopology:
 
 
 @functools.lru_cache(maxsize=256)
-def _build(cp: int, ulysses: int, ranks_per_node: int | None, backward: str,
+def _build(cp: int, ulysses: int, intra_node_size: int | None, backward: str,
            heads: HeadShape | None) -> CPTopology:
     if not _is_int(cp) or cp < 1:
         raise ValueError(f"the context-parallel size must be a positive int, got {cp!r}")
     if not _is_int(ulysses) or ulysses < 1 or cp % ulysses:
         raise ValueError(f"ulysses_size ({ulysses!r}) must be a positive int dividing the "
                          f"context-parallel size ({cp})")
-    if ranks_per_node is not None:
-        if (not _is_int(ranks_per_node) or ranks_per_node < 1 or cp % ranks_per_node
-                or ranks_per_node % ulysses):
-            raise ValueError(f"intra_node_size ({ranks_per_node!r}) must divide the "
+    if intra_node_size is not None:
+        if (not _is_int(intra_node_size) or intra_node_size < 1 or cp % intra_node_size
+                or intra_node_size % ulysses):
+            raise ValueError(f"intra_node_size ({intra_node_size!r}) must divide the "
                              f"context-parallel size ({cp}) and be a multiple of "
                              f"ulysses_size ({ulysses})")
-        positions = ranks_per_node // ulysses
+        positions = intra_node_size // ulysses
         if positions <= 1 or positions >= cp // ulysses:
-            ranks_per_node = None  # one position per node, or the whole ring: a flat ring
+            intra_node_size = None  # one position per node, or the whole ring: a flat ring
     if backward not in RESOLVED_BACKWARD:
         raise ValueError(f"backward must be one of {RESOLVED_BACKWARD} here, got {backward!r} "
                          f"('auto' is decided by megatron_burst.options.resolve)")
     if heads is not None:
         check_heads(heads, ulysses)
-    return CPTopology(cp, ulysses, ranks_per_node, backward, heads)
+    return CPTopology(cp, ulysses, intra_node_size, backward, heads)
 
 
 def heads_split(heads: HeadShape, ulysses: int) -> bool:

@@ -177,7 +177,7 @@ def test_count_comm_matches_the_schedule(world):
         for (hq, hkv, d, mode), (fwd, bwd) in zip(cases, per_rank):
             # The topology burst_attn resolved for this call ('auto' by the one resolver).
             topology = resolve(BurstOptions(backward=mode), cp=world,
-                               heads=HeadShape(hq, hkv, d, 2), tokens=16, cp_ranks_per_node=None)
+                               heads=HeadShape(hq, hkv, d, 2), tokens=16, max_intra_node_size=None)
             assert (fwd, bwd) == topology.rank_bytes(rank, batch=2, s_local=8)
             assert fwd <= cost.forward_bytes(world, tokens, hkv, d, 2)
             assert bwd <= cost.backward_bytes(topology.backward, world, tokens, hq, hkv, d, 2)
@@ -267,12 +267,12 @@ def test_gradient_through_lse_is_exact():
 
 def ulysses_bytes_worker(rank, world, cases):
     out = []
-    for hq, hkv, u, per_node in cases:
+    for hq, hkv, u, intra_node_size in cases:
         q, k, v = (torch.randn(2, 8, h, 32, dtype=torch.bfloat16, requires_grad=True)
                    for h in (hq, hkv, hkv))
         with mb.count_comm() as stats:
             mb.burst_attn(q, k, v, causal=True, ulysses_size=u,
-                          intra_node_size=per_node).sum().backward()
+                          intra_node_size=intra_node_size).sum().backward()
         out.append((stats.forward_bytes, stats.backward_bytes))
     return out
 
@@ -285,8 +285,9 @@ def test_count_comm_matches_the_topology_with_ulysses():
     cases = [(8, 8, 2, None), (8, 2, 2, None), (4, 1, 4, None), (8, 4, 2, 4), (8, 8, 1, 2)]
     results = run_ranks(4, ulysses_bytes_worker, cases)
     for rank, per_rank in enumerate(results):
-        for (hq, hkv, u, per_node), got in zip(cases, per_rank):
-            topology = resolve(BurstOptions(ulysses_size=u, intra_node_size=per_node), cp=4,
+        for (hq, hkv, u, intra_node_size), got in zip(cases, per_rank):
+            topology = resolve(BurstOptions(ulysses_size=u, intra_node_size=intra_node_size), cp=4,
                                heads=HeadShape(hq, hkv, 32, 2), tokens=16,
-                               cp_ranks_per_node=None)
-            assert got == topology.rank_bytes(rank, batch=2, s_local=8), (hq, hkv, u, per_node)
+                               max_intra_node_size=None)
+            assert got == topology.rank_bytes(rank, batch=2, s_local=8), (
+                hq, hkv, u, intra_node_size)

@@ -348,7 +348,7 @@ def test_options_are_valid_by_construction() -> None:
     assert BurstOptions().given == frozenset()
     explicit = BurstOptions(ulysses_size=1, intra_node_size=None)
     assert explicit.given == {"ulysses_size", "intra_node_size"} and explicit != BurstOptions()
-    assert explicit.fixes() == {"ulysses": 1, "ranks_per_node": None}
+    assert explicit.fixes() == {"ulysses": 1, "intra_node_size": None}
     problem = BurstOptions(document_mask=True).run_problem(
         micro_batch_size=2, pipeline=1, sequence_parallel=False, recompute=None)
     assert problem.option == "document_mask"

@@ -23,14 +23,14 @@ from .distributed import run_ranks
 
 
 def test_parse_and_the_link_model():
-    nodes = VirtualNodes.parse("node_size=2, gbps=25, latency_us=5")
+    nodes = VirtualNodes.parse("gpus_per_node=2, gbps=25, latency_us=5")
     assert nodes == VirtualNodes(2, 25.0, 5.0)
     assert nodes.crosses(1, 2) and not nodes.crosses(2, 3)
     assert nodes.seconds(25_000_000) == pytest.approx(1e-3 + 5e-6)
     assert nodes.cross_bytes_alltoall(0, [0, 1, 2, 3], 100) == 200
     assert nodes.cross_bytes_ring_gather(2, [0, 1, 2, 3], 100) == 300  # 1 -> 2 crosses
     assert nodes.cross_bytes_ring_gather(1, [0, 1, 2, 3], 100) == 0
-    for bad in ("gbps=25", "node_size=2,gbps=0", "node_size=2,gbps=2,speed=3", "x"):
+    for bad in ("gbps=25", "gpus_per_node=2,gbps=0", "gpus_per_node=2,gbps=2,speed=3", "x"):
         with pytest.raises(ValueError, match="MEGATRON_BURST_EMULATE"):
             VirtualNodes.parse(bad)
 
@@ -39,7 +39,7 @@ def _hop_times(rank, world):
     from megatron_burst.comm import Packed, PeerComm
     from megatron_burst.tools.emulate import Emulation
 
-    emulation = Emulation(VirtualNodes(node_size=2, gbps=0.005, latency_us=0))  # 5 MB/s
+    emulation = Emulation(VirtualNodes(gpus_per_node=2, gbps=0.005, latency_us=0))  # 5 MB/s
     emulation.install()
     try:
         comm, times = PeerComm(None), []
@@ -64,7 +64,7 @@ def test_a_hop_across_virtual_nodes_is_slowed_and_one_inside_is_not():
 
 # The switch: $MEGATRON_BURST_EMULATE, read by the benchmarks and by Megatron's entry point.
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SWITCH = "node_size=1,gbps=25,latency_us=5"  # every rank its own virtual node
+SWITCH = "gpus_per_node=1,gbps=25,latency_us=5"  # every rank its own virtual node
 
 
 def test_the_switch_is_off_by_default_and_imports_no_tool():

@@ -32,7 +32,7 @@ CASES = {
 
 def mla_bytes_worker(rank, world, cases):
     out = []
-    for hq, hkv, backward, ulysses, per_node, window, sinks in cases:
+    for hq, hkv, backward, ulysses, intra_node_size, window, sinks in cases:
         gen = torch.Generator().manual_seed(rank)
         q = torch.randn(B, S, hq, D, generator=gen, dtype=torch.bfloat16)
         k = torch.randn(B, S, hkv, D, generator=gen, dtype=torch.bfloat16)
@@ -41,7 +41,7 @@ def mla_bytes_worker(rank, world, cases):
         extra = {"sinks": torch.zeros(hq, requires_grad=True)} if sinks else {}
         with mb.count_comm() as stats:
             o = mb.burst_attn(*leaves, causal=True, backward=backward, ulysses_size=ulysses,
-                              intra_node_size=per_node, window_size=window, **extra)
+                              intra_node_size=intra_node_size, window_size=window, **extra)
             o.float().sum().backward()
         out.append((tuple(o.shape), stats.forward_bytes, stats.backward_bytes))
     return out
@@ -53,9 +53,9 @@ def test_count_comm_matches_rank_bytes_with_mla_dims(world):
     results = run_ranks(world, mla_bytes_worker, cases)
     for rank, per_rank in enumerate(results):
         for case, (shape, fwd, bwd) in zip(cases, per_rank):
-            hq, hkv, backward, ulysses, per_node, window, _ = case
+            hq, hkv, backward, ulysses, intra_node_size, window, _ = case
             assert shape == (B, S, hq, DV), case  # the output has V's head dim
-            topology = CPTopology.build(world, ulysses=ulysses, ranks_per_node=per_node,
+            topology = CPTopology.build(world, ulysses=ulysses, intra_node_size=intra_node_size,
                                         backward=backward,
                                         heads=HeadShape(hq, hkv, D, 2, v_head_dim=DV))
             assert (fwd, bwd) == topology.rank_bytes(rank, batch=B, s_local=S,
@@ -63,7 +63,7 @@ def test_count_comm_matches_rank_bytes_with_mla_dims(world):
             bound = topology.call_bytes(B * S)
             assert fwd <= bound[0] and bwd <= bound[1], (rank, case)
             # The same shape with V at Q's dim would be counted (and sent) larger.
-            square = CPTopology.build(world, ulysses=ulysses, ranks_per_node=per_node,
+            square = CPTopology.build(world, ulysses=ulysses, intra_node_size=intra_node_size,
                                       backward=backward, heads=HeadShape(hq, hkv, D, 2))
             if fwd + bwd:
                 assert sum(square.rank_bytes(rank, batch=B, s_local=S, window=window)) > \

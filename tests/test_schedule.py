@@ -69,9 +69,9 @@ def test_schedule_computes_exactly_the_visible_pairs(case, layout, world, ulysse
 
 
 def test_double_ring_visits_every_source_once():
-    for nodes, per_node in itertools.product([1, 2, 3], [1, 2, 4]):
-        size = nodes * per_node
-        topo = RingTopology(list(range(size)), 0, per_node)
+    for nodes, positions_per_node in itertools.product([1, 2, 3], [1, 2, 4]):
+        size = nodes * positions_per_node
+        topo = RingTopology(list(range(size)), 0, positions_per_node)
         for p in range(size):
             seen = [topo.source(p, s) for s in range(size)]
             assert sorted(seen) == list(range(size)) and seen[0] == p

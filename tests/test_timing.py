@@ -39,9 +39,9 @@ def test_shipped_profiles_load_and_say_where_they_come_from():
 
 def test_a_slow_inter_node_link_picks_the_double_ring():
     slow = dataclasses.replace(FAST, inter=Link(10.0, 5.0))
-    best = choose(8, HeadShape(32, 8, 128, 2), tokens=16384, prof=slow, cp_ranks_per_node=4,
+    best = choose(8, HeadShape(32, 8, 128, 2), tokens=16384, prof=slow, max_intra_node_size=4,
                   ulysses=1)[0].topology
-    assert best.double and best.inner_ring == 4
+    assert best.double and best.positions_per_node == 4
     # Inside one node there is no double ring to pick.
     assert not choose(8, HeadShape(32, 8, 128, 2), tokens=16384, prof=slow,
                       ulysses=1)[0].topology.double
@@ -63,13 +63,15 @@ def test_gqa_picks_the_ring_backward_and_mha_the_burst_one_when_links_bind():
                                          (4, 6, 6), (12, 36, 12)])
 def test_auto_never_breaks_divisibility(cp, hq, hkv):
     heads = HeadShape(hq, hkv, 64, 2)
-    for per_node in (None, cp // 2 if cp % 2 == 0 else None):
-        for pred in choose(cp, heads, tokens=4096, prof=FAST, cp_ranks_per_node=per_node):
+    for max_intra_node_size in (None, cp // 2 if cp % 2 == 0 else None):
+        for pred in choose(cp, heads, tokens=4096, prof=FAST,
+                           max_intra_node_size=max_intra_node_size):
             topology = pred.topology
             assert cp % topology.ulysses == 0 and hq % topology.ulysses == 0
             assert hkv % topology.ulysses == 0 or topology.ulysses % hkv == 0
             if topology.double:
-                assert cp % topology.ranks_per_node == 0 and topology.ranks_per_node <= (per_node or cp)
+                assert cp % topology.intra_node_size == 0
+                assert topology.intra_node_size <= (max_intra_node_size or cp)
 
 
 def test_prediction_grows_with_work_and_exposes_slow_links():
@@ -140,10 +142,10 @@ def test_mla_prediction_sits_between_its_two_head_dims():
             assert low < mid < high, (mode, part, low, mid, high)
 
 
-@pytest.mark.parametrize("cp, per_node, mode", [(4, None, "ring"), (8, None, "burst"),
-                                                (8, 4, "ring"), (4, 2, "burst")])
-def test_the_scheduled_model_times_exactly_the_bytes_the_ring_sends(cp, per_node, mode):
-    topology = CPTopology.build(cp, backward=mode, ranks_per_node=per_node,
+@pytest.mark.parametrize("cp, intra_node_size, mode", [(4, None, "ring"), (8, None, "burst"),
+                                                       (8, 4, "ring"), (4, 2, "burst")])
+def test_the_scheduled_model_times_exactly_the_bytes_the_ring_sends(cp, intra_node_size, mode):
+    topology = CPTopology.build(cp, backward=mode, intra_node_size=intra_node_size,
                                 heads=HeadShape(8, 2, 24, 2, v_head_dim=16))
     for window in ((-1, 0), (3, 0), (20, 0)):
         for member in range(cp):

@@ -15,8 +15,9 @@ class RingTopology:
     """Ring positions 0..R-1 over global ``ranks``, as M nodes of L positions each.
 
     K/V (or any payload) move one position round the node's ring every step, and cross to
-    the next node once every L steps (BurstAttention's double ring). ``intra_size=None``
-    (or R) is the flat ring: one "node" of R positions.
+    the next node once every L steps (BurstAttention's double ring): L is
+    ``positions_per_node`` (``intra`` here, in the arithmetic); None (or R) is the flat ring,
+    one "node" of R positions.
 
     ``source(p, step)``: whose payload position p holds at ``step``.
     ``holder(o, step)``: which position holds o's payload at ``step``.
@@ -24,12 +25,12 @@ class RingTopology:
     the payload of the position that held p's payload at step s on this ring.
     """
 
-    def __init__(self, ranks: Sequence[int], me: int, intra_size: int | None = None,
+    def __init__(self, ranks: Sequence[int], me: int, positions_per_node: int | None = None,
                  direction: int = 1):
         self.ranks = list(ranks)
         self.size = len(self.ranks)
         self.index = self.ranks.index(me)
-        self.intra = intra_size or self.size
+        self.intra = positions_per_node or self.size
         self.nodes = self.size // self.intra
         self.direction = direction
 

@@ -113,7 +113,7 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
               "--burst-backward", topology.backward,
               "--burst-ulysses-size", str(topology.ulysses)]
         if topology.double:
-            f += ["--burst-intra-node-size", str(topology.ranks_per_node)]
+            f += ["--burst-intra-node-size", str(topology.intra_node_size)]
         if topology.hierarchical_sizes:
             f += ["--hierarchical-context-parallel-sizes",
                   *map(str, topology.hierarchical_sizes)]

@@ -14,7 +14,7 @@ from ..options import AUTO
 from ..timing import load_profile
 from .config import Config, ConfigError
 from .topology_candidates import chosen_prediction
-from .resolve import group_ranks_per_node, run_problem, topology_of
+from .resolve import max_intra_node_size_of, run_problem, topology_of
 from .memory import GIB, estimate_memory
 from .plan_report import report
 
@@ -127,15 +127,17 @@ def validate(cfg: Config) -> list[str]:
                     key=lambda n: said.find(n) if n in said else len(said))
         key = "cluster.profile" if named == "profile" else f"burst.{named}"
         raise ConfigError(f"'{key}': {e}") from None
-    per_node = group_ranks_per_node(cfg)
+    max_intra_node_size = max_intra_node_size_of(cfg)
     inner = b.intra_node_size if isinstance(b.intra_node_size, int) else None
-    _require(inner is None or inner <= per_node, "burst.intra_node_size",
-             f"{inner} CP ranks per node, but only {per_node} ranks of a CP group share a node "
-             f"(gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner ring would "
-             f"cross nodes")
-    if b.intra_node_size != AUTO and per_node < p.context and (inner or 1) < per_node:
-        warnings.append(f"burst.intra_node_size = {b.intra_node_size} but {per_node} CP ranks "
-                        f"share a node: set it to {per_node} to keep more hops on NVLink")
+    _require(inner is None or inner <= max_intra_node_size, "burst.intra_node_size",
+             f"{inner} CP ranks per node, but only {max_intra_node_size} ranks of a CP group "
+             f"share a node (gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner "
+             f"ring would cross nodes")
+    if (b.intra_node_size != AUTO and max_intra_node_size < p.context
+            and (inner or 1) < max_intra_node_size):
+        warnings.append(f"burst.intra_node_size = {b.intra_node_size} but {max_intra_node_size} "
+                        f"CP ranks share a node: set it to {max_intra_node_size} to keep more "
+                        f"hops on NVLink")
 
     # Batch.
     _require(tr.global_batch_size % (tr.micro_batch_size * p.data) == 0,

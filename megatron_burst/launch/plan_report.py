@@ -12,7 +12,7 @@ import dataclasses
 from ..topology import CPTopology
 from ..timing import PROFILES_DIR, load_profile
 from .config import Config
-from .resolve import group_ranks_per_node, tokens_per_rank, topology_of
+from .resolve import max_intra_node_size_of, tokens_per_rank, topology_of
 from .topology_candidates import tie_note, topology_rows, window_prediction
 from .memory import GIB, estimate_memory, padded_vocab, remat_kept_bytes, ring_buffer_bytes
 from .step_time import (ATTENTION_FORWARD_SHARE, STEP_MARGIN, StepTime, format_duration,
@@ -94,10 +94,10 @@ def _memory_lines(cfg: Config) -> list[str]:
 
 
 def _topology(cfg: Config, topology: CPTopology) -> str:
-    if topology.cp <= group_ranks_per_node(cfg):
+    if topology.cp <= max_intra_node_size_of(cfg):
         return f"flat ring of {topology.ring_size} inside one node (intra-node links)"
     if topology.double:
-        return (f"double ring: {topology.inner_ring} positions per node on NVLink x "
+        return (f"double ring: {topology.positions_per_node} positions per node on NVLink x "
                 f"{topology.outer_ring} nodes over InfiniBand")
     return f"flat ring of {topology.ring_size} across nodes (every step waits on InfiniBand)"
 

@@ -74,11 +74,12 @@ def tokens_per_rank(cfg: Config) -> int:
     return cfg.training.micro_batch_size * cfg.model.seq_length // cfg.parallel.context
 
 
-def group_ranks_per_node(cfg: Config) -> int:
-    """Ranks of one CP group that share a node (Megatron orders ranks TP innermost)."""
+def max_intra_node_size_of(cfg: Config) -> int:
+    """Ranks of one CP group that share a node (Megatron orders ranks TP innermost): the
+    largest ``burst.intra_node_size`` whose inner ring stays inside a node."""
     p = cfg.parallel
-    size = cluster.node_size(explicit=cfg.cluster.gpus_per_node)  # the config states it
-    return cluster.ranks_per_node(p.context, size, tp=p.tensor)
+    gpus = cluster.gpus_per_node(explicit=cfg.cluster.gpus_per_node)  # the config states it
+    return cluster.max_intra_node_size(p.context, gpus, tp=p.tensor)
 
 
 def topology_of(cfg: Config) -> CPTopology:
@@ -91,4 +92,5 @@ def _topology(model, parallel, burst, cluster, training) -> CPTopology:
     cfg = Config(model=model, parallel=parallel, burst=burst, cluster=cluster,
                  training=training)
     return resolve(options_of(cfg), cp=parallel.context, heads=heads_of(cfg),
-                   tokens=tokens_per_rank(cfg), cp_ranks_per_node=group_ranks_per_node(cfg))
+                   tokens=tokens_per_rank(cfg),
+                   max_intra_node_size=max_intra_node_size_of(cfg))

@@ -18,14 +18,14 @@ from ..topology import CPTopology, HeadShape, check_heads
 from ..scheduled_time import predict_scheduled
 from ..timing import Prediction, candidates, load_profile, predict
 from .config import Config
-from .resolve import group_ranks_per_node, tokens_per_rank, topology_of
+from .resolve import max_intra_node_size_of, tokens_per_rank, topology_of
 
 
 def chosen_prediction(cfg: Config) -> Prediction:
     """The time model's prediction for the run's own topology: one layer, one microbatch."""
     return predict(topology_of(cfg), load_profile(cfg.cluster.profile_name),
                    tokens=tokens_per_rank(cfg), causal=True,
-                   cp_ranks_per_node=group_ranks_per_node(cfg))
+                   max_intra_node_size=max_intra_node_size_of(cfg))
 
 
 def window_prediction(cfg: Config) -> Prediction | None:
@@ -37,7 +37,7 @@ def window_prediction(cfg: Config) -> Prediction | None:
     return predict_scheduled(topology_of(cfg), load_profile(cfg.cluster.profile_name),
                              batch=cfg.training.micro_batch_size,
                              s_local=m.seq_length // cfg.parallel.context, window=m.window,
-                             cp_ranks_per_node=group_ranks_per_node(cfg))
+                             max_intra_node_size=max_intra_node_size_of(cfg))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ def config_fixes(cfg: Config) -> dict[str, Any]:
     b = cfg.burst
     fixed: dict[str, Any] = {}
     if b.intra_node_size != "auto":
-        fixed["ranks_per_node"] = None if b.intra_node_size in (None, 1) else b.intra_node_size
+        fixed["intra_node_size"] = None if b.intra_node_size in (None, 1) else b.intra_node_size
     if b.ulysses_size != "auto":
         fixed["ulysses"] = b.ulysses_size
     if b.backward != "auto":
@@ -76,44 +76,46 @@ def _why_excluded(topology: CPTopology, cfg: Config, fixed: dict[str, Any]) -> s
     b, reasons = cfg.burst, []
     if "ulysses" in fixed and topology.ulysses != fixed["ulysses"]:
         reasons.append(f"burst.ulysses_size is {b.ulysses_size} (auto would consider it)")
-    if "ranks_per_node" in fixed:
+    if "intra_node_size" in fixed:
         ring = CPTopology.build(topology.cp, ulysses=topology.ulysses, backward=topology.backward,
-                                ranks_per_node=fixed["ranks_per_node"], heads=topology.heads)
-        if ring.ranks_per_node != topology.ranks_per_node:
+                                intra_node_size=fixed["intra_node_size"], heads=topology.heads)
+        if ring.intra_node_size != topology.intra_node_size:
             reasons.append(f"burst.intra_node_size is {b.intra_node_size}")
     if "backward" in fixed and topology.backward != fixed["backward"]:
         reasons.append(f"burst.backward is {b.backward}")
     return "; ".join(reasons) or "not admitted by the config"
 
 
-def _why_no_ulysses(u: int, heads: HeadShape, per_node: int) -> str:
+def _why_no_ulysses(u: int, heads: HeadShape, max_intra_node_size: int) -> str:
     """Why no topology splits heads ``u`` ways (the checks ``timing.candidates`` makes)."""
     try:
         check_heads(heads, u)
     except ValueError as e:
         return str(e)
-    return (f"its all-to-all would leave the node ({per_node} rank(s) of the CP group share "
-            f"one)")
+    return (f"its all-to-all would leave the node ({max_intra_node_size} rank(s) of the CP "
+            f"group share one)")
 
 
 def topology_rows(cfg: Config) -> list[TopologyRow]:
     """Every topology of the run's CP group: considered ones fastest first, then the excluded."""
     p = cfg.parallel
     chosen = topology_of(cfg)
-    heads, per_node = chosen.heads, group_ranks_per_node(cfg)
+    heads, max_intra_node_size = chosen.heads, max_intra_node_size_of(cfg)
     prof = load_profile(cfg.cluster.profile_name)
     tokens = tokens_per_rank(cfg)
     fixed = config_fixes(cfg)
-    admitted = set(candidates(p.context, heads, cp_ranks_per_node=per_node, **fixed))
+    admitted = set(candidates(p.context, heads, max_intra_node_size=max_intra_node_size,
+                              **fixed))
     admitted.add(chosen)  # fixed values `candidates` would drop still run as configured
-    every = candidates(p.context, heads, cp_ranks_per_node=per_node)
+    every = candidates(p.context, heads, max_intra_node_size=max_intra_node_size)
     rows = []
     for topology in dict.fromkeys([chosen, *admitted, *every]):
-        pred = predict(topology, prof, tokens=tokens, causal=True, cp_ranks_per_node=per_node)
+        pred = predict(topology, prof, tokens=tokens, causal=True,
+                       max_intra_node_size=max_intra_node_size)
         excluded = None if topology in admitted else _why_excluded(topology, cfg, fixed)
         rows.append(TopologyRow(topology.ulysses, pred, excluded, topology == chosen))
     splits = {topology.ulysses for topology in [*admitted, *every]}
-    rows += [TopologyRow(u, None, _why_no_ulysses(u, heads, per_node))
+    rows += [TopologyRow(u, None, _why_no_ulysses(u, heads, max_intra_node_size))
              for u in range(2, p.context + 1) if p.context % u == 0 and u not in splits]
     return sorted(rows, key=lambda r: (r.excluded is not None, r.prediction is None,
                                        r.prediction.total_s if r.prediction else 0.0,

@@ -43,14 +43,14 @@ class PlanTarget:
     mask: Mask
     world: int
     ulysses: int
-    inner_ring: int
+    positions_per_node: int
     backward: str
     group: Any  # the CP process group (held: it is what the layers call on)
 
     @staticmethod
     def of(layout: str, mask: Mask, topology: CPTopology, group: Any) -> "PlanTarget":
-        return PlanTarget(layout, mask, topology.cp, topology.ulysses, topology.inner_ring,
-                          topology.backward, group)
+        return PlanTarget(layout, mask, topology.cp, topology.ulysses,
+                          topology.positions_per_node, topology.backward, group)
 
     def ring(self) -> Optional[RingTopology]:
         """This rank's ring position, as ``prepare`` makes it (None: a single member)."""
@@ -59,7 +59,7 @@ class PlanTarget:
         members = group_ranks(self.group, self.world)
         me = members.index(dist.get_rank())
         return RingTopology(members[me % self.ulysses::self.ulysses], members[me],
-                            self.inner_ring)
+                            self.positions_per_node)
 
 
 def targets_from_args(layout: str, windows: Sequence[Tuple[int, int]],

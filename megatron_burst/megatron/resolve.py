@@ -22,7 +22,7 @@ from megatron_burst.topology import (
     CPTopology,
     HeadShape,
 )
-from megatron_burst.cluster import node_size, ranks_per_node
+from megatron_burst import cluster
 from megatron_burst.options import TOPOLOGY_OPTIONS, BurstOptions, resolve
 from megatron_burst.timing import load_profile
 
@@ -64,14 +64,14 @@ def options_from_megatron(cp: int, cp_comm_type: Any,
     if hier and math.prod(hier) != cp:
         raise ValueError(f"hierarchical_context_parallel_sizes={hier} multiply to "
                          f"{math.prod(hier)}, but the context-parallel size is {cp}")
-    u_hier, per_node_hier = _read_hierarchy(comm, hier)
+    u_hier, intra_node_size_hier = _read_hierarchy(comm, hier)
     if comm == HYBRID_COMM_TYPE and u_hier is None and given.get("ulysses_size") is None:
         raise ValueError(f"cp_comm_type='{HYBRID_COMM_TYPE}' needs --burst-ulysses-size or "
                          f"--hierarchical-context-parallel-sizes (Ulysses size first)")
     options = dict(given)
     options["ulysses_size"] = _agree("ulysses_size", given.get("ulysses_size"), u_hier)
     options["intra_node_size"] = _agree("intra_node_size", given.get("intra_node_size"),
-                                        per_node_hier)
+                                        intra_node_size_hier)
     return BurstOptions.of(options)  # what neither gives stays not given
 
 
@@ -106,11 +106,12 @@ def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens
     """The topology of a layer built without one (see the module docstring), from its
     options as `options_from_megatron` merged them; ranks per node by Megatron's rank order
     (TP innermost) from the one cluster view."""
-    per_node = None
+    max_intra_node_size = None
     if options.has_auto:  # only 'auto' weighs where the ranks sit
-        size = node_size(profile_gpus=load_profile(options.profile).gpus_per_node)
-        per_node = ranks_per_node(cp_size, size, tp=tp)
-    return resolve(options, cp=cp_size, heads=heads, tokens=tokens, cp_ranks_per_node=per_node)
+        gpus = cluster.gpus_per_node(profile_gpus=load_profile(options.profile).gpus_per_node)
+        max_intra_node_size = cluster.max_intra_node_size(cp_size, gpus, tp=tp)
+    return resolve(options, cp=cp_size, heads=heads, tokens=tokens,
+                   max_intra_node_size=max_intra_node_size)
 
 
 def comm_types(cp_comm_type: Any) -> Sequence[Any]:
@@ -119,7 +120,7 @@ def comm_types(cp_comm_type: Any) -> Sequence[Any]:
 
 
 def _read_hierarchy(comm: str, hier: list[int]) -> tuple[int | None, int | None]:
-    """(Ulysses size, ranks per node) as Megatron's hierarchical sizes describe them."""
+    """(Ulysses size, intra_node_size) as Megatron's hierarchical sizes describe them."""
     if not hier:
         return None, None
     if comm == HYBRID_COMM_TYPE:

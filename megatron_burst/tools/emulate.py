@@ -2,9 +2,9 @@
 
 Every GPU this project can borrow sits on one NVLink host, where a flat ring and a double
 ring measure the same. Multi-node clusters have a ~10x slower link between nodes. This
-module makes one host behave like ``nodes`` x ``node_size`` GPUs: a message between ranks
-of different virtual nodes arrives no earlier than ``latency_us + bytes / gbps`` after it
-was posted. It is NEVER on by default: ``MEGATRON_BURST_EMULATE="node_size=2,gbps=25,
+module makes one host behave like ``nodes`` x ``gpus_per_node`` GPUs: a message between
+ranks of different virtual nodes arrives no earlier than ``latency_us + bytes / gbps`` after
+it was posted. It is NEVER on by default: ``MEGATRON_BURST_EMULATE="gpus_per_node=2,gbps=25,
 latency_us=5"`` turns it on in ``install_from_env()``, which the benchmarks call
 (``benchmarks/ranks.py``) and both Megatron entry points reach through the core's switch
 (``megatron_burst.link_emulation.maybe_emulate_links``, from ``configure_run``). It installs
@@ -186,7 +186,7 @@ def install_from_env() -> Emulation | None:
     _ACTIVE = emulation
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
     if rank == 0:
-        ranks = f"{nodes.node_size} rank{'s' if nodes.node_size > 1 else ''}"
+        ranks = f"{nodes.gpus_per_node} rank{'s' if nodes.gpus_per_node > 1 else ''}"
         print(f"!! {ENV}={text}: links across emulated nodes of {ranks} slowed to "
               f"{nodes.gbps:g} GB/s (+{nodes.latency_us:g} us a message); timings are not "
               f"real hardware", flush=True)

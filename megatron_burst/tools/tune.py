@@ -76,18 +76,19 @@ def _significant(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def measure_links(sizes: Sequence[int], per_node: int, device: torch.device,
+def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device,
                   repeat: int) -> tuple[Link, Link | None, Link]:
     """(intra, inter or None with one node, all-to-all) from this rank's point of view."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    node, local = divmod(rank, per_node)
-    nodes = world // per_node
-    intra = [(n, _timed(_hop(node * per_node + (local + 1) % per_node,
-                             node * per_node + (local - 1) % per_node, n, device),
-                        device, repeat)) for n in sizes] if per_node > 1 else []
-    inter = [(n, _timed(_hop((node + 1) % nodes * per_node + local,
-                             (node - 1) % nodes * per_node + local, n, device), device, repeat))
-             for n in sizes] if nodes > 1 else []
+    node, local = divmod(rank, gpus_per_node)
+    nodes = world // gpus_per_node
+    first = node * gpus_per_node  # this node's first rank
+    intra = [(n, _timed(_hop(first + (local + 1) % gpus_per_node,
+                             first + (local - 1) % gpus_per_node, n, device), device, repeat))
+             for n in sizes] if gpus_per_node > 1 else []
+    inter = [(n, _timed(_hop((node + 1) % nodes * gpus_per_node + local,
+                             (node - 1) % nodes * gpus_per_node + local, n, device),
+                        device, repeat)) for n in sizes] if nodes > 1 else []
     a2a = []
     for n in sizes:
         x = torch.ones(n // world * world, dtype=torch.uint8, device=device)
@@ -176,7 +177,7 @@ def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int
     return max(0.0, (ring_s - call_s) / steps) * 1e6, call_s * 1e6
 
 
-def measure(*, per_node: int | None = None, quick: bool = False,
+def measure(*, gpus_per_node: int | None = None, quick: bool = False,
             base: str | None = None) -> tuple[Profile, dict]:
     """Run every measurement on the initialised process group; (profile, raw numbers).
 
@@ -188,18 +189,18 @@ def measure(*, per_node: int | None = None, quick: bool = False,
     cpu = device.type == "cpu"
     dtype = torch.float32 if cpu else torch.bfloat16
     world = dist.get_world_size()
-    per_node = per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    gpus_per_node = gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
     repeat = 3 if (quick or cpu) else 10
     sizes = [2**16, 2**20] if cpu else [2**20, 2**24, 2**26, 2**28]
     tokens = [256, 1024] if cpu else [2048, 8192, 32768]
     heads, head_dim = (2, 32) if cpu else (32, 128)
-    intra, inter, a2a = measure_links(sizes, per_node, device, repeat)
+    intra, inter, a2a = measure_links(sizes, gpus_per_node, device, repeat)
     dense, varlen = measure_kernels(tokens, heads, head_dim, device, dtype, repeat)
     memory = measure_memory(2**24 if cpu else 2**30, device, repeat)
     step_us, call_us = measure_overheads(device, dtype, repeat)
     base_profile = load_profile(base)
     name = f"tuned-{'cpu' if cpu else torch.cuda.get_device_name(device).replace(' ', '-')}"
-    source = (f"measured by megatron-burst tune on {world} rank(s), {per_node} per node, "
+    source = (f"measured by megatron-burst tune on {world} rank(s), {gpus_per_node} per node, "
               f"{time.strftime('%Y-%m-%d')}")
     if inter is None:
         inter = base_profile.inter
@@ -207,8 +208,9 @@ def measure(*, per_node: int | None = None, quick: bool = False,
     profile = Profile(name=name, intra=intra, inter=inter, alltoall=a2a, dense=dense,
                       varlen=varlen, memory_gbps=round(memory, 1),
                       step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
-                      gpus_per_node=per_node, source=source)
-    raw = dict(world=world, per_node=per_node, device=str(device), sizes=sizes, tokens=tokens)
+                      gpus_per_node=gpus_per_node, source=source)
+    raw = dict(world=world, gpus_per_node=gpus_per_node, device=str(device), sizes=sizes,
+               tokens=tokens)
     return profile, raw
 
 

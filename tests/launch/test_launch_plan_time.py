@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from megatron_burst.launch.resolve import group_ranks_per_node, tokens_per_rank, topology_of
+from megatron_burst.launch.resolve import max_intra_node_size_of, tokens_per_rank, topology_of
 from megatron_burst.launch.config import load_config, resize_note, with_nodes
 from megatron_burst.launch.topology_candidates import chosen_prediction, topology_rows
 from megatron_burst.launch.plan import make_plan
@@ -35,7 +35,7 @@ def test_every_time_in_the_topology_table_is_the_time_models(path):
         if row.prediction is None:
             continue
         again = predict(row.prediction.topology, prof, tokens=tokens_per_rank(cfg), causal=True,
-                        cp_ranks_per_node=group_ranks_per_node(cfg))
+                        max_intra_node_size=max_intra_node_size_of(cfg))
         assert again == row.prediction
         assert row.prediction.describe() in text
     chosen = [r for r in rows if r.chosen]
@@ -49,13 +49,13 @@ def test_auto_chooses_what_the_table_ranks_first(path):
     cfg = load_config(path)
     b = cfg.burst
     fixed = {} if b.ulysses_size == "auto" else {"ulysses": b.ulysses_size}
-    fixed["ranks_per_node"] = None if b.intra_node_size in (None, 1) else b.intra_node_size
+    fixed["intra_node_size"] = None if b.intra_node_size in (None, 1) else b.intra_node_size
     if b.backward != "auto":
         fixed["backward"] = b.backward
     topology = topology_of(cfg)
     best = choose(cfg.parallel.context, topology.heads, tokens=tokens_per_rank(cfg),
                   prof=load_profile(cfg.cluster.profile_name),
-                  cp_ranks_per_node=group_ranks_per_node(cfg), **fixed)[0]
+                  max_intra_node_size=max_intra_node_size_of(cfg), **fixed)[0]
     considered = [r for r in topology_rows(cfg) if r.excluded is None]
     assert considered[0].chosen and considered[0].prediction == best
     assert chosen_prediction(cfg) == best

@@ -29,12 +29,12 @@ from .conftest import CONFIGS
 ENV = {"DATA_PATH": "/data/text_document", "TOKENIZER_MODEL": "/tok"}
 
 
-def _cp8_ulysses2(tiny_raw: dict, ranks_per_node: int) -> object:
+def _cp8_ulysses2(tiny_raw: dict, intra_node_size: int) -> object:
     raw = copy.deepcopy(tiny_raw)
     raw["model"].update(num_attention_heads=8, num_query_groups=4, hidden_size=256,
                         seq_length=1024)
     raw["parallel"].update(tensor=1, context=8, pipeline=1, data=1)
-    raw["burst"].update(ulysses_size=2, intra_node_size=ranks_per_node)
+    raw["burst"].update(ulysses_size=2, intra_node_size=intra_node_size)
     raw["cluster"].update(nodes=1, gpus_per_node=8, gpu="a100-80gb")
     raw["training"].update(micro_batch_size=1, global_batch_size=1)
     return config_from_dict(raw)
@@ -124,11 +124,11 @@ def test_adapter_builds_the_layout_plan_reports(path):
 
 
 def test_cp8_ulysses2_flat_and_double_ring(tiny_raw):
-    flat = _check(_cp8_ulysses2(tiny_raw, ranks_per_node=None))
+    flat = _check(_cp8_ulysses2(tiny_raw, intra_node_size=None))
     assert (flat.ulysses, flat.ring_size, flat.double) == (2, 4, False)
-    double = _check(_cp8_ulysses2(tiny_raw, ranks_per_node=4))
+    double = _check(_cp8_ulysses2(tiny_raw, intra_node_size=4))
     # 4 ranks per node = 2 Ulysses groups = 2 ring positions per node, 2 nodes.
-    assert (double.ulysses, double.inner_ring, double.outer_ring) == (2, 2, 2)
+    assert (double.ulysses, double.positions_per_node, double.outer_ring) == (2, 2, 2)
     assert double.hierarchical_sizes == [2, 2, 2]
 
 
@@ -137,14 +137,14 @@ def _from_megatron(cp: int, comm: str, hier, heads: HeadShape, **given) -> CPTop
     from megatron_burst.options import resolve
 
     return resolve(options_from_megatron(cp, comm, hier, given), cp=cp, heads=heads,
-                   tokens=1024, cp_ranks_per_node=None)
+                   tokens=1024, max_intra_node_size=None)
 
 
 def test_one_unit_for_ranks_per_node():
     """`intra_node_size` counts ranks in burst_attn, configs, flags and the topology alike."""
     heads = HeadShape(8, 8, 64, 2)
-    topology = CPTopology.build(8, ulysses=2, ranks_per_node=4, heads=heads)
-    assert (topology.ranks_per_node, topology.inner_ring) == (4, 2)
+    topology = CPTopology.build(8, ulysses=2, intra_node_size=4, heads=heads)
+    assert (topology.intra_node_size, topology.positions_per_node) == (4, 2)
     same = _from_megatron(8, "a2a+burst", [2, 2, 2], heads, backward="burst")
     assert same == topology
     assert _from_megatron(8, "a2a+burst", None, heads, ulysses_size=2, intra_node_size=4,
@@ -155,7 +155,7 @@ def test_one_unit_for_ranks_per_node():
     with pytest.raises(ValueError, match="contradicts"):
         _from_megatron(8, "a2a+burst", [2, 4], heads, ulysses_size=4)
     with pytest.raises(ValueError, match="intra_node_size"):
-        CPTopology.build(8, ulysses=2, ranks_per_node=3, heads=heads)
+        CPTopology.build(8, ulysses=2, intra_node_size=3, heads=heads)
     with pytest.raises(ValueError, match="not a BurstAttention mode"):
         _from_megatron(8, "a2a", None, heads)
     with pytest.raises(ValueError, match="options.resolve"):
@@ -165,7 +165,7 @@ def test_one_unit_for_ranks_per_node():
 def test_a_handed_down_topology_must_agree_with_the_layers_settings(tiny_raw):
     """A layer given a decided topology still reads Megatron's CP settings and its own
     options: one that names another algorithm, or another shape, is refused, not dropped."""
-    args = _parse(megatron_flags(_cp8_ulysses2(tiny_raw, ranks_per_node=4), env=ENV))
+    args = _parse(megatron_flags(_cp8_ulysses2(tiny_raw, intra_node_size=4), env=ENV))
     decided = topology_from_args(args)
     assert _layer(args, topology=decided).topology == decided
     other = {"burst": "ring", "ring": "burst"}[decided.backward]
@@ -179,7 +179,7 @@ def test_a_handed_down_topology_must_agree_with_the_layers_settings(tiny_raw):
 def test_a_profile_nothing_reads_is_refused_through_the_spec_too(tiny_raw):
     """Through a spec provider's options as on the command line: with every choice fixed
     the time model never runs, so a profile would be ignored."""
-    args = _parse(megatron_flags(_cp8_ulysses2(tiny_raw, ranks_per_node=4), env=ENV))
+    args = _parse(megatron_flags(_cp8_ulysses2(tiny_raw, intra_node_size=4), env=ENV))
     fixed = {"backward": "burst", "profile": "a100-ib"}
     with pytest.raises(ValueError, match="read only by 'auto'"):
         _layer(args, burst_options=fixed)
