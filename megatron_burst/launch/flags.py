@@ -57,18 +57,26 @@ def launch_line(cfg: Config, launcher: str, rdzv_id: str) -> list[str]:
 def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
                    expand: bool = True, save: str | None = None,
                    load: str | None = None) -> list[str]:
-    """The Megatron argument list for ``cfg``.
+    """The Megatron argument list for ``cfg``, one group of flags after the other.
 
     ``expand``: replace ${VAR} from ``env`` (default os.environ), failing on unset ones;
     False keeps them for a shell script to expand. ``save``/``load``: checkpoint folders.
     """
-    m, p, tr, d, b = cfg.model, cfg.parallel, cfg.training, cfg.data, cfg.burst
-
     def path(text: str, key: str) -> str:
         return expand_vars(text, key, env) if expand else text
 
+    f = model_flags(cfg.model) + parallel_flags(cfg) + implementation_flags()
+    f += training_flags(cfg) + data_flags(cfg, path, expand)
+    problem = run_problem(cfg)  # the schema's rules; the adapter's too, here before a job queues
+    if problem is not None:
+        raise problem
+    f += document_flags(cfg) + output_flags(cfg, save, load)
+    return f + [path(a, f"megatron_args[{i}]") for i, a in enumerate(cfg.megatron_args)]
+
+
+def model_flags(m: ModelConfig) -> list[str]:
+    """The model's shape (Llama: RMSNorm, SwiGLU, RoPE, no biases, untied output layer)."""
     f: list[str] = [
-        # Model shape (Llama: RMSNorm, SwiGLU, RoPE, no biases, untied output layer).
         "--num-layers", str(m.num_layers),
         "--hidden-size", str(m.hidden_size),
         "--ffn-hidden-size", str(m.ffn_hidden_size),
@@ -92,40 +100,57 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
         f += ["--swiglu"]
     if m.untie_embeddings:
         f += ["--untie-embeddings-and-output-weights"]
+    return f
 
-    # Parallelism; data parallelism is what is left of the world size.
-    f += [
+
+def parallel_flags(cfg: Config) -> list[str]:
+    """The parallel sizes (data parallelism is what is left of the world size) and the CP
+    topology."""
+    p = cfg.parallel
+    f = [
         "--tensor-model-parallel-size", str(p.tensor),
         "--pipeline-model-parallel-size", str(p.pipeline),
         "--context-parallel-size", str(p.context),
     ]
     if p.sequence_parallel and p.tensor > 1:
         f += ["--sequence-parallel"]
-    if p.context == 1:
+    return f + burst_flags(cfg)
+
+
+def burst_flags(cfg: Config) -> list[str]:
+    """The CP topology the attention runs, as --cp-comm-type and the --burst-* flags."""
+    if cfg.parallel.context == 1:
         # The spec's layers are BurstAttention at CP=1 too (one kernel call, no ring); the
         # entry point's document masks need --cp-comm-type to say so.
-        f += ["--cp-comm-type", RING_COMM_TYPE]
-    else:
-        # The topology `plan` reports, resolved once here ('auto' by the time model with the
-        # cluster's profile), so the adapter runs exactly it and decides nothing again.
-        topology = topology_of(cfg)
-        f += ["--cp-comm-type", topology.cp_comm_type,
-              "--burst-backward", topology.backward,
-              "--burst-ulysses-size", str(topology.ulysses)]
-        if topology.double:
-            f += ["--burst-intra-node-size", str(topology.intra_node_size)]
-        if topology.hierarchical_sizes:
-            f += ["--hierarchical-context-parallel-sizes",
-                  *map(str, topology.hierarchical_sizes)]
+        return ["--cp-comm-type", RING_COMM_TYPE]
+    # The topology `plan` reports, resolved once here ('auto' by the time model with the
+    # cluster's profile), so the adapter runs exactly it and decides nothing again.
+    topology = topology_of(cfg)
+    f = ["--cp-comm-type", topology.cp_comm_type,
+         "--burst-backward", topology.backward,
+         "--burst-ulysses-size", str(topology.ulysses)]
+    if topology.double:
+        f += ["--burst-intra-node-size", str(topology.intra_node_size)]
+    if topology.hierarchical_sizes:
+        f += ["--hierarchical-context-parallel-sizes", *map(str, topology.hierarchical_sizes)]
+    return f
+
+
+def implementation_flags() -> list[str]:
+    """The layer spec and Megatron's local implementation, without the fusions that need
+    TransformerEngine or apex (see the module docstring)."""
     # BurstAttention reads no attention mask; upstream pretrain_gpt.py would otherwise build
     # a dense [s, s] one per sample in the dataloader (2.5 s per iteration at 16K tokens).
-    f += ["--no-create-attention-mask-in-dataloader"]
-    f += ["--spec", *SPEC, "--transformer-impl", "local",
-          "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
-          "--no-rope-fusion", "--no-persist-layer-norm"]
+    return ["--no-create-attention-mask-in-dataloader",
+            "--spec", *SPEC, "--transformer-impl", "local",
+            "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+            "--no-rope-fusion", "--no-persist-layer-norm"]
 
-    # Optimizer, schedule, precision.
-    f += [
+
+def training_flags(cfg: Config) -> list[str]:
+    """Optimizer, schedule, precision and recompute."""
+    tr = cfg.training
+    f = [
         "--micro-batch-size", str(tr.micro_batch_size),
         "--global-batch-size", str(tr.global_batch_size),
         "--train-iters", str(tr.train_iters),
@@ -146,12 +171,18 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     if tr.recompute == "full":
         f += ["--recompute-granularity", "full", "--recompute-method", tr.recompute_method,
               "--recompute-num-layers", str(tr.recompute_num_layers)]
-        if b.remat_aware:
+        if cfg.burst.remat_aware:
             f += ["--burst-remat-aware"]
     elif tr.recompute == "selective":
         f += ["--recompute-granularity", "selective"]
+    return f
 
-    # Data and tokenizer.
+
+def data_flags(cfg: Config, path: typing.Callable[[str, str], str], expand: bool) -> list[str]:
+    """Data and tokenizer; ``path`` expands a ${VAR} in a path (or keeps it: ``expand``
+    False)."""
+    d = cfg.data
+    f: list[str] = []
     if d.mock:
         f += ["--mock-data"]
     elif d.data_path:
@@ -163,23 +194,30 @@ def megatron_flags(cfg: Config, *, env: typing.Mapping[str, str] | None = None,
     if d.tokenizer_model:
         f += ["--tokenizer-model", path(d.tokenizer_model, "data.tokenizer_model")]
     if d.tokenizer_type == "NullTokenizer":
-        f += ["--vocab-size", str(m.vocab_size)]
-    problem = run_problem(cfg)  # the schema's rules; the adapter's too, here before a job queues
-    if problem is not None:
-        raise problem
-    if d.document_mask:
-        f += ["--burst-document-mask"]
-        if d.document_layout is not None:
-            f += ["--burst-document-layout", d.document_layout]
+        f += ["--vocab-size", str(cfg.model.vocab_size)]
+    return f
 
-    # Logging and checkpoints.
-    f += ["--log-interval", str(tr.log_interval), "--log-throughput",
-          "--eval-interval", str(tr.eval_interval), "--eval-iters", str(tr.eval_iters)]
+
+def document_flags(cfg: Config) -> list[str]:
+    """Document masks and how their batches are placed on the CP ranks."""
+    d = cfg.data
+    if not d.document_mask:
+        return []
+    f = ["--burst-document-mask"]
+    if d.document_layout is not None:
+        f += ["--burst-document-layout", d.document_layout]
+    return f
+
+
+def output_flags(cfg: Config, save: str | None, load: str | None) -> list[str]:
+    """Logging and checkpoints."""
+    tr = cfg.training
+    f = ["--log-interval", str(tr.log_interval), "--log-throughput",
+         "--eval-interval", str(tr.eval_interval), "--eval-iters", str(tr.eval_iters)]
     if save:
         f += ["--save", save, "--save-interval", str(save_interval(cfg))]
     if load:
         f += ["--load", load]
-    f += [path(a, f"megatron_args[{i}]") for i, a in enumerate(cfg.megatron_args)]
     return f
 
 
