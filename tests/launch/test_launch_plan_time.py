@@ -61,7 +61,7 @@ def test_auto_chooses_what_the_table_ranks_first(path):
     assert chosen_prediction(cfg) == best
 
 
-def test_excluded_layouts_say_why():
+def test_excluded_topologies_say_why():
     text = make_plan(_cfg("llama3-8b-128k"))  # ulysses_size: 1 on a group that could split
     assert "excluded: burst.ulysses_size is 1 (auto would consider it)" in text
     assert "predict the chosen one's time" in text  # burst and ring tie: said, not hidden

@@ -116,7 +116,7 @@ def _check(cfg) -> CPTopology:
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIGS], ids=lambda p: p.stem)
-def test_adapter_builds_the_layout_plan_reports(path):
+def test_adapter_builds_the_topology_plan_reports(path):
     cfg = load_config(path)
     if cfg.parallel.context == 1:
         pytest.skip("no context parallelism")
