@@ -241,7 +241,8 @@ def main() -> None:
     parser.add_argument("--remat-only", action="store_true",
                         help="features --part train: only full recompute with/without remat")
     parser.add_argument("--resume-only", action="store_true",
-                        help="features --part ckpt: save, then only the resume at the same parallel setup")
+                        help="features --part ckpt: save, then only the resume at the same "
+                             "parallel setup")
     parser.add_argument("--out", required=True)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seqs", default="131072,262144", help="h200x8: sequence lengths")

@@ -86,7 +86,8 @@ class _HopPlan:
     the ring follows (``payload_hops``) over the rows the schedule says are used."""
 
     def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):
-        from .comm.ring_positions import RingTopology  # the comm package imports torch: not for plan
+        # The comm package imports torch: not for plan.
+        from .comm.ring_positions import RingTopology
 
         self.ring = topology.ring_size
         self.inner = topology.positions_per_node if topology.double else self.ring
