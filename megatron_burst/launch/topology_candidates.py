@@ -131,5 +131,5 @@ def tie_note(rows: list[TopologyRow]) -> str | None:
             and round(r.prediction.total_s, 6) == round(chosen.prediction.total_s, 6)]
     if not ties:
         return None
-    return (f"{len(ties)} considered topologies predict the chosen one's time: the choice "
+    return (f"{len(ties)} considered topology(ies) predict the chosen one's time: the choice "
             f"between equals takes fewer Ulysses ranks, then fewer bytes, then the flat ring")
