@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import cost
-from .cp_topology import CPTopology, HeadShape, heads_split
+from .cp_topology import CPTopology, HeadShape, TopologyError, heads_split
 
 PROFILE_ENV = "MEGATRON_BURST_PROFILE"
 DEFAULT_PROFILE = "h200-nvlink"
@@ -327,7 +327,10 @@ def choose(cp: int, heads: HeadShape, *, tokens: int, causal: bool = True,
     preds = [predict(c, prof, tokens=tokens, causal=causal, cp_ranks_per_node=cp_ranks_per_node)
              for c in candidates(cp, heads, cp_ranks_per_node=cp_ranks_per_node, **fixed)]
     if not preds:
-        raise ValueError(f"no context-parallel layout fits cp={cp} with heads {heads} "
-                         f"and {fixed}")
+        # A fixed Ulysses size leaves none where its all-to-all would cross nodes; 'auto'
+        # always has Ulysses 1, unless the heads themselves do not split.
+        setting = "num_query_groups" if fixed.get("ulysses", "auto") == "auto" else "ulysses_size"
+        raise TopologyError(setting, f"no context-parallel layout fits cp={cp} with heads "
+                            f"{heads} and {fixed}")
     return sorted(preds, key=lambda p: (round(p.total_s, 6), p.layout.ulysses,
                                         sum(p.layout.call_bytes(tokens)), p.layout.double))
