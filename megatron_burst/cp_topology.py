@@ -169,7 +169,7 @@ class CPTopology:
                    window: tuple[int, int] = (-1, -1), lse_grad: bool = False
                    ) -> tuple[int, int]:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
-        sends them: only the rows each hop's receiver uses (``schedule.needed_rows``)."""
+        sends them: only the rows each hop's receiver uses (``RingSchedule.needed_rows``)."""
         from .comm.topology import RingTopology
         from .schedule import Mask, RingSchedule
 

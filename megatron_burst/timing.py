@@ -48,8 +48,9 @@ FWD_BWD_PASSES = 3.5
 class Link:
     """One message of b bytes takes ``latency_us`` + b / bandwidth(b), per direction.
 
-    NCCL's bandwidth grows with the message size (100 GB/s at 16 MB, ~300 at 256 MB on
-    H200 NVLink), so a measured link carries ``points`` [[bytes, GB/s], ...] and the
+    NCCL's bandwidth grows with the message size (on H200 NVLink from 74 GB/s at 16 MB to
+    272 at 256 MB: the ``intra`` points of benchmarks/results/tune_h200x4.json, shipped as
+    the h200-nvlink profile), so a measured link carries ``points`` [[bytes, GB/s], ...] and the
     bandwidth between them is interpolated on log(bytes); outside them, and for links
     given by published figures, it is ``gbps``.
     """

@@ -138,7 +138,7 @@ class SlurmConfig:
     """How `megatron-burst slurm` writes the batch job (each has a command-line override)."""
 
     # One allocation's SLURM --time, in any format sbatch takes; None: the shorter of
-    # job_plan.DEFAULT_ALLOCATION and the whole job. Longer jobs requeue until done.
+    # job_plan.DEFAULT_ALLOCATION_MIN and the whole job. Longer jobs requeue until done.
     time_limit: str | None = None
     # A file the script sources before anything else: module load, venv or conda activation.
     setup: str | None = None
