@@ -71,30 +71,43 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     call_count.poll()  # likewise a group whose ranks made different numbers of calls
     agree.require_member(group)  # first: a non-member's group size reads -1
     world, _ = group_size_rank(group)
+    prepared = _agreed(group, q, k, v, world, dict(
+        causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout,
+        backward=backward, qkv_format=qkv_format, intra_node_size=intra_node_size,
+        ulysses_size=ulysses_size, cu_seqlens=cu_seqlens, kernel=kernel, keep=keep,
+        call_label=call_label, topology=topology, sinks=sinks))
+    spec = _numbered(prepared, group, q, world)
+    if prepared.native and not return_lse and sinks is None and keep is None:
+        return _native(q, k, v, spec)  # one aten op, its own autograd: nothing more to do
+    out, lse = _attend(q, k, v, spec, group, prepared, keep, sinks)
+    return (out, lse) if return_lse else out
+
+
+def _agreed(group, q, k, v, world: int, arguments: dict):
+    """The call (``BurstCall.of(**arguments)``) prepared, and compared with the group's
+    other ranks; whatever fails, the peers learn of it instead of waiting."""
     try:
-        call = BurstCall.of(causal=causal, softmax_scale=softmax_scale,
-                            window_size=window_size, layout=layout, backward=backward,
-                            qkv_format=qkv_format, intra_node_size=intra_node_size,
-                            ulysses_size=ulysses_size, cu_seqlens=cu_seqlens, kernel=kernel,
-                            keep=keep, call_label=call_label, topology=topology,
-                            sinks=sinks)
-        prepared = prepare.lookup(group, q, k, v, call, world, sinks)
-    except Exception as err:  # whatever failed, the peers learn of it instead of waiting
+        call = BurstCall.of(**arguments)
+        prepared = prepare.lookup(group, q, k, v, call, world, arguments["sinks"])
+    except Exception as err:
         said = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
         agree.check_agreement(group, failed_signature(said))
         raise
     if world > 1:
         agree.check_agreement(group, prepared.sig)
+    return prepared
+
+
+def _numbered(prepared, group, q, world: int):
+    """The prepared spec, tagged with the call's number, digest and label for the headers.
+
+    Numbered after the check, so a call every rank refused counts nowhere. A CUDA graph
+    replays its messages as captured: no header to write or check there (nor one rank)."""
     spec = prepared.spec
     if world > 1 and not prepare.capturing(q):
-        # Numbered after the check, so a call every rank refused counts nowhere. A CUDA
-        # graph replays its messages as captured: no header to write or check there.
         spec = dataclasses.replace(spec, tag=headers.CallTag(_next_call(group),
                                                              prepared.digest, prepared.label))
-    if prepared.native and not return_lse and sinks is None and keep is None:
-        return _native(q, k, v, spec)  # one aten op, its own autograd: nothing more to do
-    out, lse = _attend(q, k, v, spec, group, prepared, keep, sinks)
-    return (out, lse) if return_lse else out
+    return spec
 
 
 def _native(q, k, v, spec):

@@ -3,10 +3,10 @@
 The emulator (`megatron_burst.tools.emulate`) is a benchmark tool: it slows the messages
 between virtual nodes so that one NVLink host measures like a multi-node cluster. Both ways
 into Megatron's training loop (this package's `megatron.pretrain_gpt` and Megatron-LM's
-patched pretrain_gpt.py) call `megatron.entry.configure_run`, which calls
-`maybe_emulate_links()` first. The core imports nothing from tools at import time: this
-module reads the variable and imports the tool only when the variable is set. Unset (the
-default) it imports nothing and changes nothing.
+patched pretrain_gpt.py) call `megatron.entry.configure_run` (`megatron.burst_run`'s),
+which calls `maybe_emulate_links()` first. The core imports nothing from tools at import
+time: this module reads the variable and imports the tool only when the variable is set.
+Unset (the default) it imports nothing and changes nothing.
 """
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """The BurstAttention options, described once and valid by construction, and the one resolver.
 
-``BurstOptions`` is the schema of every knob a user sets: what ``burst_attn`` takes as
-keywords, what the ``--burst-*`` flags, the YAML ``burst:`` keys and the spec provider's
-keywords are derived from (``OPTION_FIELDS``), each value spelled one way: a flat ring is
-``intra_node_size=None`` everywhere (YAML ``null``; a count of 1 rank per node is a flat
-ring too), 'auto' means the time model decides.
+``BurstOptions`` is the schema of every knob a user sets, each value spelled one way: a
+flat ring is ``intra_node_size=None`` everywhere (YAML ``null``; a count of 1 rank per node
+is a flat ring too), 'auto' means the time model decides. The ``--burst-*`` flags and the
+config keys that set the options (``launch.config.OPTION_KEYS``: the ``burst:`` section,
+``cluster.profile``, ``data.document_*``) are made from its fields (``OPTION_FIELDS``);
+the spec provider's keywords are checked against them; ``burst_attn`` takes the topology
+choices as keywords of its own signature, each value checked here.
 
 A ``BurstOptions`` cannot hold a bad value: every field and every rule between fields is
 checked when it is made (``OptionError``, a ValueError naming the option). What a user did

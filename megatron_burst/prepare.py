@@ -100,7 +100,7 @@ class Prepared:
     keep_key: str  # what a kept output is made for: the signature without autograd's part
     ulysses_peers: tuple[int, ...] | None  # this rank's Ulysses group; None: no Ulysses
     # A single rank's whole attention is one kernel op that aten differentiates itself:
-    # a call that needs no lse is that op and nothing else (``kernels.has_native``).
+    # a call that needs no lse is that op and nothing else (``kernels.selection.has_native``).
     native: bool = False
 
 

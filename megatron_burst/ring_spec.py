@@ -186,7 +186,8 @@ class RingSpec:
 
         That is a single member (CP=1, or TP-only runs that keep the burst layer) without
         padding or documents. Then the kernel's own output and gradients are the answer: no
-        fp32 accumulators, merges or casts (they cost ~6% of the kernel at 32K tokens), and
+        fp32 accumulators, merges or casts (with them one GPU ran at 0.92-0.94 of the kernel
+        alone at 32K tokens: the one-GPU rows of benchmarks/results/h200x1_attention.md), and
         no row is without a key (the lse needs no mending for the backward).
         """
         if self.topo is not None or not self.fixed_shapes:

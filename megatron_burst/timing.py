@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import cost
-from .topology import CPTopology, HeadShape, heads_split
+from .topology import CPTopology, HeadShape, TopologyError, heads_split
 
 PROFILE_ENV = "MEGATRON_BURST_PROFILE"
 DEFAULT_PROFILE = "h200-nvlink"
@@ -48,8 +48,9 @@ FWD_BWD_PASSES = 3.5
 class Link:
     """One message of b bytes takes ``latency_us`` + b / bandwidth(b), per direction.
 
-    NCCL's bandwidth grows with the message size (100 GB/s at 16 MB, ~300 at 256 MB on
-    H200 NVLink), so a measured link carries ``points`` [[bytes, GB/s], ...] and the
+    NCCL's bandwidth grows with the message size (on H200 NVLink from 74 GB/s at 16 MB to
+    272 at 256 MB: the ``intra`` points of benchmarks/results/tune_h200x4.json, shipped as
+    the h200-nvlink profile), so a measured link carries ``points`` [[bytes, GB/s], ...] and the
     bandwidth between them is interpolated on log(bytes); outside them, and for links
     given by published figures, it is ``gbps``.
     """
@@ -329,7 +330,10 @@ def choose(cp: int, heads: HeadShape, *, tokens: int, causal: bool = True,
                      max_intra_node_size=max_intra_node_size)
              for c in candidates(cp, heads, max_intra_node_size=max_intra_node_size, **fixed)]
     if not preds:
-        raise ValueError(f"no context-parallel topology fits cp={cp} with heads {heads} "
-                         f"and {fixed}")
+        # A fixed Ulysses size leaves none where its all-to-all would cross nodes; 'auto'
+        # always has Ulysses 1, unless the heads themselves do not split.
+        setting = "num_query_groups" if fixed.get("ulysses", "auto") == "auto" else "ulysses_size"
+        raise TopologyError(setting, f"no context-parallel topology fits cp={cp} with heads "
+                            f"{heads} and {fixed}")
     return sorted(preds, key=lambda p: (round(p.total_s, 6), p.topology.ulysses,
                                         sum(p.topology.call_bytes(tokens)), p.topology.double))

@@ -34,6 +34,17 @@ COMM_TYPE_ALIASES = {None: RING_COMM_TYPE, "p2p": RING_COMM_TYPE, RING_COMM_TYPE
                      "a2a+p2p": HYBRID_COMM_TYPE, HYBRID_COMM_TYPE: HYBRID_COMM_TYPE}
 
 
+class TopologyError(ValueError):
+    """A topology that cannot be built, naming the setting at fault: ``setting`` is a
+    ``BurstOptions`` field (``ulysses_size``, ``intra_node_size``, ``backward``) or a size of
+    the model (``cp``, ``num_attention_heads``, ``num_query_groups``), so that a caller can
+    blame its own spelling of it (``plan`` names the config key) without reading the text."""
+
+    def __init__(self, setting: str, message: str):
+        super().__init__(message)
+        self.setting = setting
+
+
 @dataclasses.dataclass(frozen=True)
 class HeadShape:
     """Attention heads of one rank (after tensor parallelism) and bytes per element.
@@ -59,8 +70,8 @@ class HeadShape:
         """The heads one of ``tp`` tensor-parallel ranks holds (``half``: 16-bit)."""
         for count, what in ((heads, "num_attention_heads"), (groups, "num_query_groups")):
             if count % tp:
-                raise ValueError(f"{what} over tensor parallel size: {count} is not "
-                                 f"divisible by {tp}")
+                raise TopologyError(what, f"{what} over tensor parallel size: {count} is "
+                                          f"not divisible by {tp}")
         return HeadShape(heads // tp, groups // tp, head_dim, 2 if half else 4, v_head_dim)
 
 
@@ -81,8 +92,8 @@ class CPTopology:
               backward: str = "burst", heads: HeadShape | None = None) -> "CPTopology":
         """Validate and normalise a decided topology (``options.resolve`` decides 'auto').
 
-        Raises ValueError naming the argument. ``intra_node_size`` that holds the whole group,
-        or only one ring position, is the flat ring (None).
+        Raises TopologyError (a ValueError) naming the argument. ``intra_node_size`` that
+        holds the whole group, or only one ring position, is the flat ring (None).
         """
         return _build(cp, ulysses, intra_node_size, backward, heads)
 
@@ -158,7 +169,7 @@ class CPTopology:
                    window: tuple[int, int] = (-1, -1), lse_grad: bool = False
                    ) -> tuple[int, int]:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
-        sends them: only the rows each hop's receiver uses (``schedule.needed_rows``)."""
+        sends them: only the rows each hop's receiver uses (``RingSchedule.needed_rows``)."""
         from .comm.ring_positions import RingTopology
         from .schedule import Mask, RingSchedule
 
@@ -203,22 +214,24 @@ class CPTopology:
 def _build(cp: int, ulysses: int, intra_node_size: int | None, backward: str,
            heads: HeadShape | None) -> CPTopology:
     if not _is_int(cp) or cp < 1:
-        raise ValueError(f"the context-parallel size must be a positive int, got {cp!r}")
+        raise TopologyError("cp", f"the context-parallel size must be a positive int, got "
+                                  f"{cp!r}")
     if not _is_int(ulysses) or ulysses < 1 or cp % ulysses:
-        raise ValueError(f"ulysses_size ({ulysses!r}) must be a positive int dividing the "
-                         f"context-parallel size ({cp})")
+        raise TopologyError("ulysses_size", f"ulysses_size ({ulysses!r}) must be a positive "
+                            f"int dividing the context-parallel size ({cp})")
     if intra_node_size is not None:
         if (not _is_int(intra_node_size) or intra_node_size < 1 or cp % intra_node_size
                 or intra_node_size % ulysses):
-            raise ValueError(f"intra_node_size ({intra_node_size!r}) must divide the "
-                             f"context-parallel size ({cp}) and be a multiple of "
-                             f"ulysses_size ({ulysses})")
+            raise TopologyError("intra_node_size", f"intra_node_size ({intra_node_size!r}) "
+                                f"must divide the context-parallel size ({cp}) and be a "
+                                f"multiple of ulysses_size ({ulysses})")
         positions = intra_node_size // ulysses
         if positions <= 1 or positions >= cp // ulysses:
             intra_node_size = None  # one position per node, or the whole ring: a flat ring
     if backward not in RESOLVED_BACKWARD:
-        raise ValueError(f"backward must be one of {RESOLVED_BACKWARD} here, got {backward!r} "
-                         f"('auto' is decided by megatron_burst.options.resolve)")
+        raise TopologyError("backward", f"backward must be one of {RESOLVED_BACKWARD} here, "
+                            f"got {backward!r} ('auto' is decided by "
+                            f"megatron_burst.options.resolve)")
     if heads is not None:
         check_heads(heads, ulysses)
     return CPTopology(cp, ulysses, intra_node_size, backward, heads)
@@ -234,17 +247,17 @@ def heads_split(heads: HeadShape, ulysses: int) -> bool:
 
 
 def check_heads(heads: HeadShape, ulysses: int) -> None:
-    """Raise ValueError unless ``heads`` split over ``ulysses`` ranks (the one rule)."""
+    """Raise TopologyError unless ``heads`` split over ``ulysses`` ranks (the one rule)."""
     if heads.hkv < 1 or heads.hq % heads.hkv:
-        raise ValueError(f"the number of q heads ({heads.hq}) must be a multiple of the "
-                         f"number of k/v heads ({heads.hkv})")
+        raise TopologyError("num_query_groups", f"the number of q heads ({heads.hq}) must be "
+                            f"a multiple of the number of k/v heads ({heads.hkv})")
     if ulysses > 1:
         if heads.hq % ulysses:
-            raise ValueError(f"ulysses_size ({ulysses}) must divide the number of q heads "
-                             f"({heads.hq})")
+            raise TopologyError("ulysses_size", f"ulysses_size ({ulysses}) must divide the "
+                                f"number of q heads ({heads.hq})")
         if heads.hkv % ulysses and ulysses % heads.hkv:
-            raise ValueError(f"ulysses_size ({ulysses}) and the number of k/v heads "
-                             f"({heads.hkv}) must divide one another")
+            raise TopologyError("ulysses_size", f"ulysses_size ({ulysses}) and the number of "
+                                f"k/v heads ({heads.hkv}) must divide one another")
 
 
 def _is_int(x: Any) -> bool:

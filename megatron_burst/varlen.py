@@ -9,10 +9,11 @@ that share a mask shape (full, causal, or one band) and whose query rows are dis
 Large blocks of a plain sequence still go to the dense kernel one by one (cuDNN is faster
 than the varlen flash kernel where launches do not matter, and a sequence's block shapes
 repeat every step). A document pack's blocks change size with every batch, and cuDNN builds
-an execution graph for every new shape (82-91 ms fwd+bwd on H200, against 0.5-1.3 ms to
-run one once built), so there every block goes varlen (``shape_free``): the flash kernel
-builds nothing per shape. Packing copies only what is not already one contiguous run of
-rows; outputs are merged back run by run, as views.
+an execution graph for every new shape (on one H200, a new pack through cuDNN took seconds
+per call, the varlen flash kernel milliseconds: the "1 GPU cuDNN per document" and "1 GPU
+varlen flash" rows of benchmarks/results/h200x2_documents_fresh.md), so there every block
+goes varlen (``shape_free``): the flash kernel builds nothing per shape. Packing copies only
+what is not already one contiguous run of rows; outputs are merged back run by run, as views.
 """
 from __future__ import annotations
 

@@ -36,8 +36,8 @@ class Packed:
 
     Why: NCCL runs the messages of one ``batch_isend_irecv`` to the same peer one after the
     other. On 8 H200 a hop of K and V as two 67 MB tensors takes 1.0 ms, as one 134 MB
-    buffer 0.57 ms (benchmarks/results/p2p_*.json). So a hop (K/V; Q, dO, lse, delta; dK/dV)
-    is always one buffer. ``views`` are the tensors, living inside ``flat``.
+    buffer 0.57 ms (benchmarks/results/h200x8_p2p_default.json). So a hop (K/V; Q, dO,
+    lse, delta; dK/dV) is always one buffer. ``views`` are the tensors, living inside ``flat``.
     """
 
     def __init__(self, specs: Sequence[tuple[torch.Size, torch.dtype]], device: torch.device,

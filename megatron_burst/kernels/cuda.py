@@ -17,7 +17,8 @@ _FUSED = dict(devices=frozenset({"cuda"}), dtypes=HALF, max_head_dim=256, head_d
 
 
 class CudnnAttention(VarlenByLoop):
-    """cuDNN fused attention through PyTorch (fastest on Hopper: ~550 TFLOP/s fwd+bwd).
+    """cuDNN fused attention through PyTorch (fastest on Hopper: the "single-gpu kernel" rows
+    of benchmarks/results/h200x1_attention.md).
 
     K/V with fewer heads than Q go to cuDNN as they are (it takes GQA, forward and
     backward, as PyTorch's SDPA hands it them): no expanded copies, no folded gradients.
@@ -170,7 +171,7 @@ class FlashAttnPackage(VarlenByLoop):
         return dq, dk, dv
 
     # flash-attn 2.x's varlen entry points; a version whose signature differs fails the
-    # probe in ``_cuda_kernel`` and the package is then not used for varlen calls.
+    # probe in ``selection._probe_varlen`` and the package is then not used for varlen calls.
     def forward_varlen(self, q, k, v, call, scale):
         cu_q, cu_k = call.cu_tensors(q.device)
         left, right = (-1, 0) if call.causal else call.window

@@ -58,6 +58,14 @@ def _command(sub: argparse._SubParsersAction, name: str, summary: str,
 
 def _add_config_commands(sub: argparse._SubParsersAction) -> None:
     """plan, flags, run and slurm: the commands that read a YAML config."""
+    _add_plan_command(sub)
+    _add_flags_command(sub)
+    _add_run_command(sub)
+    _add_slurm_command(sub)
+
+
+def _add_plan_command(sub: argparse._SubParsersAction) -> None:
+    """plan: check a config and say what it costs."""
     p = _command(sub, "plan", "check a config fits; memory, ring traffic, step and job time",
                  "Check that a config can run (sizes that divide, memory per GPU), and print "
                  "what it costs: memory per GPU, the ring's traffic, the context-parallel "
@@ -67,6 +75,9 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", help=CONFIG_HELP)
     p.add_argument("--nodes", type=positive_int, help=NODES_HELP)
 
+
+def _add_flags_command(sub: argparse._SubParsersAction) -> None:
+    """flags: a config as Megatron's command line (or a whole launch line)."""
     p = _command(sub, "flags", "print the Megatron command-line flags (or a whole launch line)",
                  "Print the flags of `python -m megatron_burst.megatron.pretrain_gpt` for a "
                  "config, one per line, ready to paste; ${VARIABLES} are expanded from the "
@@ -84,6 +95,9 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
                         "for several nodes, and the entry point) before the flags; none (the "
                         "default): the flags only")
 
+
+def _add_run_command(sub: argparse._SubParsersAction) -> None:
+    """run: train a config on this host (GPUs, or CPU gloo ranks)."""
     p = _command(sub, "run", "train: torchrun on a GPU host, gloo ranks on CPU",
                  "Train a config on this host: torchrun over its GPUs, or, without CUDA (or "
                  "with --cpu), on CPU gloo ranks followed by a CP=1 reference run.")
@@ -98,6 +112,9 @@ def _add_config_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="make every check the run makes, print what would run, start nothing")
 
+
+def _add_slurm_command(sub: argparse._SubParsersAction) -> None:
+    """slurm: an sbatch script for a multi-node job."""
     p = _command(sub, "slurm", "write an sbatch script for a multi-node job",
                  "Write an sbatch script: one torchrun per node under srun, c10d rendezvous, "
                  "a folder per job (under slurm.run_root, else $RUN_ROOT, else runs/ in the "
@@ -157,6 +174,7 @@ def _add_data_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_tune_command(sub: argparse._SubParsersAction) -> None:
+    """tune: measure this host into a profile for the time model."""
     p = _command(sub, "tune", "measure links, kernels and overheads into a profile for 'auto'",
                  "Measure this host's links, attention kernel and host overheads (under a "
                  "minute on GPUs) into a profile the time model reads (config "

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from ..options import OPTION_FIELDS
-from ..layouts import DOCUMENT_LAYOUTS
 from .config_file import read_config_yaml
 from .hardware import HARDWARE, Hardware
 from .config_values import (BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text,
@@ -45,10 +44,15 @@ class ParallelConfig:
     sequence_parallel: bool = True
 
 
-# The `burst:` section: the schema's options that a config sets there (its profile is
-# `cluster.profile`, document masks are `data.document_mask`), with the schema's types,
-# defaults and help: one spelling for each value (a flat ring is `intra_node_size: null`).
-BURST_KEYS = ("backward", "ulysses_size", "intra_node_size", "remat_aware")
+# Where a config sets each field of the schema (megatron_burst.options.BurstOptions), one
+# key each: under `burst:`, but for the time model's profile, which is the cluster's, and
+# the document options, which are the data's.
+_OPTIONS_ELSEWHERE = {"profile": "cluster.profile", "document_mask": "data.document_mask",
+                      "document_layout": "data.document_layout"}
+OPTION_KEYS = {f.name: _OPTIONS_ELSEWHERE.get(f.name, f"burst.{f.name}") for f in OPTION_FIELDS}
+# The `burst:` section: the schema's other fields, with the schema's types, defaults and
+# help: one spelling for each value (a flat ring is `intra_node_size: null`).
+BURST_KEYS = tuple(name for name, key in OPTION_KEYS.items() if key.startswith("burst."))
 BurstConfig = dataclasses.make_dataclass(
     "BurstConfig", [(f.name, f.type, dataclasses.field(default=f.metadata["default"],
                                                         metadata=f.metadata))
@@ -134,7 +138,7 @@ class SlurmConfig:
     """How `megatron-burst slurm` writes the batch job (each has a command-line override)."""
 
     # One allocation's SLURM --time, in any format sbatch takes; None: the shorter of
-    # job_plan.DEFAULT_ALLOCATION and the whole job. Longer jobs requeue until done.
+    # job_plan.DEFAULT_ALLOCATION_MIN and the whole job. Longer jobs requeue until done.
     time_limit: str | None = None
     # A file the script sources before anything else: module load, venv or conda activation.
     setup: str | None = None
@@ -165,9 +169,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.activation": ("swiglu", "gelu"),
     "model.position_embedding": ("rope",),
     "model.softmax_type": SOFTMAX_TYPES,
-    **{f"burst.{f.name}": tuple(f.metadata["choices"]) for f in OPTION_FIELDS
-       if f.name in BURST_KEYS and f.metadata["choices"]},
-    "data.document_layout": DOCUMENT_LAYOUTS,
+    **{OPTION_KEYS[f.name]: tuple(f.metadata["choices"]) for f in OPTION_FIELDS
+       if f.metadata["choices"]},  # burst.backward, data.document_layout
     "cluster.gpu": tuple(HARDWARE),
     "training.precision": ("bf16", "fp32"),
     "training.recompute": ("none", "selective", "full"),

@@ -31,8 +31,10 @@ class Hardware:
 
 
 # A100: 312 TFLOP/s bf16 peak, ~250 achieved by cuBLAS on large bf16 GEMMs (80%). H100 SXM
-# and H200 share one chip and clocks: 989 peak; 700 measured here for an 8192^3 bf16 GEMM on
-# an H200 (shared/ENVIRONMENT.md). CPU ranks have no profile of their own: no step time.
+# and H200 share one chip and clocks: 989 peak; 700 is what this package measured for an
+# 8192^3 bf16 GEMM on an H200 (no results file holds it; `calibration` compares the step
+# times built on it with the end-to-end runs in benchmarks/results/). CPU ranks have no
+# profile of their own: no step time.
 HARDWARE: dict[str, Hardware] = {
     "a100-80gb": Hardware(memory_gib=80, reserved_gib=6, profile="a100-ib",
                           peak_tflops=312, matmul_tflops=250),

@@ -14,7 +14,7 @@ rate (``cluster.checkpoint_write_gbps``):
 - the save interval (unless ``training.save_interval`` is given): periodic saves take at
   most ``SAVE_SHARE`` of the training time, and come no more often than every
   ``MIN_SAVE_EVERY_MIN``;
-- the allocation: ``slurm.time_limit``/``--time``, else the shorter of ``DEFAULT_ALLOCATION``
+- the allocation: ``slurm.time_limit``/``--time``, else the shorter of ``DEFAULT_ALLOCATION_MIN``
   and the whole job; refused if it cannot fit start-up, one step and the save;
 - how many allocations the chain takes.
 """

@@ -10,11 +10,12 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 """
 from __future__ import annotations
 
+from ..topology import TopologyError
 from ..options import AUTO
 from ..timing import load_profile
 from .config import Config, ConfigError
 from .topology_candidates import chosen_prediction
-from .resolve import max_intra_node_size_of, run_problem, topology_of
+from .resolve import config_key, max_intra_node_size_of, run_problem, topology_of
 from .memory import GIB, estimate_memory
 from .plan_report import report
 
@@ -67,10 +68,25 @@ def _check_mla(cfg: Config) -> None:
 
 
 def validate(cfg: Config) -> list[str]:
-    """Raise ConfigError naming the field if ``cfg`` cannot run; return warnings."""
-    m, p, tr, b, c = cfg.model, cfg.parallel, cfg.training, cfg.burst, cfg.cluster
-    warnings: list[str] = []
-    # Each number is already in its range (the loader's BOUNDS); here, how they combine.
+    """Raise ConfigError naming the field if ``cfg`` cannot run; return warnings.
+
+    Each number is already in its range (the loader's BOUNDS); here, how they combine. Each
+    check names the key it is about, so the key blamed is the one the check reads.
+    """
+    _check_world(cfg)
+    _check_model_shape(cfg)
+    _check_sequence(cfg)
+    _check_burst(cfg)
+    _check_training(cfg)
+    _check_data(cfg)
+    warnings = _ring_warnings(cfg) + _window_warnings(cfg) + _exposed_warnings(cfg)
+    _check_memory(cfg)
+    return warnings
+
+
+def _check_world(cfg: Config) -> None:
+    """The parallel sizes multiply to the cluster's GPUs; TP stays in a node."""
+    p, c = cfg.parallel, cfg.cluster
     world = p.tensor * p.context * p.pipeline * p.data
     _require(world == c.world_size, "parallel.data",
              f"tensor x context x pipeline x data = {p.tensor} x {p.context} x {p.pipeline} x "
@@ -79,10 +95,13 @@ def validate(cfg: Config) -> list[str]:
     _require(c.gpus_per_node % p.tensor == 0, "parallel.tensor",
              f"{p.tensor} must divide gpus_per_node {c.gpus_per_node} (TP stays in a node)")
 
-    # Model shape against the parallel sizes.
+
+def _check_model_shape(cfg: Config) -> None:
+    """The model's shape against the parallel sizes (and the GPU kernels' head dims)."""
+    m, p = cfg.model, cfg.parallel
     _require(m.hidden_size % m.num_attention_heads == 0, "model.num_attention_heads",
              f"{m.num_attention_heads} does not divide hidden_size {m.hidden_size}")
-    if c.gpu != "cpu":  # the CPU kernel takes any head dim
+    if cfg.cluster.gpu != "cpu":  # the CPU kernel takes any head dim
         _check_head_dims(cfg)
     _require(m.num_attention_heads % m.num_query_groups == 0, "model.num_query_groups",
              f"{m.num_query_groups} does not divide num_attention_heads "
@@ -97,7 +116,11 @@ def validate(cfg: Config) -> list[str]:
              f"{m.ffn_hidden_size} does not divide over tensor parallel {p.tensor}")
     _require(m.num_layers % p.pipeline == 0, "model.num_layers",
              f"{m.num_layers} layers do not divide over pipeline parallel {p.pipeline}")
-    # The zigzag split cuts every sequence into 2 x CP equal chunks.
+
+
+def _check_sequence(cfg: Config) -> None:
+    """The sequence splits over CP (zigzag: 2 x CP chunks) and, with SP, over TP."""
+    m, p = cfg.model, cfg.parallel
     _require(m.seq_length % (2 * p.context) == 0, "model.seq_length",
              f"{m.seq_length} is not divisible by 2 x parallel.context = {2 * p.context} "
              f"(zigzag cuts the sequence into 2 x CP chunks)")
@@ -110,8 +133,16 @@ def validate(cfg: Config) -> list[str]:
              "model.max_position_embeddings",
              f"{m.max_position_embeddings} is shorter than seq_length {m.seq_length}")
 
-    # BurstAttention: the one resolver checks the Ulysses split against the heads and the
-    # double ring against the group (options.resolve, as every run resolves it).
+
+# The config key of each setting a TopologyError can blame that is not a BurstOptions field.
+_TOPOLOGY_KEYS = {"cp": "parallel.context", "num_attention_heads": "model.num_attention_heads",
+                  "num_query_groups": "model.num_query_groups"}
+
+
+def _check_burst(cfg: Config) -> None:
+    """BurstAttention: the one resolver checks the Ulysses split against the heads and the
+    double ring against the group (``options.resolve``, as every run resolves it)."""
+    b, c, p = cfg.burst, cfg.cluster, cfg.parallel
     problem = run_problem(cfg)  # the schema's rules between options and the run
     if problem is not None:
         raise problem
@@ -121,25 +152,22 @@ def validate(cfg: Config) -> list[str]:
         raise ConfigError(f"'cluster.profile': {e}") from None
     try:
         topology_of(cfg)
-    except ValueError as e:
-        said = str(e)  # the option the resolver's message names first
-        named = min(("ulysses_size", "intra_node_size", "backward", "profile"),
-                    key=lambda n: said.find(n) if n in said else len(said))
-        key = "cluster.profile" if named == "profile" else f"burst.{named}"
+    except TopologyError as e:
+        key = _TOPOLOGY_KEYS.get(e.setting) or config_key(e.setting)
         raise ConfigError(f"'{key}': {e}") from None
-    max_intra_node_size = max_intra_node_size_of(cfg)
+    except ValueError as e:  # what else the resolver reads: the time model's profile
+        raise ConfigError(f"'cluster.profile': {e}") from None
+    most = max_intra_node_size_of(cfg)
     inner = b.intra_node_size if isinstance(b.intra_node_size, int) else None
-    _require(inner is None or inner <= max_intra_node_size, "burst.intra_node_size",
-             f"{inner} CP ranks per node, but only {max_intra_node_size} ranks of a CP group "
-             f"share a node (gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner "
-             f"ring would cross nodes")
-    if (b.intra_node_size != AUTO and max_intra_node_size < p.context
-            and (inner or 1) < max_intra_node_size):
-        warnings.append(f"burst.intra_node_size = {b.intra_node_size} but {max_intra_node_size} "
-                        f"CP ranks share a node: set it to {max_intra_node_size} to keep more "
-                        f"hops on NVLink")
+    _require(inner is None or inner <= most, "burst.intra_node_size",
+             f"{inner} CP ranks per node, but only {most} ranks of a CP group share a node "
+             f"(gpus_per_node {c.gpus_per_node} / tensor {p.tensor}): the inner ring would "
+             f"cross nodes")
 
-    # Batch.
+
+def _check_training(cfg: Config) -> None:
+    """Batch, learning-rate schedule and recompute."""
+    tr, p = cfg.training, cfg.parallel
     _require(tr.global_batch_size % (tr.micro_batch_size * p.data) == 0,
              "training.global_batch_size",
              f"{tr.global_batch_size} is not a multiple of micro_batch_size x data = "
@@ -151,37 +179,67 @@ def validate(cfg: Config) -> list[str]:
     _require(tr.min_lr <= tr.lr, "training.min_lr",
              f"{tr.min_lr:g} is above lr {tr.lr:g}: the schedule decays from lr to min_lr")
     if tr.recompute == "full":
-        _require(1 <= tr.recompute_num_layers <= m.num_layers // p.pipeline,
+        stage_layers = cfg.model.num_layers // p.pipeline
+        _require(1 <= tr.recompute_num_layers <= stage_layers,
                  "training.recompute_num_layers",
                  f"{tr.recompute_num_layers} must be between 1 and the "
-                 f"{m.num_layers // p.pipeline} layers of a pipeline stage")
+                 f"{stage_layers} layers of a pipeline stage")
 
-    if not cfg.data.mock:
-        _require(bool(cfg.data.data_path), "data.data_path",
-                 "set it (a ${VARIABLE} is fine) or set data.mock: true")
-        if cfg.data.tokenizer_type != "NullTokenizer":
-            _require(bool(cfg.data.tokenizer_model), "data.tokenizer_model",
-                     f"tokenizer_type {cfg.data.tokenizer_type} needs a tokenizer model")
 
-    if m.window is not None and m.window[0] >= m.seq_length - 1:
-        warnings.append(f"model.window_size {list(m.window)} reaches back over the whole "
-                        f"{m.seq_length}-token sequence: its windowed layers attend fully")
-    if p.context > 1 and c.hardware.timed:
-        attention = chosen_prediction(cfg)
-        if attention.exposed_comm_s > EXPOSED_WARNING * attention.total_s:
-            warnings.append(f"the ring's communication is exposed: the time model predicts "
-                            f"{attention.exposed_comm_s * 1e3:.2f} ms of "
-                            f"{attention.total_s * 1e3:.2f} ms per layer waiting on links; "
-                            f"raise tokens per rank, use the double ring "
-                            f"(burst.intra_node_size) or Ulysses (burst.ulysses_size)")
+def _check_data(cfg: Config) -> None:
+    """Real data needs a path, and a tokenizer model unless it is the NullTokenizer."""
+    d = cfg.data
+    if d.mock:
+        return
+    _require(bool(d.data_path), "data.data_path",
+             "set it (a ${VARIABLE} is fine) or set data.mock: true")
+    if d.tokenizer_type != "NullTokenizer":
+        _require(bool(d.tokenizer_model), "data.tokenizer_model",
+                 f"tokenizer_type {d.tokenizer_type} needs a tokenizer model")
 
+
+def _check_memory(cfg: Config) -> None:
+    """The estimated memory per GPU fits the device."""
     memory = estimate_memory(cfg)
     usable = cfg.cluster.hardware.memory_gib * GIB
     _require(memory.total <= usable, "cluster.gpu",
              f"needs {memory.total / GIB:.1f} GiB per GPU ({memory.stage} pipeline stage), "
              f"more than the {cfg.cluster.hardware.memory_gib:g} GiB of a {cfg.cluster.gpu}; "
              f"raise parallel.tensor/context/pipeline or use training.recompute: full")
-    return warnings
+
+
+def _ring_warnings(cfg: Config) -> list[str]:
+    """A fixed inner ring smaller than the CP ranks that share a node."""
+    b, p = cfg.burst, cfg.parallel
+    most = max_intra_node_size_of(cfg)
+    inner = b.intra_node_size if isinstance(b.intra_node_size, int) else None
+    if b.intra_node_size != AUTO and most < p.context and (inner or 1) < most:
+        return [f"burst.intra_node_size = {b.intra_node_size} but {most} CP ranks "
+                f"share a node: set it to {most} to keep more hops on NVLink"]
+    return []
+
+
+def _window_warnings(cfg: Config) -> list[str]:
+    """A sliding window that reaches over the whole sequence."""
+    m = cfg.model
+    if m.window is not None and m.window[0] >= m.seq_length - 1:
+        return [f"model.window_size {list(m.window)} reaches back over the whole "
+                f"{m.seq_length}-token sequence: its windowed layers attend fully"]
+    return []
+
+
+def _exposed_warnings(cfg: Config) -> list[str]:
+    """The time model's ring waiting on its links for more than EXPOSED_WARNING of a call."""
+    if not (cfg.parallel.context > 1 and cfg.cluster.hardware.timed):
+        return []
+    attention = chosen_prediction(cfg)
+    if attention.exposed_comm_s > EXPOSED_WARNING * attention.total_s:
+        return [f"the ring's communication is exposed: the time model predicts "
+                f"{attention.exposed_comm_s * 1e3:.2f} ms of "
+                f"{attention.total_s * 1e3:.2f} ms per layer waiting on links; "
+                f"raise tokens per rank, use the double ring "
+                f"(burst.intra_node_size) or Ulysses (burst.ulysses_size)"]
+    return []
 
 
 def make_plan(cfg: Config, notes: list[str] | None = None) -> str:

@@ -13,7 +13,7 @@ import functools
 from .. import cluster
 from ..topology import CPTopology, HeadShape
 from ..options import AUTO, BurstOptions, OptionError, resolve
-from .config import Config, ConfigError
+from .config import OPTION_KEYS, Config, ConfigError
 
 
 def options_of(cfg: Config) -> BurstOptions:
@@ -26,14 +26,9 @@ def options_of(cfg: Config) -> BurstOptions:
                         profile=cfg.cluster.profile_name if auto else None)
 
 
-# Where a config holds each option (the rest are under `burst:`).
-CONFIG_KEYS = {"document_mask": "data.document_mask", "document_layout": "data.document_layout",
-               "profile": "cluster.profile"}
-
-
 def config_key(option: str) -> str:
-    """The dotted config key of a BurstOptions field."""
-    return CONFIG_KEYS.get(option, f"burst.{option}")
+    """The dotted config key of a BurstOptions field (``config.OPTION_KEYS``)."""
+    return OPTION_KEYS.get(option, f"burst.{option}")
 
 
 def run_problem(cfg: Config) -> ConfigError | None:

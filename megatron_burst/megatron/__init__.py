@@ -1,11 +1,18 @@
 """Megatron-Core adapter: BurstAttention as a context-parallel core-attention backend.
 
-`attention` holds the core-attention module, `resolve` reads a run's CP topology from
+`attention` holds the core-attention module (`masks`: what it reads from Megatron's mask
+arguments; `softmax_offset`: the sinks it holds), `resolve` reads a run's CP topology from
 Megatron's settings, `spec` the BackendSpecProvider and layer specs (which hand the topology
-to every layer), `arguments` the extra command-line options, `entry` what both ways into the
-training loop share, `documents`/`document_model`/`masks` packed documents, `norms` a
-sequence-parallel torch norm; `pretrain_gpt` is the training entry point
-(`python -m megatron_burst.megatron.pretrain_gpt`).
+to every layer), `arguments` the extra command-line options, `norms` a sequence-parallel
+torch norm. `pretrain_gpt` is the training entry point
+(`python -m megatron_burst.megatron.pretrain_gpt`); `entry` is what it and Megatron-LM's
+patched pretrain_gpt.py call: the run's choices (`burst_run`), the refusals (`run_checks`,
+with `resume` deciding what a run resumes), the document micro-batches (`run_batches`), the
+FLOPs (`run_flops`) and the rank-0 printer (`printer`). Packed documents: `documents`
+(how a batch says where they are), `document_model` (RoPE restarted per document),
+`document_batches` (a micro-batch made off the step), `prefetch` (made on a background
+thread), `batch_verdict` (every rank's batch made), `pack_plans` (a pack's ring plans made
+ahead); `trace` profiles a few micro-batches.
 """
 from megatron_burst.megatron.attention import BurstDotProductAttention
 from megatron_burst.megatron.spec import (

@@ -36,7 +36,7 @@ from megatron_burst.call_count import check_calls
 from megatron_burst.megatron import masks
 from megatron_burst.megatron.softmax_offset import make_softmax_offset, sharded_offset
 from megatron_burst.api import burst_attn, calls_made
-from megatron_burst.topology import CPTopology
+from megatron_burst.topology import CPTopology, HeadShape
 from megatron_burst.kernels.selection import default_scale
 from megatron_burst.megatron.resolve import (
     layer_heads,
@@ -62,6 +62,84 @@ def _groups_from(pg_collection: Any) -> Tuple[Any, Any]:
     )
 
 
+def _refuse_unsupported(config: TransformerConfig, attention_type: str,
+                        attention_dropout: Optional[float], kwargs: Mapping[str, Any]) -> None:
+    """Raise ValueError for what BurstAttention does not do: a BurstAttention option spelled
+    as a keyword of its own (it would be silently dropped), cross-attention, dropout."""
+    stray = sorted(k for k in kwargs if k.startswith("burst"))
+    if stray:
+        raise ValueError(f"BurstDotProductAttention got {stray}: pass burst_options="
+                         f"{{...}} (BurstOptions' topology fields) or topology=...")
+    if attention_type != "self":
+        raise ValueError(
+            f"BurstDotProductAttention supports self-attention only, got {attention_type!r}"
+        )
+    dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+    if dropout and dropout > 0:
+        raise ValueError(
+            f"BurstAttention has no attention dropout, got attention_dropout={dropout}; "
+            f"set --attention-dropout 0 (config.attention_dropout=0.0)"
+        )
+
+
+def _checked_groups(config: TransformerConfig, pg_collection: Any) -> Tuple[Any, Any]:
+    """(tp_group, cp_group), refusing a missing CP group or one of another size than the
+    config's context_parallel_size."""
+    tp_group, cp_group = _groups_from(pg_collection)
+    if cp_group is None:
+        raise ValueError(
+            "BurstAttention needs a context-parallel process group: pass pg_collection "
+            "with .cp or initialize megatron.core.parallel_state first"
+        )
+    cp_size = cp_group.size()
+    if config.context_parallel_size not in (1, cp_size):
+        raise ValueError(
+            f"config.context_parallel_size={config.context_parallel_size} but the CP group "
+            f"has {cp_size} ranks"
+        )
+    return tp_group, cp_group
+
+
+def _layer_choice(config: TransformerConfig, cp_comm_type: Optional[str], cp_size: int,
+                  heads: HeadShape, tp_size: int, topology: Optional[CPTopology],
+                  burst_options: Optional[Mapping[str, Any]]
+                  ) -> Tuple[Optional[CPTopology], Optional[BurstOptions]]:
+    """(topology, None) when the layer's topology is decided now: handed down (and checked
+    against the options) or fixed by them; (None, options) while 'auto' waits for the
+    first call's tokens, what is fixed checked now, so a bad option is named when the model
+    is built. Megatron's CP settings are read either way: a handed-down topology's Ulysses
+    size counts as given, and --cp-comm-type and the hierarchical sizes must agree with it."""
+    given = dict(burst_options or {})
+    if topology is not None:
+        given.setdefault("ulysses_size", topology.ulysses)
+    options = options_from_megatron(cp_size, cp_comm_type,
+                                    config.hierarchical_context_parallel_sizes, given)
+    if topology is not None:
+        return check_decided(topology, options, cp=cp_size, heads=heads), None
+    if AUTO not in (options.backward, options.ulysses_size, options.intra_node_size):
+        return layer_topology(options, cp_size, heads, 0, tp_size), None
+    fixed_topology(options, cp=cp_size, heads=heads)
+    return None, options
+
+
+def _remat_keep(config: TransformerConfig, remat_aware: bool) -> Optional[AttentionKeep]:
+    """The layer's kept attention outputs under remat-aware recompute (None without it);
+    ValueError where the config's recompute leaves nothing to keep them for."""
+    problem = remat_problem(remat_aware, getattr(config, "recompute_granularity", None))
+    if problem:
+        raise ValueError(f"remat_aware: {problem} (config.recompute_granularity)")
+    return AttentionKeep(limit=_keep_limit(config)) if remat_aware else None
+
+
+def _layer_window(config: TransformerConfig, layer_number: int) -> Tuple[int, int]:
+    """The layer's sliding window, where Megatron puts one ((-1, -1): none)."""
+    if is_layer_window_attention(
+        config.window_size, getattr(config, "window_attn_skip_freq", None), layer_number
+    ):
+        return tuple(config.window_size)
+    return (-1, -1)
+
+
 class BurstDotProductAttention(MegatronModule):
     """Exact attention over the context-parallel group with BurstAttention.
 
@@ -74,6 +152,7 @@ class BurstDotProductAttention(MegatronModule):
 
     def __init__(
         self,
+        # Megatron's core-attention contract: what SelfAttention / MLASelfAttention pass.
         config: TransformerConfig,
         layer_number: int,
         attn_mask_type: AttnMaskType,
@@ -86,79 +165,36 @@ class BurstDotProductAttention(MegatronModule):
         k_channels: Optional[int] = None,
         v_channels: Optional[int] = None,
         num_splits: Optional[int] = None,
+        *,
+        # BurstAttention's own: the spec's params (`BurstSpecProvider`).
         topology: Optional[CPTopology] = None,
         burst_options: Optional[Mapping[str, Any]] = None,
         remat_aware: bool = False,
         **kwargs: Any,
     ) -> None:
         # **kwargs: later megatron-core versions add builder arguments (as 0.16 added
-        # k_channels/v_channels/num_splits); those that change the math are handled above,
+        # k_channels/v_channels/num_splits); those that change the math are handled here,
         # the rest (kernel tuning such as num_splits) do not apply to the ring.
         super().__init__(config=config)
-        stray = sorted(k for k in kwargs if k.startswith("burst"))
-        if stray:  # a BurstAttention option spelled as a keyword would be silently dropped
-            raise ValueError(f"BurstDotProductAttention got {stray}: pass burst_options="
-                             f"{{...}} (BurstOptions' topology fields) or topology=...")
+        _refuse_unsupported(config, attention_type, attention_dropout, kwargs)
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
-        if attention_type != "self":
-            raise ValueError(
-                f"BurstDotProductAttention supports self-attention only, got {attention_type!r}"
-            )
-        dropout = config.attention_dropout if attention_dropout is None else attention_dropout
-        if dropout and dropout > 0:
-            raise ValueError(
-                f"BurstAttention has no attention dropout, got attention_dropout={dropout}; "
-                f"set --attention-dropout 0 (config.attention_dropout=0.0)"
-            )
-
         # 0.13/0.14 call it model_comm_pgs, 0.15+ pg_collection.
-        tp_group, cp_group = _groups_from(pg_collection or model_comm_pgs)
-        if cp_group is None:
-            raise ValueError(
-                "BurstAttention needs a context-parallel process group: pass pg_collection "
-                "with .cp or initialize megatron.core.parallel_state first"
-            )
-        self.cp_group = cp_group
-        tp_size = tp_group.size() if tp_group is not None else 1
-        cp_size = cp_group.size()
-        if config.context_parallel_size not in (1, cp_size):
-            raise ValueError(
-                f"config.context_parallel_size={config.context_parallel_size} but the CP group "
-                f"has {cp_size} ranks"
-            )
-
+        self.tp_group, self.cp_group = _checked_groups(config, pg_collection or model_comm_pgs)
+        self.tp_size = self.tp_group.size() if self.tp_group is not None else 1
         # MLA hands Q/K and V heads of their own dims (192 and 128): both travel as they are.
         self.k_channels = k_channels or config.kv_channels
         self.v_channels = v_channels or config.kv_channels
-        self.heads = layer_heads(config, tp_size, self.k_channels, self.v_channels)
-        self.tp_size, self.tp_group = tp_size, tp_group
+        self.heads = layer_heads(config, self.tp_size, self.k_channels, self.v_channels)
         # Sinks (softmax_type "off-by-one" / "learnable"), one logit per head of this TP rank.
         make_softmax_offset(self, config, self.heads.hq)
-        self.topology: Optional[CPTopology] = None
-        self.options: Optional[BurstOptions] = None  # kept only while 'auto' is undecided
-        # Megatron's CP settings are read either way: a handed-down topology's Ulysses size
-        # counts as given, and --cp-comm-type and the hierarchical sizes must agree with it.
-        given = dict(burst_options or {})
-        if topology is not None:
-            given.setdefault("ulysses_size", topology.ulysses)
-        options = options_from_megatron(cp_size, cp_comm_type,
-                                        config.hierarchical_context_parallel_sizes, given)
-        if topology is not None:
-            self.topology = check_decided(topology, options, cp=cp_size, heads=self.heads)
-        elif AUTO not in (options.backward, options.ulysses_size, options.intra_node_size):
-            self.topology = layer_topology(options, cp_size, self.heads, 0, tp_size)
-        else:
-            # Resolved at the first call (its tokens); what is fixed is checked now, so a
-            # bad option is named when the model is built.
-            fixed_topology(options, cp=cp_size, heads=self.heads)
-            self.options = options
+        # The decided topology; or, while 'auto' is undecided, the options (kept only then).
+        self.topology, self.options = _layer_choice(
+            config, cp_comm_type, self.cp_group.size(), self.heads, self.tp_size, topology,
+            burst_options)
         # Remat-aware recompute (--burst-remat-aware): this layer's kept attention outputs.
-        problem = remat_problem(remat_aware, getattr(config, "recompute_granularity", None))
-        if problem:
-            raise ValueError(f"remat_aware: {problem} (config.recompute_granularity)")
-        self.keep = AttentionKeep(limit=_keep_limit(config)) if remat_aware else None
-        name = _group_name(cp_group)
+        self.keep = _remat_keep(config, remat_aware)
+        name = _group_name(self.cp_group)
         _FIRST_LAYER[name] = min(_FIRST_LAYER.get(name, self.layer_number), self.layer_number)
         # apply_query_key_layer_scaling divides the scale by layer_number and multiplies the
         # fp32 scores back by it (an fp16 overflow guard): the net softmax scale is unchanged,
@@ -166,21 +202,18 @@ class BurstDotProductAttention(MegatronModule):
         self.softmax_scale = (
             softmax_scale if softmax_scale is not None else default_scale(self.k_channels)
         )
-        if is_layer_window_attention(
-            config.window_size, getattr(config, "window_attn_skip_freq", None), layer_number
-        ):
-            self.window_size: Tuple[int, int] = tuple(config.window_size)
-        else:
-            self.window_size = (-1, -1)
+        self.window_size: Tuple[int, int] = _layer_window(config, layer_number)
         # DocumentParams put documents anywhere on any rank (whole_docs); GPTModel's own RoPE
         # assumes zigzag positions 0..s-1. `document_model.as_document_model` sets this once
         # the model's positions follow the batch's position_ids instead.
         self.positions_follow_documents = False
-
         if self.layer_number == 1 and torch.distributed.get_rank() == 0:
-            logger.info("BurstAttention layer 1: %s, tp=%d", self.topology.describe()
-                        if self.topology else f"options {self.options} ('auto' decided "
-                        f"at the first call)", tp_size)
+            self._log_choice()
+
+    def _log_choice(self) -> None:
+        logger.info("BurstAttention layer 1: %s, tp=%d", self.topology.describe()
+                    if self.topology else f"options {self.options} ('auto' decided "
+                    f"at the first call)", self.tp_size)
 
     def forward(
         self,

@@ -7,11 +7,12 @@ rate by half. Here the count is ``megatron_burst.flops``'s, fed with what the ru
 padded vocabulary (``args.padded_vocab_size``, the output layer's rows), GQA heads, SwiGLU,
 each layer's mask (sliding windows where Megatron puts them), the documents of every pack
 and the recompute setting. ``FlopsReport`` prints the running figures on rank 0 every few
-packs, in the one format (``flops.flops_line``) the benchmarks read back.
+packs, and ``plain_flops_once`` a run's without documents once, in the one format
+(``flops.flops_line``) the benchmarks read back.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from megatron.core.transformer.utils import is_layer_window_attention
 
@@ -24,6 +25,7 @@ from megatron_burst.flops import (
     mla_projections,
     training_flops,
 )
+from megatron_burst.megatron.printer import say
 
 
 def shape_from_args(args: Any) -> Optional[ModelShape]:
@@ -129,3 +131,17 @@ class FlopsReport:
                 f"full causal")
             if flops is not None:
                 say(f"> {flops_line(StepFlops(self.model / n, self.hardware / n))}")
+
+
+def plain_flops_once(args: Any) -> None:
+    """Print (once, rank 0) the FLOPs of one sequence without documents: full causal
+    attention over ``args.seq_length`` tokens, in the line the benchmarks read."""
+    if _PLAIN_SAID:
+        return
+    _PLAIN_SAID.append(True)
+    flops, _ = FlopsCounter(args).count([args.seq_length])
+    if flops is not None:
+        say(f"> {flops_line(flops)}")
+
+
+_PLAIN_SAID: List[bool] = []

@@ -146,7 +146,6 @@ def get_gpt_layer_burst_spec(
     (this pipeline stage's layers, found from `config` and `vp_stage`), which GPTModel
     accepts in the same argument.
     """
-    mla = bool(_config_value(config, "multi_latent_attention", False))
     if _config_value(config, "num_moe_experts", None):
         raise ValueError(
             "get_gpt_layer_burst_spec builds dense layers; for MoE build Megatron's block spec "
@@ -155,37 +154,55 @@ def get_gpt_layer_burst_spec(
     provider = BurstSpecProvider(use_te, topology=topology, remat_aware=remat_aware, **options)
     qk_layernorm = _config_value(config, "qk_layernorm", False) if qk_layernorm is None else qk_layernorm
     qk_l2_norm = _config_value(config, "qk_l2_norm", False) if qk_l2_norm is None else qk_l2_norm
-    # Reusing Megatron's own builders keeps every non-attention detail (norm placement,
-    # sharded-state-dict key maps) identical to a TE/local run, so checkpoints interchange.
-    # MLA (DeepSeek-style latent attention) is Megatron's own MLASelfAttention with our core
-    # attention: Q/K and V heads of their own dims reach it, and travel at their own sizes.
-    if provider.use_te:
-        spec = get_gpt_layer_with_transformer_engine_spec(
-            qk_layernorm=qk_layernorm, qk_l2_norm=qk_l2_norm, multi_latent_attention=mla
-        )
-    else:
-        spec = get_gpt_layer_local_spec(
-            qk_layernorm=qk_layernorm,
-            normalization=normalization or _config_value(config, "normalization", "LayerNorm"),
-            qk_l2_norm=qk_l2_norm,
-            multi_latent_attention=mla,
-        )
-        layer = spec.submodules
-        for name in ("input_layernorm", "pre_mlp_layernorm"):
-            if getattr(layer, name) is WrappedTorchNorm:
-                setattr(layer, name, SequenceParallelTorchNorm)
-        attention = layer.self_attention.submodules
-        for name in ("q_layernorm", "kv_layernorm"):  # MLA's latent norms see local tokens
-            if getattr(attention, name, None) is WrappedTorchNorm:
-                setattr(attention, name, SequenceParallelTorchNorm)
+    spec = _megatron_layer_spec(
+        provider.use_te, mla=bool(_config_value(config, "multi_latent_attention", False)),
+        qk_layernorm=qk_layernorm, qk_l2_norm=qk_l2_norm,
+        normalization=normalization or _config_value(config, "normalization", "LayerNorm"),
+    )
     spec.submodules.self_attention.submodules.core_attention = provider.core_attention()
     if not provider.use_te and _config_value(config, "sequence_parallel", False):
-        transformer_config = getattr(config, "transformer", config)  # GPTModelConfig wraps it
-        num_layers = get_num_layers_to_build(transformer_config, vp_stage=vp_stage)
-        return TransformerBlockSubmodules(
-            layer_specs=[spec] * num_layers, layer_norm=SequenceParallelTorchNorm
-        )
+        return _block_of(spec, config, vp_stage)
     return spec
+
+
+def _megatron_layer_spec(use_te: bool, *, mla: bool, qk_layernorm: bool, qk_l2_norm: bool,
+                         normalization: str) -> ModuleSpec:
+    """Megatron's own dense layer spec, TE or local (``normalization`` is the local one's).
+
+    Reusing Megatron's own builders keeps every non-attention detail (norm placement,
+    sharded-state-dict key maps) identical to a TE/local run, so checkpoints interchange.
+    MLA (DeepSeek-style latent attention) is Megatron's own MLASelfAttention with our core
+    attention: Q/K and V heads of their own dims reach it, and travel at their own sizes.
+    """
+    if use_te:
+        return get_gpt_layer_with_transformer_engine_spec(
+            qk_layernorm=qk_layernorm, qk_l2_norm=qk_l2_norm, multi_latent_attention=mla
+        )
+    spec = get_gpt_layer_local_spec(
+        qk_layernorm=qk_layernorm,
+        normalization=normalization,
+        qk_l2_norm=qk_l2_norm,
+        multi_latent_attention=mla,
+    )
+    layer = spec.submodules
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if getattr(layer, name) is WrappedTorchNorm:
+            setattr(layer, name, SequenceParallelTorchNorm)
+    attention = layer.self_attention.submodules
+    for name in ("q_layernorm", "kv_layernorm"):  # MLA's latent norms see local tokens
+        if getattr(attention, name, None) is WrappedTorchNorm:
+            setattr(attention, name, SequenceParallelTorchNorm)
+    return spec
+
+
+def _block_of(spec: ModuleSpec, config: Any, vp_stage: Optional[int]
+              ) -> TransformerBlockSubmodules:
+    """This pipeline stage's layers of ``spec`` with a sequence-parallel final norm."""
+    transformer_config = getattr(config, "transformer", config)  # GPTModelConfig wraps it
+    num_layers = get_num_layers_to_build(transformer_config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(
+        layer_specs=[spec] * num_layers, layer_norm=SequenceParallelTorchNorm
+    )
 
 
 def get_llama_layer_burst_spec(

@@ -106,7 +106,7 @@ def test_pretrained_checkpoint_is_a_finetune_unless_load_has_one(tmp_path):
 ])
 def test_the_entry_point_refuses_only_runs_that_load_the_state(tmp_path, monkeypatch, tracker,
                                                                extra, refused):
-    from megatron_burst.megatron.entry import _refuse_failing_resume
+    from megatron_burst.megatron.run_checks import refuse_failing_resume as _refuse_failing_resume
 
     monkeypatch.setattr(environment, "fused_adam_source", lambda: None)
     if tracker:

@@ -51,7 +51,7 @@ def _setup(weights):
     from megatron.core import parallel_state
 
     from megatron_burst.topology import CPTopology
-    from megatron_burst.megatron import entry
+    from megatron_burst.megatron import burst_run, entry
     from megatron_burst.megatron.document_model import as_document_model
     from megatron_burst.megatron.pack_plans import targets_from_args, targets_of_model
     from megatron_burst.megatron.run_flops import layer_windows
@@ -64,7 +64,7 @@ def _setup(weights):
     model = cm.build_tiny_llama(harness.SHAPE, spec_kwargs={"topology": topology})
     harness.load_reference_weights(model, weights)
     model = as_document_model(model)
-    entry._CONFIGURED[:] = [entry.BurstRun(topology, "whole_docs")]
+    burst_run._CONFIGURED[:] = [entry.BurstRun(topology, "whole_docs")]
     args = _args()
     group = parallel_state.get_context_parallel_group()
     from_args = targets_from_args("whole_docs", layer_windows(args), topology, group)

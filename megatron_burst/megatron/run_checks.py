@@ -1,0 +1,91 @@
+"""What a Megatron run with BurstAttention cannot honour, refused before it trains.
+
+It exists so that a flag the run would silently drop, or a combination known to fail later
+(a CUDA graph that cannot replay host decisions, a checkpoint whose optimizer state cannot
+be resumed), stops the run at start-up with one line naming it, on every rank and before
+any communication. `refuse_unhonoured` is what `burst_run.configure_run` asks of every
+run with BurstAttention; `check_own_entry` what this package's own entry point
+(`megatron_burst.megatron.pretrain_gpt`) adds, with or without it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from megatron_burst.megatron.arguments import refuse_dense_mask_flags
+
+# Megatron options whose batches the document path cannot build: each would be dropped.
+_DOCUMENT_CONFLICTS = (
+    ("sft", "--sft (its THD batches carry their own boundaries)"),
+    ("fim_data", "--fim-data"),
+    ("mtp_num_layers", "--mtp-num-layers"),
+    ("dataloader_inter_document_masking", "--dataloader-inter-document-masking"),
+)
+
+# What this package's entry point (megatron_burst.megatron.pretrain_gpt) cannot build in any
+# CP mode: its datasets are GPTDataset / MockGPTDataset only.
+_OWN_ENTRY_DATASETS = (("sft", "--sft"), ("fim_data", "--fim-data"))
+
+
+def refuse_unhonoured(args: Any, documents: Optional[str]) -> None:
+    """Raise ValueError naming the flag for what a BurstAttention run could not honour
+    (``documents``: the document batch layout, None without document masks)."""
+    if getattr(args, "hybrid_context_parallel", False):
+        raise ValueError("--hybrid-context-parallel gives each sample its own CP group; "
+                         "BurstAttention runs one ring over the model's CP group")
+    if getattr(args, "dataloader_inter_document_masking", False) and not documents:
+        raise ValueError("--dataloader-inter-document-masking with BurstAttention: use "
+                         "--burst-document-mask (documents from EOD, sharded whole_docs)")
+    refuse_failing_resume(args)
+    check_cuda_graphs(args, documents)
+    if documents:
+        for name, conflict in _DOCUMENT_CONFLICTS:
+            if getattr(args, name, None):
+                raise ValueError(f"--burst-document-mask cannot be combined with {conflict}")
+
+
+def check_own_entry(args: Any) -> None:
+    """Raise ValueError for Megatron flags this package's entry point would ignore, with or
+    without BurstAttention: datasets it does not build, and (without document masks)
+    --reset-* flags, since it builds no dense mask and GPTModel's RoPE ignores position_ids.
+    Megatron-LM's own pretrain_gpt.py honours them without BurstAttention, so `configure_run`
+    leaves such runs alone."""
+    for name, option in _OWN_ENTRY_DATASETS:
+        if getattr(args, name, False):
+            raise ValueError(f"{option}: megatron_burst.megatron.pretrain_gpt builds GPT "
+                             f"datasets only; use Megatron-LM's pretrain_gpt.py with the patch")
+    if not getattr(args, "burst_document_mask", False):
+        refuse_dense_mask_flags(args)
+
+
+def check_cuda_graphs(args: Any, documents: Optional[str]) -> None:
+    """Megatron's CUDA graphs replay what they captured: fixed shapes, no host decisions."""
+    impl = getattr(args, "cuda_graph_impl", None) or "none"
+    if impl == "none":
+        return
+    if documents:
+        raise ValueError(f"--cuda-graph-impl {impl} with --burst-document-mask: every micro-"
+                         f"batch brings a new pack, with new attention shapes; a captured "
+                         f"graph replays only the shapes it captured")
+    if getattr(args, "burst_remat_aware", False):
+        raise ValueError(f"--cuda-graph-impl {impl} with --burst-remat-aware: keeping and "
+                         f"taking attention outputs is host work a graph does not replay")
+    if impl != "local":
+        raise ValueError(f"--cuda-graph-impl {impl}: BurstAttention layers are captured and "
+                         f"checked with --cuda-graph-impl local only")
+    if os.environ.get("MEGATRON_BURST_AGREE", "first").strip().lower() == "always":
+        raise ValueError("MEGATRON_BURST_AGREE=always checks every call with a collective, "
+                         "which a CUDA graph cannot capture; use first (the default)")
+
+
+def refuse_failing_resume(args: Any) -> None:
+    """Stop before training where resuming a checkpoint is known to fail: its distributed
+    optimizer state with torch's Adam (megatron-core 0.19 without TransformerEngine or apex).
+    What is resumed is decided as Megatron's load_checkpoint decides it (``resume``)."""
+    from megatron_burst.environment import distributed_optimizer_resume_problem
+    from megatron_burst.megatron.resume import optimizer_state_source
+
+    problem = distributed_optimizer_resume_problem(
+        bool(getattr(args, "use_distributed_optimizer", False)), optimizer_state_source(args))
+    if problem:
+        raise ValueError(problem)
