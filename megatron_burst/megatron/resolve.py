@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence
 
+from megatron_burst import cluster
 from megatron_burst.topology import (
     COMM_TYPE_ALIASES,
     HYBRID_COMM_TYPE,
@@ -22,7 +23,6 @@ from megatron_burst.topology import (
     CPTopology,
     HeadShape,
 )
-from megatron_burst import cluster
 from megatron_burst.options import TOPOLOGY_OPTIONS, BurstOptions, resolve
 from megatron_burst.timing import load_profile
 
@@ -83,7 +83,7 @@ def options_from_args(args: Any) -> dict:
 
 def topology_from_args(args: Any) -> CPTopology:
     """The run's topology from a Megatron command line, resolved once: tokens per rank from
-    --seq-length and the micro batch, ranks per node from torchrun's LOCAL_WORLD_SIZE."""
+    --seq-length and the micro batch, GPUs per node from torchrun's LOCAL_WORLD_SIZE."""
     tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
     heads = args.num_attention_heads
     kv = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
@@ -104,8 +104,8 @@ def topology_from_args(args: Any) -> CPTopology:
 def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens: int,
                    tp: int) -> CPTopology:
     """The topology of a layer built without one (see the module docstring), from its
-    options as `options_from_megatron` merged them; ranks per node by Megatron's rank order
-    (TP innermost) from the one cluster view."""
+    options as `options_from_megatron` merged them; the CP ranks a node holds
+    (`max_intra_node_size`) by Megatron's rank order (TP innermost) from the one cluster view."""
     max_intra_node_size = None
     if options.has_auto:  # only 'auto' weighs where the ranks sit
         gpus = cluster.gpus_per_node(profile_gpus=load_profile(options.profile).gpus_per_node)
