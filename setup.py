@@ -29,5 +29,5 @@ setup(
         "data": ["tokenizers>=0.15"],
         "test": ["pytest>=8", "pytest-timeout"],
     },
-    entry_points={"console_scripts": ["megatron-burst=megatron_burst.launch.cli:main"]},
+    entry_points={"console_scripts": ["megatron-burst=megatron_burst.cli:main"]},
 )

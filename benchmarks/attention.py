@@ -31,10 +31,11 @@ from ranks import emulated, start_ranks  # noqa: E402
 from documents import pack_lengths  # noqa: E402
 
 import megatron_burst as mb  # noqa: E402
-from megatron_burst import kernels, timing  # noqa: E402
-from megatron_burst.topology import HeadShape  # noqa: E402
-from megatron_burst.options import BurstOptions, resolve  # noqa: E402
-from megatron_burst.schedule import Block  # noqa: E402
+from megatron_burst import kernels
+from megatron_burst.decide import timing  # noqa: E402
+from megatron_burst.decide.topology import HeadShape  # noqa: E402
+from megatron_burst.decide.options import BurstOptions, resolve  # noqa: E402
+from megatron_burst.plan.schedule import Block  # noqa: E402
 
 DOC_MIX = (0.40, 0.22, 0.15, 0.10, 0.06, 0.04, 0.02, 0.01)  # "docs": a few long documents
 DOC_MASKS = ("docs", "docs-lognormal")

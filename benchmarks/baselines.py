@@ -23,9 +23,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from megatron_burst import kernels
-from megatron_burst.merge import merge_partial
-from megatron_burst.placement import chunks_of, rank_segments
-from megatron_burst.schedule import Block
+from megatron_burst.kernels.merge import merge_partial
+from megatron_burst.plan.placement import chunks_of, rank_segments
+from megatron_burst.plan.schedule import Block
 
 
 class _LocalBlocks(torch.autograd.Function):

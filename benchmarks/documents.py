@@ -44,9 +44,9 @@ import torch.distributed as dist
 
 import megatron_burst as mb
 from megatron_burst import kernels
-from megatron_burst.packs import doc_lengths
-from megatron_burst.schedule import Block, Mask
-from megatron_burst.varlen import plan_alone, plan_calls
+from megatron_burst.plan.packs import doc_lengths
+from megatron_burst.plan.schedule import Block, Mask
+from megatron_burst.kernels.varlen import plan_alone, plan_calls
 from ranks import EMULATE_ENV, start_ranks
 
 MIXES = ("lognormal", "uniform", "tiny", "long")

@@ -12,7 +12,7 @@ corpus) at two shapes, each with and without `--burst-document-mask`:
 - 1b: the Llama-3.2 1B shape (16 layers, hidden 2048, 32:8 heads) at 64K tokens, CP=2.
 
 Megatron's logged TFLOP/s counts full causal attention over the whole sequence. Here model
-FLOPs are the run's own count, which the entry point prints (``megatron_burst.flops``, read
+FLOPs are the run's own count, which the entry point prints (``megatron_burst.decide.flops``, read
 back with ``flops.read_flops``): its padded vocabulary (the tokenizer's, not the config's,
 on real text), GQA, SwiGLU, the causal attention pairs its documents leave, fwd+bwd = 3x
 fwd; "with recompute" adds what recompute repeats. MFU is model FLOPs over the steady
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import megatron_e2e  # noqa: E402
 
-from megatron_burst.flops import read_flops  # noqa: E402
+from megatron_burst.decide.flops import read_flops  # noqa: E402
 from megatron_burst.launch.config import load_config  # noqa: E402
 
 PAIRS = re.compile(r"causal attention pairs done: ([\d.]+) of full causal")

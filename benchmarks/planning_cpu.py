@@ -80,7 +80,7 @@ def call_part(rank: int, world: int, iters: int) -> dict:
 
 def planning_part(iters: int) -> list[dict]:
     """prepare() of rank 0 of a pretend group (no communication is made by prepare)."""
-    from megatron_burst import prepare
+    from megatron_burst.attention import prepare
 
     rows = []
     for world in (2, 8):
@@ -108,7 +108,7 @@ def _prepare(prepare, q, k, world: int, cu: torch.Tensor) -> None:
               backward="burst", qkv_format="bshd", intra_node_size=None, ulysses_size=1,
               cu_seqlens=cu, kernel=None, keep=None, call_label=None, topology=None)
     if hasattr(prepare, "lookup"):  # this package: a call value, then its preparation
-        from megatron_burst.call import BurstCall
+        from megatron_burst.attention.call import BurstCall
         prepare.prepare(q, k, k, None, world, BurstCall.of(**kw))
     else:  # the checkout before it: positional options
         order = ("causal", "softmax_scale", "window_size", "layout", "backward", "qkv_format",

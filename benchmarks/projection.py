@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from megatron_burst.launch.config import load_config, with_nodes  # noqa: E402
 from megatron_burst.launch.step_time import predict_step  # noqa: E402
 from megatron_burst.launch.resolve import topology_of  # noqa: E402
-from megatron_burst.timing import PROFILES_DIR  # noqa: E402
+from megatron_burst.decide.timing import PROFILES_DIR  # noqa: E402
 
 MODEL_ERROR = ("attention time within 15% in 48/56 NVLink rows; step time 26-39% optimistic "
                "on 8 H200; no slow link measured")

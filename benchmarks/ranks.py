@@ -2,7 +2,7 @@
 
 attention.py, documents.py and p2p_ring.py call `start_ranks()` first. With
 ``$MEGATRON_BURST_EMULATE`` set (``gpus_per_node=2,gbps=25[,latency_us=5]``, see
-`megatron_burst.tools.emulate`), messages between virtual nodes are slowed from then on and
+`megatron_burst.comm.emulator`), messages between virtual nodes are slowed from then on and
 rank 0 prints one line saying so; unset (the default), nothing is emulated. `emulated()`
 says which, so that methods whose traffic the emulator cannot slow (PyTorch's native CP)
 stay out, and `EMULATE_ENV` is the variable a result file records. The Megatron benchmarks
@@ -16,8 +16,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from megatron_burst.link_emulation import ENV as EMULATE_ENV
-from megatron_burst.tools.emulate import active, install_from_env
+from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV
+from megatron_burst.comm.emulator import active, install_from_env
 
 __all__ = ["EMULATE_ENV", "emulated", "start_ranks"]
 

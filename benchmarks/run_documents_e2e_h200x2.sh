@@ -16,7 +16,7 @@ case $part in
          --only CP=1 --timeout 170 --out "$out/megatron_documents_cp1_h200x2.json" 2>&1 | quiet ;;
   1b) timeout 560 python benchmarks/megatron_documents.py --shapes 1b --iters 7 \
         --timeout 260 --out "$out/megatron_documents_1b_h200x2.json" 2>&1 | quiet ;;
-  text) python -m megatron_burst.launch.cli data --sample-corpus /tmp/sample >/dev/null &&
+  text) python -m megatron_burst.cli data --sample-corpus /tmp/sample >/dev/null &&
         timeout 500 python benchmarks/megatron_documents.py --shapes small --iters 8 \
           --timeout 150 --data /tmp/sample --out "$out/megatron_documents_text_h200x2.json" \
           2>&1 | quiet ;;

@@ -9,6 +9,13 @@ Public API (stable names; new options arrive as keyword arguments with defaults)
     pack = pack_documents(cu_seqlens) # a pack of documents described once per batch
     BurstDotProductAttention          # Megatron-Core core_attention module (needs megatron-core)
     BurstSpecProvider                 # Megatron-Core BackendSpecProvider with it as core_attention
+
+The folders are the layers, bottom to top (tests/test_layering.py: no upward import, no
+circle): ``comm`` (rings over a process group), ``plan`` (layouts, blocks, the ring
+schedule, as data), ``kernels`` (local attention, the merge), ``decide`` (topology, options,
+bytes and seconds), ``attention`` (the call path of ``burst_attn``), ``megatron`` (the
+Megatron-Core adapter and entry points), ``launch`` (configs, plans, flags, SLURM, data),
+``tools`` (the CPU trainer, tuning, the demo) and ``cli`` (the ``megatron-burst`` command).
 """
 __all__ = ["burst_attn", "shard_seq", "unshard_seq", "count_comm", "CommStats",
            "pack_documents", "DocumentPack", "BurstDotProductAttention", "BurstSpecProvider"]
@@ -16,9 +23,9 @@ __version__ = "0.1.0"
 
 # Imported on first use, so that `megatron-burst --help` and the launch tools, which need
 # none of them, start without importing torch (4 s) or megatron-core.
-_LAZY = {"burst_attn": ".api", "count_comm": ".comm", "CommStats": ".comm",
-         "shard_seq": ".sharding", "unshard_seq": ".sharding", "pack_documents": ".packs",
-         "DocumentPack": ".packs",
+_LAZY = {"burst_attn": ".attention.api", "count_comm": ".comm", "CommStats": ".comm",
+         "shard_seq": ".attention.sharding", "unshard_seq": ".attention.sharding", "pack_documents": ".plan.packs",
+         "DocumentPack": ".plan.packs",
          "BurstDotProductAttention": ".megatron.attention",
          "BurstSpecProvider": ".megatron.spec"}
 

@@ -19,9 +19,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import megatron_burst as mb
-from megatron_burst import prepare
+from megatron_burst.attention import prepare
 from megatron_burst.comm import count_comm, record_sent
-from megatron_burst.topology import CPTopology
+from megatron_burst.decide.topology import CPTopology
 
 from .distributed import run_ranks
 
@@ -257,7 +257,7 @@ def test_a_rank_failing_mid_ring_does_not_hang_its_peers() -> None:
 
 
 def cache_worker(rank: int, world: int) -> dict:
-    from megatron_burst import agree  # here, so the other tests run against older code
+    from megatron_burst.attention import agree  # here, so the other tests run against older code
 
     collectives = []
     real = dist.all_gather

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import megatron_burst as mb
-from megatron_burst import cost
+from megatron_burst.decide import cost
 
 from .distributed import run_ranks
 from .reference import reference_attention
@@ -166,8 +166,8 @@ def bytes_worker(rank, world, cases):
 def test_count_comm_matches_the_schedule(world):
     """Each rank sends exactly what CPTopology.rank_bytes counts from the schedule, never more
     than the plain formulas, and the paper's backward claims hold in what is measured."""
-    from megatron_burst.topology import HeadShape
-    from megatron_burst.options import BurstOptions, resolve
+    from megatron_burst.decide.topology import HeadShape
+    from megatron_burst.decide.options import BurstOptions, resolve
 
     cases = [(hq, hkv, 64, mode) for hq, hkv in [(8, 8), (8, 2), (4, 1)]
              for mode in ("burst", "ring", "auto")]
@@ -279,8 +279,8 @@ def ulysses_bytes_worker(rank, world, cases):
 
 def test_count_comm_matches_the_topology_with_ulysses():
     """What CPTopology.call_bytes predicts (ring + all-to-alls) is what a rank sends."""
-    from megatron_burst.topology import HeadShape
-    from megatron_burst.options import BurstOptions, resolve
+    from megatron_burst.decide.topology import HeadShape
+    from megatron_burst.decide.options import BurstOptions, resolve
 
     cases = [(8, 8, 2, None), (8, 2, 2, None), (4, 1, 4, None), (8, 4, 2, 4), (8, 8, 1, 2)]
     results = run_ranks(4, ulysses_bytes_worker, cases)

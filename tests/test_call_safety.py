@@ -18,12 +18,12 @@ import torch
 import torch.utils.checkpoint as ckpt
 
 import megatron_burst as mb
-from megatron_burst.topology import CPTopology, HeadShape
+from megatron_burst.decide.topology import CPTopology, HeadShape
 from megatron_burst.kernels.protocol import Capabilities, FLOATS
 from megatron_burst.kernels.reference import ReferenceAttention
-from megatron_burst.options import BurstOptions, OptionError
-from megatron_burst.remat import AttentionKeep
-from megatron_burst.schedule import Block
+from megatron_burst.decide.options import BurstOptions, OptionError
+from megatron_burst.attention.remat import AttentionKeep
+from megatron_burst.plan.schedule import Block
 
 from .distributed import run_ranks
 from .reference import reference_attention
@@ -175,7 +175,7 @@ def _ref_grads(q, k, v):
 
 
 def keep_worker(rank: int, world: int) -> dict:
-    from megatron_burst.sharding import shard_seq
+    from megatron_burst.attention.sharding import shard_seq
 
     s, results = 16 * world, {}
     a, b, c = ([shard_seq(t, layout="zigzag", seq_dim=1) for t in _inputs(seed, s)]
@@ -264,7 +264,7 @@ def _lse_loss(dead_rows):
 
 
 def lse_worker(rank: int, world: int) -> list[float]:
-    from megatron_burst.sharding import shard_seq
+    from megatron_burst.attention.sharding import shard_seq
 
     s, errors = 8 * world, []
     for backward, only_lse in itertools.product(("burst", "ring"), (False, True)):
@@ -387,7 +387,7 @@ def test_softmax_scale_and_causal_are_checked_once_by_value() -> None:
 def test_a_decided_topology_is_checked_against_vs_head_dim_too() -> None:
     """A topology made for MLA's V (dv 8 < d 16) is not taken by a call whose V is d wide,
     nor the other way round: the time model and the byte counts read V's dim."""
-    from megatron_burst.topology import CPTopology, HeadShape
+    from megatron_burst.decide.topology import CPTopology, HeadShape
 
     q, k, v = _inputs(0, 8)
     mla = CPTopology.build(1, heads=HeadShape(q.shape[2], k.shape[2], 16, 8, v_head_dim=8))

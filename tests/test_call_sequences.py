@@ -18,8 +18,8 @@ import torch
 import torch.utils.checkpoint as ckpt
 
 import megatron_burst as mb
-from megatron_burst.remat import AttentionKeep
-from megatron_burst.sharding import shard_seq
+from megatron_burst.attention.remat import AttentionKeep
+from megatron_burst.attention.sharding import shard_seq
 
 from .distributed import run_ranks
 from .reference import reference_attention

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst.sharding import shard_documents, unshard_documents
-from megatron_burst.placement import local_length, placement
+from megatron_burst.attention.sharding import shard_documents, unshard_documents
+from megatron_burst.plan.placement import local_length, placement
 
 MIXES = [(4, 5), (1, 40, 1, 21, 1), (5, 37, 22), (64,), (3, 3, 3, 3, 3, 3, 3, 3, 8),
          (100, 2, 2, 2, 2), (17, 0, 15)]

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron_burst.link_emulation import ENV
-from megatron_burst.tools import emulate
-from megatron_burst.tools.emulate import VirtualNodes
+from megatron_burst.comm.emulated_nodes import ENV
+from megatron_burst.comm import emulator
+from megatron_burst.comm.emulator import VirtualNodes
 
 from .distributed import run_ranks
 
@@ -37,7 +37,7 @@ def test_parse_and_the_link_model():
 
 def _hop_times(rank, world):
     from megatron_burst.comm import Packed, PeerComm
-    from megatron_burst.tools.emulate import Emulation
+    from megatron_burst.comm.emulator import Emulation
 
     emulation = Emulation(VirtualNodes(gpus_per_node=2, gbps=0.005, latency_us=0))  # 5 MB/s
     emulation.install()
@@ -67,14 +67,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SWITCH = "gpus_per_node=1,gbps=25,latency_us=5"  # every rank its own virtual node
 
 
-def test_the_switch_is_off_by_default_and_imports_no_tool():
-    """Unset, the core's switch installs nothing and does not even import the emulator."""
-    probe = ("import sys; from megatron_burst.link_emulation import maybe_emulate_links; "
-             "print(maybe_emulate_links(), 'megatron_burst.tools.emulate' in sys.modules)")
+def test_the_switch_is_off_by_default_and_wraps_nothing():
+    """Unset, the entry points' call installs nothing: torch.distributed stays as it was."""
+    probe = ("import torch.distributed as dist; before = dist.isend; "
+             "from megatron_burst.comm.emulator import install_from_env, active; "
+             "print(install_from_env(), active(), dist.isend is before)")
     env = {k: v for k, v in os.environ.items() if k != ENV}
     out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True,
                          text=True, timeout=120, check=True).stdout
-    assert out.split() == ["None", "False"]
+    assert out.split() == ["None", "None", "True"]
 
 
 def _non_burst_megatron_args() -> argparse.Namespace:
@@ -97,24 +98,24 @@ def test_megatron_entry_configure_run_reads_the_switch(monkeypatch, capsys):
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.delenv("RANK", raising=False)
     entry.configure_run(_non_burst_megatron_args(), SimpleNamespace())
-    assert emulate.active() is None and dist.batch_isend_irecv is original
+    assert emulator.active() is None and dist.batch_isend_irecv is original
     assert "!!" not in capsys.readouterr().out
 
     monkeypatch.setenv(ENV, SWITCH)
     try:
         entry.configure_run(_non_burst_megatron_args(), SimpleNamespace())
-        first = emulate.active()
+        first = emulator.active()
         entry.configure_run(_non_burst_megatron_args(), SimpleNamespace())  # a 2nd model chunk
-        assert first is not None and emulate.active() is first
+        assert first is not None and emulator.active() is first
         assert first.nodes == VirtualNodes(1, 25.0, 5.0)
         assert dist.batch_isend_irecv is not original
         lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("!!")]
         assert lines == [f"!! {ENV}={SWITCH}: links across emulated nodes of 1 rank slowed to "
                          f"25 GB/s (+5 us a message); timings are not real hardware"]
     finally:
-        if emulate.active() is not None:
-            emulate.active().uninstall()
-    assert emulate.active() is None and dist.batch_isend_irecv is original
+        if emulator.active() is not None:
+            emulator.active().uninstall()
+    assert emulator.active() is None and dist.batch_isend_irecv is original
 
 
 def _benchmark_start(rank, world):
@@ -135,7 +136,7 @@ def _benchmark_start(rank, world):
         with contextlib.redirect_stdout(out):
             assert ranks.start_ranks("gloo") == (rank, world)
         seen.append((ranks.emulated(), out.getvalue()))
-    emulate.active().uninstall()
+    emulator.active().uninstall()
     return seen
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import megatron_burst as mb
 from megatron_burst import kernels
-from megatron_burst.schedule import Block
+from megatron_burst.plan.schedule import Block
 
 from .distributed import run_ranks
 
@@ -316,7 +316,7 @@ def test_graph_replay_matches_eager_over_nccl():
 def test_varlen_kernel_matches_reference(name, heads):
     """One varlen call over blocks of three mask shapes (the same shape per call) against
     the float64 reference's loop, given the reference's lse as the ring gives the merged one."""
-    from megatron_burst.varlen import plan_calls
+    from megatron_burst.kernels.varlen import plan_calls
     hq, hkv = heads
     lens = (1, 77, 1024, 300, 2048, 129)
     a, causal_blocks, full_blocks, band_blocks = 0, [], [], []
@@ -336,7 +336,7 @@ def test_varlen_kernel_matches_reference(name, heads):
     ref, scale = kernels.ReferenceAttention(), 128 ** -0.5
     for blocks in (causal_blocks, full_blocks, band_blocks):
         (call,) = plan_calls(blocks, varlen=True, dense_min_area=float("inf"))
-        from megatron_burst.varlen import gather
+        from megatron_burst.kernels.varlen import gather
         qp, kp, vp, dop = (gather(t, runs) for t, runs in
                            ((q, call.q_runs), (k, call.k_runs), (v, call.k_runs),
                             (do, call.q_runs)))
@@ -358,7 +358,7 @@ def test_fused_merge_matches_float64_merge():
     computed independently in float64 from the definition.
     """
     pytest.importorskip("triton")
-    from megatron_burst import merge
+    from megatron_burst.kernels import merge
     gen = torch.Generator(device="cuda").manual_seed(3)
     out = torch.randn(2, 300, 8, 128, device="cuda", generator=gen)
     lse = torch.randn(2, 8, 300, device="cuda", generator=gen)
@@ -465,7 +465,7 @@ def test_a_kept_output_is_matched_to_its_own_inputs_on_the_gpu():
     inputs) is never taken; the recompute takes the one its own first forward kept."""
     import torch.utils.checkpoint as ckpt
 
-    from megatron_burst.remat import AttentionKeep
+    from megatron_burst.attention.remat import AttentionKeep
 
     gen = torch.Generator(device="cuda").manual_seed(8)
     a, b = ([torch.randn(1, 2048, h, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -512,7 +512,7 @@ def test_one_rank_without_lse_is_the_kernels_own_op(mask, heads):
 def test_document_shards_of_gpu_tensors_stay_on_the_gpu(layout):
     """A GPU pack's shards are gathered by a host-planned index moved to the GPU, and every
     token comes back in place (the CPU suite cannot see an index left on the host)."""
-    from megatron_burst.sharding import shard_documents, unshard_documents
+    from megatron_burst.attention.sharding import shard_documents, unshard_documents
 
     lens, world = (300, 7, 1200, 64, 477), 4
     x = torch.randn(2, sum(lens), 3, device="cuda")

@@ -63,8 +63,8 @@ def test_a_prepared_cp1_call_is_the_kernel_and_a_few_lookups():
 def test_a_new_cp1_pack_is_planned_without_python_per_document():
     """Describing, checking and planning a new pack (everything before the kernels run,
     which on CPU loop over the documents themselves; CUDA's varlen call is one launch)."""
-    from megatron_burst import prepare
-    from megatron_burst.call import BurstCall
+    from megatron_burst.attention import prepare
+    from megatron_burst.attention.call import BurstCall
 
     q, k, v = _qkv(s=4096)
     counts = {}

@@ -1,68 +1,103 @@
-"""Data flows one way: launch -> megatron -> the attention core, and no module imports itself
-back through a circle (DESIGN.md's layers; issue 24's targets).
+"""The package's layers, read from its imports: data flows one way, and nothing circles back.
 
-Every import in the package, at module level or inside a function, is read from the source
-(``test_tools_layering._imports``) and mapped to the package module it names. Checked: no
-circle among the modules; the core (the top level and ``comm``/``kernels``) imports nothing
-from ``megatron``, ``launch`` or ``tools``; ``megatron`` imports neither ``launch``, ``tools``
-nor the package's front door; and no module is longer than 350 lines. The emulator's switch
-is the one exception to the first two (``SWITCH``).
+DESIGN.md's layers, bottom to top, each a folder of ``megatron_burst/``:
+
+- ``comm``: a ring over a process group (and the link emulator that slows it on purpose);
+- ``plan``: the plan data: layouts, a shard's segments, blocks, the ring schedule, packs;
+- ``kernels``: local attention behind one protocol, the merge, varlen and pack kernel calls;
+- ``decide``: the decision: bytes, seconds, the cluster view, the options and their resolver;
+- ``attention``: the call path: ``burst_attn``, its preparation, agreement and the ring loops;
+- ``megatron``: the Megatron-Core adapter and entry points;
+- the front door (``megatron_burst/__init__.py``), which names the public API;
+- ``launch``: configs, plans, flags, SLURM scripts, datasets;
+- ``tools``: the CPU run, tuning, the demo;
+- ``cli``: the ``megatron-burst`` command, which starts launch steps and tools.
+
+The core is the first five. A module may import its own layer and those below it, never one
+above; there is no import circle among modules; no exceptions are listed. Every import is
+read from the source, at module level or inside a function (a lazy import is still an edge).
 """
 from __future__ import annotations
 
+import ast
 import pathlib
 
-from .test_tools_layering import PACKAGE, _imports
-
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "megatron_burst"
 NAME = PACKAGE.name
+LAYERS = ["comm", "plan", "kernels", "decide", "attention", "megatron", "", "launch", "tools",
+          "cli"]  # "" is the front door
+CORE = LAYERS[:5]
 
 
-def _modules() -> dict[str, pathlib.Path]:
-    found = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        found[".".join(parts)] = path
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(path: pathlib.Path) -> list[str]:
+    """Absolute names of everything ``path`` imports: a module, or ``module.name`` for
+    ``from module import name``, relative imports resolved as Python resolves them."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            base = base[:len(base) - node.level + 1] if node.level else []
+            name = ".".join(base + ([node.module] if node.module else []))
+            found += [f"{name}.{alias.name}" for alias in node.names]
     return found
-
-
-MODULES = _modules()
 
 
 def _module_of(name: str) -> str | None:
     """The package module an imported name lives in (the longest module prefix)."""
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
-        candidate = ".".join(parts[:end])
-        if candidate in MODULES:
-            return candidate
+        if ".".join(parts[:end]) in MODULES:
+            return ".".join(parts[:end])
     return None
 
 
-# The one edge from the core to a tool, made inside a function only when asked for: the
-# emulator's switch (test_tools_layering checks it stays that way).
-SWITCH = (f"{NAME}.link_emulation", f"{NAME}.tools.emulate")
-
-
 def _edges() -> dict[str, set[str]]:
-    edges = {}
-    for module, path in MODULES.items():
-        targets = {_module_of(name) for name, _ in _imports(path)}
-        edges[module] = {t for t in targets if t and t != module and (module, t) != SWITCH}
-    return edges
+    return {m: {t for t in map(_module_of, imports_of(p)) if t and t != m}
+            for m, p in MODULES.items()}
 
 
-def _layer(module: str) -> str:
+def layer_of(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in ("megatron", "launch", "tools") else "core"
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else ""
+
+
+def test_every_module_is_in_a_layer():
+    """Nothing lives loose at the top: a module outside the layers' folders has no place."""
+    loose = sorted(m for m in MODULES if m != NAME and layer_of(m) == "")
+    assert loose == []
+
+
+def test_no_layer_imports_one_above_it():
+    offenders = sorted(f"{m} -> {t}" for m, targets in _edges().items() for t in targets
+                       if LAYERS.index(layer_of(t)) > LAYERS.index(layer_of(m)))
+    assert offenders == []
+
+
+def test_the_core_imports_no_megatron_core():
+    """The attention core runs without megatron-core installed."""
+    offenders = sorted(f"{m} -> {name}" for m, p in MODULES.items() if layer_of(m) in CORE
+                       for name in imports_of(p) if name.split(".")[0] == "megatron")
+    assert offenders == []
 
 
 def test_no_import_circle():
     edges = _edges()
-    # A package's __init__ re-exporting its own modules is not a circle through them.
-    edges = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in edges.items()}
-    state, stack = {}, []
+    # A package's __init__ naming its own modules is not a circle through them.
+    edges = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in edges.items()}
+    state: dict[str, str] = {}
+    stack: list[str] = []
 
     def visit(m: str) -> None:
         state[m] = "open"
@@ -81,24 +116,20 @@ def test_no_import_circle():
             visit(m)
 
 
-def test_no_layer_imports_one_above_it():
-    allowed = {"core": {"core"}, "megatron": {"core", "megatron"},
-               "launch": {"core", "megatron", "launch", "tools"}, "tools": set()}
-    offenders = []
-    for module, targets in _edges().items():
-        layer = _layer(module)
-        if layer == "tools" or module == NAME:
-            continue  # tools stand beside everything; the front door names the public API
-        for t in targets:
-            if _layer(t) not in allowed[layer] or (layer != "core" and t == NAME):
-                offenders.append(f"{module} -> {t}")
-    # launch may start tools only from the CLI's command modules (test_tools_layering).
-    offenders = [o for o in offenders if not (o.startswith(f"{NAME}.launch.")
-                                              and ".tools" in o.split(" -> ")[1])]
-    assert offenders == [], offenders
+def test_no_module_over_350_lines_and_no_function_over_60():
+    long_modules = {m: n for m, p in MODULES.items()
+                    if (n := len(p.read_text().splitlines())) > 350}
+    long_functions = sorted(
+        f"{m}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for m, p in MODULES.items() for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > 60)
+    assert (long_modules, long_functions) == ({}, [])
 
 
-def test_no_module_over_350_lines():
-    long = {str(p.relative_to(PACKAGE)): n for p in MODULES.values()
-            if (n := len(p.read_text().splitlines())) > 350}
-    assert long == {}
+def test_the_checker_resolves_relative_imports_as_python_does():
+    """`from ..launch.config import Config` in tools/ names launch's module, and a lazy
+    import inside a function counts."""
+    found = imports_of(PACKAGE / "tools" / "cpu_run.py")
+    assert f"{NAME}.launch.config.Config" in found
+    assert _module_of(f"{NAME}.launch.config.Config") == f"{NAME}.launch.config"

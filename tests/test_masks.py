@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst import cost
+from megatron_burst.decide import cost
 
 from .distributed import run_ranks
 from .test_burst import check_grid
@@ -94,7 +94,7 @@ def window_bytes_worker(rank, world):
 
 
 def test_skipped_window_steps_send_nothing():
-    from megatron_burst.topology import CPTopology, HeadShape
+    from megatron_burst.decide.topology import CPTopology, HeadShape
 
     tokens, h, d = 8, 4, 16
     topology = CPTopology.build(4, backward="ring", heads=HeadShape(h, h, d, 4))

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst import cost
-from megatron_burst.topology import CPTopology, HeadShape
+from megatron_burst.decide import cost
+from megatron_burst.decide.topology import CPTopology, HeadShape
 
 from .distributed import run_ranks
 

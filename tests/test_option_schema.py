@@ -18,7 +18,7 @@ import pytest
 from megatron_burst import burst_attn
 from megatron_burst.launch import config as schema
 from megatron_burst.launch.owned_flags import owner_of
-from megatron_burst.options import OPTION_FIELDS, TOPOLOGY_OPTIONS, NotGiven
+from megatron_burst.decide.options import OPTION_FIELDS, TOPOLOGY_OPTIONS, NotGiven
 
 FIELDS = {f.name: f for f in OPTION_FIELDS}
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from megatron_burst.comm import RingTopology
-from megatron_burst.placement import local_length, placement
-from megatron_burst.ring_spec import RingSpec
-from megatron_burst.schedule import Block, Mask, RingSchedule, blocks_between
+from megatron_burst.plan.placement import local_length, placement
+from megatron_burst.attention.ring_spec import RingSpec
+from megatron_burst.plan.schedule import Block, Mask, RingSchedule, blocks_between
 
 MASKS = [Mask(True), Mask(False), Mask(True, (7, 0)), Mask(False, (3, 9)), Mask(True, (0, 0))]
 
@@ -223,7 +223,7 @@ def test_whole_documents_never_travel(world):
 def test_large_packs_shard_and_gather_back_by_index(world):
     """``shard_documents`` gathers a rank's rows by one index (split segments and whole
     documents alike) and ``unshard_documents`` puts every token back."""
-    from megatron_burst.sharding import shard_documents, unshard_documents
+    from megatron_burst.attention.sharding import shard_documents, unshard_documents
 
     rng = random.Random(world)
     for kind in ("tiny", "huge", "mix"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from megatron_burst.comm import RingTopology
-from megatron_burst.schedule import Mask, RingSchedule
+from megatron_burst.plan.schedule import Mask, RingSchedule
 
 from .reference import allowed_mask
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst.topology import CPTopology, HeadShape
-from megatron_burst.scheduled_time import predict_scheduled, scheduled_bytes
-from megatron_burst.timing import (Kernel, Link, Profile, attention_flops, choose, load_profile,
-                                   predict)
+from megatron_burst.decide.topology import CPTopology, HeadShape
+from megatron_burst.decide.scheduled_time import predict_scheduled, scheduled_bytes
+from megatron_burst.decide.timing import (Kernel, Link, Profile, attention_flops, choose,
+                                          load_profile, predict)
 
 from .distributed import run_ranks
 

@@ -78,7 +78,7 @@ def test_no_retired_identifier_is_used():
 def test_the_files_read_include_the_package_and_the_readme():
     """The walk itself: a root renamed away would make the test above pass on nothing."""
     names = {p.relative_to(REPO).as_posix() for p in _files()}
-    assert {"README.md", "megatron_burst/topology.py", "tests/test_layering.py"} <= names
+    assert {"README.md", "megatron_burst/decide/topology.py", "tests/test_layering.py"} <= names
     assert not any(n.startswith("benchmarks/results/") for n in names)
 
 
@@ -87,13 +87,13 @@ def test_one_module_is_named_for_the_topology():
     named = sorted(p.relative_to(REPO).as_posix()
                    for p in (REPO / "megatron_burst").rglob("*topology*.py"))
     assert named == ["megatron_burst/launch/topology_candidates.py",
-                     "megatron_burst/topology.py"]
+                     "megatron_burst/decide/topology.py"]
 
 
 def test_a_prediction_and_a_topology_use_the_settled_words():
     """Attribute access is hard to grep (`.layout` is a call's placement): the fields."""
-    from megatron_burst.timing import Prediction
-    from megatron_burst.topology import CPTopology
+    from megatron_burst.decide.timing import Prediction
+    from megatron_burst.decide.topology import CPTopology
 
     assert "topology" in {f.name for f in dataclasses.fields(Prediction)}
     fields = {f.name for f in dataclasses.fields(CPTopology)}

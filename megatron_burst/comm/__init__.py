@@ -14,7 +14,9 @@ One module per job:
 - ``ring_positions``: who holds what at each step of a flat or double ring (``RingTopology``);
 - ``rings``: payloads and gradient accumulators moved round it (``PayloadRing``,
   ``AccumulatorRoute``);
-- ``exchange``: the all-to-all among a few peers (Ulysses).
+- ``exchange``: the all-to-all among a few peers (Ulysses);
+- ``emulated_nodes`` and ``emulator``: for benchmarks, virtual nodes on one host joined by a
+  slower link (``$MEGATRON_BURST_EMULATE``; off unless set).
 
 The names below are re-exported so that ``from megatron_burst.comm import X`` keeps working.
 """

@@ -7,7 +7,10 @@ One module per job:
 - ``reference``: the kernels that run anywhere (``ReferenceAttention``, ``CpuFlashAttention``);
 - ``cuda``: cuDNN, PyTorch's flash and the ``flash_attn`` package;
 - ``selection``: which of them runs, checked against a call's blocks (``select_kernel``,
-  ``BandDispatch``, ``KERNELS``).
+  ``BandDispatch``, ``KERNELS``);
+- ``merge``: the online-softmax merge of partial results (``merge_partial``);
+- ``varlen``: a ring step's blocks as few varlen calls; ``pack_calls``: a document pack's
+  calls for one pair of ring members, made from arrays.
 
 Backends: ``flash_attn`` (the package, when importable), PyTorch's built-in CUDA kernels
 (cuDNN, then flash: each is probed once and skipped if it fails; band blocks go to

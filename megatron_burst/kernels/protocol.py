@@ -36,7 +36,7 @@ from typing import Protocol
 
 import torch
 
-from ..schedule import BLOCK_KINDS, Block
+from ..plan.schedule import BLOCK_KINDS, Block
 
 HALF = frozenset({torch.float16, torch.bfloat16})
 FLOATS = HALF | {torch.float32, torch.float64}

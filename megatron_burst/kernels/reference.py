@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..schedule import Block
+from ..plan.schedule import Block
 from .protocol import FLOATS, Capabilities, VarlenByLoop, _heads, working_dtype
 
 

@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..schedule import Block
+from ..plan.schedule import Block
 from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention
 from .padded import PaddedHeads
 from .protocol import Capabilities, LocalAttention, VarlenByLoop
@@ -85,7 +85,7 @@ def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int,
                   device: torch.device, dv: int | None = None) -> bool:
     """Its one-launch varlen form against the reference's loop, on three causal sequences of
     different lengths, given the reference's lse (as the ring's backward gives it)."""
-    from ..varlen import plan_calls
+    from .varlen import plan_calls
     try:
         gen = torch.Generator(device="cpu").manual_seed(1)
         blocks, a = [], 0

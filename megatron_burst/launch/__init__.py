@@ -17,8 +17,7 @@ reads them; `slurm_preflight`: the checks the script runs before training), and
 `sample_data` write Megatron's indexed datasets from JSONL text (`corpus` reads it;
 `data_error` is their one error; a version switched in by one link, under a lock:
 `dataset_commit`, `dataset_lock`; the sample's other files: `staging`), and `output_files`
-writes the one-file outputs of `slurm -o` and `tune --out`. `cli` parses the
-`megatron-burst` command and hands it to `commands` or `run_command`, which start the
-tools of `megatron_burst.tools` for `tune` and for `run` on CPU ranks (`tools.cpu_run`).
-What the installed packages can run is `megatron_burst.environment`'s.
+writes the one-file outputs of `slurm -o` and `tune --out`. The `megatron-burst` command
+that starts them is `megatron_burst.cli`; what the installed packages can run is
+`megatron_burst.megatron.environment`'s.
 """

@@ -22,7 +22,7 @@ the output and lse the layer keeps anyway.
 """
 from __future__ import annotations
 
-from ..flops import mla_projections
+from ..decide.flops import mla_projections
 from .config import Config
 
 

@@ -24,7 +24,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ..options import OPTION_FIELDS
+from ..decide.options import OPTION_FIELDS
 from .config_file import read_config_yaml
 from .hardware import HARDWARE, Hardware
 from .config_values import (BOUNDS, TEXT_RULES, VARIABLE, ConfigError, check_text,
@@ -44,7 +44,7 @@ class ParallelConfig:
     sequence_parallel: bool = True
 
 
-# Where a config sets each field of the schema (megatron_burst.options.BurstOptions), one
+# Where a config sets each field of the schema (megatron_burst.decide.options.BurstOptions), one
 # key each: under `burst:`, but for the time model's profile, which is the cluster's, and
 # the document options, which are the data's.
 _OPTIONS_ELSEWHERE = {"profile": "cluster.profile", "document_mask": "data.document_mask",
@@ -57,7 +57,7 @@ BurstConfig = dataclasses.make_dataclass(
     "BurstConfig", [(f.name, f.type, dataclasses.field(default=f.metadata["default"],
                                                         metadata=f.metadata))
                     for f in OPTION_FIELDS if f.name in BURST_KEYS], frozen=True)
-BurstConfig.__doc__ = "BurstAttention options (megatron_burst.options.BurstOptions' fields)."
+BurstConfig.__doc__ = "BurstAttention options (megatron_burst.decide.options.BurstOptions' fields)."
 BurstConfig.__module__ = __name__
 
 

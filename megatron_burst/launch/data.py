@@ -171,7 +171,7 @@ def write_dataset(texts: Iterable[str], tokenizer: TextTokenizer, prefix: str, *
     prefix's lock (``dataset_commit``); an existing dataset needs ``force``. With ``commit``
     the files are built into that (already locked) version, and its owner commits them.
     """
-    from ..environment import megatron_core_problem
+    from ..megatron.environment import megatron_core_problem
 
     problem = megatron_core_problem("writing Megatron's indexed dataset")
     if problem:

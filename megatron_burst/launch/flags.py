@@ -13,7 +13,7 @@ import re
 import shlex
 import typing
 
-from ..topology import RING_COMM_TYPE
+from ..decide.topology import RING_COMM_TYPE
 from .resolve import run_problem, topology_of
 from .config import VARIABLE, Config, ConfigError, expand_vars
 from .job_plan import job_plan

@@ -1,7 +1,7 @@
 """The accelerators a config can name (``cluster.gpu``): memory, MFU peak, matmul rate, profile.
 
 Links, the attention kernel and the host's overheads are the time model's, in a profile
-(``megatron_burst.timing``; ``megatron-burst tune`` measures one); what is here is what the
+(``megatron_burst.decide.timing``; ``megatron-burst tune`` measures one); what is here is what the
 profile does not hold.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 @dataclasses.dataclass(frozen=True)
 class Hardware:
     """What the planner needs to know about one accelerator beyond the time model's profile
-    (``megatron_burst.timing``, which holds the links, the attention kernel and the host)."""
+    (``megatron_burst.decide.timing``, which holds the links, the attention kernel and the host)."""
 
     memory_gib: float
     # Memory no tensor can use: CUDA context, NCCL buffers, allocator fragmentation.

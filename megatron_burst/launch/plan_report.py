@@ -1,7 +1,7 @@
 """The text `megatron-burst plan` prints: shape, memory per GPU, the ring, the topologies ranked,
 the step and the job.
 
-Every time in it comes from one time model, ``megatron_burst.timing`` with the cluster's
+Every time in it comes from one time model, ``megatron_burst.decide.timing`` with the cluster's
 profile: the attention time of the chosen topology is the row the topology table marks, and the
 step time (``step_time``) is built on that same number. Sizes are binary units (``units``).
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..topology import CPTopology
-from ..timing import PROFILES_DIR, load_profile
+from ..decide.topology import CPTopology
+from ..decide.timing import PROFILES_DIR, load_profile
 from .config import Config
 from .resolve import max_intra_node_size_of, tokens_per_rank, topology_of
 from .topology_candidates import tie_note, topology_rows, window_prediction

@@ -2,7 +2,7 @@
 
 `plan`, `flags`, the memory estimate, the config headers and the CPU trainer all ask what a
 config's context parallelism is; `topology_of` answers them all with the one resolver
-(`megatron_burst.options.resolve`), once per config (cached on the parts of the config it
+(`megatron_burst.decide.options.resolve`), once per config (cached on the parts of the config it
 reads), with the cluster's profile, the config's tokens per rank, and the ranks of a CP
 group per node that Megatron's rank order gives.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 
-from .. import cluster
-from ..topology import CPTopology, HeadShape
-from ..options import AUTO, BurstOptions, OptionError, resolve
+from ..decide import cluster
+from ..decide.topology import CPTopology, HeadShape
+from ..decide.options import AUTO, BurstOptions, OptionError, resolve
 from .config import OPTION_KEYS, Config, ConfigError
 
 

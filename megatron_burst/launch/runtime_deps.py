@@ -89,7 +89,7 @@ def import_problem(needs: list[Need]) -> str | None:
                 importlib.import_module(need.module)
         except Exception as error:  # noqa: BLE001 - any failure to import stops the run
             if need is TRAINING:  # which Megatron, on which Python: environment knows
-                from ..environment import missing_training_message
+                from ..megatron.environment import missing_training_message
                 return missing_training_message(error)
             return need.missing(error)
     return None

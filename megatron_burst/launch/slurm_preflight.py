@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from ..environment import FUSED_ADAM_IMPORTS, RESUME_WAY_OUT
+from ..megatron.environment import FUSED_ADAM_IMPORTS, RESUME_WAY_OUT
 from .config import VARIABLE, Config, variables
 from .flags import double_quoted
 from .runtime_deps import run_needs

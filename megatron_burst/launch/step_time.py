@@ -1,6 +1,6 @@
 """What one training step takes, and what that makes of the job: the numbers `plan` and `slurm` use.
 
-Attention is the time model's (``megatron_burst.timing.predict``): the same prediction, for
+Attention is the time model's (``megatron_burst.decide.timing.predict``): the same prediction, for
 the same topology, tokens and profile, that ranked the topologies and that `auto` chose by, so the
 plan shows one time per layer, not two. Sliding-window layers (``model.window_size``) are
 timed apart, step by step from their schedule (``scheduled_time``), and counted as many
@@ -24,8 +24,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..flops import ModelShape, causal_pairs, training_flops
-from ..timing import Prediction, Profile, load_profile
+from ..decide.flops import ModelShape, causal_pairs, training_flops
+from ..decide.timing import Prediction, Profile, load_profile
 from .attention_params import attention_params
 from .config import Config
 from .topology_candidates import chosen_prediction, window_prediction
@@ -123,7 +123,7 @@ def _rest_pass_s(cfg: Config, prof: Profile, tokens: int) -> float:
 
 
 def model_flops_per_step(cfg: Config) -> float:
-    """Model FLOPs of one step of the whole model (``megatron_burst.flops``, the count the
+    """Model FLOPs of one step of the whole model (``megatron_burst.decide.flops``, the count the
     entry point prints): linears (MLA's projections as they are), causal attention over each
     whole sequence (QK^T at Q/K's head dim, PV at V's; a windowed layer's band only), logits
     over the padded vocabulary; fwd+bwd, no recompute."""

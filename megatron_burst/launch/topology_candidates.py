@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..topology import CPTopology, HeadShape, check_heads
-from ..scheduled_time import predict_scheduled
-from ..timing import Prediction, candidates, load_profile, predict
+from ..decide.topology import CPTopology, HeadShape, check_heads
+from ..decide.scheduled_time import predict_scheduled
+from ..decide.timing import Prediction, candidates, load_profile, predict
 from .config import Config
 from .resolve import max_intra_node_size_of, tokens_per_rank, topology_of
 

@@ -12,7 +12,8 @@ FLOPs (`run_flops`) and the rank-0 printer (`printer`). Packed documents: `docum
 (how a batch says where they are), `document_model` (RoPE restarted per document),
 `document_batches` (a micro-batch made off the step), `prefetch` (made on a background
 thread), `batch_verdict` (every rank's batch made), `pack_plans` (a pack's ring plans made
-ahead); `trace` profiles a few micro-batches.
+ahead); `trace` profiles a few micro-batches. `environment` says what the installed
+megatron-core (and Megatron-LM) can run, for this layer and the launch layer above it.
 """
 from megatron_burst.megatron.attention import BurstDotProductAttention
 from megatron_burst.megatron.spec import (

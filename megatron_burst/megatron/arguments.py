@@ -1,7 +1,7 @@
 """Command-line options that select BurstAttention in a Megatron run.
 
 `add_burst_args` is an `extra_args_provider` for megatron.training: it adds one
-`--burst-<name>` flag per field of `megatron_burst.options.BurstOptions` (the one schema:
+`--burst-<name>` flag per field of `megatron_burst.decide.options.BurstOptions` (the one schema:
 the flag's type, choices and help come from it). Megatron's own --cp-comm-type already
 takes any string, so `--cp-comm-type burst` / `a2a+burst` parse as they are. The checks
 here run on every rank before any communication: `refuse_ignored_options` (an option that
@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from megatron_burst.topology import COMM_TYPE_ALIASES
+from megatron_burst.decide.topology import COMM_TYPE_ALIASES
 from megatron_burst.megatron.resolve import comm_types
-from megatron_burst.options import AUTO, OPTION_FIELDS, BurstOptions, OptionError
-from megatron_burst.placement import DOCUMENT_LAYOUTS
+from megatron_burst.decide.options import AUTO, OPTION_FIELDS, BurstOptions, OptionError
+from megatron_burst.plan.placement import DOCUMENT_LAYOUTS
 
 # What a user writes to ask for BurstAttention (the aliases p2p / a2a+p2p also run it when
 # the burst layer spec is in place, but do not by themselves select it).

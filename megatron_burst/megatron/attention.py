@@ -31,21 +31,21 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 
-from megatron_burst.agree import check_outcome, tell_peers
-from megatron_burst.call_count import check_calls
+from megatron_burst.attention.agree import check_outcome, tell_peers
+from megatron_burst.attention.call_count import check_calls
 from megatron_burst.megatron import masks
 from megatron_burst.megatron.softmax_offset import make_softmax_offset, sharded_offset
-from megatron_burst.api import burst_attn, calls_made
-from megatron_burst.topology import CPTopology, HeadShape
+from megatron_burst.attention.api import burst_attn, calls_made
+from megatron_burst.decide.topology import CPTopology, HeadShape
 from megatron_burst.kernels.selection import default_scale
 from megatron_burst.megatron.resolve import (
     layer_heads,
     layer_topology,
     options_from_megatron,
 )
-from megatron_burst.options import (AUTO, BurstOptions, check_decided, fixed_topology,
-                                    remat_problem)
-from megatron_burst.remat import AttentionKeep, in_backward
+from megatron_burst.decide.options import (AUTO, BurstOptions, check_decided, fixed_topology,
+                                           remat_problem)
+from megatron_burst.attention.remat import AttentionKeep, in_backward
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ the CP group, and every rank goes on, stops, or raises the same error.
 Cost: one all-gather of one int64 per batch. On gloo it completes at once. On NCCL it is
 started a micro-batch before its batch is used and comes home by an asynchronous copy, so
 reading it waits at most for GPU work queued before the previous micro-batch (as
-``megatron_burst.call_count`` does), never for the step in flight. The errors' text travels
+``megatron_burst.attention.call_count`` does), never for the step in flight. The errors' text travels
 only when some rank failed, through ``agree.check_outcome``: every rank raises the same
 ValueError naming the failed ranks and their errors (the failed rank's chained to its own).
 """
@@ -21,7 +21,7 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 
-from megatron_burst.agree import check_outcome
+from megatron_burst.attention.agree import check_outcome
 from megatron_burst.comm.waits import wait_bounded
 
 OK, EXHAUSTED, FAILED = 0, 1, 2

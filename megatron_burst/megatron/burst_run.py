@@ -17,8 +17,8 @@ import dataclasses
 import functools
 from typing import Any, List, Optional
 
-from megatron_burst.topology import CPTopology
-from megatron_burst.link_emulation import maybe_emulate_links
+from megatron_burst.decide.topology import CPTopology
+from megatron_burst.comm.emulator import install_from_env
 from megatron_burst.megatron import prefetch
 from megatron_burst.megatron.arguments import (
     burst_checks,
@@ -92,7 +92,7 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     (megatron-core < 0.17) passes `run.layer_spec_kwargs` to the spec function.
     Raises ValueError naming the option for anything the run could not honour.
     """
-    maybe_emulate_links()  # $MEGATRON_BURST_EMULATE: slow links between virtual nodes
+    install_from_env()  # $MEGATRON_BURST_EMULATE: slow links between virtual nodes
     refuse_ignored_options(args)
     if not uses_burst(args):  # Megatron's own CP modes: nothing here is ours to check
         return BurstRun(None, None)

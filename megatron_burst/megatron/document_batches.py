@@ -19,11 +19,11 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from megatron_burst.flops import StepFlops
+from megatron_burst.decide.flops import StepFlops
 from megatron_burst.megatron.documents import BATCH_KEYS, DocumentParams, shard_document_batch
 from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack, upload
 from megatron_burst.megatron.run_flops import FlopsCounter, FlopsReport
-from megatron_burst.varlen import KernelCall
+from megatron_burst.kernels.varlen import KernelCall
 
 
 @dataclasses.dataclass(eq=False)

@@ -25,7 +25,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 
 from megatron_burst.megatron.documents import DocumentParams
-from megatron_burst.placement import rank_segments
+from megatron_burst.plan.placement import rank_segments
 
 CAUSAL_MASKS = (AttnMaskType.causal, AttnMaskType.padding_causal)
 # Masks with no structure beyond "full": the padding ones carry their padding in the

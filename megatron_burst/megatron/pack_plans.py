@@ -1,6 +1,6 @@
 """A document pack's ring plans, made before the layers that use them (host work only).
 
-At the first layer's call ``megatron_burst.prepare`` finds a pack's schedule in
+At the first layer's call ``megatron_burst.attention.prepare`` finds a pack's schedule in
 ``pack.schedules`` under (layout, world, mask, ulysses), and the schedule memoises its
 blocks, row tables and kernel-call plans. Everything in it follows from the pack's lengths
 and a few values of the run, so the data path can make it a micro-batch early, off the
@@ -22,15 +22,15 @@ import torch
 import torch.distributed as dist
 
 from megatron_burst.comm.ring_positions import RingTopology
-from megatron_burst.topology import CPTopology
+from megatron_burst.decide.topology import CPTopology
 from megatron_burst.megatron import masks
 from megatron_burst.megatron.attention import BurstDotProductAttention
-from megatron_burst.packs import DocumentPack
-from megatron_burst.placement import local_length
-from megatron_burst.ring_spec import RingSpec
-from megatron_burst.schedule import Mask, RingSchedule
-from megatron_burst.sharding import group_ranks
-from megatron_burst.varlen import KernelCall, upload_boundaries
+from megatron_burst.plan.packs import DocumentPack
+from megatron_burst.plan.placement import local_length
+from megatron_burst.attention.ring_spec import RingSpec
+from megatron_burst.plan.schedule import Mask, RingSchedule
+from megatron_burst.attention.sharding import group_ranks
+from megatron_burst.kernels.varlen import KernelCall, upload_boundaries
 
 HOST = torch.device("cpu")
 

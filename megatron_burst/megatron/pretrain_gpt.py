@@ -22,7 +22,7 @@ because middle stages need the boundaries and positions too. Each micro-batch's 
 torch.profiler trace of a few of them (`megatron_burst.megatron.trace`).
 
 Rank 0 prints the FLOPs of one sequence as this run does them (padded vocabulary, documents,
-recompute; `megatron_burst.flops`), which `benchmarks/megatron_documents.py` reads back.
+recompute; `megatron_burst.decide.flops`), which `benchmarks/megatron_documents.py` reads back.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ try:
     from megatron.training import get_args, get_tokenizer, pretrain, print_rank_0
     from megatron.training.arguments import core_transformer_config_from_args
 except ImportError as _missing:  # megatron-core < 0.17, or a checkout for a newer Python
-    from megatron_burst.environment import missing_training_message
+    from megatron_burst.megatron.environment import missing_training_message
 
     if __name__ == "__main__":  # `python -m` / torchrun: one line per rank, no traceback
         print(f"error: {missing_training_message(_missing)}", file=sys.stderr)

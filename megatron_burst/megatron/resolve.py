@@ -15,16 +15,11 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-from megatron_burst import cluster
-from megatron_burst.topology import (
-    COMM_TYPE_ALIASES,
-    HYBRID_COMM_TYPE,
-    RING_COMM_TYPE,
-    CPTopology,
-    HeadShape,
-)
-from megatron_burst.options import TOPOLOGY_OPTIONS, BurstOptions, resolve
-from megatron_burst.timing import load_profile
+from megatron_burst.decide import cluster
+from megatron_burst.decide.topology import (COMM_TYPE_ALIASES, HYBRID_COMM_TYPE, RING_COMM_TYPE,
+                                            CPTopology, HeadShape)
+from megatron_burst.decide.options import TOPOLOGY_OPTIONS, BurstOptions, resolve
+from megatron_burst.decide.timing import load_profile
 
 
 def layer_heads(config: Any, tp_size: int, head_dim: int,

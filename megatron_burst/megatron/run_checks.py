@@ -82,7 +82,7 @@ def refuse_failing_resume(args: Any) -> None:
     """Stop before training where resuming a checkpoint is known to fail: its distributed
     optimizer state with torch's Adam (megatron-core 0.19 without TransformerEngine or apex).
     What is resumed is decided as Megatron's load_checkpoint decides it (``resume``)."""
-    from megatron_burst.environment import distributed_optimizer_resume_problem
+    from megatron_burst.megatron.environment import distributed_optimizer_resume_problem
     from megatron_burst.megatron.resume import optimizer_state_source
 
     problem = distributed_optimizer_resume_problem(

@@ -3,7 +3,7 @@
 Megatron's logged TFLOP/s count full causal attention over the whole sequence (before 0.19,
 whatever the documents) and whatever vocabulary its formula is given; a benchmark that
 counted the logits with another vocabulary than the run's tokenizer overstated the run's
-rate by half. Here the count is ``megatron_burst.flops``'s, fed with what the run does: its
+rate by half. Here the count is ``megatron_burst.decide.flops``'s, fed with what the run does: its
 padded vocabulary (``args.padded_vocab_size``, the output layer's rows), GQA heads, SwiGLU,
 each layer's mask (sliding windows where Megatron puts them), the documents of every pack
 and the recompute setting. ``FlopsReport`` prints the running figures on rank 0 every few
@@ -16,15 +16,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from megatron.core.transformer.utils import is_layer_window_attention
 
-from megatron_burst.flops import (
-    ModelShape,
-    Recompute,
-    StepFlops,
-    causal_pairs,
-    flops_line,
-    mla_projections,
-    training_flops,
-)
+from megatron_burst.decide.flops import (ModelShape, Recompute, StepFlops, causal_pairs,
+                                         flops_line, mla_projections, training_flops)
 from megatron_burst.megatron.printer import say
 
 

@@ -1,7 +1,7 @@
 """Megatron's softmax types on BurstAttention: the sinks as the layer holds them.
 
 Megatron-Core's `TransformerConfig.softmax_type` adds a per-head logit to every row's softmax
-(`megatron_burst.sinks`): "vanilla" none, "off-by-one" a fixed zero, "learnable" a trained
+(`megatron_burst.attention.sinks`): "vanilla" none, "off-by-one" a fixed zero, "learnable" a trained
 parameter (gpt-oss's attention sinks). The layer holds them as Megatron's own
 `DotProductAttention` does, so checkpoints interchange: a tensor `softmax_offset` of the
 heads of this tensor-parallel rank, a `torch.nn.Parameter` when learnable (initialised

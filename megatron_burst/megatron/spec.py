@@ -31,9 +31,9 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
-from megatron_burst.topology import CPTopology
+from megatron_burst.decide.topology import CPTopology
 from megatron_burst.megatron.attention import BurstDotProductAttention
-from megatron_burst.options import TOPOLOGY_OPTIONS, BurstOptions
+from megatron_burst.decide.options import TOPOLOGY_OPTIONS, BurstOptions
 from megatron_burst.megatron.norms import SequenceParallelTorchNorm
 
 try:
@@ -55,7 +55,7 @@ class BurstSpecProvider(BackendSpecProvider):
 
     def __init__(self, use_te: Optional[bool] = None, *, topology: Optional[CPTopology] = None,
                  remat_aware: bool = False, **options: Any) -> None:
-        """`topology`: a decided CPTopology (`megatron_burst.options.resolve`, as the entry
+        """`topology`: a decided CPTopology (`megatron_burst.decide.options.resolve`, as the entry
         points make once per run); else `options`, any of the `BurstOptions` topology fields
         (backward, ulysses_size, intra_node_size, profile), resolved by each layer with
         Megatron's CP settings. `remat_aware`: keep attention outputs for the full recompute."""

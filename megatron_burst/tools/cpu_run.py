@@ -45,7 +45,7 @@ def check_cpu_config(cfg: Config) -> Any:
     Returns the text tokenizer for a run on text (None for synthetic data). The checks that
     read the dataset itself happen where it is opened (``cpu_data.TextWindows.open``).
     """
-    from ..environment import megatron_core_problem
+    from ..megatron.environment import megatron_core_problem
 
     c, tr = cfg.cluster, cfg.training
     if c.gpu != "cpu":

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..timing import Kernel, Link, Profile, load_profile
+from ..decide.timing import Kernel, Link, Profile, load_profile
 
 
 def _sync(device: torch.device) -> None:
@@ -116,8 +116,8 @@ def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: to
                     dtype: torch.dtype, repeat: int) -> tuple[Kernel, Kernel]:
     """(dense, varlen) fwd+bwd rates of this rank's local kernel on causal blocks."""
     from ..kernels.selection import select_kernel
-    from ..schedule import Block
-    from ..varlen import plan_calls
+    from ..plan.schedule import Block
+    from ..kernels.varlen import plan_calls
 
     dense, varlen = [], []
     for n in tokens:

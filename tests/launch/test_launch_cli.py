@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from megatron_burst import environment
-from megatron_burst.launch.cli import BROKEN_PIPE_STATUS, main
+from megatron_burst.megatron import environment
+from megatron_burst.cli.parser import BROKEN_PIPE_STATUS, main
 from megatron_burst.launch.config import ConfigError, load_config
 from megatron_burst.launch.flags import format_flags, megatron_flags
 from megatron_burst.tools.cpu_run import (RankFailure, _raise_rank_failure, compare_losses,
@@ -111,7 +111,7 @@ def test_expanded_flags_keep_odd_characters_literal():
 
 def test_flags_piped_into_a_closed_reader_is_quiet():
     """`megatron-burst flags ... | head` must not end in a BrokenPipeError traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "megatron_burst.launch.cli", "flags", str(TINY)],
+    proc = subprocess.Popen([sys.executable, "-m", "megatron_burst.cli", "flags", str(TINY)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     proc.stdout.close()  # the reader is gone before anything is written
@@ -152,7 +152,7 @@ def test_gpu_run_without_megatron_training_says_what_it_needs(gpu_host, monkeypa
 
 
 def test_gpu_dry_run_prints_torchrun(gpu_host, monkeypatch, capsys):
-    from megatron_burst.launch import run_command
+    from megatron_burst.cli import run_command
 
     monkeypatch.setattr(run_command, "import_problem", lambda needs: None)
     assert main(["run", str(GPU_4), "--dry-run", "--iters", "5"]) == 0

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from megatron_burst.launch.cli import build_parser, main
+from megatron_burst.cli.parser import build_parser, main
 
 from .conftest import REPO, TINY
 
@@ -65,7 +65,7 @@ def test_plan_and_flags_need_no_torch(tmp_path):
 
 def test_console_script_imports_no_torch_for_help():
     """What `megatron-burst --help` imports, through the real package."""
-    probe = ("import sys; from megatron_burst.launch.cli import main; main(['--help']); "
+    probe = ("import sys; from megatron_burst.cli.parser import main; main(['--help']); "
              "print('torch' in sys.modules, file=sys.stderr)")
     package_alone = subprocess.run([sys.executable, "-c", "import sys, megatron_burst; "
                                     "print('torch' in sys.modules)"], capture_output=True,

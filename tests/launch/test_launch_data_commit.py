@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("tokenizers", reason="the data path needs the `data` extra: tokenizers")
 pytest.importorskip("megatron.core")
 
-from megatron_burst.launch.cli import main  # noqa: E402
+from megatron_burst.cli.parser import main  # noqa: E402
 from megatron_burst.launch.dataset_lock import FAULT_ENV  # noqa: E402
 from megatron_burst.launch.sample_data import write_sample  # noqa: E402
 
@@ -118,7 +118,7 @@ def test_the_console_command_is_killed_between_its_links(made, tmp_path):
     _, refs, _ = made
     prefix = _prefix_as(made, "plain", tmp_path)
     env = {**os.environ, FAULT_ENV: "linked-idx:KILL", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "megatron_burst.launch.cli",
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "megatron_burst.cli",
                            *_argv(made, prefix)], env=env, capture_output=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert (prefix.parent / "docs.idx").is_symlink() and not (prefix.parent / "docs.bin"

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("tokenizers", reason="the data path needs the `data` extra: tokenizers")
 pytest.importorskip("megatron.core")
 
-from megatron_burst.launch.cli import main  # noqa: E402
+from megatron_burst.cli.parser import main  # noqa: E402
 from megatron_burst.launch.data import DataError, tokenize_jsonl, write_dataset  # noqa: E402
 from megatron_burst.launch.sample_data import write_sample  # noqa: E402
 

@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-from megatron_burst.launch.cli import main
+from megatron_burst.cli.parser import main
 from megatron_burst.launch.config import Config, load_config
 
 from .conftest import CONFIGS, REPO

@@ -101,7 +101,7 @@ def test_newer_megatron_parser_accepts_every_config():
 @pytest.mark.parametrize("name, nodes", [("llama3.2-1b-128k-4gpu", 1), ("llama3-8b-1m", 4)])
 def test_launcher_line_runs_as_printed(name, nodes, tmp_path, capsys):
     """`flags --launcher torchrun`, pasted into bash: torchrun gets the entry point and flags."""
-    from megatron_burst.launch.cli import main
+    from megatron_burst.cli.parser import main
 
     assert main(["flags", str(REPO_ROOT / "configs" / f"{name}.yaml"), "--keep-vars",
                  "--launcher", "torchrun"]) == 0

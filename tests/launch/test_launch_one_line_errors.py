@@ -9,8 +9,8 @@ import json
 import pytest
 import yaml
 
-from megatron_burst.launch.cli import main
-from megatron_burst.timing import PROFILES_DIR
+from megatron_burst.cli.parser import main
+from megatron_burst.decide.timing import PROFILES_DIR
 
 from .conftest import REPO
 

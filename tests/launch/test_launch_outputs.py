@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from megatron_burst.launch.cli import main
+from megatron_burst.cli.parser import main
 
 from .conftest import REPO
 

@@ -135,7 +135,8 @@ def test_run_on_a_gpu_host_checks_with_the_installed_megatron(tiny_raw, monkeypa
     `run` with the installed Megatron's table."""
     import dataclasses
 
-    from megatron_burst.launch import megatron_options, run_command
+    from megatron_burst.launch import megatron_options
+    from megatron_burst.cli import run_command
 
     pinned = pinned_table()
     newer = dataclasses.replace(pinned, dests={**pinned.dests,

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from megatron_burst import cost
+from megatron_burst.decide import cost
 from megatron_burst.launch.config import load_config
 from megatron_burst.launch.memory import (GIB, estimate_memory, estimate_stage,
                                           layer_activation_bytes, stage_params)

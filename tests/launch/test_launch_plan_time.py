@@ -1,5 +1,5 @@
 """`plan`'s times come from one time model: the topology table, the chosen topology's
-attention time and the step built on it agree with `megatron_burst.timing`; excluded
+attention time and the step built on it agree with `megatron_burst.decide.timing`; excluded
 topologies say why."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from megatron_burst.launch.config import load_config, resize_note, with_nodes
 from megatron_burst.launch.topology_candidates import chosen_prediction, topology_rows
 from megatron_burst.launch.plan import make_plan
 from megatron_burst.launch.step_time import format_duration, predict_step, stage_window_layers
-from megatron_burst.timing import choose, load_profile, predict
+from megatron_burst.decide.timing import choose, load_profile, predict
 
 from .conftest import CONFIGS, REPO
 

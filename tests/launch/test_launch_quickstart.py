@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from megatron_burst.launch.cli import main
+from megatron_burst.cli.parser import main
 
 from .conftest import REPO
 from .test_launch_docs import _readme_block_function

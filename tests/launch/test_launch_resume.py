@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_burst import environment
+from megatron_burst.megatron import environment
 from megatron_burst.megatron.resume import optimizer_state_source
 
 DEFAULTS = dict(load=None, finetune=False, no_load_optim=False, ckpt_step=None,

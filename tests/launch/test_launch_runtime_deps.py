@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from megatron_burst import environment
+from megatron_burst.megatron import environment
 from megatron_burst.launch import runtime_deps
-from megatron_burst.launch.cli import main
+from megatron_burst.cli.parser import main
 from megatron_burst.launch.config import load_config
 from megatron_burst.launch.resolve import topology_of
 from megatron_burst.tools.cpu_run import predicted_ring_bytes, run_cpu

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from megatron_burst.launch.cli import main
+from megatron_burst.cli.parser import main
 from megatron_burst.launch.config import ConfigError, load_config, with_nodes
 from megatron_burst.launch.job_plan import job_plan
 from megatron_burst.launch.slurm import sbatch_script

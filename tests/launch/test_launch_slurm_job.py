@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from megatron_burst import environment
-from megatron_burst.launch.cli import main
+from megatron_burst.megatron import environment
+from megatron_burst.cli.parser import main
 from megatron_burst.launch.config import ConfigError, load_config
 from megatron_burst.launch.job_plan import (DEFAULT_ALLOCATION_MIN, SAVE_SHARE,
                                             checkpoint_bytes, job_plan)

@@ -18,7 +18,7 @@ import types
 import pytest
 
 from megatron_burst.megatron.resolve import topology_from_args
-from megatron_burst.topology import CPTopology, HeadShape
+from megatron_burst.decide.topology import CPTopology, HeadShape
 from megatron_burst.launch.config import config_from_dict, load_config
 from megatron_burst.launch.flags import megatron_flags
 from megatron_burst.launch.plan import validate
@@ -134,7 +134,7 @@ def test_cp8_ulysses2_flat_and_double_ring(tiny_raw):
 
 def _from_megatron(cp: int, comm: str, hier, heads: HeadShape, **given) -> CPTopology:
     from megatron_burst.megatron.resolve import options_from_megatron
-    from megatron_burst.options import resolve
+    from megatron_burst.decide.options import resolve
 
     return resolve(options_from_megatron(cp, comm, hier, given), cp=cp, heads=heads,
                    tokens=1024, max_intra_node_size=None)

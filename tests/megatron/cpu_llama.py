@@ -12,14 +12,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from megatron_burst.tools import cpu_shims
-from megatron_burst.tools.cpu_model import (  # noqa: F401  (re-exported for the tests)
-    ModelShape,
-    build_gpt,
-    reduce_gradients,
-    split_batch_for_cp,
-    train_step,
-    transformer_config,
-)
+from megatron_burst.tools.cpu_model import (ModelShape, build_gpt, reduce_gradients,
+                                            split_batch_for_cp, train_step, transformer_config)
 from megatron_burst.tools.cpu_model import init_parallel as _init_parallel
 
 TinyLlama = ModelShape  # the default shape is the tiny test model

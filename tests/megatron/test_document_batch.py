@@ -7,15 +7,11 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from megatron_burst import sharding as mb_sharding  # noqa: E402
-from megatron_burst.megatron.documents import (  # noqa: E402
-    DocumentParams,
-    document_boundaries,
-    document_params,
-    document_positions,
-    shard_document_batch,
-)
-from megatron_burst.placement import rank_segments  # noqa: E402
+from megatron_burst.attention import sharding as mb_sharding  # noqa: E402
+from megatron_burst.megatron.documents import (DocumentParams, document_boundaries,
+                                               document_params, document_positions,
+                                               shard_document_batch)
+from megatron_burst.plan.placement import rank_segments  # noqa: E402
 
 EOD = 99
 

@@ -1,4 +1,4 @@
-"""The FLOPs count (``megatron_burst.flops``) against a hand count, and the ways into it: a
+"""The FLOPs count (``megatron_burst.decide.flops``) against a hand count, and the ways into it: a
 Megatron run's arguments (``run_flops``), the printed line the benchmarks read back, and the
 planner's model FLOPs (``launch.step_time``)."""
 from __future__ import annotations
@@ -8,15 +8,8 @@ import dataclasses
 
 import pytest
 
-from megatron_burst.flops import (
-    ModelShape,
-    Recompute,
-    StepFlops,
-    causal_pairs,
-    flops_line,
-    read_flops,
-    training_flops,
-)
+from megatron_burst.decide.flops import (ModelShape, Recompute, StepFlops, causal_pairs,
+                                         flops_line, read_flops, training_flops)
 
 # 2 layers, hidden 8, SwiGLU FFN 16, 4 query heads in 2 K/V groups of head dim 2, a padded
 # vocabulary of 32; one sequence of two documents, 2 and 4 tokens.
@@ -169,7 +162,7 @@ MLA_MODEL = 3 * (2 * 6 * 2 * (272 + 256 + 128) + 2 * 40 * PAIRS + LOGITS)
 
 
 def test_mla_is_counted_at_its_projections_and_head_dims_every_way_in():
-    from megatron_burst.flops import mla_projections
+    from megatron_burst.decide.flops import mla_projections
 
     assert mla_projections(8, 4, 4, 5, 3, 1, 2) == 272
     shape = dataclasses.replace(SHAPE, head_dim=3, v_head_dim=2, projections=272)
@@ -182,7 +175,7 @@ def test_mla_is_counted_at_its_projections_and_head_dims_every_way_in():
 
 
 def test_the_planner_counts_mla_and_windows_with_the_same_helper():
-    from megatron_burst.flops import mla_projections
+    from megatron_burst.decide.flops import mla_projections
     from megatron_burst.launch.config import load_config
     from megatron_burst.launch.memory import padded_vocab
     from megatron_burst.launch.step_time import model_flops_per_step

@@ -97,9 +97,9 @@ def _plans_per_micro_batch(weights: dict) -> list[dict]:
 
     from megatron.core import parallel_state
 
-    import megatron_burst.ring_spec as ring_spec
-    import megatron_burst.placement as placement
-    import megatron_burst.schedule as schedule
+    import megatron_burst.attention.ring_spec as ring_spec
+    import megatron_burst.plan.placement as placement
+    import megatron_burst.plan.schedule as schedule
     from megatron_burst.megatron.document_model import as_document_model
     from megatron_burst.megatron.documents import shard_document_batch
     from tests.megatron import cpu_llama as cm

@@ -180,11 +180,11 @@ def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
     """CP=1: the pack's one varlen call, planned by plan_pack, is what burst_attn runs; the
     call itself plans nothing and gives what a pack planned at the call gives."""
     import megatron_burst as mb
-    import megatron_burst.packs as packs
-    import megatron_burst.prepare as prepare
-    import megatron_burst.ring_spec as ring_spec
-    import megatron_burst.schedule as schedule
-    from megatron_burst.topology import CPTopology
+    import megatron_burst.plan.packs as packs
+    import megatron_burst.attention.prepare as prepare
+    import megatron_burst.attention.ring_spec as ring_spec
+    import megatron_burst.plan.schedule as schedule
+    from megatron_burst.decide.topology import CPTopology
     from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack
 
     topology = CPTopology.build(1, backward="burst")

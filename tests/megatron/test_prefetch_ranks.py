@@ -50,7 +50,7 @@ def _args():
 def _setup(weights):
     from megatron.core import parallel_state
 
-    from megatron_burst.topology import CPTopology
+    from megatron_burst.decide.topology import CPTopology
     from megatron_burst.megatron import burst_run, entry
     from megatron_burst.megatron.document_model import as_document_model
     from megatron_burst.megatron.pack_plans import targets_from_args, targets_of_model
@@ -127,11 +127,11 @@ def _planned_on_this_thread(model, args, samples) -> list:
     every cache of plans emptied first so that each pack is planned anew."""
     from unittest import mock
 
-    import megatron_burst.packs as packs
-    import megatron_burst.placement as placement
-    import megatron_burst.prepare as prepare
-    import megatron_burst.ring_spec as ring_spec
-    import megatron_burst.schedule as schedule
+    import megatron_burst.plan.packs as packs
+    import megatron_burst.plan.placement as placement
+    import megatron_burst.attention.prepare as prepare
+    import megatron_burst.attention.ring_spec as ring_spec
+    import megatron_burst.plan.schedule as schedule
 
     placement.placement.cache_clear()
     schedule.RingSchedule.of.cache_clear()

@@ -55,8 +55,8 @@ import torch
 import torch.distributed as dist
 
 from .call import failed_signature
-from .comm.headers import digest_text
-from .comm.waits import wait_bounded
+from ..comm.headers import digest_text
+from ..comm.waits import wait_bounded
 from .sharding import group_ranks
 
 MODE_ENV = "MEGATRON_BURST_AGREE"

@@ -21,7 +21,7 @@ import dataclasses
 import os
 from typing import Sequence
 
-from .link_emulation import ENV as EMULATE_ENV, virtual_nodes
+from ..comm.emulated_nodes import ENV as EMULATE_ENV, virtual_nodes
 
 
 @dataclasses.dataclass(frozen=True)

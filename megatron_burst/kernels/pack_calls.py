@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .blocks import Block, Mask
-from .segments import Shard
+from ..plan.blocks import Block, Mask
+from ..plan.segments import Shard
 from .varlen import KernelCall, Runs, boundaries, document_shape, join_runs
 
 

@@ -1,31 +1,18 @@
-"""The switch of the link emulator: ``$MEGATRON_BURST_EMULATE`` read in one place.
+"""The link emulator's virtual nodes: ``$MEGATRON_BURST_EMULATE`` read in one place.
 
-The emulator (`megatron_burst.tools.emulate`) is a benchmark tool: it slows the messages
-between virtual nodes so that one NVLink host measures like a multi-node cluster. Both ways
-into Megatron's training loop (this package's `megatron.pretrain_gpt` and Megatron-LM's
-patched pretrain_gpt.py) call `megatron.entry.configure_run` (`megatron.burst_run`'s),
-which calls `maybe_emulate_links()` first. The core imports nothing from tools at import
-time: this module reads the variable and imports the tool only when the variable is set.
-Unset (the default) it imports nothing and changes nothing.
+The emulator (`comm.emulator`) slows the messages between virtual nodes so that one NVLink
+host measures like a multi-node cluster. What the variable describes is read here, apart
+from the emulator, because the cluster view (`decide.cluster`) must know the emulated
+GPUs per node to plan a double ring, without installing anything. Unset (the default),
+nothing is emulated.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 ENV = "MEGATRON_BURST_EMULATE"  # e.g. "gpus_per_node=2,gbps=25,latency_us=5"
-
-
-def maybe_emulate_links() -> Any:
-    """Install the link emulator if ``$MEGATRON_BURST_EMULATE`` is set (rank 0 prints one line
-    saying so); the installed `Emulation`, or None when the variable is unset."""
-    if not os.environ.get(ENV):
-        return None
-    # The core's one import of tools, made only when the variable asks for the tool.
-    from megatron_burst.tools.emulate import install_from_env
-
-    return install_from_env()
 
 
 @dataclasses.dataclass(frozen=True)

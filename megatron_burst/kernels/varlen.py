@@ -27,7 +27,7 @@ import torch
 import numpy as np
 
 from .merge import merge_partial
-from .schedule import Block, Mask
+from ..plan.schedule import Block, Mask
 
 Runs = tuple[tuple[int, int], ...]  # contiguous local row ranges, in packed order
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .packs import doc_lengths
-from .placement import check_layout, chunks_of, chunks_per_rank, local_length, placement
-from .segments import Shard
+from ..plan.packs import doc_lengths
+from ..plan.placement import check_layout, chunks_of, chunks_per_rank, local_length, placement
+from ..plan.segments import Shard
 
 
 def group_ranks(group: dist.ProcessGroup | None, world: int | None = None) -> list[int]:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .config import Config, load_config, resize_note, with_nodes
+from ..launch.config import Config, load_config, resize_note, with_nodes
 
 
 def load_for_command(args: argparse.Namespace) -> tuple[Config, list[str]]:
@@ -25,7 +25,7 @@ def load_for_command(args: argparse.Namespace) -> tuple[Config, list[str]]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import make_plan
+    from ..launch.plan import make_plan
 
     cfg, notes = load_for_command(args)
     print(make_plan(cfg, notes))
@@ -33,8 +33,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
-    from .flags import format_flags, launch_line, megatron_flags
-    from .plan import validate
+    from ..launch.flags import format_flags, launch_line, megatron_flags
+    from ..launch.plan import validate
 
     cfg, notes = load_for_command(args)
     validate(cfg)
@@ -49,10 +49,10 @@ def cmd_flags(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from .job_plan import job_plan
-    from .output_files import check_output_file, write_output_file
-    from .plan import validate
-    from .slurm import sbatch_script
+    from ..launch.job_plan import job_plan
+    from ..launch.output_files import check_output_file, write_output_file
+    from ..launch.plan import validate
+    from ..launch.slurm import sbatch_script
 
     cfg, notes = load_for_command(args)
     validate(cfg)
@@ -75,10 +75,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from .data import DataError, tokenize_jsonl
+    from ..launch.data import DataError, tokenize_jsonl
 
     if args.sample_corpus is not None:
-        from .sample_data import DEFAULT_VOCAB_SIZE, existing_sample, write_sample
+        from ..launch.sample_data import DEFAULT_VOCAB_SIZE, existing_sample, write_sample
 
         given = [name for name, value in (("CORPUS", args.corpus), ("--tokenizer", args.tokenizer),
                                           ("--output-prefix", args.output_prefix)) if value]

@@ -29,7 +29,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from .topology import BACKWARD_MODES, CPTopology, HeadShape
-from .layouts import DOCUMENT_LAYOUTS
+from ..plan.layouts import DOCUMENT_LAYOUTS
 from .timing import PROFILE_ENV, choose, load_profile, profile_key
 
 logger = logging.getLogger(__name__)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from .comm import headers
-from .comm.rings import AccumulatorRoute
-from .kernels.protocol import LocalAttention, surrogate_out, working_dtype
+from ..comm import headers
+from ..comm.rings import AccumulatorRoute
+from ..kernels.protocol import LocalAttention, surrogate_out, working_dtype
 from .ring_spec import RingSpec
-from .schedule import Block
+from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
-from .varlen import run_backward, run_forward
+from ..kernels.varlen import run_backward, run_forward
 
 
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec,

@@ -107,7 +107,7 @@ def ring_pass_bytes(topo, rows: Sequence[Sequence[int]], payload_row: int,
     step 1 the holder of a payload that travels sends its accumulator of ``rows[o][1]``
     rows on (``comm.AccumulatorRoute``). ``payload_row`` / ``acc_row``: bytes per row.
     """
-    from .comm.ring_positions import payload_hops  # the same hop plan the ring runs
+    from ..comm.ring_positions import payload_hops  # the same hop plan the ring runs
 
     table = lambda origin, step: rows[origin][step]  # noqa: E731
     total = 0

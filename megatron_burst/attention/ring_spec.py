@@ -16,15 +16,15 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from .comm.headers import CallTag, HeaderCheck
-from .comm.messages import PeerComm
-from .comm.rings import AccumulatorRoute, PayloadRing, RowShape
-from .comm.ring_positions import RingTopology
-from .kernels.protocol import LocalAttention
-from .schedule import Block, RingSchedule
-from .placement import local_length
-from .pack_calls import with_whole
-from .varlen import KernelCall, covers, plan_alone, plan_calls, upload_boundaries
+from ..comm.headers import CallTag, HeaderCheck
+from ..comm.messages import PeerComm
+from ..comm.rings import AccumulatorRoute, PayloadRing, RowShape
+from ..comm.ring_positions import RingTopology
+from ..kernels.protocol import LocalAttention
+from ..plan.schedule import Block, RingSchedule
+from ..plan.placement import local_length
+from ..kernels.pack_calls import with_whole
+from ..kernels.varlen import KernelCall, covers, plan_alone, plan_calls, upload_boundaries
 
 
 @dataclasses.dataclass(frozen=True)

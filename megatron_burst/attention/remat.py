@@ -37,7 +37,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .comm.waits import wait_bounded
+from ..comm.waits import wait_bounded
 
 TOLERANCE = 1e-3  # relative to a tensor's projected norm: recompute noise is far smaller,
 # two different inputs differ by about their norm (random projections)

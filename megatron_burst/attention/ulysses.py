@@ -14,8 +14,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .comm.exchange import exchange
-from .comm.headers import CallTag, HeaderCheck
+from ..comm.exchange import exchange
+from ..comm.headers import CallTag, HeaderCheck
 
 
 def _shuffle(x: torch.Tensor, peers: Sequence[int], me: int, group, split_dim: int,

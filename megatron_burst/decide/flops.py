@@ -155,7 +155,7 @@ def training_flops(shape: ModelShape, tokens: int, pairs: float,
 
 
 # How a run prints its count, and how a benchmark reads it back from the run's log.
-_LINE = "FLOPs per sequence (megatron_burst.flops): model {:.6e}, with recompute {:.6e}"
+_LINE = "FLOPs per sequence (megatron_burst.decide.flops): model {:.6e}, with recompute {:.6e}"
 _READ = re.compile(r"FLOPs per sequence \(megatron_burst\.flops\): model ([\d.e+-]+), "
                    r"with recompute ([\d.e+-]+)")
 

@@ -19,20 +19,20 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from . import cluster
+from ..decide import cluster
 from .call import BurstCall, signature
-from .comm import headers
-from .comm.ring_positions import RingTopology
-from .topology import CPTopology, HeadShape
-from .kernels.selection import choose_kernel, default_scale, has_native
-from .options import check_decided, resolve
-from .packs import DocumentPack
-from .placement import chunks_per_rank, local_length
+from ..comm import headers
+from ..comm.ring_positions import RingTopology
+from ..decide.topology import CPTopology, HeadShape
+from ..kernels.selection import choose_kernel, default_scale, has_native
+from ..decide.options import check_decided, resolve
+from ..plan.packs import DocumentPack
+from ..plan.placement import chunks_per_rank, local_length
 from .ring_spec import RingSpec
-from .schedule import Block, Mask, RingSchedule
+from ..plan.schedule import Block, Mask, RingSchedule
 from .sinks import check_sinks
 from .sharding import group_ranks
-from .timing import load_profile, profile_key
+from ..decide.timing import load_profile, profile_key
 
 
 def _validate(q, k, v, world: int, call: BurstCall) -> None:

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 from .commands import load_for_command
-from .config import Config, ConfigError
-from .flags import LAUNCH_ENV, megatron_flags, torchrun_words
-from .plan import validate
-from .runtime_deps import import_problem, run_needs
+from ..launch.config import Config, ConfigError
+from ..launch.flags import LAUNCH_ENV, megatron_flags, torchrun_words
+from ..launch.plan import validate
+from ..launch.runtime_deps import import_problem, run_needs
 
 
 class LaunchError(ValueError):
@@ -102,8 +102,8 @@ def _check_with_installed_megatron(cfg: Config) -> None:
     """megatron_args checked again with the installed Megatron's own parser and source (the
     config was checked with the pinned table when loaded): this host runs that Megatron.
     Where it will not import after all, the entry point says why in one line as it starts."""
-    from .megatron_options import live_table
-    from .owned_flags import check_megatron_args
+    from ..launch.megatron_options import live_table
+    from ..launch.owned_flags import check_megatron_args
 
     try:
         table = live_table()

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from .topology import CPTopology
-from .kernels.selection import KERNEL_NAMES
-from .options import NOT_GIVEN, BurstOptions, is_given
-from .packs import DocumentPack, pack_documents
-from .layouts import LAYOUTS
+from ..decide.topology import CPTopology
+from ..kernels.selection import KERNEL_NAMES
+from ..decide.options import NOT_GIVEN, BurstOptions, is_given
+from ..plan.packs import DocumentPack, pack_documents
+from ..plan.layouts import LAYOUTS
 from .remat import AttentionKeep
 
 QKV_FORMATS = ("bshd", "sbhd")
@@ -84,7 +84,7 @@ class BurstCall:
            topology: Any, sinks: Any = None) -> "BurstCall":
         """The call of ``burst_attn``'s keyword arguments (options left out are NOT_GIVEN)."""
         if keep is not None and not isinstance(keep, AttentionKeep):
-            raise ValueError(f"keep must be a megatron_burst.remat.AttentionKeep or None, got "
+            raise ValueError(f"keep must be a megatron_burst.attention.remat.AttentionKeep or None, got "
                              f"{type(keep).__name__}")
         if is_given(backward) or is_given(ulysses_size) or is_given(intra_node_size):
             options = BurstOptions(backward=backward, ulysses_size=ulysses_size,

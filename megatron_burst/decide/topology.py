@@ -170,8 +170,8 @@ class CPTopology:
                    ) -> tuple[int, int]:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
         sends them: only the rows each hop's receiver uses (``RingSchedule.needed_rows``)."""
-        from .comm.ring_positions import RingTopology
-        from .schedule import Mask, RingSchedule
+        from ..comm.ring_positions import RingTopology
+        from ..plan.schedule import Mask, RingSchedule
 
         h = self._need_heads()
         hq, hkv = self.ring_heads
@@ -231,7 +231,7 @@ def _build(cp: int, ulysses: int, intra_node_size: int | None, backward: str,
     if backward not in RESOLVED_BACKWARD:
         raise TopologyError("backward", f"backward must be one of {RESOLVED_BACKWARD} here, "
                             f"got {backward!r} ('auto' is decided by "
-                            f"megatron_burst.options.resolve)")
+                            f"megatron_burst.decide.options.resolve)")
     if heads is not None:
         check_heads(heads, ulysses)
     return CPTopology(cp, ulysses, intra_node_size, backward, heads)

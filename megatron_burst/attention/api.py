@@ -17,10 +17,10 @@ import torch.distributed as dist
 from . import agree, call_count, prepare
 from .burst import BurstAttentionFunction
 from .call import BurstCall, failed_signature
-from .comm import headers
-from .topology import CPTopology
-from .options import NotGiven
-from .packs import DocumentPack
+from ..comm import headers
+from ..decide.topology import CPTopology
+from ..decide.options import NotGiven
+from ..plan.packs import DocumentPack
 from .remat import AttentionKeep, in_backward
 from .sharding import group_size_rank
 from .ulysses import heads_to_sequence, sequence_to_heads

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .comm.waits import wait_bounded
+from ..comm.waits import wait_bounded
 from .sharding import group_ranks
 
 

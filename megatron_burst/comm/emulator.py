@@ -6,8 +6,8 @@ module makes one host behave like ``nodes`` x ``gpus_per_node`` GPUs: a message 
 ranks of different virtual nodes arrives no earlier than ``latency_us + bytes / gbps`` after
 it was posted. It is NEVER on by default: ``MEGATRON_BURST_EMULATE="gpus_per_node=2,gbps=25,
 latency_us=5"`` turns it on in ``install_from_env()``, which the benchmarks call
-(``benchmarks/ranks.py``) and both Megatron entry points reach through the core's switch
-(``megatron_burst.link_emulation.maybe_emulate_links``, from ``configure_run``). It installs
+(``benchmarks/ranks.py``) and both Megatron entry points call (from ``configure_run``,
+``megatron.burst_run``). Unset, it installs nothing and wraps nothing. It installs
 once per process, and rank 0 prints one line saying every timing is emulated.
 
 How, so that compute and overlap behave as on a real cluster: the torch.distributed calls
@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..link_emulation import ENV, VirtualNodes
+from .emulated_nodes import ENV, VirtualNodes
 
 _ACTIVE: Emulation | None = None  # what install_from_env installed in this process
 

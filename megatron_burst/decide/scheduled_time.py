@@ -26,7 +26,7 @@ from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, atte
                      elementwise_seconds)
 
 if TYPE_CHECKING:
-    from .schedule import RingSchedule
+    from ..plan.schedule import RingSchedule
 
 
 def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_local: int,
@@ -34,7 +34,7 @@ def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_loca
                       max_intra_node_size: int | None = None) -> Prediction:
     """Seconds of one attention call (fwd+bwd) of ``batch`` sequences of ``s_local`` tokens
     per CP rank under ``window`` (flash-attn's (left, right)), zigzag as Megatron shards."""
-    from .schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
+    from ..plan.schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
 
     sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
                             Mask(causal, tuple(window)), topology.ulysses)
@@ -87,7 +87,7 @@ class _HopPlan:
 
     def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):
         # The comm package imports torch: not for plan.
-        from .comm.ring_positions import RingTopology
+        from ..comm.ring_positions import RingTopology
 
         self.ring = topology.ring_size
         self.inner = topology.positions_per_node if topology.double else self.ring
@@ -102,7 +102,7 @@ class _HopPlan:
         """(kind, bytes) of each hop ``member`` posts at ``step``: 'intra' and 'inter'
         payload hops, and 'acc', the gradient accumulator it passes on (from step 1, as
         ``cost.ring_pass_bytes`` counts it)."""
-        from .comm.ring_positions import RingTopology, payload_hops  # as in __init__
+        from ..comm.ring_positions import RingTopology, payload_hops  # as in __init__
 
         mine = RingTopology(range(self.ring), member, self.inner, self.topo.direction)
         origin = mine.source(member, step)
@@ -119,7 +119,7 @@ def scheduled_bytes(topology: CPTopology, *, batch: int, s_local: int,
                     ) -> tuple[int, int]:
     """(forward, backward) ring bytes ring member ``member`` sends in the hops this model
     times (no all-to-all): what ``CPTopology.rank_bytes`` counts, by another road."""
-    from .schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
+    from ..plan.schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
 
     sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
                             Mask(causal, tuple(window)), topology.ulysses)
