@@ -38,7 +38,7 @@ from .topology import CPTopology, HeadShape, TopologyError, heads_split
 
 PROFILE_ENV = "MEGATRON_BURST_PROFILE"
 DEFAULT_PROFILE = "h200-nvlink"
-PROFILES_DIR = Path(__file__).parent / "profiles"
+PROFILES_DIR = Path(__file__).parents[1] / "profiles"  # megatron_burst/profiles
 # A fwd+bwd attention call as forward passes: the forward, and a backward of 2.5 (it
 # recomputes the scores and computes three products).
 FWD_BWD_PASSES = 3.5
