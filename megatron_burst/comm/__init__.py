@@ -18,20 +18,32 @@ One module per job:
 - ``emulated_nodes`` and ``emulator``: for benchmarks, virtual nodes on one host joined by a
   slower link (``$MEGATRON_BURST_EMULATE``; off unless set).
 
-The names below are re-exported so that ``from megatron_burst.comm import X`` keeps working.
+The names below are re-exported so that ``from megatron_burst.comm import X`` keeps working,
+imported on first use: the planner reads the torch-free modules here (``ring_positions``,
+``emulated_nodes``) and must not import torch for them.
 """
 from __future__ import annotations
 
-from . import headers
-from .accounting import CommStats, count_comm, record_sent
-from .exchange import exchange
-from .messages import Batch, Packed, Pending, PeerComm
-from .rings import AccumulatorRoute, PayloadRing, RowShape
-from .ring_positions import RingTopology, Rows, payload_hops
-from .waits import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, timeout_s, wait_bounded
+import importlib
 
-__all__ = [
-    "AccumulatorRoute", "Batch", "CommStats", "DEFAULT_TIMEOUT_S", "Packed", "PayloadRing",
-    "Pending", "PeerComm", "RingTopology", "RowShape", "Rows", "TIMEOUT_ENV", "count_comm",
-    "exchange", "headers", "payload_hops", "record_sent", "timeout_s", "wait_bounded",
-]
+_LAZY = {
+    "CommStats": "accounting", "count_comm": "accounting", "record_sent": "accounting",
+    "exchange": "exchange", "Batch": "messages", "Packed": "messages", "Pending": "messages",
+    "PeerComm": "messages", "AccumulatorRoute": "rings", "PayloadRing": "rings",
+    "RowShape": "rings", "RingTopology": "ring_positions", "Rows": "ring_positions",
+    "payload_hops": "ring_positions", "DEFAULT_TIMEOUT_S": "waits", "TIMEOUT_ENV": "waits",
+    "timeout_s": "waits", "wait_bounded": "waits",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -154,10 +154,11 @@ def training_flops(shape: ModelShape, tokens: int, pairs: float,
     return StepFlops(model=float(model), hardware=float(model + again))
 
 
-# How a run prints its count, and how a benchmark reads it back from the run's log.
+# How a run prints its count, and how a benchmark reads it back from the run's log (logs on
+# file name the module where it was before it moved to decide/).
 _LINE = "FLOPs per sequence (megatron_burst.decide.flops): model {:.6e}, with recompute {:.6e}"
-_READ = re.compile(r"FLOPs per sequence \(megatron_burst\.flops\): model ([\d.e+-]+), "
-                   r"with recompute ([\d.e+-]+)")
+_READ = re.compile(r"FLOPs per sequence \(megatron_burst\.(?:decide\.)?flops\): "
+                   r"model ([\d.e+-]+), with recompute ([\d.e+-]+)")
 
 
 def flops_line(step: StepFlops) -> str:

@@ -107,9 +107,11 @@ def _fit_kernel(points: list[tuple[int, float]]) -> Kernel:
     var = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
     intercept = my - slope * mx
+    # Significant digits, not decimals: a slow CPU's peak (0.004 TFLOP/s) must not round to
+    # 0, which the time model would divide by (and refuses), as for the links.
     if intercept <= 0:  # still rising at the largest size: no saturation seen
-        return Kernel(round(max(r for _, r in points), 2), 0.0)
-    return Kernel(round(1.0 / intercept, 2), round(max(0.0, slope / intercept), 1))
+        return Kernel(_significant(max(r for _, r in points)), 0.0)
+    return Kernel(_significant(1.0 / intercept), round(max(0.0, slope / intercept), 1))
 
 
 def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: torch.device,

@@ -22,7 +22,7 @@ start = time.perf_counter()
 package = types.ModuleType("megatron_burst")
 package.__path__ = [sys.argv[1] + "/megatron_burst"]
 sys.modules["megatron_burst"] = package
-from megatron_burst.launch.cli import main
+from megatron_burst.cli.parser import main
 status = main(json.loads(sys.argv[2]))
 print(json.dumps({"status": status, "seconds": time.perf_counter() - start,
                   "heavy": sorted(m for m in ("torch", "megatron", "numpy") if m in sys.modules)}),
