@@ -16,7 +16,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import megatron_burst as mb
 from megatron_burst import prepare
@@ -216,7 +215,7 @@ class _FailingKernel:
         raise RuntimeError("injected fault")
 
 
-def fault_worker(rank: int, world: int, timeout_s: float, peers_done) -> dict:
+def fault_worker(rank: int, world: int, timeout_s: float, folder: str) -> dict:
     os.environ["MEGATRON_BURST_TIMEOUT_S"] = str(timeout_s)
     if rank == 1:
         prepare.choose_kernel = lambda *args, **kwargs: _FailingKernel()
@@ -227,18 +226,19 @@ def fault_worker(rank: int, world: int, timeout_s: float, peers_done) -> dict:
     except Exception as e:  # the peers' RuntimeError is the point of the test
         outcome = f"{type(e).__name__}: {e}"
     elapsed = time.monotonic() - start
+    done = [os.path.join(folder, f"done{r}") for r in range(world) if r != 1]
     if rank == 1:  # stuck, not gone, until the peers are done: they must time out
-        for _ in range(world - 1):
-            peers_done.acquire(timeout=60)
+        until = time.monotonic() + 60
+        while not all(map(os.path.exists, done)) and time.monotonic() < until:
+            time.sleep(0.05)
     else:
-        peers_done.release()
+        open(os.path.join(folder, f"done{rank}"), "w").close()
     return {"outcome": outcome, "elapsed": elapsed}
 
 
-def test_a_rank_failing_mid_ring_does_not_hang_its_peers() -> None:
+def test_a_rank_failing_mid_ring_does_not_hang_its_peers(tmp_path) -> None:
     timeout_s = 3.0
-    peers_done = mp.get_context("spawn").Semaphore(0)
-    results = run_ranks(3, fault_worker, timeout_s, peers_done, timeout=120, barrier=False)
+    results = run_ranks(3, fault_worker, timeout_s, str(tmp_path), timeout=120, barrier=False)
     assert results[1]["outcome"] == "RuntimeError: injected fault"
     # Rank 2 waits to receive from rank 1; rank 0 waits for rank 1 to take its send.
     # (On gloo a hop's header goes first, as a message of its own.)
