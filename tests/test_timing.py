@@ -17,8 +17,7 @@ import torch
 import megatron_burst as mb
 from megatron_burst.cp_topology import CPTopology, HeadShape
 from megatron_burst.scheduled_time import predict_scheduled, scheduled_bytes
-from megatron_burst.timing import (Kernel, Link, Profile, attention_flops, choose, load_profile,
-                                   predict)
+from megatron_burst.timing import Kernel, Link, Profile, choose, load_profile, predict
 
 from .distributed import run_ranks
 
@@ -120,13 +119,6 @@ def test_auto_layout_gives_the_same_attention():
 # ------------------------------------------------------------------ MLA dims and windows
 
 MLA = HeadShape(16, 16, 192, 2, v_head_dim=128)  # DeepSeek-V3's dims, MLA's K head per Q head
-
-
-def test_attention_flops_count_qk_at_its_dim_and_pv_at_vs():
-    assert attention_flops(1000, 16, 192, 128) == 3.5 * 2 * (192 + 128) * 1000 * 16
-    assert attention_flops(1000, 16, 128) == attention_flops(1000, 16, 128, 128)
-    assert attention_flops(1000, 16, 192, 128, passes=1) * 3.5 == attention_flops(1000, 16, 192,
-                                                                                    128)
 
 
 def test_mla_prediction_sits_between_its_two_head_dims():
