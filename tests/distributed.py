@@ -121,8 +121,9 @@ def _rank_main(rank: int, world: int, folder: str, backend: str, fn, args, barri
             os._exit(code)
 
 
-def _spawned_rank(rank, world, folder, backend, fn, args, barrier) -> None:
+def _spawned_rank(parent, rank, world, folder, backend, fn, args, barrier) -> None:
     """Target of a ``fresh`` spawned rank."""
+    _die_with_parent(parent)
     _rank_main(rank, world, folder, backend, fn, args, barrier, seed=None)
 
 
@@ -142,13 +143,13 @@ def _serve(conn, parent: int) -> None:
             folder, cwd, path, env, job = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the parent is gone or closed us
             return
-        # The caller's view of the world, before the job's modules are imported.
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[:] = path
-        os.chdir(cwd)
-        _redirect_output(os.path.join(folder, "server"))
         try:
+            _redirect_output(os.path.join(folder, "server"))
+            # The caller's view of the world, before the job's modules are imported.
+            os.environ.clear()
+            os.environ.update(env)
+            sys.path[:] = path
+            os.chdir(cwd)
             world, backend, fn, args, barrier = pickle.loads(job)  # imports fn's module
         except BaseException:  # noqa: BLE001
             conn.send(("refused", traceback.format_exc()))
@@ -277,8 +278,9 @@ class _SpawnedJob:
 
     def __init__(self, world: int, folder: str, backend: str, fn, args, barrier: bool) -> None:
         ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=_spawned_rank, args=(r, world, folder, backend, fn,
-                                                              args, barrier), daemon=True)
+        self.procs = [ctx.Process(target=_spawned_rank, args=(os.getpid(), r, world, folder,
+                                                              backend, fn, args, barrier),
+                                  daemon=True)
                       for r in range(world)]
         for p in self.procs:
             p.start()

@@ -93,6 +93,7 @@ def _hang(rank: int, world: int) -> None:
 
 
 def test_a_hang_fails_within_the_timeout_with_every_ranks_stack(capsys) -> None:
+    run_ranks(2, _report, 0)  # the server is up: the 3 s below are the ranks' alone
     start = time.monotonic()
     with pytest.raises(AssertionError) as failed:
         run_ranks(2, _hang, timeout=3)
@@ -136,3 +137,28 @@ def test_fresh_spawns_for_arguments_only_inheritance_passes() -> None:
         run_ranks(2, _count, sem)
     assert run_ranks(2, _count, sem, fresh=True, timeout=300) == [0, 1]
     assert sem.acquire(timeout=1) and sem.acquire(timeout=1)
+
+
+def test_a_job_the_server_cannot_load_is_refused_and_the_pool_serves_on(tmp_path,
+                                                                        monkeypatch) -> None:
+    import importlib.util
+    import sys
+
+    (tmp_path / "elsewhere.py").write_text("def job(rank, world):\n    return rank\n")
+    spec = importlib.util.spec_from_file_location("burst_pool_elsewhere",
+                                                  tmp_path / "elsewhere.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "burst_pool_elsewhere", module)  # not on any path
+    with pytest.raises(AssertionError, match="(?s)could not load the job.*burst_pool_elsewhere"):
+        run_ranks(2, module.job, timeout=60)
+    assert [r["sum"] for r in run_ranks(2, _report, 0)] == [1, 1]
+
+
+def _unpicklable(rank: int, world: int):
+    return lambda: rank
+
+
+def test_a_result_that_cannot_be_pickled_is_an_error_naming_the_rank() -> None:
+    with pytest.raises(AssertionError, match="rank 0:\nthe rank's result cannot be pickled"):
+        run_ranks(2, _unpicklable, timeout=60)
