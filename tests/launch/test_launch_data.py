@@ -185,7 +185,7 @@ def test_dataset_of_another_tokenizer_is_refused(sample, tmp_path):
         TextWindows.open(config_from_dict(raw))
 
 
-def test_cpu_run_on_real_text_learns_and_matches_cp1(sample):
+def test_cpu_run_on_real_text_learns_and_matches_cp1(sample, warm_cpu_ranks):
     """End to end on 2 + 1 ranks: the sample's text, CP=2 against CP=1, loss falling."""
     raw = _text_config(sample, lr_warmup_iters=2, micro_batch_size=4, global_batch_size=4,
                        lr=1e-2, min_lr=1e-3)  # a fast start: six steps must show learning
