@@ -102,6 +102,17 @@ def test_tune_on_cpu_ranks_writes_a_profile_the_model_loads(tmp_path):
     assert all(0 < t < 1 and t == t for t in times), times
 
 
+def test_tune_keeps_a_slow_kernel_above_zero():
+    """A CPU rank on a busy host measures a few GFLOP/s: rounded to 0 TFLOP/s, `tune` would
+    write a profile its own loader refuses."""
+    from megatron_burst.tools.tune import _fit_kernel
+
+    rising = _fit_kernel([(1024, 0.001), (4096, 0.003)])  # no saturation seen
+    saturating = _fit_kernel([(1024, 0.002), (4096, 0.0032), (16384, 0.0034)])
+    for kernel in (rising, saturating):
+        assert 0.001 <= kernel.peak_tflops < 0.01, kernel
+
+
 def _auto_worker(rank, world):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 32, h, 16, dtype=torch.float64) for h in (4, 2, 2))

@@ -106,9 +106,11 @@ def _fit_kernel(points: list[tuple[int, float]]) -> Kernel:
     var = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
     intercept = my - slope * mx
+    # Significant digits, as for links: a slow kernel (a CPU rank on a busy host) must not
+    # round to 0 TFLOP/s, a profile the loader refuses.
     if intercept <= 0:  # still rising at the largest size: no saturation seen
-        return Kernel(round(max(r for _, r in points), 2), 0.0)
-    return Kernel(round(1.0 / intercept, 2), round(max(0.0, slope / intercept), 1))
+        return Kernel(_significant(max(r for _, r in points)), 0.0)
+    return Kernel(_significant(1.0 / intercept), round(max(0.0, slope / intercept), 1))
 
 
 def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: torch.device,
