@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import multiprocessing.connection as mp_connection
 import os
 import pickle
@@ -135,6 +136,10 @@ def _serve(conn, parent: int) -> None:
     _die_with_parent(parent)
     torch.set_num_threads(1)
     seed = torch.initial_seed()  # what a new process starts from
+    # Ranks are forked from here: a collection in a rank must not walk (and so copy, page
+    # by page) the server's whole heap, so the server's objects are frozen before each fork
+    # and only the ranks collect (Python's advice for fork without exec).
+    gc.disable()
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -161,9 +166,12 @@ def _serve(conn, parent: int) -> None:
             os.dup2(devnull, 2)
         ranks = {}
         me = os.getpid()
+        gc.collect()
+        gc.freeze()
         for rank in range(world):
             pid = os.fork()
             if pid == 0:
+                gc.enable()
                 conn.close()
                 _die_with_parent(me)
                 _rank_main(rank, world, folder, backend, fn, args, barrier, seed)
