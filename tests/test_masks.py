@@ -16,7 +16,7 @@ import megatron_burst as mb
 from megatron_burst.decide import cost
 
 from .distributed import run_ranks
-from .test_burst import check_grid
+from .grid import check_grid
 
 TOPOLOGIES = {"flat": {}, "double2x2": {"intra_node_size": 2}, "ulysses2": {"ulysses_size": 2}}
 # chunk = 8 tokens, so with 4 ranks: zigzag has 8 chunks (64 tokens), contiguous 4 (32).

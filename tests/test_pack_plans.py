@@ -20,27 +20,9 @@ from megatron_burst.plan.placement import local_length, placement
 from megatron_burst.attention.ring_spec import RingSpec
 from megatron_burst.plan.schedule import Block, Mask, RingSchedule, blocks_between
 
+from .packs import random_pack
+
 MASKS = [Mask(True), Mask(False), Mask(True, (7, 0)), Mask(False, (3, 9)), Mask(True, (0, 0))]
-
-
-def random_pack(rng: random.Random, total: int, kind: str) -> tuple[int, ...]:
-    """Document lengths summing to ``total``, of a kind: tiny (with empty ones), one huge
-    document among tiny ones, a mix, or lengths near a rank's share."""
-    lens: list[int] = []
-    if kind == "huge":
-        lens.append(rng.randint(total // 3, total - 1))
-    held = sum(lens)
-    while held < total:
-        if kind in ("tiny", "huge"):
-            lens.append(rng.choice([0, rng.randint(1, 9), rng.randint(1, 40)]))
-        elif kind == "mix":
-            lens.append(rng.choice([rng.randint(0, 12), rng.randint(20, total // 3)]))
-        else:
-            lens.append(rng.randint(total // 8, total // 2))
-        held += lens[-1]
-    lens[-1] -= held - total
-    rng.shuffle(lens)
-    return tuple(lens)
 
 
 def packs(count: int, worlds=(1, 2, 3, 4, 8), per_rank=(64, 200)):

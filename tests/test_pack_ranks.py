@@ -15,8 +15,8 @@ import random
 import pytest
 import torch
 
-from .test_burst import check_grid
-from .test_pack_plans import random_pack
+from .grid import check_grid
+from .packs import random_pack
 
 WINDOWS = [dict(causal=True), dict(causal=False), dict(causal=True, window=(5, 0)),
            dict(causal=False, window=(3, 9))]

@@ -17,8 +17,8 @@ import torch
 
 import megatron_burst as mb
 
+from .burst_call import call
 from .distributed import run_ranks
-from .test_agreement import call
 
 TIMEOUT_S = "6"
 

@@ -185,8 +185,8 @@ def _check_field(f: dataclasses.Field, value: Any) -> None:
     if meta["kind"] is bool:
         if not isinstance(value, bool):
             raise OptionError(f.name, f"must be true or false, got {value!r}")
-    elif meta["choices"] is not None:
-        if value is not None and value not in meta["choices"]:
+    elif meta["choices"] is not None:  # None only where it is the default (unset)
+        if not (value is None and meta["default"] is None) and value not in meta["choices"]:
             raise OptionError(f.name, f"must be one of {tuple(meta['choices'])}, got "
                               f"{value!r}")
     elif meta["auto"]:

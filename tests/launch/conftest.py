@@ -25,3 +25,14 @@ def write_config(tmp_path):
         path.write_text(yaml.safe_dump(raw))
         return path
     return write
+
+
+@pytest.fixture
+def warm_cpu_ranks(monkeypatch):
+    """The CPU run's ranks forked from a warm forkserver instead of spawned (see
+    tests/launch/warm_ranks.py): for the tests of what a CPU job computes."""
+    from megatron_burst.tools import cpu_run
+
+    from .warm_ranks import WarmStart
+
+    monkeypatch.setattr(cpu_run, "mp", WarmStart())

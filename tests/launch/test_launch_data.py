@@ -16,8 +16,9 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset  # noqa: E402
 
 from megatron_burst.cli.parser import main  # noqa: E402
 from megatron_burst.launch.config import ConfigError, config_from_dict  # noqa: E402
-from megatron_burst.launch.data import DataError, load_tokenizer, tokenize_jsonl, write_dataset
-from megatron_burst.launch.sample_data import EOD_TOKEN, stdlib_docstrings, write_sample
+from megatron_burst.launch.data import (DataError, load_tokenizer, tokenize_jsonl,  # noqa: E402
+                                        write_dataset)
+from megatron_burst.launch.sample_data import EOD_TOKEN, write_sample  # noqa: E402
 from megatron_burst.tools.cpu_data import TextWindows, check_text_config  # noqa: E402
 from megatron_burst.tools.cpu_run import run_cpu  # noqa: E402
 
@@ -61,8 +62,7 @@ def test_corpus_round_trips_through_megatron_reader(tmp_path, tokenizer):
     assert np.flatnonzero(stream == tokenizer.eod_id).tolist() == ends.tolist()
 
 
-def test_sample_is_deterministic_and_consistent(sample):
-    assert stdlib_docstrings() == stdlib_docstrings()
+def test_sample_is_consistent(sample):
     lines = sample.corpus.read_text().splitlines()
     assert len(lines) == sample.dataset.documents > 300
     tokenizer = sample.dataset.tokenizer
@@ -185,7 +185,7 @@ def test_dataset_of_another_tokenizer_is_refused(sample, tmp_path):
         TextWindows.open(config_from_dict(raw))
 
 
-def test_cpu_run_on_real_text_learns_and_matches_cp1(sample):
+def test_cpu_run_on_real_text_learns_and_matches_cp1(sample, warm_cpu_ranks):
     """End to end on 2 + 1 ranks: the sample's text, CP=2 against CP=1, loss falling."""
     raw = _text_config(sample, lr_warmup_iters=2, micro_batch_size=4, global_batch_size=4,
                        lr=1e-2, min_lr=1e-3)  # a fast start: six steps must show learning

@@ -3,7 +3,6 @@ documented, the README's commands run as written (here, or by .ci/run)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 import shlex
 import typing
@@ -14,17 +13,10 @@ from megatron_burst.cli.parser import main
 from megatron_burst.launch.config import Config, load_config
 
 from .conftest import CONFIGS, REPO
+from .readme_blocks import readme_block
 
 README = (REPO / "README.md").read_text()
 CI_BLOCKS = ("install", "text", "test")
-
-
-def _readme_block_function():
-    """.ci/readme_block.py's parser: CI and this test read the README the same way."""
-    spec = importlib.util.spec_from_file_location("readme_block", REPO / ".ci" / "readme_block.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.readme_block
 
 
 def _schema_keys(cls: type = Config, prefix: str = "") -> list[str]:
@@ -68,7 +60,6 @@ def test_readme_lists_every_config_as_it_is():
 
 
 def test_ci_runs_the_readme_blocks():
-    readme_block = _readme_block_function()
     ci = (REPO / ".ci" / "run").read_text()
     for name in CI_BLOCKS:
         assert readme_block(README, name), f"README has no block marked <!-- ci: {name} -->"

@@ -9,13 +9,13 @@ import pytest
 from megatron_burst.cli.parser import main
 
 from .conftest import REPO
-from .test_launch_docs import _readme_block_function
+from .readme_blocks import readme_block
 
 
 def _data_command() -> list[str]:
     """The words of the text quick start's first command (before its `&&`), read as CI
 reads the README."""
-    block = _readme_block_function()((REPO / "README.md").read_text(), "text")
+    block = readme_block((REPO / "README.md").read_text(), "text")
     first = block.split("&&")[0]
     words = shlex.split(first)
     assert words[:2] == ["megatron-burst", "data"] and "--sample-corpus" in words, first

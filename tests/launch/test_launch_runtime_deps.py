@@ -90,7 +90,7 @@ def test_dry_run_imports_what_the_topology_needs(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("kind", TOPOLOGIES)
-def test_cpu_job_runs_every_topology_kind(tmp_path, kind):
+def test_cpu_job_runs_every_topology_kind(tmp_path, kind, warm_cpu_ranks):
     """The job itself, as `megatron-burst run` starts it: losses equal the CP=1 run's."""
     cfg = load_config(_variant(tmp_path, kind, **TOPOLOGIES[kind]))
     assert runtime_deps.import_problem(runtime_deps.run_needs(cfg)) is None

@@ -21,6 +21,20 @@ GRAD_NAMES = (  # the ones the issue names; every other parameter is compared to
     "decoder.layers.0.self_attention.linear_qkv.weight",
     "decoder.final_layernorm.weight",
 )
+EOD = SHAPE.vocab_size - 1  # the end-of-document token of the packed batches
+
+
+def packed_batch(lens: Tuple[int, ...], seed: int) -> Dict[str, torch.Tensor]:
+    """A [1, sum(lens)] pack: random tokens, EOD closing every document but the last."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(lens)
+    stream = torch.randint(0, EOD, (1, total + 1), generator=gen)
+    ends = torch.tensor(lens).cumsum(0)
+    stream[0, ends[:-1] - 1] = EOD
+    tokens = stream[:, :-1].contiguous()
+    return {"tokens": tokens, "labels": stream[:, 1:].contiguous(),
+            "loss_mask": (tokens != EOD).float(),
+            "position_ids": torch.arange(total)[None]}  # replaced by per-document positions
 
 
 def reference_model() -> torch.nn.Module:

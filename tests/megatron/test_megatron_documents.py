@@ -17,24 +17,11 @@ pytest.importorskip("megatron.core")
 
 from tests.distributed import run_ranks  # noqa: E402
 from tests.megatron import harness  # noqa: E402
+from tests.megatron.harness import EOD, packed_batch  # noqa: E402
 
 TOL = dict(rtol=1e-4, atol=1e-5)
-EOD = harness.SHAPE.vocab_size - 1
 # 64 tokens: at CP=2 the 40-token document is split, 5 and 8 are whole, 11 is cut in two.
 DOCS = (5, 40, 11, 8)
-
-
-def packed_batch(lens=DOCS, seed: int = 3) -> dict:
-    """A [1, sum(lens)] pack: random tokens, EOD closing every document but the last."""
-    gen = torch.Generator().manual_seed(seed)
-    total = sum(lens)
-    stream = torch.randint(0, EOD, (1, total + 1), generator=gen)
-    ends = torch.tensor(lens).cumsum(0)
-    stream[0, ends[:-1] - 1] = EOD
-    tokens = stream[:, :-1].contiguous()
-    return {"tokens": tokens, "labels": stream[:, 1:].contiguous(),
-            "loss_mask": (tokens != EOD).float(),
-            "position_ids": torch.arange(total)[None]}  # replaced by per-document positions
 
 
 def _start(rank: int) -> tuple:
@@ -42,7 +29,7 @@ def _start(rank: int) -> tuple:
     import warnings
 
     warnings.filterwarnings("ignore")
-    full = packed_batch()
+    full = packed_batch(DOCS, 3)
     model = harness.reference_model()
     weights = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
     cu = torch.tensor([0, *torch.tensor(DOCS).cumsum(0).tolist()], dtype=torch.int32)

@@ -20,7 +20,7 @@ pytest.importorskip("megatron.core")
 
 from tests.distributed import run_ranks  # noqa: E402
 from tests.megatron import harness  # noqa: E402
-from tests.megatron.test_megatron_documents import EOD, packed_batch  # noqa: E402
+from tests.megatron.harness import EOD, packed_batch  # noqa: E402
 
 PACKS = (((5, 40, 11, 8), 3), ((9, 30, 6, 19), 4), ((1, 2, 50, 11), 5), ((64,), 6))
 
