@@ -39,12 +39,11 @@ def _hop_times(rank, world):
     from megatron_burst.comm import Packed, PeerComm
     from megatron_burst.comm.emulator import Emulation
 
-    # 2.5 MB/s: the slow hop (400 ms) stands well clear of a fast one on a loaded host.
-    emulation = Emulation(VirtualNodes(gpus_per_node=2, gbps=0.0025, latency_us=0))
+    emulation = Emulation(VirtualNodes(gpus_per_node=2, gbps=0.005, latency_us=0))  # 5 MB/s
     emulation.install()
     try:
         comm, times = PeerComm(None), []
-        buf = Packed.holding([torch.ones(250_000)])  # 1 MB: 400 ms across the slow link
+        buf = Packed.holding([torch.ones(250_000)])  # 1 MB: 200 ms across the slow link
         for _ in range(3):
             recv = Packed.like(buf.views)
             t0 = time.perf_counter()
@@ -57,11 +56,10 @@ def _hop_times(rank, world):
 
 def test_a_hop_across_virtual_nodes_is_slowed_and_one_inside_is_not():
     times = run_ranks(4, _hop_times, timeout=120)
-    # Ranks 0 and 2 receive from the other virtual node (3 -> 0, 1 -> 2): >= 400 ms.
-    assert times[0] >= 0.39 and times[2] >= 0.39, times
-    # Ranks 1 and 3 receive from their own node: fast, but they wait for nothing slow
-    # (a few ms alone; up to 0.16 s seen on a host loaded 5x over its cores).
-    assert times[1] < 0.25 and times[3] < 0.25, times
+    # Ranks 0 and 2 receive from the other virtual node (3 -> 0, 1 -> 2): >= 200 ms.
+    assert times[0] >= 0.19 and times[2] >= 0.19
+    # Ranks 1 and 3 receive from their own node: fast, but they wait for nothing slow.
+    assert times[1] < 0.1 and times[3] < 0.1
 
 
 # The switch: $MEGATRON_BURST_EMULATE, read by the benchmarks and by Megatron's entry point.
