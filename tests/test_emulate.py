@@ -45,6 +45,8 @@ def _hop_times(rank, world):
         comm, times = PeerComm(None), []
         buf = Packed.holding([torch.ones(250_000)])  # 1 MB: 200 ms across the slow link
         for _ in range(3):
+            # Together: a rank still installing would otherwise count as a slow hop.
+            dist.barrier()
             recv = Packed.like(buf.views)
             t0 = time.perf_counter()
             comm.hop(buf, (rank + 1) % world, recv, (rank - 1) % world).wait()
