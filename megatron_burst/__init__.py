@@ -23,22 +23,11 @@ __version__ = "0.1.0"
 
 # Imported on first use, so that `megatron-burst --help` and the launch tools, which need
 # none of them, start without importing torch (4 s) or megatron-core.
+from megatron_burst.comm.lazy import lazy_names
+
 _LAZY = {"burst_attn": ".attention.api", "count_comm": ".comm", "CommStats": ".comm",
-         "shard_seq": ".attention.sharding", "unshard_seq": ".attention.sharding", "pack_documents": ".plan.packs",
-         "DocumentPack": ".plan.packs",
+         "shard_seq": ".attention.sharding", "unshard_seq": ".attention.sharding",
+         "pack_documents": ".plan.packs", "DocumentPack": ".plan.packs",
          "BurstDotProductAttention": ".megatron.attention",
          "BurstSpecProvider": ".megatron.spec"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'megatron_burst' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -16,7 +16,8 @@ One module per job:
   ``AccumulatorRoute``);
 - ``exchange``: the all-to-all among a few peers (Ulysses);
 - ``emulated_nodes`` and ``emulator``: for benchmarks, virtual nodes on one host joined by a
-  slower link (``$MEGATRON_BURST_EMULATE``; off unless set).
+  slower link (``$MEGATRON_BURST_EMULATE``; off unless set);
+- ``lazy``: names a package exports on first use (this one, ``megatron`` and the front door).
 
 The names below are re-exported so that ``from megatron_burst.comm import X`` keeps working,
 imported on first use: the planner reads the torch-free modules here (``ring_positions``,
@@ -24,26 +25,16 @@ imported on first use: the planner reads the torch-free modules here (``ring_pos
 """
 from __future__ import annotations
 
-import importlib
+from .lazy import lazy_names
 
 _LAZY = {
-    "CommStats": "accounting", "count_comm": "accounting", "record_sent": "accounting",
-    "exchange": "exchange", "Batch": "messages", "Packed": "messages", "Pending": "messages",
-    "PeerComm": "messages", "AccumulatorRoute": "rings", "PayloadRing": "rings",
-    "RowShape": "rings", "RingTopology": "ring_positions", "Rows": "ring_positions",
-    "payload_hops": "ring_positions", "DEFAULT_TIMEOUT_S": "waits", "TIMEOUT_ENV": "waits",
-    "timeout_s": "waits", "wait_bounded": "waits",
+    "CommStats": ".accounting", "count_comm": ".accounting", "record_sent": ".accounting",
+    "exchange": ".exchange", "Batch": ".messages", "Packed": ".messages",
+    "Pending": ".messages", "PeerComm": ".messages", "AccumulatorRoute": ".rings",
+    "PayloadRing": ".rings", "RowShape": ".rings", "RingTopology": ".ring_positions",
+    "Rows": ".ring_positions", "payload_hops": ".ring_positions",
+    "DEFAULT_TIMEOUT_S": ".waits", "TIMEOUT_ENV": ".waits", "timeout_s": ".waits",
+    "wait_bounded": ".waits",
 }
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

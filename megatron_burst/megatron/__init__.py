@@ -15,22 +15,11 @@ thread), `batch_verdict` (every rank's batch made), `pack_plans` (a pack's ring 
 ahead); `trace` profiles a few micro-batches. `environment` says what the installed
 megatron-core (and Megatron-LM) can run, for this layer and the launch layer above it.
 """
-import importlib
+from megatron_burst.comm.lazy import lazy_names
 
 # Imported on first use: the launch layer reads `environment` here without megatron-core or
 # torch, which the module and the spec import.
-_LAZY = {"BurstDotProductAttention": "attention", "BurstSpecProvider": "spec",
-         "get_gpt_layer_burst_spec": "spec", "get_llama_layer_burst_spec": "spec"}
+_LAZY = {"BurstDotProductAttention": ".attention", "BurstSpecProvider": ".spec",
+         "get_gpt_layer_burst_spec": ".spec", "get_llama_layer_burst_spec": ".spec"}
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
