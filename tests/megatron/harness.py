@@ -169,3 +169,29 @@ def merge_stage_reports(reports: List[Optional[Dict[str, Any]]]) -> Dict[str, An
         merged["loss"] = report["loss"]
         merged["grads"].update(report["grads"])
     return merged
+
+
+def counting_plans(seen: dict, counts=lambda: True):
+    """A context in which the planning steps a pack goes through add to ``seen``
+    ("placements", "pair_blocks", "call_plans") whenever ``counts()`` says the call counts
+    (e.g. only on the step's own thread)."""
+    import contextlib
+    from unittest import mock
+
+    import megatron_burst.attention.ring_spec as ring_spec
+    import megatron_burst.plan.placement as placement
+    import megatron_burst.plan.schedule as schedule
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            seen[name] += bool(counts())
+            return fn(*args, **kwargs)
+        return wrapped
+
+    stack = contextlib.ExitStack()
+    for module, attr, name in ((placement, "_whole_docs", "placements"),
+                               (schedule, "blocks_between", "pair_blocks"),
+                               (ring_spec, "plan_calls", "call_plans")):
+        stack.enter_context(mock.patch.object(module, attr, counting(name,
+                                                                     getattr(module, attr))))
+    return stack

@@ -80,11 +80,9 @@ def _plans_per_micro_batch(weights: dict) -> list[dict]:
     the grouping of a pair's blocks into kernel calls, over a whole forward and backward
     of the 2-layer model at CP=2.
     """
-    from unittest import mock
 
     from megatron.core import parallel_state
 
-    import megatron_burst.attention.ring_spec as ring_spec
     import megatron_burst.plan.placement as placement
     import megatron_burst.plan.schedule as schedule
     from megatron_burst.megatron.document_model import as_document_model
@@ -99,19 +97,7 @@ def _plans_per_micro_batch(weights: dict) -> list[dict]:
                for lens, seed in ((DOCS, 3), ((9, 30, 6, 19), 4))]
     for local, params in (*batches, batches[0]):
         seen = {"placements": 0, "pair_blocks": 0, "call_plans": 0}
-
-        def counting(name, fn):
-            def wrapped(*args, **kwargs):
-                seen[name] += 1
-                return fn(*args, **kwargs)
-            return wrapped
-
-        with mock.patch.object(placement, "_whole_docs",
-                               counting("placements", placement._whole_docs)), \
-                mock.patch.object(schedule, "blocks_between",
-                                  counting("pair_blocks", schedule.blocks_between)), \
-                mock.patch.object(ring_spec, "plan_calls",
-                                  counting("call_plans", ring_spec.plan_calls)):
+        with harness.counting_plans(seen):
             placement.placement.cache_clear()  # so a pack placed while sharding counts too
             schedule.RingSchedule.of.cache_clear()
             cm.train_step(model, {**local, "packed_seq_params": params},

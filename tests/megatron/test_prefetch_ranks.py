@@ -125,12 +125,9 @@ def _planned_during_steps(model, args, samples) -> list:
 def _planned_on_this_thread(model, args, samples) -> list:
     """Planning calls made by the step's thread (taking the batch and the step together),
     every cache of plans emptied first so that each pack is planned anew."""
-    from unittest import mock
-
+    import megatron_burst.attention.prepare as prepare
     import megatron_burst.plan.packs as packs
     import megatron_burst.plan.placement as placement
-    import megatron_burst.attention.prepare as prepare
-    import megatron_burst.attention.ring_spec as ring_spec
     import megatron_burst.plan.schedule as schedule
 
     placement.placement.cache_clear()
@@ -140,19 +137,7 @@ def _planned_on_this_thread(model, args, samples) -> list:
 
     me = threading.current_thread()
     seen = {"placements": 0, "pair_blocks": 0, "call_plans": 0}
-
-    def counting(name, fn):
-        def wrapped(*a, **k):
-            seen[name] += threading.current_thread() is me
-            return fn(*a, **k)
-        return wrapped
-
-    with mock.patch.object(placement, "_whole_docs",
-                           counting("placements", placement._whole_docs)), \
-            mock.patch.object(schedule, "blocks_between",
-                              counting("pair_blocks", schedule.blocks_between)), \
-            mock.patch.object(ring_spec, "plan_calls",
-                              counting("call_plans", ring_spec.plan_calls)):
+    with harness.counting_plans(seen, lambda: threading.current_thread() is me):
         _steps(model, args, samples)
     return [seen]
 
