@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from megatron_burst.comm import Packed, PayloadRing, PeerComm, RingTopology, RowShape, count_comm
+from megatron_burst.comm.ring_positions import next_kind, route_hops
 from tests.distributed import run_ranks
 
 
@@ -45,15 +46,16 @@ def _ring_hops(rank: int, world: int, keep: dict) -> dict:
     payload = (torch.arange(3 * 4, dtype=torch.bfloat16).view(3, 4) + 100 * rank,
                torch.arange(2 * 3, dtype=torch.float32).view(2, 3) + 100 * rank)
     rows = lambda origin, step: keep[step]  # noqa: E731
-    ring = PayloadRing(RingTopology(ranks, rank), PeerComm(None),
-                       RowShape.of(payload, (0, 1)), rows)
+    topo = RingTopology(ranks, rank)
+    hops = route_hops(topo, world - 1, rows)
+    ring = PayloadRing(PeerComm(None), RowShape.of(payload, (0, 1)))
     seen, held = [], payload
     with count_comm() as stats:
         for step in range(world):
-            ring.post(step, held)
+            ring.post(hops[step], held)
             seen.append(None if held is None else [t.tolist() for t in held])
             if step < world - 1:
-                held = ring.next(step)
+                held = ring.next(next_kind(topo, step))
         ring.finish()
     return dict(seen=seen, messages=stats.forward_messages, bytes=stats.forward_bytes)
 

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+import megatron_burst as mb
 from megatron_burst.comm import RingTopology
 from megatron_burst.plan.placement import local_length, placement
-from megatron_burst.attention.ring_spec import RingSpec
+from megatron_burst.attention.call_plan import PairCalls, PlanKey
 from megatron_burst.plan.schedule import Block, Mask, RingSchedule, blocks_between
 
 from .packs import random_pack
@@ -140,9 +141,13 @@ def truth(q_segs, k_segs, mask: Mask, width: int) -> np.ndarray:
     return i * width + j
 
 
-def pack_spec(sched: RingSchedule) -> RingSpec:
+def pack_spec(sched: RingSchedule) -> PairCalls:
+    """The kernel calls of any pair of members of ``sched``'s pack, as a plan makes them."""
     topo = RingTopology(list(range(sched.ring_size)), 0) if sched.ring_size > 1 else None
-    return RingSpec(None, topo, sched, 1.0, "burst", False, fixed_shapes=False)
+    key = PlanKey(sched.layout, sched.world, mb.pack_documents(
+        torch.tensor([0, *np.cumsum(sched.doc_lens)], dtype=torch.int64)), sched.mask,
+        sched.ulysses, None, "burst", True, None)
+    return PairCalls(key, sched, topo)
 
 
 def check_pair(sched, spec, m, o, small: bool) -> None:
@@ -152,7 +157,7 @@ def check_pair(sched, spec, m, o, small: bool) -> None:
     want = block_pairs(old, width)
     assert len(np.unique(want)) == len(want)
     assert np.array_equal(block_pairs(sched.blocks(m, o), width), want)
-    assert np.array_equal(call_pairs(spec.calls(m, o, 1, torch.device("cpu")), width), want)
+    assert np.array_equal(call_pairs(spec(m, o), width), want)
     if small:
         assert np.array_equal(np.sort(truth(q_segs, k_segs, sched.mask, width)), want)
 

@@ -6,8 +6,11 @@ One module per job, in the order a call meets them:
 - ``prepare``: tensors checked, topology resolved, kernel chosen, signed and planned, once;
 - ``agree``: every rank passed the same arguments; ``call_count``: every rank made the same
   number of calls in a micro-batch;
-- ``ring_spec``: what the ring loops need besides the tensors; ``burst``: the forward ring
-  with the online-softmax merge and the two backward rings;
+- ``call_plan``: a call's plan, one frozen value per key (schedule, ring position, each
+  step's kernel calls, hops and accumulator routes), made by one function behind one cache;
+  ``ring_spec``: the plan with the call's kernel, scale and group; ``burst``: the forward
+  ring with the online-softmax merge and the two backward rings, which only launch kernels
+  and post messages;
 - ``ulysses``: the head-parallel all-to-all of the hybrid; ``sinks``: attention sinks as one
   more partial; ``remat``: a kept output so the recompute skips the ring;
 - ``sharding``: ``shard_seq`` and ``unshard_seq``.

@@ -9,14 +9,12 @@ output is handed only to the recompute of the forward that made it (``remat``).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.distributed as dist
 
 from . import agree, call_count, prepare
 from .burst import BurstAttentionFunction
-from .call import BurstCall, failed_signature
+from .call import call_of, failed_signature
 from ..comm import headers
 from ..decide.topology import CPTopology
 from ..decide.options import NotGiven
@@ -76,10 +74,10 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         backward=backward, qkv_format=qkv_format, intra_node_size=intra_node_size,
         ulysses_size=ulysses_size, cu_seqlens=cu_seqlens, kernel=kernel, keep=keep,
         call_label=call_label, topology=topology, sinks=sinks))
-    spec = _numbered(prepared, group, q, world)
     if prepared.native and not return_lse and sinks is None and keep is None:
-        return _native(q, k, v, spec)  # one aten op, its own autograd: nothing more to do
-    out, lse = _attend(q, k, v, spec, group, prepared, keep, sinks)
+        return _native(q, k, v, prepared.spec)  # one aten op, its own autograd: nothing more
+    tag = _numbered(prepared, group, q, world)
+    out, lse = _attend(q, k, v, prepared.spec, tag, group, prepared, keep, sinks)
     return (out, lse) if return_lse else out
 
 
@@ -87,7 +85,7 @@ def _agreed(group, q, k, v, world: int, arguments: dict):
     """The call (``BurstCall.of(**arguments)``) prepared, and compared with the group's
     other ranks; whatever fails, the peers learn of it instead of waiting."""
     try:
-        call = BurstCall.of(**arguments)
+        call = call_of(arguments)
         prepared = prepare.lookup(group, q, k, v, call, world, arguments["sinks"])
     except Exception as err:
         said = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
@@ -98,16 +96,14 @@ def _agreed(group, q, k, v, world: int, arguments: dict):
     return prepared
 
 
-def _numbered(prepared, group, q, world: int):
-    """The prepared spec, tagged with the call's number, digest and label for the headers.
+def _numbered(prepared, group, q, world: int) -> headers.CallTag | None:
+    """The call's tag for the headers: its number on the group, digest and label.
 
     Numbered after the check, so a call every rank refused counts nowhere. A CUDA graph
     replays its messages as captured: no header to write or check there (nor one rank)."""
-    spec = prepared.spec
     if world > 1 and not prepare.capturing(q):
-        spec = dataclasses.replace(spec, tag=headers.CallTag(_next_call(group),
-                                                             prepared.digest, prepared.label))
-    return spec
+        return headers.CallTag(_next_call(group), prepared.digest, prepared.label)
+    return None
 
 
 def _native(q, k, v, spec):
@@ -118,7 +114,7 @@ def _native(q, k, v, spec):
     return out.transpose(0, 1) if spec.seq_first else out
 
 
-def _attend(q, k, v, spec, group, prepared, keep: AttentionKeep | None, sinks):
+def _attend(q, k, v, spec, tag, group, prepared, keep: AttentionKeep | None, sinks):
     """The ring (inside the Ulysses all-to-alls when there are any), or the kept output of
     this very forward under a recompute; keeping it on a first forward without autograd."""
     kept = None
@@ -131,9 +127,9 @@ def _attend(q, k, v, spec, group, prepared, keep: AttentionKeep | None, sinks):
     if prepared.ulysses_peers is None:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
         out, lse = ring = BurstAttentionFunction.apply(q.contiguous(), k.contiguous(),
-                                                       v.contiguous(), spec, kept, sinks)
+                                                       v.contiguous(), spec, tag, kept, sinks)
     else:
-        out, lse, ring = _ulysses_burst(q, k, v, spec, group, prepared.ulysses_peers,
+        out, lse, ring = _ulysses_burst(q, k, v, spec, tag, group, prepared.ulysses_peers,
                                         prepared.call.qkv_format == "sbhd", kept, sinks)
     if keep is not None and not torch.is_grad_enabled():
         keep.put(*ring, prepared.keep_key, inputs)  # the ring's own (out, lse)
@@ -154,11 +150,11 @@ def calls_made(group) -> int:
     return _CALLS.get((group if group is not None else dist.group.WORLD).group_name, 0)
 
 
-def _ulysses_burst(q, k, v, spec, group, peers, seq_first, kept, sinks):
+def _ulysses_burst(q, k, v, spec, tag, group, peers, seq_first, kept, sinks):
     """Heads -> sequence inside each Ulysses group (``peers``), the ring across groups, and
     back. Every all-to-all piece carries the call's header. Returns (out, lse, the ring's
     (out, lse)): a kept output is the ring's, so its recompute needs no all-to-all."""
-    u, tag = len(peers), spec.tag
+    u = len(peers)
     if k.shape[2] < u:  # too few K/V heads to split: replicate each to U/hkv slots
         k = k.repeat_interleave(u // k.shape[2], dim=2)
         v = v.repeat_interleave(u // v.shape[2], dim=2)
@@ -166,7 +162,7 @@ def _ulysses_burst(q, k, v, spec, group, peers, seq_first, kept, sinks):
     qs, ks, vs = (heads_to_sequence(as_bshd(t), peers, group, 1, 2, tag) for t in (q, k, v))
     if sinks is not None:  # this rank's ring holds head slice u of every member's heads
         sinks = sinks.chunk(u)[peers.index(dist.get_rank())]
-    ring = BurstAttentionFunction.apply(qs, ks, vs, spec, kept, sinks)
+    ring = BurstAttentionFunction.apply(qs, ks, vs, spec, tag, kept, sinks)
     out = sequence_to_heads(ring[0], peers, group, 1, 2, tag)
     lse = sequence_to_heads(ring[1], peers, group, 2, 1, tag)
     return (out.transpose(0, 1).contiguous() if seq_first else out), lse, ring

@@ -1,8 +1,10 @@
 """BurstAttention: the forward ring with online-softmax merge and the two backward rings.
 
-One ring loop per pass. Masks and layouts enter only through the schedule, which says
-which blocks to compute at each step (grouped into kernel calls by ``varlen.plan_calls``)
-and how many rows of each payload a hop must carry; the loops never branch on them.
+One ring loop per pass. Masks and layouts enter only through the call's plan
+(``call_plan``): for each step, the kernel calls of its blocks (grouped by
+``varlen.plan_calls``), the hops to post with the rows each carries, and the travelling
+accumulators' route. The loops never branch on masks or layouts; they launch kernels and
+post messages.
 
 Forward: Q stays home; K/V go round the ring (the next hop in flight while this step
 computes); each block's (out, lse) is merged into fp32 accumulators.
@@ -22,8 +24,10 @@ from __future__ import annotations
 import torch
 
 from ..comm import headers
+from ..comm.headers import CallTag
 from ..comm.rings import AccumulatorRoute
-from ..kernels.protocol import LocalAttention, surrogate_out, working_dtype
+from ..kernels.protocol import surrogate_out, working_dtype
+from .call_plan import StepPlan
 from .ring_spec import RingSpec
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
@@ -31,30 +35,31 @@ from ..kernels.varlen import run_backward, run_forward
 
 
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec,
-                 kernel: LocalAttention) -> tuple[torch.Tensor, torch.Tensor]:
+                 tag: CallTag | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward ring. Returns (out in q's dtype and format, lse [b, hq, s] fp32)."""
+    plan, kernel, scale = spec.plan.forward, spec.kernel, spec.scale
     qb = spec.bshd(q)
     b, s, hq, _ = qb.shape
+    fresh = plan.fresh[0]
     acc = working_dtype(q.dtype)
-    fresh, _ = spec.fresh_at_step0(b, s, spec.bshd(k).shape[1], q.device)
     # The output has V's head dim (MLA: Q/K 192, V 128).
     out = _accumulator((*q.shape[:-1], v.shape[-1]), acc, q.device, fresh)
     out_b = spec.bshd(out)
     lse = torch.empty((b, hq, s), dtype=acc, device=q.device)
     if not fresh:
         lse.fill_(float("-inf"))
-    ring, _ = spec.movers((k, v), (spec.row_dim,) * 2, None, "forward")
-    kv, last = (k, v), spec.last_step
-    for step in range(last + 1):
+    ring, _ = spec.movers(plan, (k, v), None, "forward", tag)
+    kv = (k, v)
+    for i, step in enumerate(plan.steps):
         if ring is not None:
-            ring.post(step, kv)
+            ring.post(step.hops, kv)
         if kv is not None:  # None: nothing of this step's keys is used here
             kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-            for call in spec.calls(spec.me, spec.source(step), b, q.device):
-                run_forward(kernel, call, qb, kb, vb, out_b, lse, spec.scale,
-                            fresh=fresh and step == 0)
-        if step < last:
-            kv = ring.next(step)
+            for call in step.calls:
+                run_forward(kernel, call, qb, kb, vb, out_b, lse, scale,
+                            fresh=fresh and i == 0)
+        if step.next is not None:  # (no ring: this rank neither sends nor receives)
+            kv = ring.next(step.next) if ring is not None else None
     _finish(ring)
     return out.to(q.dtype), lse
 
@@ -75,12 +80,15 @@ def _accumulator(shape, dtype, device, fresh: bool) -> torch.Tensor:
     return (torch.empty if fresh else torch.zeros)(shape, dtype=dtype, device=device)
 
 
-def _backward_lse(lse: torch.Tensor) -> torch.Tensor:
+def _backward_lse(spec: RingSpec, lse: torch.Tensor) -> torch.Tensor:
     """lse for the backward kernels: rows that saw no key get 0 instead of -inf.
 
     Such rows (padding) are in no block, so the value never reaches a kernel as a real
-    normaliser; 0 keeps the tensor finite wherever it travels.
+    normaliser; 0 keeps the tensor finite wherever it travels. Where every row sees a key
+    (the plan says so) there is nothing to mend.
     """
+    if spec.plan.every_row_sees:
+        return lse.contiguous()
     return lse.masked_fill(torch.isneginf(lse), 0.0).contiguous()
 
 
@@ -98,21 +106,21 @@ class _Travelling:
         self._returns: list = []
         self._batches: list = []
 
-    def target(self, step: int, origin: int) -> tuple[tuple[torch.Tensor, ...] | None, object]:
-        """(tensors to add this step's gradients into, the travelling buffer or None)."""
-        if step == 0 or self.route is None:
+    def target(self, i: int, step: StepPlan) -> tuple[tuple[torch.Tensor, ...] | None, object]:
+        """(tensors to add step ``i``'s gradients into, the travelling buffer or None)."""
+        if i == 0 or self.route is None:
             return self.home, None
-        acc = self.route.new(origin, step)
+        acc = self.route.new(step.acc)
         return (acc.views if acc is not None else None), acc
 
-    def pass_on(self, step: int, acc) -> None:
+    def pass_on(self, i: int, step: StepPlan, acc) -> None:
         """Fold in what earlier holders accumulated for this payload, and send it on."""
-        if step == 0 or self.route is None:
+        if i == 0 or self.route is None:
             return
         if self._incoming is not None:
             for mine, theirs in zip(acc.views, self._incoming.wait()):
                 mine += theirs
-        self._incoming, home, batch = self.route.pass_on(step, acc)
+        self._incoming, home, batch = self.route.pass_on(step.acc, acc)
         if home is not None:
             self._returns.append(home)
         self._batches.append(batch)
@@ -129,125 +137,124 @@ class _Travelling:
 
 def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      out: torch.Tensor, lse: torch.Tensor, spec: RingSpec,
-                     kernel: LocalAttention) -> Grads:
+                     tag: CallTag | None) -> Grads:
     """Backward with K/V travelling and dK/dV accumulating behind them (``ring`` mode)."""
     if spec.whole is not None:  # one kernel call: its gradients are the answer
         return _whole_backward(spec, dout, q, k, v, out, lse)
+    plan, kernel, scale = spec.plan.backward, spec.kernel, spec.scale
     qb, dob, ob = spec.bshd(q), spec.bshd(dout), spec.bshd(out)
     acc_dtype = working_dtype(q.dtype)
-    fresh = spec.fresh_at_step0(qb.shape[0], qb.shape[1], spec.bshd(k).shape[1], q.device)
+    fresh = plan.fresh
     dq = _accumulator(q.shape, acc_dtype, q.device, fresh[0])
     dq_b = spec.bshd(dq)
-    ring, route = spec.movers((k, v), (spec.row_dim,) * 2,
-                              spec.accumulators((k, v), acc_dtype), "backward")
+    ring, route = spec.movers(plan, (k, v), acc_dtype, "backward", tag)
     grads = _Travelling(route, (_accumulator(k.shape, acc_dtype, k.device, fresh[1]),
                                 _accumulator(v.shape, acc_dtype, v.device, fresh[1])),
                         spec.row_dim)
-    kv, last = (k, v), spec.last_step
-    for step in range(last + 1):
+    kv = (k, v)
+    for i, step in enumerate(plan.steps):
         if ring is not None:
-            ring.post(step, kv)
-        src = spec.source(step)
-        target, acc = grads.target(step, src)
+            ring.post(step.hops, kv)
+        target, acc = grads.target(i, step)
         if kv is not None:
             kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-            dk_b, dv_b = (spec.bshd(t) for t in target)
-            for call in spec.calls(spec.me, src, qb.shape[0], q.device):
-                run_backward(kernel, call, dob, qb, kb, vb, ob, lse, spec.scale, dq_b, dk_b,
-                             dv_b, fresh if step == 0 else (False, False))
-        grads.pass_on(step, acc)
-        if step < last:
-            kv = ring.next(step)
+            dk_b, dv_b = spec.bshd(target[0]), spec.bshd(target[1])
+            for call in step.calls:
+                run_backward(kernel, call, dob, qb, kb, vb, ob, lse, scale, dq_b, dk_b,
+                             dv_b, fresh if i == 0 else (False, False))
+        grads.pass_on(i, step, acc)
+        if step.next is not None:  # (no ring: this rank neither sends nor receives)
+            kv = ring.next(step.next) if ring is not None else None
     dk, dv = _finish(ring, grads)
     return dq, dk, dv
 
 
 def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                        delta: torch.Tensor, spec: RingSpec, kernel: LocalAttention) -> Grads:
+                        delta: torch.Tensor, spec: RingSpec, tag: CallTag | None) -> Grads:
     """BurstAttention's backward: (Q, dO, lse, delta) travel, K/V/dK/dV stay home.
 
     ``out`` is this rank's own output (or the surrogate that folds in a gradient on lse):
     step 0 uses it; visitors' queries come with delta, from which their surrogate is built.
+    Queries travel the reverse way K/V did, so at step s this rank holds the queries that
+    held its K/V at step s of the forward: the same pairs, step for step, and the same
+    early stop when a window or whole documents leave later steps empty.
     """
+    plan, kernel, scale = spec.plan.backward, spec.kernel, spec.scale
     kb, vb = spec.bshd(k), spec.bshd(v)
     acc_dtype = working_dtype(q.dtype)
-    fresh = spec.fresh_at_step0(kb.shape[0], spec.bshd(q).shape[1], kb.shape[1], q.device)
+    fresh = plan.fresh
     dk = _accumulator(k.shape, acc_dtype, k.device, fresh[1])
     dv = _accumulator(v.shape, acc_dtype, v.device, fresh[1])
     dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
     bundle = (q, dout, lse, delta)
-    # Queries travel the reverse way K/V did, so at step s this rank holds the queries that
-    # held its K/V at step s of the forward: the same pairs, step for step, and the same
-    # early stop when a window or whole documents leave later steps empty.
-    ring, route = spec.movers(bundle, (spec.row_dim, spec.row_dim, 2, 2),
-                              spec.accumulators((q,), acc_dtype), "backward", reverse=True)
+    ring, route = spec.movers(plan, bundle, acc_dtype, "backward", tag, (q,))
     grads = _Travelling(route, (_accumulator(q.shape, acc_dtype, q.device, fresh[0]),),
                         spec.row_dim)
-    last = spec.last_step
-    for step in range(last + 1):
+    for i, step in enumerate(plan.steps):
         if ring is not None:
-            ring.post(step, bundle)
-        visitor = spec.source(step, reverse=True)
-        target, acc = grads.target(step, visitor)
+            ring.post(step.hops, bundle)
+        target, acc = grads.target(i, step)
         if bundle is not None:
             qj, doj, lsej, deltaj = bundle
             qj_b, doj_b = spec.bshd(qj), spec.bshd(doj)
-            oj_b = spec.bshd(out) if step == 0 else surrogate_out(doj_b, deltaj)
+            oj_b = spec.bshd(out) if i == 0 else surrogate_out(doj_b, deltaj)
             dq_b = spec.bshd(target[0])
             # The visitor's queries against our keys: the same blocks the forward computed.
-            for call in spec.calls(visitor, spec.me, qj_b.shape[0], q.device):
-                run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, spec.scale, dq_b,
-                             dk_b, dv_b, fresh if step == 0 else (False, False))
-        grads.pass_on(step, acc)
-        if step < last:
-            bundle = ring.next(step)
+            for call in step.calls:
+                run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, scale, dq_b,
+                             dk_b, dv_b, fresh if i == 0 else (False, False))
+        grads.pass_on(i, step, acc)
+        if step.next is not None:
+            bundle = ring.next(step.next) if ring is not None else None
     (dq,) = _finish(ring, grads)
     return dq, dk, dv
 
 
 class BurstAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: ``apply(q, k, v, spec[, kept[, sinks]]) -> (out, lse)``;
-    differentiable in q, k, v and the sinks. ``kept``: (out, lse) of this very call from an
+    """Autograd wrapper: ``apply(q, k, v, spec, tag[, kept[, sinks]]) -> (out, lse)``;
+    differentiable in q, k, v and the sinks. ``tag``: the call's number, signature and label
+    that its messages carry (``comm.headers``; None: untagged, as in a CUDA graph capture).
+    ``kept``: (out, lse) of this very call from an
     earlier forward (remat.py): the ring forward is skipped and the backward runs from them.
     ``sinks``: one logit per query head merged into every row (``sinks.py``). The kernel is
     the one ``prepare`` chose and checked against the call's blocks (``spec.kernel``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec: RingSpec, kept=None, sinks=None):
+    def forward(ctx, q, k, v, spec: RingSpec, tag: CallTag | None, kept=None, sinks=None):
         if kept is not None:  # a recompute: this call's output was kept from its first forward
             out, lse = (t.view_as(t) for t in kept)
         else:
             if spec.whole is not None:  # one kernel call is the whole answer
                 out, lse = _whole_forward(spec, q, k, v)
             else:
-                out, lse = ring_forward(q, k, v, spec, spec.kernel)
+                out, lse = ring_forward(q, k, v, spec, tag)
             if sinks is not None:
                 out, lse = merge_sinks(out, lse, sinks, spec.seq_first)
         # An unused lse then arrives as None, not a tensor of zeros, so the ring backward
         # can use the real O instead of rebuilding one that folds in dlse.
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.spec = spec
+        ctx.spec, ctx.tag = spec, tag
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, sinks = ctx.saved_tensors
-        spec = ctx.spec
+        spec, tag = ctx.spec, ctx.tag
         dsinks = None
-        if sinks is not None and ctx.needs_input_grad[5]:
+        if sinks is not None and ctx.needs_input_grad[6]:
             dsinks = sink_grad(dout, out, lse, dlse, sinks, spec.seq_first)
         if spec.whole is not None and dlse is None and dout is not None:
             return (*_whole_backward(spec, dout.contiguous(), q, k, v, out, lse), None, None,
-                    dsinks)
+                    None, dsinks)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         if dlse is None:
-            dq, dk, dv = _backward(spec, q, k, v, dout, out, lse, None)
+            dq, dk, dv = _backward(spec, tag, q, k, v, dout, out, lse, None)
         else:
-            dq, dk, dv = _backward_with_lse(spec, q, k, v, dout, out, lse, dlse)
+            dq, dk, dv = _backward_with_lse(spec, tag, q, k, v, dout, out, lse, dlse)
         headers.poll()  # a pass that received another call's message raises here
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, dsinks
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, dsinks
 
 
 def _whole_forward(spec: RingSpec, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,12 +290,12 @@ def _rowsum(spec: RingSpec, a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Te
     return (spec.bshd(a).to(dtype) * spec.bshd(b).to(dtype)).sum(-1).transpose(1, 2)
 
 
-def _backward(spec: RingSpec, q, k, v, dout, out, lse, delta) -> Grads:
+def _backward(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse, delta) -> Grads:
     """The ring backward of ``dout`` given ``delta`` (None: rowsum(dout * out), the plain
     softmax backward). The kernels read O only to form delta, so another delta enters as the
     surrogate O' with rowsum(dout * O') == delta (``surrogate_out``); ``dout`` must then be
     nonzero on every row whose delta is (``_backward_with_lse`` makes it so)."""
-    blse = _backward_lse(lse)
+    blse = _backward_lse(spec, lse)
     # With one member nothing travels, and the ring mode's single kernel call is cheapest.
     mode = spec.backward if spec.topo is not None else "ring"
     o = out
@@ -299,11 +306,12 @@ def _backward(spec: RingSpec, q, k, v, dout, out, lse, delta) -> Grads:
     elif mode == "burst":  # visitors' queries travel with delta, not O
         delta = _rowsum(spec, dout, out, lse.dtype).contiguous()
     if mode == "burst":
-        return ring_backward_burst(dout, q, k, v, o, blse, delta, spec, spec.kernel)
-    return ring_backward_kv(dout, q, k, v, o, blse, spec, spec.kernel)
+        return ring_backward_burst(dout, q, k, v, o, blse, delta, spec, tag)
+    return ring_backward_kv(dout, q, k, v, o, blse, spec, tag)
 
 
-def _backward_with_lse(spec: RingSpec, q, k, v, dout, out, lse, dlse) -> Grads:
+def _backward_with_lse(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse,
+                       dlse) -> Grads:
     """The backward of (dout, dlse), exact whatever dout is.
 
     A gradient on lse enters the softmax backward as delta -= dlse (d lse_i / d s_ij = P_ij,
@@ -321,6 +329,6 @@ def _backward_with_lse(spec: RingSpec, q, k, v, dout, out, lse, dlse) -> Grads:
                          .expand(spec.bshd(dout).shape).to(dout.dtype)).contiguous()
     lifted = dout + stand_in
     delta = _rowsum(spec, lifted, out, acc) - dlse.to(acc)
-    grads = _backward(spec, q, k, v, lifted, out, lse, delta)
-    own = _backward(spec, q, k, v, stand_in, out, lse, None)
+    grads = _backward(spec, tag, q, k, v, lifted, out, lse, delta)
+    own = _backward(spec, tag, q, k, v, stand_in, out, lse, None)
     return tuple(g.to(acc) - h.to(acc) for g, h in zip(grads, own))

@@ -8,6 +8,7 @@ can never read the arguments differently, and a new argument is one new field he
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any
@@ -76,6 +77,12 @@ class BurstCall:
         object.__setattr__(self, "window_size", tuple(window))
         if scale is not None:
             object.__setattr__(self, "softmax_scale", float(scale))
+        # Hashed once: a call keys the prepared-call cache at every call.
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name)
+                                                     for f in dataclasses.fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @staticmethod
     def of(*, causal: Any, softmax_scale: Any, window_size: Any, layout: Any,
@@ -109,6 +116,54 @@ TOPOLOGY_FIELDS = ("backward", "ulysses_size", "intra_node_size")
 _SIGNED = tuple(f.name for f in dataclasses.fields(BurstCall)
                 if f.name not in ("options", "topology"))
 SIGNATURE_FIELDS = (*TENSOR_FIELDS, *_SIGNED, *TOPOLOGY_FIELDS, "error")
+
+
+_CALLS: "collections.OrderedDict[tuple, BurstCall]" = collections.OrderedDict()
+CALLS_KEPT = 256  # distinct argument sets remembered (layers x masks x packs in flight)
+
+
+def call_of(arguments: dict[str, Any]) -> BurstCall:
+    """``BurstCall.of(**arguments)``, validated once per distinct set of arguments.
+
+    Remembered by value and type (``True`` and ``1``, ``1`` and ``1.0``, a tuple and a list
+    are told apart, as validation tells them apart), so a repeated call skips the checks it
+    passed; arguments that cannot be hashed are validated every time."""
+    key = _typed(arguments)
+    try:
+        found = _CALLS.get(key) if key is not None else None
+    except TypeError:  # an unhashable argument (a list, say): validated every time
+        found = key = None
+    if found is None:
+        found = BurstCall.of(**arguments)
+        if key is not None:
+            _CALLS[key] = found
+            if len(_CALLS) > CALLS_KEPT:
+                _CALLS.popitem(last=False)
+    return found
+
+
+def _typed(a: dict[str, Any]) -> tuple | None:
+    """The arguments as a value that keeps each one's type (``window_size``'s elements'
+    too); None for boundaries given as a tensor, which are read at every call."""
+    w, cu, keep = a["window_size"], a["cu_seqlens"], a["keep"]
+    if cu is not None and not isinstance(cu, DocumentPack):
+        return None
+    window = (w[0].__class__, w[1].__class__) if w.__class__ is tuple and len(w) == 2 else None
+    if window is None:
+        return None  # not a pair: BurstCall says what is wrong with it
+    b, u, i = a["backward"], a["ulysses_size"], a["intra_node_size"]
+    return (a["causal"], a["causal"].__class__, a["softmax_scale"],
+            a["softmax_scale"].__class__, w, window, a["layout"], a["layout"].__class__,
+            a["qkv_format"], a["qkv_format"].__class__, a["kernel"], a["kernel"].__class__,
+            a["call_label"], a["call_label"].__class__, a["topology"], cu,
+            keep is None or keep.__class__, a["sinks"] is None,
+            # A default is its own kind of value (``NotGiven``): told from the same given.
+            b.default if b.__class__ is _NOT_GIVEN else b, b.__class__,
+            u.default if u.__class__ is _NOT_GIVEN else u, u.__class__,
+            i.default if i.__class__ is _NOT_GIVEN else i, i.__class__)
+
+
+_NOT_GIVEN = NOT_GIVEN.__class__
 
 
 def signature(call: BurstCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

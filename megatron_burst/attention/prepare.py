@@ -22,14 +22,13 @@ import torch.distributed as dist
 from ..decide import cluster
 from .call import BurstCall, signature
 from ..comm import headers
-from ..comm.ring_positions import RingTopology
 from ..decide.topology import CPTopology, HeadShape
-from ..kernels.selection import choose_kernel, default_scale, has_native
+from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
 from ..decide.options import check_decided, resolve
-from ..plan.packs import DocumentPack
 from ..plan.placement import chunks_per_rank, local_length
+from .call_plan import PlanKey, plan_for, ring_key
 from .ring_spec import RingSpec
-from ..plan.schedule import Block, Mask, RingSchedule
+from ..plan.schedule import Block, Mask
 from .sinks import check_sinks
 from .sharding import group_ranks
 from ..decide.timing import load_profile, profile_key
@@ -96,7 +95,7 @@ class Prepared:
     sig: dict
     digest: int  # of the signature, for every message's header
     label: int  # of call_label
-    spec: RingSpec  # without the call's tag
+    spec: RingSpec
     keep_key: str  # what a kept output is made for: the signature without autograd's part
     ulysses_peers: tuple[int, ...] | None  # this rank's Ulysses group; None: no Ulysses
     # A single rank's whole attention is one kernel op that aten differentiates itself:
@@ -113,13 +112,14 @@ def call_key(group, q, k, v, call: BurstCall, world: int, sinks=None) -> tuple:
     tensors' shapes, strides, dtype, device and autograd state, and, where 'auto' is to be
     settled over more than one rank, the profile's identity and what ranks per node are
     read from."""
-    tensors = tuple((t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
-                    for t in (q, k, v) if t is not None)
+    tensors = (q.shape, q.stride(), q.dtype, q.device, q.requires_grad,
+               k.shape, k.stride(), k.dtype, k.device, k.requires_grad,
+               v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
     if sinks is not None:
-        tensors += ((sinks.shape, sinks.dtype, sinks.device, sinks.requires_grad),)
+        tensors += (sinks.shape, sinks.dtype, sinks.device, sinks.requires_grad)
     cluster_state = (profile_key(call.options.profile), cluster.view_key()) \
         if world > 1 and call.needs_cluster else None
-    return (_group_name(group), call, tensors, torch.is_grad_enabled(), cluster_state)
+    return (_group_name(group), world, call, tensors, torch.is_grad_enabled(), cluster_state)
 
 
 def lookup(group, q, k, v, call: BurstCall, world: int, sinks=None) -> Prepared:
@@ -153,7 +153,7 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared
         raise ValueError("burst_attn with keep= cannot be captured in a CUDA graph: matching "
                          "a kept output to its recompute reads the host")
     sig = signature(call, q, k, v, topology, sinks)
-    spec = _ring_spec(q, k, v, group, world, topology, call, backward=bool(sig["requires_grad"]))
+    spec = _ring_spec(q, k, v, group, world, topology, call)
     keep_key = headers.describe_call({n: x for n, x in sig.items()
                                       if n not in ("requires_grad", "error")})
     peers = _ulysses_peers(group, world, topology.ulysses)
@@ -178,50 +178,26 @@ def capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall, *,
-               backward: bool) -> RingSpec:
-    """Everything the ring loops need besides tensors: schedule, ring, scale and the kernel,
-    chosen for (and checked against) every block this rank will run."""
+def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall) -> RingSpec:
+    """The call's plan (``call_plan.plan_for``: made once per key, shared by every call of
+    it) with the kernel, chosen for and checked against every block the plan runs."""
     u, seq_first = topology.ulysses, call.qkv_format == "sbhd"
     s_local = q.shape[0] if seq_first else q.shape[1]
-    sched = _schedule(call.cu_seqlens, s_local * world, call.layout, world,
-                      Mask(call.causal, call.window_size), u)
-    topo = None
-    if topology.ring_size > 1:
-        members = group_ranks(group, world)
-        me = members.index(dist.get_rank())
-        ring_ranks = members[me % u::u]  # the same Ulysses slot of every group
-        topo = RingTopology(ring_ranks, members[me], topology.positions_per_node)
-    scale = call.softmax_scale if call.softmax_scale is not None else default_scale(q.shape[3])
-    spec = RingSpec(group=group, topo=topo, sched=sched, scale=scale, backward=topology.backward,
-                    seq_first=seq_first and u == 1, kernel=None,
-                    fixed_shapes=call.cu_seqlens is None)
-    pairs = spec.pairs(backward)
-    # The ring's heads: Ulysses splits them U ways (K/V replicated where fewer than U).
-    hq, hkv = q.shape[2] // u, max(k.shape[2] // u, 1)
     batch = q.shape[1] if seq_first else q.shape[0]
-    kernel = choose_kernel(call.kernel, q.dtype, hq, hkv, q.shape[3], q.device,
-                           blocks=lambda: (b for p in pairs for b in sched.blocks(*p)),
-                           varlen=batch == 1, dv=v.shape[3])
-    spec = dataclasses.replace(spec, kernel=kernel, whole=spec.whole_block(s_local, s_local))
-    # A new pack is planned here, before the check's collective: host work that then
-    # overlaps what the GPU still has queued instead of following a synchronisation.
-    spec.plan(pairs, q.device)
-    if call.cu_seqlens is not None and spec.whole is None:
-        spec = dataclasses.replace(spec, whole=spec.whole_call(s_local, q.device))
-    return spec
-
-
-def _schedule(pack: DocumentPack | None, total: int, layout: str, world: int, mask: Mask,
-              ulysses: int) -> RingSchedule:
-    """The call's schedule: a plain sequence's from a small cache (its shape repeats every
-    step), a pack's from the pack, so every layer and the backward share its plans."""
-    if pack is None:
-        return RingSchedule.of(layout, world, (total,), mask, ulysses)
-    key = (layout, world, mask, ulysses)
-    if key not in pack.schedules:
-        pack.schedules[key] = RingSchedule.of(layout, world, pack.lens, mask, ulysses)
-    return pack.schedules[key]
+    # The ring's heads: Ulysses splits them U ways (K/V replicated where fewer than U).
+    heads = (q.dtype, q.shape[2] // u, max(k.shape[2] // u, 1), q.shape[3], q.device)
+    kernel = pick_kernel(call.kernel, *heads, dv=v.shape[3])
+    pack = call.cu_seqlens
+    plan = plan_for(PlanKey(
+        call.layout, world, pack if pack is not None else (s_local * world,),
+        Mask(call.causal, call.window_size), u,
+        ring_key(group, world, topology.ulysses, topology.positions_per_node),
+        topology.backward, batch == 1, None if pack is not None else kernel.dense_min_area))
+    check_kernel(kernel, call.kernel, *heads, blocks=plan.blocks, varlen=batch == 1,
+                 dv=v.shape[3])
+    plan.upload(q.device)  # a pack planned ahead on the host gets its boundaries here
+    scale = call.softmax_scale if call.softmax_scale is not None else default_scale(q.shape[3])
+    return RingSpec(group, plan, scale, seq_first and u == 1, kernel)
 
 
 def _topology(group, world: int, q, k, v, call: BurstCall) -> CPTopology:

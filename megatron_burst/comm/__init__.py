@@ -11,9 +11,11 @@ One module per job:
 - ``waits``: host-blocking waits that give up, naming the peer (``wait_bounded``);
 - ``headers``: the header every message starts with, checked by its receiver;
 - ``messages``: one buffer per hop (``Packed``), posted one batch per step (``PeerComm``);
-- ``ring_positions``: who holds what at each step of a flat or double ring (``RingTopology``);
-- ``rings``: payloads and gradient accumulators moved round it (``PayloadRing``,
-  ``AccumulatorRoute``);
+- ``ring_positions``: who holds what at each step of a flat or double ring (``RingTopology``),
+  and the hops and accumulator routes that follow, as data (``route_hops``,
+  ``accumulator_steps``);
+- ``rings``: payloads and gradient accumulators moved round it by those routes
+  (``PayloadRing``, ``AccumulatorRoute``);
 - ``exchange``: the all-to-all among a few peers (Ulysses);
 - ``emulated_nodes`` and ``emulator``: for benchmarks, virtual nodes on one host joined by a
   slower link (``$MEGATRON_BURST_EMULATE``; off unless set);
@@ -32,7 +34,9 @@ _LAZY = {
     "exchange": ".exchange", "Batch": ".messages", "Packed": ".messages",
     "Pending": ".messages", "PeerComm": ".messages", "AccumulatorRoute": ".rings",
     "PayloadRing": ".rings", "RowShape": ".rings", "RingTopology": ".ring_positions",
-    "Rows": ".ring_positions", "payload_hops": ".ring_positions",
+    "Rows": ".ring_positions", "payload_hops": ".ring_positions", "Hop": ".ring_positions",
+    "AccumulatorStep": ".ring_positions", "route_hops": ".ring_positions",
+    "accumulator_steps": ".ring_positions", "next_kind": ".ring_positions",
     "DEFAULT_TIMEOUT_S": ".waits", "TIMEOUT_ENV": ".waits", "timeout_s": ".waits",
     "wait_bounded": ".waits",
 }

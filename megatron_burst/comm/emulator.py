@@ -130,6 +130,7 @@ class Emulation:
         return wrapped
 
     def install(self) -> None:
+        _INSTALLED.append(self)
         n = self.nodes
         for name in ("batch_isend_irecv", "all_to_all_single", "all_gather_into_tensor",
                      "reduce_scatter_tensor"):
@@ -161,8 +162,18 @@ class Emulation:
         for module, attr, original in getattr(self, "_undo", []):
             setattr(module, attr, original)
         self._undo = []
+        _INSTALLED[:] = [e for e in _INSTALLED if e is not self]
         if _ACTIVE is self:
             _ACTIVE = None
+
+
+_INSTALLED: list[Emulation] = []  # every emulation whose wrappers are in place
+
+
+def wraps_p2p() -> bool:
+    """Whether an emulation wraps ``dist.batch_isend_irecv`` now: the ring must then post
+    through it (``messages.post_ops``), not around it."""
+    return bool(_INSTALLED)
 
 
 def active() -> Emulation | None:

@@ -72,15 +72,16 @@ class HeaderCheck:
 
     def __init__(self, tag: CallTag, phase: str, device: torch.device, rank: int):
         self.tag, self.phase, self.device, self.rank = tag, phase, device, rank
-        self._words = torch.tensor(tag.words(phase), dtype=torch.int64)
-        self._expected = self._words
-        if device.type == "cuda":  # made once per pass; every stamp is then a device copy
-            self._expected = self._words.pin_memory().to(device, non_blocking=True)
+        self._expected: torch.Tensor | None = None  # the words, where stamps copy them from
         self._got: list[torch.Tensor] = []
         self._senders: list[int] = []
 
     def stamp(self, header: torch.Tensor) -> None:
         """Write this pass's header into a message about to be sent."""
+        if self._expected is None:  # once per pass, at its first send: a pinned upload
+            words = torch.tensor(self.tag.words(self.phase), dtype=torch.int64,
+                                 pin_memory=self.device.type == "cuda")
+            self._expected = words.to(self.device, non_blocking=True)
         header.copy_(self._expected, non_blocking=True)
 
     def received(self, header: torch.Tensor, sender: int) -> None:

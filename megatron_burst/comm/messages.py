@@ -19,12 +19,13 @@ all) are the same, so every later message between them in the pass has the size 
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from . import headers
+from . import emulator, headers
 from .accounting import record_sent
 from .waits import wait_bounded
 
@@ -42,15 +43,10 @@ class Packed:
 
     def __init__(self, specs: Sequence[tuple[torch.Size, torch.dtype]], device: torch.device,
                  *, zero: bool = False):
-        sizes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
-        offsets, total = [], headers.BYTES  # the message's header comes first (headers.py)
-        for size in sizes:
-            offsets.append(total)
-            total += -(-size // _ALIGN) * _ALIGN
+        total, offsets, sizes, self.nbytes = _layout(tuple(specs))
         self.flat = (torch.zeros if zero else torch.empty)(total, dtype=torch.uint8,
                                                            device=device)
         self.header = self.flat[:headers.BYTES].view(torch.int64)
-        self.nbytes = sum(sizes)  # what the accounting counts: the tensors, not the padding
         self.views = tuple(self.flat[o:o + size].view(dtype).view(shape)
                            for o, size, (shape, dtype) in zip(offsets, sizes, specs))
 
@@ -71,26 +67,53 @@ class Packed:
         return packed
 
 
+@functools.lru_cache(maxsize=512)  # by value: a call's hops repeat the same few layouts
+def _layout(specs: tuple[tuple[torch.Size, torch.dtype], ...]
+            ) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    """(total bytes, each tensor's byte offset, each tensor's bytes, the tensors' bytes, what
+    the accounting counts) of a message holding tensors of ``specs`` behind the header, each
+    view aligned to ``_ALIGN`` bytes."""
+    sizes = tuple(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs)
+    offsets, total = [], headers.BYTES  # the message's header comes first (headers.py)
+    for size in sizes:
+        offsets.append(total)
+        total += -(-size // _ALIGN) * _ALIGN
+    return total, tuple(offsets), sizes, sum(sizes)
+
+
 class Batch:
-    """The works of one ``batch_isend_irecv`` and the buffers it sends.
+    """The works of one posted batch and the buffers it sends.
 
     ``wait()`` waits once: gloo's send/receive works must not be waited on twice (a second
     wait blocks for a message that never comes), and several receives share one batch.
     The sent buffers are held until then: gloo cancels a send whose work is dropped.
+    ``peers``: (verb, global rank, phase) per op, for the error of a wait that times out.
     """
 
-    def __init__(self, works: list, sent: object = (), what: Sequence[str] = (),
+    def __init__(self, works: list, sent: object = (), peers: Sequence[tuple] = (),
                  device: torch.device | None = None):
         self._works, self._sent = works, sent
-        self._what, self._device = list(what), device  # per op: whom a timeout names
+        self._peers, self._device = peers, device
 
     def wait(self) -> None:
-        # gloo hands back one work per op, in op order; NCCL one for the batch, and NCCL
-        # waits are never timed (see wait_bounded).
-        for i, work in enumerate(self._works):
-            what = self._what[i] if i < len(self._what) else "for a ring hop"
-            wait_bounded(work, self._device or torch.device("cpu"), what)
+        if self._device is not None and self._device.type != "cpu":
+            for work in self._works:  # NCCL: one work per batch; the stream waits, not us
+                work.wait()
+        else:  # gloo: one work per op, in op order; each wait bounded, naming its peer
+            for i, work in enumerate(self._works):
+                wait_bounded(work, torch.device("cpu"), _waiting_for(self._peers, i))
         self._works, self._sent = [], ()
+
+
+def _waiting_for(peers: Sequence[tuple], i: int) -> str:
+    """What op ``i`` of a batch waits for, in words (made only when a wait needs them):
+    ``peers[i]`` is (verb, global rank, what moves, phase)."""
+    if i >= len(peers):
+        return "for a ring hop"
+    verb, rank, what, phase = peers[i]
+    if verb == "send":
+        return f"for rank {rank} to take a {what} ({phase})"
+    return f"for a {what} from rank {rank} ({phase})"
 
 
 class Pending:
@@ -145,22 +168,21 @@ class PeerComm:
         each other. Returns a Pending per receive (all of them the first when there is none
         to receive: it then only holds the sent buffers until the batch completes).
         """
-        if (sends or recvs) and (sends or recvs)[0][0].flat.device.type == "cpu":
+        first = sends[0][0] if sends else (recvs[0][0] if recvs else None)
+        device = first.flat.device if first is not None else None
+        if device is not None and device.type == "cpu":
             self._trade_headers(sends, recvs)
-        ops, what = [], []
-        for buf, to in sends:
-            if self.check is not None:
-                self.check.stamp(buf.header)
-            ops.append(dist.P2POp(dist.isend, buf.flat, to, self.group))
-            what.append(f"for rank {to} to take a ring hop ({self.phase})")
-            record_sent(buf.nbytes, self.phase)
-        for buf, frm in recvs:
-            ops.append(dist.P2POp(dist.irecv, buf.flat, frm, self.group))
-            what.append(f"for a ring hop from rank {frm} ({self.phase})")
-        device = ops[0].tensor.device if ops else None
-        batch = Batch(dist.batch_isend_irecv(ops) if ops else [], [buf for buf, _ in sends],
-                      what, device)
-        return ([Pending(batch, buf, self.check, frm) for buf, frm in recvs]
+        check, phase = self.check, self.phase
+        for buf, _ in sends:
+            if check is not None:
+                check.stamp(buf.header)
+            record_sent(buf.nbytes, phase)
+        works = post_ops(self.group, device, [(buf.flat, to) for buf, to in sends],
+                         [(buf.flat, frm) for buf, frm in recvs]) if device is not None else []
+        peers = [("send", to, "ring hop", phase) for _, to in sends] + [
+            ("recv", frm, "ring hop", phase) for _, frm in recvs]
+        batch = Batch(works, [buf for buf, _ in sends], peers, device)
+        return ([Pending(batch, buf, check, frm) for buf, frm in recvs]
                 or [Pending(batch, None)])
 
     def _trade_headers(self, sends: Sequence[tuple[Packed, int]],
@@ -174,16 +196,14 @@ class PeerComm:
             return
         self._traded.update([("to", to) for _, to in sends] + [("from", f) for _, f in recvs])
         words = self.check.tag.words(self.phase) if self.check is not None else (0, 0, 0, 0)
-        ops, got, what = [], [], []
-        for buf, to in sends:
-            ops.append(dist.P2POp(dist.isend, torch.tensor([*words, buf.flat.numel()]), to,
-                                  self.group))
-            what.append(f"for rank {to} to take a ring hop's header ({self.phase})")
-        for buf, frm in recvs:
-            got.append(torch.empty(5, dtype=torch.int64))
-            ops.append(dist.P2POp(dist.irecv, got[-1], frm, self.group))
-            what.append(f"for a ring hop's header from rank {frm} ({self.phase})")
-        Batch(dist.batch_isend_irecv(ops), what=what).wait()
+        got = [torch.empty(5, dtype=torch.int64) for _ in recvs]
+        cpu = torch.device("cpu")
+        works = post_ops(self.group, cpu,
+                         [(torch.tensor([*words, buf.flat.numel()]), to) for buf, to in sends],
+                         [(g, frm) for g, (_, frm) in zip(got, recvs)])
+        what = "ring hop's header"
+        Batch(works, peers=[("send", to, what, self.phase) for _, to in sends]
+              + [("recv", frm, what, self.phase) for _, frm in recvs], device=cpu).wait()
         rank = dist.get_rank()
         for (buf, frm), header in zip(recvs, got):
             header = tuple(header.tolist())
@@ -193,3 +213,48 @@ class PeerComm:
                 raise ValueError(f"burst_attn: rank {rank} expects a message of {buf.flat.numel()} "
                                  f"bytes from rank {frm} ({self.phase}), which sends "
                                  f"{header[4]}: the ranks' calls pair up wrongly (other shapes)")
+
+
+def post_ops(group: dist.ProcessGroup | None, device: torch.device,
+             sends: Sequence[tuple[torch.Tensor, int]],
+             recvs: Sequence[tuple[torch.Tensor, int]]) -> list:
+    """Post sends and receives (tensor, global rank) as one batch; returns its works.
+
+    What ``dist.batch_isend_irecv`` does, through the process group's own calls: one
+    coalesced NCCL group (sends and receives launched together, so no rank waits on a
+    peer's later op), one work per op on gloo. The Python of ``batch_isend_irecv`` and
+    ``P2POp`` (about 70 calls per hop, most of a small hop's host time) is skipped.
+    Under the link emulator the messages go through ``batch_isend_irecv``, which it wraps.
+    """
+    if emulator.wraps_p2p():
+        ops = [dist.P2POp(dist.isend, t, to, group) for t, to in sends] + [
+            dist.P2POp(dist.irecv, t, frm, group) for t, frm in recvs]
+        return dist.batch_isend_irecv(ops) if ops else []
+    pg, peer, coalesce = _process_group(group, device.type)
+    if coalesce:
+        pg._start_coalescing(device)
+        for t, to in sends:
+            pg.send([t], peer[to], 0)
+        for t, frm in recvs:
+            pg.recv([t], peer[frm], 0)
+        return [pg._end_coalescing(device)]
+    return ([pg.send([t], peer[to], 0) for t, to in sends]
+            + [pg.recv([t], peer[frm], 0) for t, frm in recvs])
+
+
+_GROUPS: dict[tuple[str, str], tuple] = {}  # (group name, device type) -> _process_group
+
+
+def _process_group(group: dist.ProcessGroup | None, device_type: str
+                   ) -> tuple[dist.ProcessGroup, dict[int, int], bool]:
+    """(the process group, global rank -> its rank in the group, whether the backend for
+    ``device_type`` coalesces point-to-point ops), read once per group name and device."""
+    pg = group if group is not None else dist.group.WORLD
+    key = (pg.group_name, device_type)
+    found = _GROUPS.get(key)
+    if found is None or found[0] is not pg:  # a name reused by a new group: read again
+        ranks = dist.get_process_group_ranks(pg)
+        coalesce = (type(pg) is dist.ProcessGroup
+                    and pg._get_backend(torch.device(device_type)).supports_coalescing)
+        found = _GROUPS[key] = (pg, {r: i for i, r in enumerate(ranks)}, coalesce)
+    return found

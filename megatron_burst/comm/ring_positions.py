@@ -3,11 +3,13 @@
 Why apart: the ring can be flat or a double ring (K/V go round the ranks of a node every
 step and cross to the next node once every L steps). ``RingTopology`` answers who holds
 what at each step and ``payload_hops`` which hops a position posts, as plain arithmetic on
-positions: the rings (``rings.py``) move payloads by it, and the cost model
-(``cost.py``) counts bytes by the same hop plan without any process group.
+positions. A call's plan turns it into data once (``route_hops``, ``accumulator_steps``),
+which the rings (``rings.py``) follow step by step; the cost model (``cost.py``) counts
+bytes by the same hop plan without any process group.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 
@@ -86,3 +88,74 @@ def payload_hops(topo: RingTopology, step: int, rows: Rows
                       n * topo.intra + (l_ - sign) % topo.intra,
                       used(topo.source(p, step + 1), step + 1)))
     return hops
+
+
+# ------------------------------------------------------------------------- routes as data
+
+
+@dataclasses.dataclass(frozen=True)
+class Hop:
+    """One transfer pair a position posts at a step, in global ranks: ``n_send`` rows of the
+    payload it holds to ``to``, ``n_recv`` rows from ``frm`` (zero: no message)."""
+
+    kind: str  # 'intra' (next position of the node) or 'inter' (the next node)
+    to: int
+    n_send: int
+    frm: int
+    n_recv: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulatorStep:
+    """What a position does at step s >= 1 with the travelling gradient accumulators:
+    ``new_rows``, a zero accumulator for the payload it holds (0: none); ``send_to``, the
+    global rank that accumulator goes to once this step's gradients are in it (the next
+    holder, or its owner); ``recv_next`` and ``recv_home``, (rows, global rank) of the
+    accumulator of the payload it holds at s+1, and of its own coming home."""
+
+    new_rows: int = 0
+    send_to: int | None = None
+    recv_next: tuple[int, int] | None = None
+    recv_home: tuple[int, int] | None = None
+
+
+def route_hops(topo: RingTopology, last: int, rows: Rows) -> tuple[tuple[Hop, ...], ...]:
+    """The hops of steps 0..last (``payload_hops``, ranks global, empty hops left out)."""
+    return tuple(tuple(Hop(kind, topo.rank(to), n_send, topo.rank(frm), n_recv)
+                       for kind, to, n_send, frm, n_recv in payload_hops(topo, step, rows)
+                       if n_send or n_recv)
+                 for step in range(last + 1))
+
+
+def next_kind(topo: RingTopology, step: int) -> str:
+    """Which hop brings the payload of ``step + 1``: the intra-node one, except at the last
+    step of a round, where it comes from the previous node."""
+    return "intra" if step % topo.intra + 1 < topo.intra else "inter"
+
+
+def accumulator_steps(topo: RingTopology, last: int, rows: Rows
+                      ) -> tuple[AccumulatorStep, ...]:
+    """Each step's accumulator traffic (step 0's gradients stay home: an empty step).
+
+    From step 1 the holder of origin o's payload adds its part to o's accumulator (the
+    payload's leading ``rows(o, 1)`` rows: all any other position touches) and passes it to
+    the next holder that still uses o's payload, or home after the last one."""
+    def used(origin: int, step: int) -> int:
+        return rows(origin, step) if step < topo.size else 0
+
+    p, out = topo.index, [AccumulatorStep()]
+    for step in range(1, last + 1):
+        origin = topo.source(p, step)
+        new = used(origin, 1) if used(origin, 1) and used(origin, step) else 0
+        send_to = None
+        if new:
+            to = topo.holder(origin, step + 1) if used(origin, step + 1) else origin
+            send_to = topo.rank(to)
+        nxt = topo.source(p, step + 1) if step + 1 < topo.size else None
+        recv_next = recv_home = None
+        if nxt is not None and used(nxt, step + 1):
+            recv_next = (used(nxt, 1), topo.rank(topo.holder(nxt, step)))
+        if used(p, step) and not used(p, step + 1):  # the last use of our payload
+            recv_home = (used(p, 1), topo.rank(topo.holder(p, step)))
+        out.append(AccumulatorStep(new, send_to, recv_next, recv_home))
+    return tuple(out)

@@ -1,8 +1,10 @@
-"""Payload rings and gradient-accumulator routes over a ``RingTopology``.
+"""Payload rings and gradient-accumulator routes that follow a route planned beforehand.
 
 ``PayloadRing`` / ``AccumulatorRoute`` move payloads (K/V; Q with dO, lse and delta) and
-their gradient accumulators round a flat or double ring (``ring_positions.py``), each hop cut to
-the rows its receiver uses (``RowShape``), so the attention loops never see the topology.
+their gradient accumulators round a flat or double ring. Where each hop goes and how many
+rows it carries is data made once per call plan (``ring_positions.route_hops`` and
+``accumulator_steps``, from the schedule's row tables), so a step here only allocates,
+packs and posts: no arithmetic on positions, no questions about the schedule.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Sequence
 import torch
 
 from .messages import Packed, Pending, PeerComm
-from .ring_positions import RingTopology, Rows, payload_hops
+from .ring_positions import AccumulatorStep, Hop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,30 +51,31 @@ class RowShape:
 
 
 class PayloadRing:
-    """Moves a payload (K/V, or Q with dO/lse/delta) so position p holds source(p, s) at s.
+    """Moves a payload so that each position holds, at each step, the payload its route
+    says: ``post(hops, payload)`` starts the step's hops (``ring_positions.Hop``: each
+    carries only the leading rows its receiver still uses, nothing for a step no one
+    needs); ``next(kind)`` waits for the one that brings the next step's payload.
 
-    Each hop carries only the leading rows its receiver will still use (``rows``, from the
-    schedule): nothing for a step no one needs, and for packed documents kept whole on one
-    rank, never their rows. Within a node the payload hops to the next position every step;
-    at the first step of each round it is also sent to the same position of the next node,
-    and that inter-node transfer has the whole round of L-1 intra-node steps to complete.
+    Within a node the payload hops to the next position every step; at the first step of
+    each round it also goes to the same position of the next node, and that inter-node
+    transfer has the whole round of L-1 intra-node steps to complete.
     """
 
-    def __init__(self, topo: RingTopology, comm: PeerComm, row_shape: RowShape, rows: Rows):
-        self.topo, self.comm, self.row_shape, self.rows = topo, comm, row_shape, rows
+    def __init__(self, comm: PeerComm, row_shape: RowShape):
+        self.comm, self.row_shape = comm, row_shape
         self._pending: dict[str, Pending] = {}
         self._held: Packed | None = None  # the buffer the last next() handed out
         self._outgoing: Pending | None = None
 
-    def post(self, step: int, payload: Sequence[torch.Tensor] | None) -> None:
-        """Start the transfers that bring the payloads of later steps (call at ``step``)."""
+    def post(self, hops: Sequence[Hop], payload: Sequence[torch.Tensor] | None) -> None:
+        """Start this step's hops (``payload``: what this position holds now)."""
         sends, recvs, kinds = [], [], []
-        for kind, to, n_send, frm, n_recv in payload_hops(self.topo, step, self.rows):
-            if n_send:
-                sends.append((self._pack(payload, n_send), self.topo.rank(to)))
-            if n_recv:
-                recvs.append((self.row_shape.packed(n_recv), self.topo.rank(frm)))
-                kinds.append(kind)
+        for hop in hops:
+            if hop.n_send:
+                sends.append((self._pack(payload, hop.n_send), hop.to))
+            if hop.n_recv:
+                recvs.append((self.row_shape.packed(hop.n_recv), hop.frm))
+                kinds.append(hop.kind)
         self.finish()  # last step's sends: done by now (their receivers posted first)
         if sends or recvs:
             pending = self.comm.post(sends, recvs)
@@ -92,60 +95,47 @@ class PayloadRing:
             return held  # received by this ring, all of it still needed: send on as is
         return Packed.holding(self.row_shape.cut(payload, rows))  # cut and packed: one copy
 
-    def next(self, step: int) -> tuple[torch.Tensor, ...] | None:
-        """The payload for ``step + 1`` (waits for its transfer); None when nothing of it
-        is used."""
-        kind = "intra" if step % self.topo.intra + 1 < self.topo.intra else "inter"
+    def next(self, kind: str) -> tuple[torch.Tensor, ...] | None:
+        """The payload the ``kind`` hop brings for the next step (waits for its transfer);
+        None when nothing of it is used."""
         pending = self._pending.pop(kind, None)
-        views = pending.wait() if pending is not None else []
-        self._held = pending.received if pending is not None else None
+        if pending is None:
+            self._held = None
+            return None
+        views = pending.wait()
+        self._held = pending.received
         return tuple(views) if views else None
 
 
 class AccumulatorRoute:
-    """Sends gradient accumulators after the payload they belong to, and home.
+    """Sends gradient accumulators after the payload they belong to, and home, as each
+    step's ``ring_positions.AccumulatorStep`` says."""
 
-    Step 0's gradients of a position's own payload stay home. From step 1 the holder of
-    origin o's payload adds its part to o's accumulator (the payload's leading
-    ``rows(o, 1)`` rows: all any other position touches) and passes it to the next
-    holder that still uses o's payload, or home after the last one.
-    """
+    def __init__(self, comm: PeerComm, row_shape: RowShape):
+        self.comm, self.row_shape = comm, row_shape
 
-    def __init__(self, topo: RingTopology, comm: PeerComm, row_shape: RowShape, rows: Rows):
-        self.topo, self.comm, self.row_shape, self.rows = topo, comm, row_shape, rows
+    def new(self, step: AccumulatorStep) -> Packed | None:
+        """A zero accumulator for the travelling rows of the payload held at this step."""
+        return self.row_shape.packed(step.new_rows, zero=True) if step.new_rows else None
 
-    def used(self, origin: int, step: int) -> int:
-        return self.rows(origin, step) if step < self.topo.size else 0
-
-    def new(self, origin: int, step: int) -> Packed | None:
-        """A zero accumulator for ``origin``'s travelling rows, if this position holds that
-        payload at ``step`` (None: it does not, or the payload never travels)."""
-        rows = self.used(origin, 1)
-        return self.row_shape.packed(rows, zero=True) if rows and self.used(origin, step) else None
-
-    def pass_on(self, step: int, acc: Packed | None
+    def pass_on(self, step: AccumulatorStep, acc: Packed | None
                 ) -> tuple[Pending | None, Pending | None, Pending]:
-        """At ``step`` >= 1: send the accumulator of the origin held now on, or home.
+        """Send the held accumulator ``acc`` on (or home), and post the receives.
 
-        Returns (the accumulator of the origin held at step+1, as its holder at ``step``
-        passes it; this position's own accumulator, when it comes home at ``step``; the
-        batch, to wait on before the sent accumulator may be reused).
-        """
-        topo, p = self.topo, self.topo.index
+        Returns (the accumulator of the payload held next step, as its holder now passes
+        it; this position's own, when it comes home now; the batch, to wait on before the
+        sent accumulator may be reused)."""
         sends, recvs, kinds = [], [], []
         if acc is not None:
-            origin = topo.source(p, step)
-            to = topo.holder(origin, step + 1) if self.used(origin, step + 1) else origin
-            sends.append((acc, topo.rank(to)))
-        nxt = topo.source(p, step + 1) if step + 1 < topo.size else None
-        if nxt is not None and self.used(nxt, step + 1):
-            recvs.append((self.row_shape.packed(self.used(nxt, 1)),
-                          topo.rank(topo.holder(nxt, step))))
-            kinds.append("forward")
-        if self.used(p, step) and not self.used(p, step + 1):  # the last use of our payload
-            recvs.append((self.row_shape.packed(self.used(p, 1)),
-                          topo.rank(topo.holder(p, step))))
+            sends.append((acc, step.send_to))
+        if step.recv_next is not None:
+            rows, frm = step.recv_next
+            recvs.append((self.row_shape.packed(rows), frm))
+            kinds.append("next")
+        if step.recv_home is not None:
+            rows, frm = step.recv_home
+            recvs.append((self.row_shape.packed(rows), frm))
             kinds.append("home")
         pending = self.comm.post(sends, recvs)
         got = dict(zip(kinds, pending))
-        return got.get("forward"), got.get("home"), pending[0]
+        return got.get("next"), got.get("home"), pending[0]

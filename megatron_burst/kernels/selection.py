@@ -268,14 +268,34 @@ def choose_kernel(name: str | None, dtype: torch.dtype, hq: int, hkv: int, d: in
     ``d``): the fastest that works, or the one ``name`` forces; checked against ``blocks()``
     (every block the call will run) and, with ``varlen``, its one-launch varlen form, as the
     module docstring says. Raises ValueError naming the kernel and what it cannot run."""
+    kernel = pick_kernel(name, dtype, hq, hkv, d, device, dv=dv)
+    check_kernel(kernel, name, dtype, hq, hkv, d, device, blocks=blocks, varlen=varlen, dv=dv)
+    return kernel
+
+
+def pick_kernel(name: str | None, dtype: torch.dtype, hq: int, hkv: int, d: int,
+                device: torch.device, *, dv: int | None = None) -> LocalAttention:
+    """``choose_kernel``'s kernel before its check against a call's blocks (the call's plan
+    depends on the kernel's ``dense_min_area``; ``check_kernel`` follows, before any
+    message moves)."""
     dv = d if dv is None else dv
     shape = (str(dtype), hq, hkv, d, dv, str(device))
     if name is None:
-        kernel = _once(("auto", *shape), lambda: _auto(dtype, hq, hkv, d, device, dv))
-        if kernel.capabilities.runs_every_block:
-            return kernel  # the automatic choice holds a kernel for every block
-    else:
-        kernel = _once((name, *shape), lambda: _forced(name, dtype, hq, hkv, d, device, dv))
+        return _once(("auto", *shape), lambda: _auto(dtype, hq, hkv, d, device, dv))
+    return _once((name, *shape), lambda: _forced(name, dtype, hq, hkv, d, device, dv))
+
+
+def check_kernel(kernel: LocalAttention, name: str | None, dtype: torch.dtype, hq: int,
+                 hkv: int, d: int, device: torch.device, *,
+                 blocks: Callable[[], Iterable[Block]] = tuple, varlen: bool = False,
+                 dv: int | None = None) -> None:
+    """Raise ValueError unless ``kernel`` (``pick_kernel``'s for ``name``) computes every
+    block of ``blocks()`` exactly: its capabilities admit each, and a forced kernel passes
+    its probe on each kind of block (and on varlen calls, with ``varlen``)."""
+    if name is None and kernel.capabilities.runs_every_block:
+        return  # the automatic choice holds a kernel for every block
+    dv = d if dv is None else dv
+    shape = (str(dtype), hq, hkv, d, dv, str(device))
     kinds = set()
     for blk in blocks():
         refusal = kernel.capabilities.block_refusal(blk)
@@ -295,7 +315,6 @@ def choose_kernel(name: str | None, dtype: torch.dtype, hq: int, hkv: int, d: in
                 lambda: _probe_varlen(kernel, dtype, hq, hkv, d, device, dv)):
             raise ValueError(f"kernel={name!r} fails its check on varlen calls of {hq}:{hkv} "
                              f"heads of dim {d} in {dtype} on {device}")
-    return kernel
 
 
 def select_kernel(q: torch.Tensor, k: torch.Tensor, name: str | None = None,

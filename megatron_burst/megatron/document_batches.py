@@ -71,7 +71,7 @@ class DocumentBatchMaker:
     def __call__(self, sample: Mapping[str, torch.Tensor]) -> PreparedBatch:
         local, params = shard_document_batch(sample, self.eod, self.group, self.layout)
         calls = tuple(c for t in self.targets
-                      for c in plan_pack(params.pack, t, self.rings[t]))
+                      for c in plan_pack(params.pack, t, self.rings[t]).calls)
         flops, share = (self.counter.count(params.pack.lens) if self.counter is not None
                         else (None, 0.0))
         cu = params.pack.cu_seqlens

@@ -1,17 +1,16 @@
 """A document pack's ring plans, made before the layers that use them (host work only).
 
-At the first layer's call ``megatron_burst.attention.prepare`` finds a pack's schedule in
-``pack.schedules`` under (layout, world, mask, ulysses), and the schedule memoises its
-blocks, row tables and kernel-call plans. Everything in it follows from the pack's lengths
-and a few values of the run, so the data path can make it a micro-batch early, off the
-step (``prefetch``). What a layer's plans depend on is a ``PlanTarget``: the layout the
-batch was sharded with, the layer's mask, and the run's CP topology and group.
-``plan_pack`` builds, for one target, the same ring spec ``prepare`` builds and plans its
-kernel calls on the host; the boundaries go to the device at the step (``upload``), on
-the step's own stream, by one non-blocking copy from pinned memory.
+A layer's call finds its plan with ``attention.call_plan.plan_for`` under a ``PlanKey``
+(layout, world, the pack, mask, Ulysses, this rank's ring, backward mode). Everything in it
+follows from the pack's lengths and a few values of the run, so the data path can make it
+a micro-batch early, off the step (``prefetch``), by the same function from the same key:
+what a layer's plan depends on besides the pack is a ``PlanTarget`` (the layout the batch
+was sharded with, the layer's mask, and the run's CP topology and group), and
+``plan_pack`` asks ``plan_for`` for its key. The boundaries go to the device at the step
+(``upload``), on the step's own stream, by one non-blocking copy from pinned memory.
 
 Plans are keyed by value, so a target that no layer uses only costs time, and a layer
-whose plans were not made ahead makes them itself: exact either way.
+whose plan was not made ahead makes it itself: exact either way.
 """
 from __future__ import annotations
 
@@ -19,20 +18,14 @@ import dataclasses
 from typing import Any, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 
-from megatron_burst.comm.ring_positions import RingTopology
+from megatron_burst.attention.call_plan import CallPlan, PlanKey, RingKey, plan_for, ring_key
 from megatron_burst.decide.topology import CPTopology
 from megatron_burst.megatron import masks
 from megatron_burst.megatron.attention import BurstDotProductAttention
 from megatron_burst.plan.packs import DocumentPack
-from megatron_burst.plan.placement import local_length
-from megatron_burst.attention.ring_spec import RingSpec
-from megatron_burst.plan.schedule import Mask, RingSchedule
-from megatron_burst.attention.sharding import group_ranks
+from megatron_burst.plan.schedule import Mask
 from megatron_burst.kernels.varlen import KernelCall, upload_boundaries
-
-HOST = torch.device("cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,14 +45,14 @@ class PlanTarget:
         return PlanTarget(layout, mask, topology.cp, topology.ulysses,
                           topology.positions_per_node, topology.backward, group)
 
-    def ring(self) -> Optional[RingTopology]:
-        """This rank's ring position, as ``prepare`` makes it (None: a single member)."""
-        if self.world // self.ulysses == 1:
-            return None
-        members = group_ranks(self.group, self.world)
-        me = members.index(dist.get_rank())
-        return RingTopology(members[me % self.ulysses::self.ulysses], members[me],
-                            self.positions_per_node)
+    def ring(self) -> Optional[RingKey]:
+        """This rank's ring, as a call on ``group`` finds it (None: a single member)."""
+        return ring_key(self.group, self.world, self.ulysses, self.positions_per_node)
+
+    def key(self, pack: DocumentPack, ring: Optional[RingKey]) -> PlanKey:
+        """The key a layer's call on ``pack`` plans under (``prepare._ring_spec``'s)."""
+        return PlanKey(self.layout, self.world, pack, self.mask, self.ulysses, ring,
+                       self.backward, True, None)
 
 
 def targets_from_args(layout: str, windows: Sequence[Tuple[int, int]],
@@ -81,34 +74,10 @@ def targets_of_model(model: torch.nn.Module, layout: str) -> Tuple[PlanTarget, .
     return tuple(sorted(found, key=lambda t: t.mask.window))
 
 
-def pack_schedule(pack: DocumentPack, target: PlanTarget) -> RingSchedule:
-    """The pack's schedule for ``target``, kept in ``pack.schedules`` as ``prepare`` keeps it."""
-    key = (target.layout, target.world, target.mask, target.ulysses)
-    found = pack.schedules.get(key)
-    if found is None:
-        found = RingSchedule.of(target.layout, target.world, pack.lens, target.mask,
-                                target.ulysses)
-        found = pack.schedules.setdefault(key, found)
-    return found
-
-
-def plan_pack(pack: DocumentPack, target: PlanTarget,
-              ring: Optional[RingTopology]) -> Tuple[KernelCall, ...]:
-    """Make ``pack``'s plans for ``target`` (``ring``: ``target.ring()``, made once) on the
-    host: the kernel calls of every member pair this rank computes in the forward and the
-    backward, the row tables the ring moves by, and step 0's coverage. Returns the calls."""
-    sched = pack_schedule(pack, target)
-    spec = RingSpec(group=target.group, topo=ring, sched=sched, scale=1.0,
-                    backward=target.backward, seq_first=False, fixed_shapes=False)
-    pairs = spec.pairs(backward=True)
-    spec.plan(pairs, HOST)
-    if ring is not None:
-        spec.needed_rows(False)
-        if target.backward == "burst":
-            spec.needed_rows(True)
-    rows = local_length(target.layout, target.world, pack.lens) * target.ulysses
-    spec.fresh_at_step0(1, rows, rows, HOST)
-    return tuple(c for q, k in pairs for c in spec.calls(q, k, 1, HOST))
+def plan_pack(pack: DocumentPack, target: PlanTarget, ring: Optional[RingKey]) -> CallPlan:
+    """``pack``'s plan for ``target`` (``ring``: ``target.ring()``, read once), made on the
+    host by the one plan function, or found where it was made before."""
+    return plan_for(target.key(pack, ring))
 
 
 def upload(calls: Sequence[KernelCall], device: torch.device) -> None:

@@ -25,7 +25,6 @@ for whoever wants them one by one; per-pack planning never asks for it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections import defaultdict
 from typing import Callable
 
@@ -169,8 +168,9 @@ class RingSchedule:
 
     ``world`` ranks shard the sequence; with ``ulysses`` U > 1 they form world/U ring
     members, member g holding the shards of ranks gU .. gU+U-1 (after the all-to-all).
-    Build it with ``RingSchedule.of`` so that the layers of a model share one instance and
-    its memoised blocks (the same documents reach every layer).
+    A pure value: its placement is made when it is made; the blocks of a pair of members
+    are made at their first use and kept with it (every pass of a call asks for them).
+    Calls keep their schedule in their plan (``attention.call_plan``), made once per key.
     """
 
     layout: str
@@ -178,10 +178,16 @@ class RingSchedule:
     doc_lens: tuple[int, ...]
     mask: Mask
     ulysses: int = 1
-    _memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _shards: tuple[Shard, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    _split: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
+
+    def __post_init__(self) -> None:
+        placed, u = placement(self.layout, self.world, self.doc_lens), self.ulysses
+        object.__setattr__(self, "_shards", tuple(
+            concat(placed[m * u:m * u + u]) for m in range(self.world // u)))
 
     @staticmethod
-    @functools.lru_cache(maxsize=16)  # boundaries change every batch: keep only recent ones
     def of(layout: str, world: int, doc_lens: tuple[int, ...], mask: Mask,
            ulysses: int = 1) -> "RingSchedule":
         return RingSchedule(layout, world, doc_lens, mask, ulysses)
@@ -190,19 +196,9 @@ class RingSchedule:
     def ring_size(self) -> int:
         return self.world // self.ulysses
 
-    def memo(self, key, compute):
-        """``compute()`` once per key for this schedule (its blocks, rows, kernel calls)."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
-
     def shard(self, member: int) -> Shard:
         """The member's rows: the shards of its U ranks one after the other."""
-        u = self.ulysses
-        # placement() once per schedule: its cache hashes all the lengths at every lookup
-        placed = self.memo("placement", lambda: placement(self.layout, self.world,
-                                                          self.doc_lens))
-        return self.memo(("shard", member), lambda: concat(placed[member * u:member * u + u]))
+        return self._shards[member]
 
     def segments(self, member: int) -> tuple[Segment, ...]:
         """Every segment of the member's rows, in row order (one object per document)."""
@@ -211,19 +207,23 @@ class RingSchedule:
     def split_blocks(self, q_member: int, k_member: int) -> tuple[Block, ...]:
         """The blocks between the members' segments of split documents: all of
         ``blocks(q, k)`` but the diagonal blocks of documents held whole."""
-        return self.memo(("split blocks", q_member, k_member), lambda: blocks_between(
-            self.shard(q_member).split, self.shard(k_member).split, self.mask,
-            same=q_member == k_member))
+        pair = (q_member, k_member)
+        found = self._split.get(pair)
+        if found is None:
+            found = self._split[pair] = blocks_between(
+                self.shard(q_member).split, self.shard(k_member).split, self.mask,
+                same=q_member == k_member)
+        return found
 
     def blocks(self, q_member: int, k_member: int) -> tuple[Block, ...]:
         """Every block of ``q_member``'s queries against ``k_member``'s keys."""
-        def compute():
-            found = self.split_blocks(q_member, k_member)
-            if q_member != k_member:
-                return found
-            whole = whole_blocks(self.shard(q_member), self.mask)
-            return tuple(sorted((*found, *whole), key=lambda b: (b.q_start, b.k_start)))
-        return self.memo(("blocks", q_member, k_member), compute)
+        found = self.split_blocks(q_member, k_member)
+        if q_member != k_member:
+            return found
+        whole = whole_blocks(self.shard(q_member), self.mask)
+        if not whole:
+            return found
+        return tuple(sorted((*found, *whole), key=lambda b: (b.q_start, b.k_start)))
 
     def needed_rows(self, source: Source, side: str = "k") -> tuple[tuple[int, ...], ...]:
         """``rows[o][s]``: leading rows of member o's payload used at step s or later.
@@ -233,12 +233,8 @@ class RingSchedule:
         which computes blocks(o, m). A hop that hands o's payload to a member that first
         uses it at step s carries rows[o][s] rows; zero means nothing is sent.
         """
-        sources = tuple(tuple(source(m, s) for s in range(self.ring_size))
-                        for m in range(self.ring_size))
-        return self.memo(("needed", sources, side), lambda: self._needed(sources, side))
-
-    def _needed(self, sources, side) -> tuple[tuple[int, ...], ...]:
         size = self.ring_size
+        sources = tuple(tuple(source(m, s) for s in range(size)) for m in range(size))
         used = [[0] * size for _ in range(size)]
         for m in range(size):
             for s, o in enumerate(sources[m]):
@@ -259,5 +255,9 @@ class RingSchedule:
         window on the contiguous layout, or documents kept whole, K/V that no rank still
         needs stay home.
         """
-        rows = self.needed_rows(source)
-        return max((s for r in rows for s, n in enumerate(r) if n), default=0)
+        return last_used_step(self.needed_rows(source))
+
+
+def last_used_step(rows: tuple[tuple[int, ...], ...]) -> int:
+    """The last step of a row table (``RingSchedule.needed_rows``) that uses any row."""
+    return max((s for r in rows for s, n in enumerate(r) if n), default=0)

@@ -178,7 +178,7 @@ def counting_plans(seen: dict, counts=lambda: True):
     import contextlib
     from unittest import mock
 
-    import megatron_burst.attention.ring_spec as ring_spec
+    import megatron_burst.attention.call_plan as call_plan
     import megatron_burst.plan.placement as placement
     import megatron_burst.plan.schedule as schedule
 
@@ -191,7 +191,7 @@ def counting_plans(seen: dict, counts=lambda: True):
     stack = contextlib.ExitStack()
     for module, attr, name in ((placement, "_whole_docs", "placements"),
                                (schedule, "blocks_between", "pair_blocks"),
-                               (ring_spec, "plan_calls", "call_plans")):
+                               (call_plan, "plan_calls", "call_plans")):
         stack.enter_context(mock.patch.object(module, attr, counting(name,
                                                                      getattr(module, attr))))
     return stack

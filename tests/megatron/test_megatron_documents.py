@@ -84,7 +84,6 @@ def _plans_per_micro_batch(weights: dict) -> list[dict]:
     from megatron.core import parallel_state
 
     import megatron_burst.plan.placement as placement
-    import megatron_burst.plan.schedule as schedule
     from megatron_burst.megatron.document_model import as_document_model
     from megatron_burst.megatron.documents import shard_document_batch
     from tests.megatron import cpu_llama as cm
@@ -99,7 +98,6 @@ def _plans_per_micro_batch(weights: dict) -> list[dict]:
         seen = {"placements": 0, "pair_blocks": 0, "call_plans": 0}
         with harness.counting_plans(seen):
             placement.placement.cache_clear()  # so a pack placed while sharding counts too
-            schedule.RingSchedule.of.cache_clear()
             cm.train_step(model, {**local, "packed_seq_params": params},
                           num_tokens=int(local["loss_mask"].sum()))
         counts.append(seen)

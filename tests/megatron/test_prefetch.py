@@ -182,7 +182,7 @@ def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
     import megatron_burst as mb
     import megatron_burst.plan.packs as packs
     import megatron_burst.attention.prepare as prepare
-    import megatron_burst.attention.ring_spec as ring_spec
+    import megatron_burst.attention.call_plan as call_plan
     import megatron_burst.plan.schedule as schedule
     from megatron_burst.decide.topology import CPTopology
     from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack
@@ -202,7 +202,7 @@ def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
         return out.detach(), q.grad.clone()
 
     def fresh():
-        schedule.RingSchedule.of.cache_clear()
+        call_plan.clear()
         packs._PACKS.clear()
         prepare.PREPARED.clear()
         q.grad = None
@@ -210,11 +210,11 @@ def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
     fresh()
     at_call = attend()
     fresh()
-    calls = plan_pack(mb.pack_documents(cu), target, target.ring())
+    calls = plan_pack(mb.pack_documents(cu), target, target.ring()).calls
     assert calls and all(c.varlen for c in calls)
     planned = []
-    monkeypatch.setattr(ring_spec, "plan_alone", lambda *a: planned.append(a))
-    monkeypatch.setattr(ring_spec, "plan_calls", lambda *a, **k: planned.append(a))
+    monkeypatch.setattr(call_plan, "plan_alone", lambda *a: planned.append(a))
+    monkeypatch.setattr(call_plan, "plan_calls", lambda *a, **k: planned.append(a))
     ahead = attend()
     assert planned == []
     assert torch.equal(ahead[0], at_call[0]) and torch.equal(ahead[1], at_call[1])

@@ -128,10 +128,10 @@ def _planned_on_this_thread(model, args, samples) -> list:
     import megatron_burst.attention.prepare as prepare
     import megatron_burst.plan.packs as packs
     import megatron_burst.plan.placement as placement
-    import megatron_burst.plan.schedule as schedule
+    import megatron_burst.attention.call_plan as call_plan
 
     placement.placement.cache_clear()
-    schedule.RingSchedule.of.cache_clear()
+    call_plan.clear()
     packs._PACKS.clear()
     prepare.PREPARED.clear()
 

@@ -1,0 +1,302 @@
+"""A call's plan: one frozen value, made by one function from one key, behind one cache.
+
+Everything the ring loops of a call run that its tensors' values do not change is decided
+here, once per ``PlanKey`` (the layout, the world, the documents or sequence length, the
+mask, Ulysses, this rank's ring, the backward mode, and the kernel's one planning knob):
+the schedule (``plan.schedule.RingSchedule``), this rank's ring position, and for each pass
+and each ring step the kernel calls (their boundaries uploaded once per device), the hops
+to post with the rows each carries (``comm.ring_positions.Hop``), the travelling gradient
+accumulators' route, and whether step 0 writes every row (``fresh``). The loops in
+``burst`` then only launch kernels and post messages.
+
+``plan_for`` is the only way to a plan: ``prepare`` asks at a call, and the Megatron data
+path asks a micro-batch early for each layer kind (``megatron.pack_plans``), with the same
+key, so the layers' calls find the plan the data path made. The cache is bounded and keyed
+by value (a ``DocumentPack`` compares and hashes by its lengths).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from ..comm.ring_positions import (AccumulatorStep, Hop, RingTopology, accumulator_steps,
+                                   next_kind, route_hops)
+from ..kernels.pack_calls import with_whole
+from ..kernels.varlen import KernelCall, covers, plan_alone, plan_calls, upload_boundaries
+from ..plan.packs import DocumentPack
+from ..plan.placement import local_length
+from ..plan.schedule import Block, Mask, RingSchedule, last_used_step
+from .sharding import group_ranks
+
+
+@dataclasses.dataclass(frozen=True)
+class RingKey:
+    """This rank's ring: the global ranks of its positions, its own, ranks per node."""
+
+    ranks: tuple[int, ...]
+    me: int
+    positions_per_node: int | None
+
+    def topology(self) -> RingTopology:
+        return RingTopology(self.ranks, self.me, self.positions_per_node)
+
+
+def ring_key(group: dist.ProcessGroup | None, world: int, ulysses: int,
+             positions_per_node: int | None) -> RingKey | None:
+    """This rank's ring in ``group``: the same Ulysses slot of every Ulysses group (None: a
+    single ring member). ``prepare`` and the data path's planning both read it here."""
+    if world // ulysses == 1:
+        return None
+    members = group_ranks(group, world)
+    me = members.index(dist.get_rank())
+    return RingKey(tuple(members[me % ulysses::ulysses]), members[me], positions_per_node)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanKey:
+    """Everything a call's plan depends on, by value (see the module docstring)."""
+
+    layout: str
+    world: int
+    documents: DocumentPack | tuple[int, ...]  # a pack, or (total,) for one sequence
+    mask: Mask
+    ulysses: int
+    ring: RingKey | None  # None: a single ring member, nothing travels
+    backward: str  # the backward ring's mode: 'ring' or 'burst'
+    varlen: bool  # a batch of one row: blocks may share varlen calls
+    dense_min_area: float | None  # the kernel's threshold; None for packs (shape-free)
+
+    @property
+    def lens(self) -> tuple[int, ...]:
+        docs = self.documents
+        return docs.lens if isinstance(docs, DocumentPack) else docs
+
+    @property
+    def pack(self) -> bool:
+        return isinstance(self.documents, DocumentPack)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """One ring step of one pass: whose payload this position holds (``source``), the
+    kernel calls of its blocks, the hops that bring the next step's payload (and which of
+    them to wait on, ``next``: None at the last step), and the travelling accumulators'
+    traffic (backward passes from step 1)."""
+
+    source: int
+    calls: tuple[KernelCall, ...]
+    hops: tuple[Hop, ...] = ()
+    next: str | None = None
+    acc: AccumulatorStep | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PassPlan:
+    """One pass round the ring: its steps, and whether step 0 (a member against its own
+    keys) writes each query row and each key row exactly once (``fresh``), so that the
+    accumulators start uninitialised instead of zeroed."""
+
+    steps: tuple[StepPlan, ...]
+    fresh: tuple[bool, bool]
+    travels: bool  # any hop at all: the pass needs a ring and its messages
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CallPlan:
+    """A call's plan (see the module docstring). ``whole``: a single member's whole
+    attention as one kernel call (a dense block, or a pack's one varlen call), when it is
+    one; then the passes are that call. ``every_row_sees``: every query row has a key in
+    some block (else rows that see none carry lse -inf, mended for the backward)."""
+
+    key: PlanKey
+    sched: RingSchedule
+    topo: RingTopology | None
+    rows: int  # this member's rows (a rank's, or a Ulysses group's)
+    forward: PassPlan
+    backward: PassPlan
+    whole: Block | KernelCall | None
+    every_row_sees: bool
+    calls: tuple[KernelCall, ...]  # every kernel call of both passes (for uploads)
+    pairs: tuple[tuple[int, int], ...]  # (query member, key member) of every block run here
+
+    @property
+    def me(self) -> int:
+        return self.topo.index if self.topo is not None else 0
+
+    def upload(self, device: torch.device) -> None:
+        """Every varlen call's boundaries onto ``device`` (one pinned copy; once)."""
+        upload_boundaries(self.calls, device)
+
+    def blocks(self) -> Iterator[Block]:
+        """Every block this rank computes (what a forced kernel is checked against)."""
+        for pair in self.pairs:
+            yield from self.sched.blocks(*pair)
+
+
+# ------------------------------------------------------------------------- the builder
+
+
+def build_plan(key: PlanKey) -> CallPlan:
+    """The plan of ``key`` (host work only: no communication, no device)."""
+    sched = RingSchedule(key.layout, key.world, key.lens, key.mask, key.ulysses)
+    topo = key.ring.topology() if key.ring is not None else None
+    me = topo.index if topo is not None else 0
+    rows = sched.shard(me).length
+    calls = PairCalls(key, sched, topo)
+    if topo is None:  # one member: one step against its own keys, nothing travels
+        alone = PassPlan((StepPlan(me, calls(me, me)),), _fresh(calls(me, me), rows), False)
+        forward = backward = alone
+    else:
+        forward, backward = _ring_passes(key, sched, topo, calls)
+    used = forward.steps + backward.steps
+    every = tuple({id(c): c for s in used for c in s.calls}.values())
+    pairs = {(me, s.source) for s in forward.steps}
+    if topo is not None and key.backward == "burst":
+        pairs |= {(s.source, me) for s in backward.steps}
+    return CallPlan(key, sched, topo, rows, forward, backward,
+                    _whole(key, sched, topo, calls, rows), _all_rows_see(forward, rows),
+                    every, tuple(sorted(pairs)))
+
+
+class PairCalls:
+    """The kernel calls of a pair of members, each pair planned once per build."""
+
+    def __init__(self, key: PlanKey, sched: RingSchedule, topo: RingTopology | None):
+        self.key, self.sched = key, sched
+        self.alone = (topo is None and key.pack and key.ulysses == 1
+                      and local_length(key.layout, key.world, key.lens) == sum(key.lens))
+        self._made: dict[tuple[int, int], tuple[KernelCall, ...]] = {}
+
+    def __call__(self, q_member: int, k_member: int) -> tuple[KernelCall, ...]:
+        pair = (q_member, k_member)
+        if pair not in self._made:
+            self._made[pair] = self._plan(q_member, k_member)
+        return self._made[pair]
+
+    def _plan(self, q_member: int, k_member: int) -> tuple[KernelCall, ...]:
+        key, sched = self.key, self.sched
+        if self.alone:  # a single member's pack: one varlen call from the boundaries
+            return plan_alone(sched.doc_lens, sched.mask)
+        if not key.pack or not key.varlen:
+            return plan_calls(sched.blocks(q_member, k_member), varlen=key.varlen,
+                              dense_min_area=key.dense_min_area, shape_free=key.pack)
+        # A pack: the split documents' blocks, the whole ones from the shard's arrays.
+        calls = plan_calls(sched.split_blocks(q_member, k_member), varlen=True,
+                           dense_min_area=None, shape_free=True)
+        if q_member == k_member:
+            calls = with_whole(calls, sched.shard(q_member), sched.mask)
+        return calls
+
+
+def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingTopology,
+                 calls: PairCalls) -> tuple[PassPlan, PassPlan]:
+    """(forward, backward) of a ring of several members.
+
+    Forward: K/V go round ``topo``. Backward 'ring': K/V go round again, their dK/dV one
+    step behind. Backward 'burst': the queries (with dO, lse, delta) go round the reversed
+    ring, so at step s a member holds the queries that held its K/V at step s of the
+    forward (the same pairs step for step, and the same last step); dQ one step behind."""
+    k_rows = sched.needed_rows(topo.source, "k")
+    last = last_used_step(k_rows)
+    me, n = topo.index, sched.shard(topo.index).length
+    own = _fresh(calls(me, me), n)
+    forward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, False)
+    if key.backward == "burst":
+        back = topo.reversed()
+        q_rows = sched.needed_rows(back.source, "q")
+        backward = _pass(back, last, q_rows, lambda src: calls(src, me), own, True)
+    else:
+        backward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, True)
+    return forward, backward
+
+
+def _pass(topo: RingTopology, last: int, table: tuple[tuple[int, ...], ...],
+          calls_with: Callable[[int], tuple[KernelCall, ...]], fresh: tuple[bool, bool],
+          accumulate: bool) -> PassPlan:
+    """The steps of one pass round ``topo`` (``table``: its payload's row table)."""
+    rows = lambda origin, step: table[origin][step]  # noqa: E731
+    hops = route_hops(topo, last, rows)
+    accs = accumulator_steps(topo, last, rows) if accumulate else (None,) * (last + 1)
+    steps = []
+    for step in range(last + 1):
+        source = topo.source(topo.index, step)
+        held = step == 0 or table[source][step] > 0  # else nothing of it is used here
+        steps.append(StepPlan(source, calls_with(source) if held else (), hops[step],
+                              next_kind(topo, step) if step < last else None, accs[step]))
+    return PassPlan(tuple(steps), fresh, any(hops))
+
+
+def _fresh(own: tuple[KernelCall, ...], rows: int) -> tuple[bool, bool]:
+    """Whether a member's own calls write every query row, and every key row, once."""
+    return covers(own, rows, "q"), covers(own, rows, "k")
+
+
+def _all_rows_see(forward: PassPlan, rows: int) -> bool:
+    """Whether some block of the forward has each of ``rows`` query rows."""
+    spans = sorted((a, b) for s in forward.steps for c in s.calls for a, b in _q_runs(c))
+    reach = 0
+    for a, b in spans:
+        if a > reach:
+            return False
+        reach = max(reach, b)
+    return reach >= rows
+
+
+def _q_runs(call: KernelCall):
+    if call.varlen:
+        return call.q_runs
+    blk = call.blocks[0]
+    return ((blk.q_start, blk.q_stop),)
+
+
+def _whole(key: PlanKey, sched: RingSchedule, topo: RingTopology | None, calls: PairCalls,
+           rows: int) -> Block | KernelCall | None:
+    """A single member's whole attention when it is one kernel call over all its rows and
+    keys: a plain sequence's one dense block (no fp32 accumulators, merges or casts: the
+    kernel's output and gradients are the answer), or a pack's one varlen call."""
+    if topo is not None or key.ulysses != 1:
+        return None
+    if not key.pack:
+        blocks = sched.blocks(0, 0)
+        if len(blocks) == 1 and (blocks[0].q_start, blocks[0].q_stop, blocks[0].k_start,
+                                 blocks[0].k_stop) == (0, rows, 0, rows):
+            return blocks[0]
+        return None
+    own = calls(0, 0)
+    if calls.alone and len(own) == 1 and own[0].varlen and \
+            own[0].q_runs == own[0].k_runs == ((0, rows),):
+        return own[0]
+    return None
+
+
+# ------------------------------------------------------------------------- the cache
+
+PLAN_CACHE = 64  # plans of distinct keys kept (every layer kind of a few micro-batches)
+_PLANS: "collections.OrderedDict[PlanKey, CallPlan]" = collections.OrderedDict()
+_LOCK = threading.Lock()  # the data path's prefetch thread plans while the step calls
+
+
+def plan_for(key: PlanKey) -> CallPlan:
+    """The plan of ``key``: from the cache, or built (and kept, the oldest dropped)."""
+    with _LOCK:
+        found = _PLANS.get(key)
+        if found is not None:
+            _PLANS.move_to_end(key)
+            return found
+    plan = build_plan(key)
+    with _LOCK:
+        plan = _PLANS.setdefault(key, plan)  # a plan another thread made first wins
+        while len(_PLANS) > PLAN_CACHE:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+def clear() -> None:
+    """Drop every kept plan (tests)."""
+    with _LOCK:
+        _PLANS.clear()
