@@ -126,6 +126,50 @@ def call_cases(dev, rank: int, world: int):
     }
 
 
+def posting_breakdown(fn, iters: int) -> dict:
+    """Median host microseconds of each process-group call a hop makes, and of the waits,
+    inside ``fn`` (wrapped here, in the benchmark: the package is not changed)."""
+    from megatron_burst.comm import messages
+    times: dict[str, list] = {}
+
+    def timed(name, call):
+        def run(*args):
+            t0 = time.perf_counter()
+            out = call(*args)
+            times.setdefault(name, []).append((time.perf_counter() - t0) * 1e6)
+            return out
+        return run
+
+    real_post, real_wait = messages.post_ops, messages.Batch.wait
+
+    def post_ops(group, device, sends, recvs):
+        pg = group if group is not None else dist.group.WORLD
+
+        class Spy:
+            def __getattr__(self, attr):
+                return timed(attr, getattr(pg, attr))
+        return timed("post_ops", real_post)(Spy() if device.type == "cuda" else group,
+                                            device, sends, recvs)
+
+    def wait(self):
+        return timed("Batch.wait", real_wait)(self)
+
+    messages.post_ops, messages.Batch.wait = post_ops, wait
+    real_process_group = messages._process_group
+    messages._process_group = lambda group, t: (group, real_process_group(
+        None, t)[1], real_process_group(None, t)[2])
+    try:
+        for _ in range(iters):
+            torch.cuda.synchronize()
+            dist.barrier()
+            fn()
+    finally:
+        messages.post_ops, messages.Batch.wait = real_post, real_wait
+        messages._process_group = real_process_group
+    return {k: dict(median_us=statistics.median(v), calls=len(v) / iters)
+            for k, v in times.items()}
+
+
 def profile_call(name: str, fn, rank: int, iters: int) -> dict:
     for _ in range(5):
         fn()
@@ -153,7 +197,16 @@ def profile_call(name: str, fn, rank: int, iters: int) -> dict:
             fn()
         torch.cuda.synchronize()
     table = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
-    return dict(case=name, host_ms=statistics.median(times), python_calls=calls,
+    walls = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    return dict(case=name, host_ms=statistics.median(times), wall_ms=statistics.median(walls),
+                python_calls=calls, posting=posting_breakdown(fn, iters),
                 cprofile=text.getvalue(), torch_profile=table)
 
 
@@ -174,8 +227,10 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, building_blocks_us=blocks, calls=calls), f, indent=1)
         for c in calls:
-            print(f"==== {c['case']}: {c['host_ms']:.3f} ms host, {c['python_calls']:.0f} "
-                  f"Python calls per call")
+            print(f"==== {c['case']}: {c['host_ms']:.3f} ms host, {c['wall_ms']:.3f} ms wall, "
+                  f"{c['python_calls']:.0f} Python calls per call; posting: "
+                  + ", ".join(f"{k} {v['median_us']:.0f} us x{v['calls']:.1f}"
+                              for k, v in c["posting"].items()))
             print(c["cprofile"][:6000])
             print(c["torch_profile"][:5000])
         for n, us in blocks.items():

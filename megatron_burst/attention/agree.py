@@ -106,9 +106,12 @@ def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) 
             "the same call once outside the capture first (make_graphed_callables' warm-up "
             f"does), with {MODE_ENV}=first (the default), not 'always'")
     names = sorted(sig)
-    table = _exchange(group, [_field_hash(n, sig[n]) for n in names])
-    differing = [i for i, column in enumerate(zip(*table)) if len(set(column)) > 1]
-    if differing:
+    # One number per rank: the whole signature's digest. Only where they differ (every
+    # rank sees it, so every rank takes this path) are the fields traded to name them.
+    whole = _exchange(group, [digest_text(repr([(n, sig[n]) for n in names]))])
+    if len({row[0] for row in whole}) > 1:
+        table = _exchange(group, [_field_hash(n, sig[n]) for n in names])
+        differing = [i for i, column in enumerate(zip(*table)) if len(set(column)) > 1]
         raise ValueError(_disagreement(group, sig, [names[i] for i in differing],
                                        [[row[i] for i in differing] for row in table]))
     cache[key] = None

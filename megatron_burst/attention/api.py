@@ -20,7 +20,7 @@ from ..decide.topology import CPTopology
 from ..decide.options import NotGiven
 from ..plan.packs import DocumentPack
 from .remat import AttentionKeep, in_backward
-from .sharding import group_size_rank
+from .sharding import group_name, group_size_rank
 from .ulysses import heads_to_sequence, sequence_to_heads
 
 
@@ -140,14 +140,14 @@ _CALLS: dict[str, int] = {}  # calls made on each group (the same on all its ran
 
 
 def _next_call(group) -> int:
-    name = (group if group is not None else dist.group.WORLD).group_name
+    name = group_name(group)
     _CALLS[name] = _CALLS.get(name, 0) + 1
     return _CALLS[name]
 
 
 def calls_made(group) -> int:
     """How many calls this process made on ``group`` (the headers' call numbers)."""
-    return _CALLS.get((group if group is not None else dist.group.WORLD).group_name, 0)
+    return _CALLS.get(group_name(group), 0)
 
 
 def _ulysses_burst(q, k, v, spec, tag, group, peers, seq_first, kept, sinks):

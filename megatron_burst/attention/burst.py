@@ -110,7 +110,7 @@ class _Travelling:
         """(tensors to add step ``i``'s gradients into, the travelling buffer or None)."""
         if i == 0 or self.route is None:
             return self.home, None
-        acc = self.route.new(step.acc)
+        acc = self.route.new(step.acc, zero=not step.acc_fresh)
         return (acc.views if acc is not None else None), acc
 
     def pass_on(self, i: int, step: StepPlan, acc) -> None:
@@ -161,7 +161,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             dk_b, dv_b = spec.bshd(target[0]), spec.bshd(target[1])
             for call in step.calls:
                 run_backward(kernel, call, dob, qb, kb, vb, ob, lse, scale, dq_b, dk_b,
-                             dv_b, fresh if i == 0 else (False, False))
+                             dv_b, fresh if i == 0 else (False, step.acc_fresh))
         grads.pass_on(i, step, acc)
         if step.next is not None:  # (no ring: this rank neither sends nor receives)
             kv = ring.next(step.next) if ring is not None else None
@@ -203,7 +203,7 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             # The visitor's queries against our keys: the same blocks the forward computed.
             for call in step.calls:
                 run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, scale, dq_b,
-                             dk_b, dv_b, fresh if i == 0 else (False, False))
+                             dk_b, dv_b, fresh if i == 0 else (step.acc_fresh, False))
         grads.pass_on(i, step, acc)
         if step.next is not None:
             bundle = ring.next(step.next) if ring is not None else None

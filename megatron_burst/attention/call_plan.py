@@ -93,6 +93,9 @@ class StepPlan:
     hops: tuple[Hop, ...] = ()
     next: str | None = None
     acc: AccumulatorStep | None = None
+    # The calls write each row of the travelling accumulator exactly once: it starts
+    # uninitialised and they write into it (else it starts at zero and they add).
+    acc_fresh: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +107,7 @@ class PassPlan:
     steps: tuple[StepPlan, ...]
     fresh: tuple[bool, bool]
     travels: bool  # any hop at all: the pass needs a ring and its messages
+    receives: int = 0  # messages this rank receives in the pass (headers to check)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -205,20 +209,21 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingTopology,
     last = last_used_step(k_rows)
     me, n = topo.index, sched.shard(topo.index).length
     own = _fresh(calls(me, me), n)
-    forward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, False)
+    forward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, None)
     if key.backward == "burst":
         back = topo.reversed()
         q_rows = sched.needed_rows(back.source, "q")
-        backward = _pass(back, last, q_rows, lambda src: calls(src, me), own, True)
+        backward = _pass(back, last, q_rows, lambda src: calls(src, me), own, "q")
     else:
-        backward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, True)
+        backward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, "k")
     return forward, backward
 
 
 def _pass(topo: RingTopology, last: int, table: tuple[tuple[int, ...], ...],
           calls_with: Callable[[int], tuple[KernelCall, ...]], fresh: tuple[bool, bool],
-          accumulate: bool) -> PassPlan:
-    """The steps of one pass round ``topo`` (``table``: its payload's row table)."""
+          accumulate: str | None) -> PassPlan:
+    """The steps of one pass round ``topo`` (``table``: its payload's row table);
+    ``accumulate``: the side ('k' or 'q') of the payload whose gradients travel, if any."""
     rows = lambda origin, step: table[origin][step]  # noqa: E731
     hops = route_hops(topo, last, rows)
     accs = accumulator_steps(topo, last, rows) if accumulate else (None,) * (last + 1)
@@ -226,9 +231,14 @@ def _pass(topo: RingTopology, last: int, table: tuple[tuple[int, ...], ...],
     for step in range(last + 1):
         source = topo.source(topo.index, step)
         held = step == 0 or table[source][step] > 0  # else nothing of it is used here
-        steps.append(StepPlan(source, calls_with(source) if held else (), hops[step],
-                              next_kind(topo, step) if step < last else None, accs[step]))
-    return PassPlan(tuple(steps), fresh, any(hops))
+        calls, acc = calls_with(source) if held else (), accs[step]
+        acc_fresh = bool(acc is not None and acc.new_rows
+                         and covers(calls, acc.new_rows, accumulate))
+        steps.append(StepPlan(source, calls, hops[step],
+                              next_kind(topo, step) if step < last else None, acc, acc_fresh))
+    receives = sum(bool(h.n_recv) for hop in hops for h in hop) + sum(
+        (a.recv_next is not None) + (a.recv_home is not None) for a in accs if a is not None)
+    return PassPlan(tuple(steps), fresh, any(hops), receives)
 
 
 def _fresh(own: tuple[KernelCall, ...], rows: int) -> tuple[bool, bool]:

@@ -30,7 +30,7 @@ from .call_plan import PlanKey, plan_for, ring_key
 from .ring_spec import RingSpec
 from ..plan.schedule import Block, Mask
 from .sinks import check_sinks
-from .sharding import group_ranks
+from .sharding import group_name, group_ranks
 from ..decide.timing import load_profile, profile_key
 
 
@@ -119,7 +119,7 @@ def call_key(group, q, k, v, call: BurstCall, world: int, sinks=None) -> tuple:
         tensors += (sinks.shape, sinks.dtype, sinks.device, sinks.requires_grad)
     cluster_state = (profile_key(call.options.profile), cluster.view_key()) \
         if world > 1 and call.needs_cluster else None
-    return (_group_name(group), world, call, tensors, torch.is_grad_enabled(), cluster_state)
+    return (group_name(group), world, call, tensors, torch.is_grad_enabled(), cluster_state)
 
 
 def lookup(group, q, k, v, call: BurstCall, world: int, sinks=None) -> Prepared:
@@ -132,12 +132,6 @@ def lookup(group, q, k, v, call: BurstCall, world: int, sinks=None) -> Prepared:
         if len(PREPARED) > PREPARED_CACHE:
             PREPARED.popitem(last=False)
     return found
-
-
-def _group_name(group) -> str | None:
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    return (group if group is not None else dist.group.WORLD).group_name
 
 
 def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared:

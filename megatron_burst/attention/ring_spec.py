@@ -71,13 +71,19 @@ class RingSpec:
         rows = self.row_dim
         check = None
         if tag is not None:
-            check = HeaderCheck(tag, phase, payload[0].device, self.plan.key.ring.me)
+            check = HeaderCheck(tag, phase, payload[0].device, self.plan.key.ring.me,
+                                plan.receives)
         comm = PeerComm(self.group, phase, check)
-        ring = PayloadRing(comm, RowShape.of(payload, [rows if t.dim() == 4 else 2
-                                                       for t in payload]))
+        if len(payload) == 2:  # K and V
+            shape = RowShape((payload[0].shape, payload[1].shape),
+                             (payload[0].dtype, payload[1].dtype), (rows, rows),
+                             payload[0].device)
+        else:  # Q, dO, and lse and delta ([b, h, s]: their rows are the last dim)
+            shape = RowShape.of(payload, [rows if t.dim() == 4 else 2 for t in payload])
+        ring = PayloadRing(comm, shape)
         if acc_dtype is None:
             return ring, None
         like = acc_like if acc_like is not None else payload
-        shape = RowShape(tuple(t.shape for t in like), (acc_dtype,) * len(like),
+        shape = RowShape(tuple([t.shape for t in like]), (acc_dtype,) * len(like),
                          (rows,) * len(like), like[0].device)
         return ring, AccumulatorRoute(comm, shape)

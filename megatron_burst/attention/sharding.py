@@ -30,9 +30,23 @@ def group_ranks(group: dist.ProcessGroup | None, world: int | None = None) -> li
 
 def group_size_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
     """(world, rank) of ``group``; (1, 0) when torch.distributed is not initialised."""
+    if group.__class__ is _PROCESS_GROUP:  # asked of the group itself: no Python between
+        return group.size(), group.rank()
     if not dist.is_available() or not dist.is_initialized():
         return 1, 0
     return dist.get_world_size(group), dist.get_rank(group)
+
+
+_PROCESS_GROUP = dist.ProcessGroup if dist.is_available() else None
+
+
+def group_name(group: dist.ProcessGroup | None) -> str | None:
+    """The group's name (the default group's for None); None without torch.distributed."""
+    if group.__class__ is _PROCESS_GROUP:
+        return group.group_name
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return (group if group is not None else dist.group.WORLD).group_name
 
 
 def _chunk(layout: str, length: int, world: int) -> int:

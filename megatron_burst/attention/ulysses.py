@@ -24,7 +24,7 @@ def _shuffle(x: torch.Tensor, peers: Sequence[int], me: int, group, split_dim: i
     arrives along ``cat_dim`` in peer order."""
     pieces = x.chunk(len(peers), dim=split_dim)
     sends = {p: pieces[u] for u, p in enumerate(peers) if p != me}
-    check = None if tag is None else HeaderCheck(tag, phase, x.device, me)
+    check = None if tag is None else HeaderCheck(tag, phase, x.device, me, len(peers) - 1)
     got = exchange(group, sends, {p: pieces[peers.index(me)] for p in peers if p != me}, phase,
                    check)
     mine = pieces[peers.index(me)]

@@ -68,51 +68,59 @@ class CallTag:
 
 class HeaderCheck:
     """The headers of one pass of one call: stamped on what it sends, checked on what it
-    receives (``received``), and, on CUDA, compared once at the end (``finish``)."""
+    receives (``received``), and, on CUDA, compared once at the end (``finish``).
 
-    def __init__(self, tag: CallTag, phase: str, device: torch.device, rank: int):
+    On CUDA one pinned host buffer per pass holds the pass's words (row 0, what every send
+    is stamped with by one host-to-device copy) and, row by row, the headers received (one
+    device-to-host copy each): nothing else is allocated or launched for the headers, and
+    the host never waits for them. ``receives``: how many messages the pass expects (more
+    are taken in a second buffer)."""
+
+    def __init__(self, tag: CallTag, phase: str, device: torch.device, rank: int,
+                 receives: int = 4):
         self.tag, self.phase, self.device, self.rank = tag, phase, device, rank
-        self._expected: torch.Tensor | None = None  # the words, where stamps copy them from
-        self._got: list[torch.Tensor] = []
+        self._words = tag.words(phase)
+        self._cuda = device.type == "cuda"
+        self._host = torch.tensor([self._words] * (1 + receives if self._cuda else 1),
+                                  dtype=torch.int64, pin_memory=self._cuda)
+        self._stamp = self._host[0]
+        self._got: list[torch.Tensor] = []  # CUDA: the host rows the headers arrive in
         self._senders: list[int] = []
 
     def stamp(self, header: torch.Tensor) -> None:
         """Write this pass's header into a message about to be sent."""
-        if self._expected is None:  # once per pass, at its first send: a pinned upload
-            words = torch.tensor(self.tag.words(self.phase), dtype=torch.int64,
-                                 pin_memory=self.device.type == "cuda")
-            self._expected = words.to(self.device, non_blocking=True)
-        header.copy_(self._expected, non_blocking=True)
+        header.copy_(self._stamp, non_blocking=True)
 
     def received(self, header: torch.Tensor, sender: int) -> None:
         """A message from global rank ``sender`` has arrived (its transfer waited on)."""
-        if self.device.type != "cuda":
+        if not self._cuda:
             got = tuple(header.tolist())
-            if got != self.tag.words(self.phase):
-                raise ValueError(mismatch(self.rank, sender, got, self.tag.words(self.phase)))
+            if got != self._words:
+                raise ValueError(mismatch(self.rank, sender, got, self._words))
             return
-        self._got.append(header.clone())  # the buffer itself may be reused or freed
+        row = len(self._got) + 1
+        if row >= self._host.shape[0]:  # more messages than expected: another buffer
+            self._host = torch.empty((row + 4, 4), dtype=torch.int64, pin_memory=True)
+        slot = self._host[row]
+        slot.copy_(header, non_blocking=True)  # waits for nothing: read in ``poll``
+        self._got.append(slot)
         self._senders.append(sender)
 
     def finish(self) -> None:
-        """CUDA: compare every header this pass received, and start bringing the result
-        home without waiting for it (``poll`` reads it)."""
+        """CUDA: every header this pass received is on its way to the host; mark where the
+        copies end (``poll`` compares them once they are there, without waiting)."""
         if not self._got:
             return
-        got = torch.stack(self._got)
-        host = torch.empty(got.shape, dtype=torch.int64, pin_memory=True)
-        host.copy_(got, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        _PENDING.append(_Finished(event, host, self._senders, self.tag.words(self.phase),
-                                  self.rank))
+        _PENDING.append(_Finished(event, self._got, self._senders, self._words, self.rank))
         self._got, self._senders = [], []
 
 
 @dataclasses.dataclass
 class _Finished:
     event: Any
-    host: torch.Tensor
+    host: list[torch.Tensor]  # one pinned row per header received
     senders: list[int]
     expected: tuple[int, ...]
     rank: int
@@ -127,8 +135,9 @@ def poll() -> None:
         return
     while _PENDING and _PENDING[0].event.query():
         done = _PENDING.pop(0)
-        for sender, row in zip(done.senders, done.host.tolist()):
-            if tuple(row) != done.expected:
+        for sender, row in zip(done.senders, done.host):
+            row = tuple(row.tolist())
+            if row != done.expected:
                 _PENDING.clear()
                 raise ValueError(mismatch(done.rank, sender, tuple(row), done.expected))
 

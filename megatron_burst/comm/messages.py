@@ -19,6 +19,7 @@ all) are the same, so every later message between them in the pass has the size 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Sequence
 
@@ -43,12 +44,19 @@ class Packed:
 
     def __init__(self, specs: Sequence[tuple[torch.Size, torch.dtype]], device: torch.device,
                  *, zero: bool = False):
-        total, offsets, sizes, self.nbytes = _layout(tuple(specs))
-        self.flat = (torch.zeros if zero else torch.empty)(total, dtype=torch.uint8,
-                                                           device=device)
-        self.header = self.flat[:headers.BYTES].view(torch.int64)
-        self.views = tuple(self.flat[o:o + size].view(dtype).view(shape)
-                           for o, size, (shape, dtype) in zip(offsets, sizes, specs))
+        layout = _layout(tuple(specs))
+        self.nbytes = layout.nbytes
+        alloc = torch.zeros if zero else torch.empty
+        if layout.dtype is not None:  # one dtype (K and V; fp32 accumulators): one split
+            self.flat = alloc(layout.elements, dtype=layout.dtype, device=device)
+            parts = self.flat.split_with_sizes(layout.parts)
+            self.header = parts[0].view(torch.int64)
+            self.views = tuple([parts[i].view(shape) for i, shape in layout.picks])
+            return
+        self.flat = flat = alloc(layout.elements, dtype=torch.uint8, device=device)
+        self.header = flat[:headers.BYTES].view(torch.int64)
+        self.views = tuple([flat[o:o + size].view(dtype).view(shape) for o, size, (shape, dtype)
+                            in zip(layout.offsets, layout.sizes, specs)])
 
     @classmethod
     def like(cls, tensors: Sequence[torch.Tensor], *, zero: bool = False) -> "Packed":
@@ -67,18 +75,44 @@ class Packed:
         return packed
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where each tensor of a message sits: byte ``offsets`` and ``sizes`` behind the
+    header, each view aligned to ``_ALIGN`` bytes, ``elements`` in the buffer's dtype.
+    Where every tensor has one ``dtype``, the buffer is of that dtype and ``parts`` split
+    it (header, then each tensor and its padding) so that one op makes every view
+    (``picks``: (part, shape) of each tensor)."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    nbytes: int  # what the accounting counts: the tensors, not the header or padding
+    elements: int
+    dtype: torch.dtype | None
+    parts: tuple[int, ...] = ()
+    picks: tuple[tuple[int, torch.Size], ...] = ()
+
+
 @functools.lru_cache(maxsize=512)  # by value: a call's hops repeat the same few layouts
-def _layout(specs: tuple[tuple[torch.Size, torch.dtype], ...]
-            ) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    """(total bytes, each tensor's byte offset, each tensor's bytes, the tensors' bytes, what
-    the accounting counts) of a message holding tensors of ``specs`` behind the header, each
-    view aligned to ``_ALIGN`` bytes."""
+def _layout(specs: tuple[tuple[torch.Size, torch.dtype], ...]) -> _Layout:
+    """The ``_Layout`` of a message holding tensors of ``specs`` (shape, dtype)."""
     sizes = tuple(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs)
     offsets, total = [], headers.BYTES  # the message's header comes first (headers.py)
     for size in sizes:
         offsets.append(total)
         total += -(-size // _ALIGN) * _ALIGN
-    return total, tuple(offsets), sizes, sum(sizes)
+    dtypes = {dtype for _, dtype in specs}
+    if len(dtypes) != 1:
+        return _Layout(tuple(offsets), sizes, sum(sizes), total, None)
+    (dtype,) = dtypes
+    parts, picks = [headers.BYTES // dtype.itemsize], []
+    for (shape, _), size, start in zip(specs, sizes, offsets):
+        picks.append((len(parts), torch.Size(shape)))
+        parts.append(size // dtype.itemsize)
+        room = -(-size // _ALIGN) * _ALIGN - size
+        if room:
+            parts.append(room // dtype.itemsize)
+    return _Layout(tuple(offsets), sizes, sum(sizes), total // dtype.itemsize, dtype,
+                   tuple(parts), tuple(picks))
 
 
 class Batch:
@@ -101,8 +135,11 @@ class Batch:
                 work.wait()
         else:  # gloo: one work per op, in op order; each wait bounded, naming its peer
             for i, work in enumerate(self._works):
-                wait_bounded(work, torch.device("cpu"), _waiting_for(self._peers, i))
+                wait_bounded(work, _CPU, _waiting_for, (self._peers, i))
         self._works, self._sent = [], ()
+
+
+_CPU = torch.device("cpu")
 
 
 def _waiting_for(peers: Sequence[tuple], i: int) -> str:
@@ -147,6 +184,7 @@ class PeerComm:
         self.phase = phase
         self.check = check  # stamps what is sent, checks what arrives (None: untagged)
         self._traded: set[tuple[str, int]] = set()  # gloo: peers whose header this pass saw
+        self._pg: dict[str, tuple] = {}  # device type -> _process_group, read once a pass
 
     def finish(self) -> None:
         """The pass is over: every message it received has arrived (CUDA: compare them)."""
@@ -173,15 +211,23 @@ class PeerComm:
         if device is not None and device.type == "cpu":
             self._trade_headers(sends, recvs)
         check, phase = self.check, self.phase
-        for buf, _ in sends:
+        out, into, peers = [], [], []
+        for buf, to in sends:
             if check is not None:
                 check.stamp(buf.header)
             record_sent(buf.nbytes, phase)
-        works = post_ops(self.group, device, [(buf.flat, to) for buf, to in sends],
-                         [(buf.flat, frm) for buf, frm in recvs]) if device is not None else []
-        peers = [("send", to, "ring hop", phase) for _, to in sends] + [
-            ("recv", frm, "ring hop", phase) for _, frm in recvs]
-        batch = Batch(works, [buf for buf, _ in sends], peers, device)
+            out.append((buf.flat, to))
+            peers.append(("send", to, "ring hop", phase))
+        for buf, frm in recvs:
+            into.append((buf.flat, frm))
+            peers.append(("recv", frm, "ring hop", phase))
+        works = []
+        if device is not None:
+            pg = self._pg.get(device.type)
+            if pg is None:
+                pg = self._pg[device.type] = _process_group(self.group, device.type)
+            works = post_ops(self.group, device, out, into, pg)
+        batch = Batch(works, sends, peers, device)
         return ([Pending(batch, buf, check, frm) for buf, frm in recvs]
                 or [Pending(batch, None)])
 
@@ -199,7 +245,7 @@ class PeerComm:
         got = [torch.empty(5, dtype=torch.int64) for _ in recvs]
         cpu = torch.device("cpu")
         works = post_ops(self.group, cpu,
-                         [(torch.tensor([*words, buf.flat.numel()]), to) for buf, to in sends],
+                         [(torch.tensor([*words, buf.flat.nbytes]), to) for buf, to in sends],
                          [(g, frm) for g, (_, frm) in zip(got, recvs)])
         what = "ring hop's header"
         Batch(works, peers=[("send", to, what, self.phase) for _, to in sends]
@@ -209,15 +255,15 @@ class PeerComm:
             header = tuple(header.tolist())
             if self.check is not None and header[:4] != tuple(words):
                 raise ValueError(headers.mismatch(rank, frm, header[:4], tuple(words)))
-            if header[4] != buf.flat.numel():
-                raise ValueError(f"burst_attn: rank {rank} expects a message of {buf.flat.numel()} "
+            if header[4] != buf.flat.nbytes:
+                raise ValueError(f"burst_attn: rank {rank} expects a message of {buf.flat.nbytes} "
                                  f"bytes from rank {frm} ({self.phase}), which sends "
                                  f"{header[4]}: the ranks' calls pair up wrongly (other shapes)")
 
 
 def post_ops(group: dist.ProcessGroup | None, device: torch.device,
              sends: Sequence[tuple[torch.Tensor, int]],
-             recvs: Sequence[tuple[torch.Tensor, int]]) -> list:
+             recvs: Sequence[tuple[torch.Tensor, int]], resolved: tuple | None = None) -> list:
     """Post sends and receives (tensor, global rank) as one batch; returns its works.
 
     What ``dist.batch_isend_irecv`` does, through the process group's own calls: one
@@ -225,12 +271,13 @@ def post_ops(group: dist.ProcessGroup | None, device: torch.device,
     peer's later op), one work per op on gloo. The Python of ``batch_isend_irecv`` and
     ``P2POp`` (about 70 calls per hop, most of a small hop's host time) is skipped.
     Under the link emulator the messages go through ``batch_isend_irecv``, which it wraps.
+    ``resolved``: ``_process_group(group, device.type)``, where the caller read it already.
     """
     if emulator.wraps_p2p():
         ops = [dist.P2POp(dist.isend, t, to, group) for t, to in sends] + [
             dist.P2POp(dist.irecv, t, frm, group) for t, frm in recvs]
         return dist.batch_isend_irecv(ops) if ops else []
-    pg, peer, coalesce = _process_group(group, device.type)
+    pg, peer, coalesce = resolved or _process_group(group, device.type)
     if coalesce:
         pg._start_coalescing(device)
         for t, to in sends:

@@ -114,9 +114,10 @@ class AccumulatorRoute:
     def __init__(self, comm: PeerComm, row_shape: RowShape):
         self.comm, self.row_shape = comm, row_shape
 
-    def new(self, step: AccumulatorStep) -> Packed | None:
-        """A zero accumulator for the travelling rows of the payload held at this step."""
-        return self.row_shape.packed(step.new_rows, zero=True) if step.new_rows else None
+    def new(self, step: AccumulatorStep, zero: bool = True) -> Packed | None:
+        """An accumulator for the travelling rows of the payload held at this step: zeros,
+        or uninitialised (``zero=False``) where the step's gradients write every row."""
+        return self.row_shape.packed(step.new_rows, zero=zero) if step.new_rows else None
 
     def pass_on(self, step: AccumulatorStep, acc: Packed | None
                 ) -> tuple[Pending | None, Pending | None, Pending]:

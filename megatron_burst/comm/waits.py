@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,12 +32,12 @@ def timeout_s() -> float:
     return value
 
 
-def wait_bounded(work: dist.Work, device: torch.device, waiting_for: str,
-                 why: str = "that rank failed or is stuck") -> None:
+def wait_bounded(work: dist.Work, device: torch.device, waiting_for: "str | Callable",
+                 args: tuple = (), why: str = "that rank failed or is stuck") -> None:
     """Wait for ``work``; on CPU give up after ``timeout_s()`` with an error naming the peer.
 
     ``waiting_for`` completes "rank R waited T s ..." (e.g. "for a ring hop from rank 0
-    (forward)"). On CUDA (NCCL) nothing is bounded here, because ``wait()`` only makes the
+    (forward)"); a function, it makes those words from ``args``, only if they are needed. On CUDA (NCCL) nothing is bounded here, because ``wait()`` only makes the
     current stream wait and the host never blocks: a dead peer is caught by the process
     group's own timeout (``init_process_group(timeout=...)``), whose watchdog aborts the
     communicator when ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is on (the default).
@@ -48,5 +49,6 @@ def wait_bounded(work: dist.Work, device: torch.device, waiting_for: str,
     try:
         work.wait(timeout=datetime.timedelta(seconds=timeout_s()))
     except RuntimeError as e:  # gloo's timeout, or the peer's connection closing
+        words = waiting_for(*args) if callable(waiting_for) else waiting_for
         raise RuntimeError(f"rank {dist.get_rank()} waited {time.monotonic() - start:.1f} s "
-                           f"{waiting_for}: {why}") from e
+                           f"{words}: {why}") from e

@@ -133,8 +133,10 @@ class BandDispatch(VarlenByLoop):
 
     def _pick(self, block: Block) -> LocalAttention:
         small = min(block.q_stop - block.q_start, block.k_stop - block.k_start) < self.SMALL
-        for kernel in ((self.band, self.dense) if small else (self.dense, self.band)):
-            if kernel.capabilities.admits(block):
+        first, second = (self.band, self.dense) if small else (self.dense, self.band)
+        for kernel in (first, second):
+            caps = kernel.capabilities
+            if block.kind in caps.kinds and (caps.min_side <= 1 or caps.admits(block)):
                 return kernel
         raise ValueError(f"burst_attn: no kernel of {self.name} runs a {block.describe()}")
 

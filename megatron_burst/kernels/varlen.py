@@ -246,29 +246,41 @@ def _call_runs(call: KernelCall, side: str) -> Runs:
     return ((blk.q_start, blk.q_stop),) if side == "q" else ((blk.k_start, blk.k_stop),)
 
 
+def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` of a [b, s, ...] view; the tensor itself when that is all of it
+    (a slice is an op of its own on the host: most blocks of a plain sequence span it)."""
+    return t if start == 0 and stop == t.shape[1] else t[:, start:stop]
+
+
+def _lse_rows(lse: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    return lse if start == 0 and stop == lse.shape[2] else lse[:, :, start:stop]
+
+
 def run_forward(kernel, call: KernelCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor, lse: torch.Tensor, scale: float, fresh: bool = False) -> None:
     """Compute ``call`` and merge it into the accumulators (bshd views, lse [b, h, s]).
 
     ``fresh``: nothing has been written to these rows yet: write, do not merge.
     """
-    def fold(out_rows, lse_rows, o, o_lse):
-        if fresh:
-            out_rows.copy_(o)
-            lse_rows.copy_(o_lse)
-        else:
-            merge_partial(out_rows, lse_rows, o, o_lse)
-
     if not call.varlen:
         blk = call.blocks[0]
-        o, o_lse = kernel.forward(q[:, blk.q], k[:, blk.k], v[:, blk.k], blk, scale)
-        fold(out[:, blk.q], lse[:, :, blk.q], o, o_lse)
+        a, b, c, d = blk.q_start, blk.q_stop, blk.k_start, blk.k_stop
+        o, o_lse = kernel.forward(_rows(q, a, b), _rows(k, c, d), _rows(v, c, d), blk, scale)
+        _fold_forward(_rows(out, a, b), _lse_rows(lse, a, b), o, o_lse, fresh)
         return
     o, o_lse = kernel.forward_varlen(gather(q[0], call.q_runs), gather(k[0], call.k_runs),
                                      gather(v[0], call.k_runs), call, scale)
     for a, b, off in _offsets(call.q_runs):
-        fold(out[:, a:b], lse[:, :, a:b], o[None, off:off + b - a],
-             o_lse[None, :, off:off + b - a])
+        _fold_forward(out[:, a:b], lse[:, :, a:b], o[None, off:off + b - a],
+                      o_lse[None, :, off:off + b - a], fresh)
+
+
+def _fold_forward(out_rows, lse_rows, o, o_lse, fresh: bool) -> None:
+    if fresh:
+        out_rows.copy_(o)
+        lse_rows.copy_(o_lse)
+    else:
+        merge_partial(out_rows, lse_rows, o, o_lse)
 
 
 def run_backward(kernel, call: KernelCall, dout: torch.Tensor, q: torch.Tensor,
@@ -279,26 +291,29 @@ def run_backward(kernel, call: KernelCall, dout: torch.Tensor, q: torch.Tensor,
 
     ``fresh`` (queries, keys): nothing has been written to those rows yet: write, not add.
     """
-    def fold(acc, grad, is_fresh):
-        if is_fresh:
-            acc.copy_(grad)
-        else:
-            acc += grad
-
     if not call.varlen:
         blk = call.blocks[0]
-        gq, gk, gv = kernel.backward(dout[:, blk.q], q[:, blk.q], k[:, blk.k], v[:, blk.k],
-                                     out[:, blk.q], lse[:, :, blk.q], blk, scale)
-        fold(dq[:, blk.q], gq, fresh[0])
-        fold(dk[:, blk.k], gk, fresh[1])
-        fold(dv[:, blk.k], gv, fresh[1])
+        a, b, c, d = blk.q_start, blk.q_stop, blk.k_start, blk.k_stop
+        gq, gk, gv = kernel.backward(_rows(dout, a, b), _rows(q, a, b), _rows(k, c, d),
+                                     _rows(v, c, d), _rows(out, a, b), _lse_rows(lse, a, b),
+                                     blk, scale)
+        _fold(_rows(dq, a, b), gq, fresh[0])
+        _fold(_rows(dk, c, d), gk, fresh[1])
+        _fold(_rows(dv, c, d), gv, fresh[1])
         return
     qr, kr = call.q_runs, call.k_runs
     gq, gk, gv = kernel.backward_varlen(
         gather(dout[0], qr), gather(q[0], qr), gather(k[0], kr), gather(v[0], kr),
         gather(out[0], qr), gather(lse[0], qr, dim=1).contiguous(), call, scale)
     for a, b, off in _offsets(qr):
-        fold(dq[0, a:b], gq[off:off + b - a], fresh[0])
+        _fold(dq[0, a:b], gq[off:off + b - a], fresh[0])
     for a, b, off in _offsets(kr):  # a key row used by two blocks appears twice: both add
-        fold(dk[0, a:b], gk[off:off + b - a], fresh[1])
-        fold(dv[0, a:b], gv[off:off + b - a], fresh[1])
+        _fold(dk[0, a:b], gk[off:off + b - a], fresh[1])
+        _fold(dv[0, a:b], gv[off:off + b - a], fresh[1])
+
+
+def _fold(acc: torch.Tensor, grad: torch.Tensor, fresh: bool) -> None:
+    if fresh:
+        acc.copy_(grad)
+    else:
+        acc += grad
