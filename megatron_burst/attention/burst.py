@@ -25,10 +25,10 @@ import torch
 
 from ..comm import headers
 from ..comm.headers import CallTag
-from ..comm.rings import AccumulatorRoute
+from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
-from .call_plan import StepPlan
 from .ring_spec import RingSpec
+from .travelling import Travelling
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
 from ..kernels.varlen import run_backward, run_forward
@@ -42,8 +42,12 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
     b, s, hq, _ = qb.shape
     fresh = plan.fresh[0]
     acc = working_dtype(q.dtype)
-    # The output has V's head dim (MLA: Q/K 192, V 128).
-    out = _accumulator((*q.shape[:-1], v.shape[-1]), acc, q.device, fresh)
+    # The output has V's head dim (MLA: Q/K 192, V 128). It accumulates in q's dtype where
+    # no row takes more than one merge in the kernel that rounds once (``merge.fuses``).
+    merged = not (fresh and plan.uses[0] <= 1)  # some row takes a partial by a merge
+    home = _home_dtype(q.dtype, plan.uses[0]) \
+        if not merged or fuses(q.device, q.dtype, v.shape[-1]) else acc
+    out = _accumulator((*q.shape[:-1], v.shape[-1]), home, q.device, fresh)
     out_b = spec.bshd(out)
     lse = torch.empty((b, hq, s), dtype=acc, device=q.device)
     if not fresh:
@@ -80,6 +84,16 @@ def _accumulator(shape, dtype, device, fresh: bool) -> torch.Tensor:
     return (torch.empty if fresh else torch.zeros)(shape, dtype=dtype, device=device)
 
 
+def _home_dtype(dtype: torch.dtype, uses: int, wide: bool = False) -> torch.dtype:
+    """The dtype of a home accumulator whose rows each receive at most ``uses`` partial
+    results: the inputs' own half precision where that is at most two (their sum, computed
+    in fp32 and rounded once, is what an fp32 accumulator cast at the end gives, bit for
+    bit), else fp32 (``working_dtype``); ``wide``: fp32 regardless."""
+    if not wide and uses <= 2 and dtype in (torch.bfloat16, torch.float16):
+        return dtype
+    return working_dtype(dtype)
+
+
 def _backward_lse(spec: RingSpec, lse: torch.Tensor) -> torch.Tensor:
     """lse for the backward kernels: rows that saw no key get 0 instead of -inf.
 
@@ -95,61 +109,22 @@ def _backward_lse(spec: RingSpec, lse: torch.Tensor) -> torch.Tensor:
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-class _Travelling:
-    """The gradient accumulators of one backward ring: this rank's own (home) and the
-    ones of the payload it holds, which an ``AccumulatorRoute`` passes on from step 1."""
-
-    def __init__(self, route: AccumulatorRoute | None, home: tuple[torch.Tensor, ...],
-                 row_dim: int):
-        self.route, self.home, self.row_dim = route, home, row_dim
-        self._incoming = None  # the accumulator of the next step's payload, in flight
-        self._returns: list = []
-        self._batches: list = []
-
-    def target(self, i: int, step: StepPlan) -> tuple[tuple[torch.Tensor, ...] | None, object]:
-        """(tensors to add step ``i``'s gradients into, the travelling buffer or None)."""
-        if i == 0 or self.route is None:
-            return self.home, None
-        acc = self.route.new(step.acc, zero=not step.acc_fresh)
-        return (acc.views if acc is not None else None), acc
-
-    def pass_on(self, i: int, step: StepPlan, acc) -> None:
-        """Fold in what earlier holders accumulated for this payload, and send it on."""
-        if i == 0 or self.route is None:
-            return
-        if self._incoming is not None:
-            for mine, theirs in zip(acc.views, self._incoming.wait()):
-                mine += theirs
-        self._incoming, home, batch = self.route.pass_on(step.acc, acc)
-        if home is not None:
-            self._returns.append(home)
-        self._batches.append(batch)
-
-    def finish(self) -> tuple[torch.Tensor, ...]:
-        """This rank's gradients: its own, plus what the other holders sent home."""
-        for pending in self._returns:
-            for mine, theirs in zip(self.home, pending.wait()):
-                mine.narrow(self.row_dim, 0, theirs.shape[self.row_dim]).add_(theirs)
-        for batch in self._batches:  # the sent buffers may be freed after this
-            batch.wait()
-        return self.home
-
-
 def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      out: torch.Tensor, lse: torch.Tensor, spec: RingSpec,
-                     tag: CallTag | None) -> Grads:
-    """Backward with K/V travelling and dK/dV accumulating behind them (``ring`` mode)."""
+                     tag: CallTag | None, wide: bool = False) -> Grads:
+    """Backward with K/V travelling and dK/dV accumulating behind them (``ring`` mode).
+    ``wide``: fp32 home accumulators, whatever the plan allows (``_home_dtype``)."""
     if spec.whole is not None:  # one kernel call: its gradients are the answer
         return _whole_backward(spec, dout, q, k, v, out, lse)
     plan, kernel, scale = spec.plan.backward, spec.kernel, spec.scale
     qb, dob, ob = spec.bshd(q), spec.bshd(dout), spec.bshd(out)
     acc_dtype = working_dtype(q.dtype)
-    fresh = plan.fresh
-    dq = _accumulator(q.shape, acc_dtype, q.device, fresh[0])
+    fresh, (q_home, k_home) = plan.fresh, (_home_dtype(q.dtype, n, wide) for n in plan.uses)
+    dq = _accumulator(q.shape, q_home, q.device, fresh[0])
     dq_b = spec.bshd(dq)
     ring, route = spec.movers(plan, (k, v), acc_dtype, "backward", tag)
-    grads = _Travelling(route, (_accumulator(k.shape, acc_dtype, k.device, fresh[1]),
-                                _accumulator(v.shape, acc_dtype, v.device, fresh[1])),
+    grads = Travelling(route, (_accumulator(k.shape, k_home, k.device, fresh[1]),
+                                _accumulator(v.shape, k_home, v.device, fresh[1])),
                         spec.row_dim)
     kv = (k, v)
     for i, step in enumerate(plan.steps):
@@ -171,7 +146,8 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
 def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                        delta: torch.Tensor, spec: RingSpec, tag: CallTag | None) -> Grads:
+                        delta: torch.Tensor, spec: RingSpec, tag: CallTag | None,
+                        wide: bool = False) -> Grads:
     """BurstAttention's backward: (Q, dO, lse, delta) travel, K/V/dK/dV stay home.
 
     ``out`` is this rank's own output (or the surrogate that folds in a gradient on lse):
@@ -183,13 +159,13 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     plan, kernel, scale = spec.plan.backward, spec.kernel, spec.scale
     kb, vb = spec.bshd(k), spec.bshd(v)
     acc_dtype = working_dtype(q.dtype)
-    fresh = plan.fresh
-    dk = _accumulator(k.shape, acc_dtype, k.device, fresh[1])
-    dv = _accumulator(v.shape, acc_dtype, v.device, fresh[1])
+    fresh, (q_home, k_home) = plan.fresh, (_home_dtype(q.dtype, n, wide) for n in plan.uses)
+    dk = _accumulator(k.shape, k_home, k.device, fresh[1])
+    dv = _accumulator(v.shape, k_home, v.device, fresh[1])
     dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
     bundle = (q, dout, lse, delta)
     ring, route = spec.movers(plan, bundle, acc_dtype, "backward", tag, (q,))
-    grads = _Travelling(route, (_accumulator(q.shape, acc_dtype, q.device, fresh[0]),),
+    grads = Travelling(route, (_accumulator(q.shape, q_home, q.device, fresh[0]),),
                         spec.row_dim)
     for i, step in enumerate(plan.steps):
         if ring is not None:
@@ -290,7 +266,8 @@ def _rowsum(spec: RingSpec, a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Te
     return (spec.bshd(a).to(dtype) * spec.bshd(b).to(dtype)).sum(-1).transpose(1, 2)
 
 
-def _backward(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse, delta) -> Grads:
+def _backward(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse, delta,
+              wide: bool = False) -> Grads:
     """The ring backward of ``dout`` given ``delta`` (None: rowsum(dout * out), the plain
     softmax backward). The kernels read O only to form delta, so another delta enters as the
     surrogate O' with rowsum(dout * O') == delta (``surrogate_out``); ``dout`` must then be
@@ -306,8 +283,8 @@ def _backward(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse, delt
     elif mode == "burst":  # visitors' queries travel with delta, not O
         delta = _rowsum(spec, dout, out, lse.dtype).contiguous()
     if mode == "burst":
-        return ring_backward_burst(dout, q, k, v, o, blse, delta, spec, tag)
-    return ring_backward_kv(dout, q, k, v, o, blse, spec, tag)
+        return ring_backward_burst(dout, q, k, v, o, blse, delta, spec, tag, wide)
+    return ring_backward_kv(dout, q, k, v, o, blse, spec, tag, wide)
 
 
 def _backward_with_lse(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse,
@@ -329,6 +306,7 @@ def _backward_with_lse(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, 
                          .expand(spec.bshd(dout).shape).to(dout.dtype)).contiguous()
     lifted = dout + stand_in
     delta = _rowsum(spec, lifted, out, acc) - dlse.to(acc)
-    grads = _backward(spec, tag, q, k, v, lifted, out, lse, delta)
-    own = _backward(spec, tag, q, k, v, stand_in, out, lse, None)
+    # fp32 accumulators: the difference below must not see a rounding of either term.
+    grads = _backward(spec, tag, q, k, v, lifted, out, lse, delta, wide=True)
+    own = _backward(spec, tag, q, k, v, stand_in, out, lse, None, wide=True)
     return tuple(g.to(acc) - h.to(acc) for g, h in zip(grads, own))

@@ -21,6 +21,7 @@ import dataclasses
 import threading
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -108,6 +109,11 @@ class PassPlan:
     fresh: tuple[bool, bool]
     travels: bool  # any hop at all: the pass needs a ring and its messages
     receives: int = 0  # messages this rank receives in the pass (headers to check)
+    # The most partial results any one home row of the queries' and of the keys'
+    # accumulators receives (kernel calls, and a travelling accumulator coming home).
+    # At most two: the sum is exact in the inputs' half precision (one rounding, as an
+    # fp32 accumulator cast at the end gives), so no fp32 copy of them is needed.
+    uses: tuple[int, int] = (0, 0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -153,7 +159,9 @@ def build_plan(key: PlanKey) -> CallPlan:
     rows = sched.shard(me).length
     calls = PairCalls(key, sched, topo)
     if topo is None:  # one member: one step against its own keys, nothing travels
-        alone = PassPlan((StepPlan(me, calls(me, me)),), _fresh(calls(me, me), rows), False)
+        steps = (StepPlan(me, calls(me, me)),)
+        alone = PassPlan(steps, _fresh(calls(me, me), rows), False, 0,
+                         (_uses(steps, rows, "q"), _uses(steps, rows, "k")))
         forward = backward = alone
     else:
         forward, backward = _ring_passes(key, sched, topo, calls)
@@ -210,13 +218,18 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingTopology,
     me, n = topo.index, sched.shard(topo.index).length
     own = _fresh(calls(me, me), n)
     forward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, None)
+    forward = dataclasses.replace(forward, uses=(_uses(forward.steps, n, "q"), 0))
     if key.backward == "burst":
         back = topo.reversed()
         q_rows = sched.needed_rows(back.source, "q")
         backward = _pass(back, last, q_rows, lambda src: calls(src, me), own, "q")
+        uses = (_uses(backward.steps[:1], n, "q", q_rows[me][1] if last else 0),
+                _uses(backward.steps, n, "k"))
     else:
         backward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, "k")
-    return forward, backward
+        uses = (_uses(backward.steps, n, "q"),
+                _uses(backward.steps[:1], n, "k", k_rows[me][1] if last else 0))
+    return forward, dataclasses.replace(backward, uses=uses)
 
 
 def _pass(topo: RingTopology, last: int, table: tuple[tuple[int, ...], ...],
@@ -241,6 +254,20 @@ def _pass(topo: RingTopology, last: int, table: tuple[tuple[int, ...], ...],
     return PassPlan(tuple(steps), fresh, any(hops), receives)
 
 
+def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned: int = 0) -> int:
+    """The most kernel calls of ``steps`` that touch any one of ``rows`` rows on ``side``,
+    with one more on the first ``returned`` rows (a travelling accumulator come home)."""
+    change = np.zeros(rows + 1, dtype=np.int64)
+    for step in steps:
+        for call in step.calls:
+            for a, b in _runs(call, side):
+                change[a] += 1
+                change[b] -= 1
+    change[0] += 1 if returned else 0
+    change[returned] -= 1 if returned else 0
+    return int(np.cumsum(change).max(initial=0))
+
+
 def _fresh(own: tuple[KernelCall, ...], rows: int) -> tuple[bool, bool]:
     """Whether a member's own calls write every query row, and every key row, once."""
     return covers(own, rows, "q"), covers(own, rows, "k")
@@ -248,7 +275,7 @@ def _fresh(own: tuple[KernelCall, ...], rows: int) -> tuple[bool, bool]:
 
 def _all_rows_see(forward: PassPlan, rows: int) -> bool:
     """Whether some block of the forward has each of ``rows`` query rows."""
-    spans = sorted((a, b) for s in forward.steps for c in s.calls for a, b in _q_runs(c))
+    spans = sorted((a, b) for s in forward.steps for c in s.calls for a, b in _runs(c, "q"))
     reach = 0
     for a, b in spans:
         if a > reach:
@@ -257,11 +284,11 @@ def _all_rows_see(forward: PassPlan, rows: int) -> bool:
     return reach >= rows
 
 
-def _q_runs(call: KernelCall):
+def _runs(call: KernelCall, side: str):
     if call.varlen:
-        return call.q_runs
+        return call.q_runs if side == "q" else call.k_runs
     blk = call.blocks[0]
-    return ((blk.q_start, blk.q_stop),)
+    return ((blk.q_start, blk.q_stop),) if side == "q" else ((blk.k_start, blk.k_stop),)
 
 
 def _whole(key: PlanKey, sched: RingSchedule, topo: RingTopology | None, calls: PairCalls,

@@ -226,7 +226,7 @@ class PeerComm:
             pg = self._pg.get(device.type)
             if pg is None:
                 pg = self._pg[device.type] = _process_group(self.group, device.type)
-            works = post_ops(self.group, device, out, into, pg)
+            works = post_ops(self.group, device, out, into, pg, peers)
         batch = Batch(works, sends, peers, device)
         return ([Pending(batch, buf, check, frm) for buf, frm in recvs]
                 or [Pending(batch, None)])
@@ -244,12 +244,13 @@ class PeerComm:
         words = self.check.tag.words(self.phase) if self.check is not None else (0, 0, 0, 0)
         got = [torch.empty(5, dtype=torch.int64) for _ in recvs]
         cpu = torch.device("cpu")
+        what = "ring hop's header"
+        peers = [("send", to, what, self.phase) for _, to in sends] + [
+            ("recv", frm, what, self.phase) for _, frm in recvs]
         works = post_ops(self.group, cpu,
                          [(torch.tensor([*words, buf.flat.nbytes]), to) for buf, to in sends],
-                         [(g, frm) for g, (_, frm) in zip(got, recvs)])
-        what = "ring hop's header"
-        Batch(works, peers=[("send", to, what, self.phase) for _, to in sends]
-              + [("recv", frm, what, self.phase) for _, frm in recvs], device=cpu).wait()
+                         [(g, frm) for g, (_, frm) in zip(got, recvs)], None, peers)
+        Batch(works, peers=peers, device=cpu).wait()
         rank = dist.get_rank()
         for (buf, frm), header in zip(recvs, got):
             header = tuple(header.tolist())
@@ -263,7 +264,8 @@ class PeerComm:
 
 def post_ops(group: dist.ProcessGroup | None, device: torch.device,
              sends: Sequence[tuple[torch.Tensor, int]],
-             recvs: Sequence[tuple[torch.Tensor, int]], resolved: tuple | None = None) -> list:
+             recvs: Sequence[tuple[torch.Tensor, int]], resolved: tuple | None = None,
+             peers: Sequence[tuple] = ()) -> list:
     """Post sends and receives (tensor, global rank) as one batch; returns its works.
 
     What ``dist.batch_isend_irecv`` does, through the process group's own calls: one
@@ -272,6 +274,8 @@ def post_ops(group: dist.ProcessGroup | None, device: torch.device,
     ``P2POp`` (about 70 calls per hop, most of a small hop's host time) is skipped.
     Under the link emulator the messages go through ``batch_isend_irecv``, which it wraps.
     ``resolved``: ``_process_group(group, device.type)``, where the caller read it already.
+    ``peers``: (verb, rank, what, phase) of each op: on gloo, an op that cannot be posted
+    (its peer's process is gone) raises the error a wait for that peer raises.
     """
     if emulator.wraps_p2p():
         ops = [dist.P2POp(dist.isend, t, to, group) for t, to in sends] + [
@@ -285,8 +289,17 @@ def post_ops(group: dist.ProcessGroup | None, device: torch.device,
         for t, frm in recvs:
             pg.recv([t], peer[frm], 0)
         return [pg._end_coalescing(device)]
-    return ([pg.send([t], peer[to], 0) for t, to in sends]
-            + [pg.recv([t], peer[frm], 0) for t, frm in recvs])
+    works = []
+    try:
+        for t, to in sends:
+            works.append(pg.send([t], peer[to], 0))
+        for t, frm in recvs:
+            works.append(pg.recv([t], peer[frm], 0))
+    except RuntimeError as err:  # gloo: the peer's connection is closed
+        raise RuntimeError(f"rank {dist.get_rank()} waited 0.0 s "
+                           f"{_waiting_for(peers, len(works))}: that rank failed or is "
+                           f"stuck") from err
+    return works
 
 
 _GROUPS: dict[tuple[str, str], tuple] = {}  # (group name, device type) -> _process_group

@@ -67,25 +67,41 @@ if triton is not None:
         m2 = live[:, None]
         o_off = (b * o_sb + s * o_ss + h * o_sh)[:, None] + d[None, :]
         k_off = (b * b_sb + s * b_ss + h * b_sh)[:, None] + d[None, :]
-        o = tl.load(out_ptr + o_off, mask=m2, other=0.0)
+        o = tl.load(out_ptr + o_off, mask=m2, other=0.0).to(tl.float32)
         x = tl.load(blk_ptr + k_off, mask=m2, other=0.0).to(tl.float32)
-        tl.store(out_ptr + o_off, o * wa[:, None] + x * wb[:, None], mask=m2)
+        merged = o * wa[:, None] + x * wb[:, None]  # fp32, rounded once as it is stored
+        tl.store(out_ptr + o_off, merged.to(out_ptr.dtype.element_ty), mask=m2)
         tl.store(lse_ptr + b * l_sb + h * l_sh + s * l_ss, new_lse, mask=live)
 
 
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def fuses(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether outputs of ``dtype`` on ``device`` with ``head_dim`` merge in the fused
+    kernel, which computes in fp32 and rounds once as it stores: then a half-precision
+    output that receives one merge (two partials) is exactly the fp32 accumulator's
+    result cast at the end, and needs no fp32 copy."""
+    return (triton is not None and device.type == "cuda" and dtype in _FUSED_DTYPES
+            and head_dim & (head_dim - 1) == 0)
+
+
 def _fusable(out: torch.Tensor, block_out: torch.Tensor) -> bool:
-    d = out.shape[-1]
-    return (triton is not None and out.is_cuda and out.dtype == torch.float32
-            and out.stride(-1) == 1 and block_out.stride(-1) == 1 and d & (d - 1) == 0)
+    return (fuses(out.device, out.dtype, out.shape[-1]) and out.stride(-1) == 1
+            and block_out.stride(-1) == 1)
 
 
 def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
                   block_lse: torch.Tensor) -> None:
     """Fold ``(block_out, block_lse)`` into the accumulators ``(out, lse)`` in place.
 
-    out, block_out: [b, s, h, d] (views allowed); lse, block_lse: [b, h, s].
+    out, block_out: [b, s, h, d] (views allowed); lse, block_lse: [b, h, s]. ``out`` is
+    fp32, or half precision where ``fuses`` says the fused kernel merges it.
     """
     if not _fusable(out, block_out):
+        if out.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"merge_partial: a {out.dtype} accumulator merges only in the "
+                             f"fused kernel (CUDA, Triton, power-of-two head dim)")
         merge_partial_torch(out, lse, block_out, block_lse)
         return
     b, s, h, d = out.shape
