@@ -81,3 +81,64 @@ def test_a_new_cp1_pack_is_planned_without_python_per_document():
         assert not {f for f, _ in seen} & {"timing.py", "cluster.py"}, seen
     # 64 times the documents, the same Python work (within a few calls).
     assert counts[1024] <= counts[16] + 10, counts
+
+
+# ------------------------------------------------------------------ CP=2 on gloo (issue 39)
+
+# Python calls (functions and C builtins, as ``sys.setprofile`` sees them) of one CP=2
+# forward + backward on gloo, the user's ``.backward()`` included, measured on the plan
+# value's thin ring path; at 7b3f129 they were 1,420 (plain) and 2,905 (a new pack). The
+# gloo path does more than NCCL's (each pass's first hop trades headers first, every wait is
+# bounded), and the CPU kernel runs a pack's varlen calls one document at a time.
+BUDGETS = {"plain ring": 820, "plain burst": 860, "new pack": 2250}
+
+
+def _all_calls(fn) -> int:
+    count = [0]
+
+    def profile(frame, event, _arg):
+        if event in ("call", "c_call"):
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count[0]
+
+
+def _cp2_counts(rank: int, world: int) -> dict:
+    s, gen = 256, torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, s, h, 16, generator=gen, requires_grad=True) for h in (4, 2, 2))
+    do = torch.randn(1, s, 4, 16, generator=gen)
+    packs = iter(range(100))
+
+    def plain(backward):
+        mb.burst_attn(q, k, v, causal=True, backward=backward).backward(do)
+
+    def new_pack():
+        cut = torch.Generator().manual_seed(next(packs))
+        cuts = sorted((torch.randperm(s * world - 1, generator=cut)[:7] + 1).tolist())
+        cu = torch.tensor([0, *cuts, s * world], dtype=torch.int32)
+        mb.burst_attn(q, k, v, causal=True, layout="whole_docs", cu_seqlens=cu,
+                      backward="ring").backward(do)
+
+    cases = {"plain ring": lambda: plain("ring"), "plain burst": lambda: plain("burst"),
+             "new pack": new_pack}
+    counts = {}
+    for name, fn in cases.items():
+        for _ in range(3):  # prepared, agreed, kernels probed
+            fn()
+        counts[name] = min(_all_calls(fn) for _ in range(2))
+    return counts
+
+
+def test_a_cp2_call_and_a_new_pack_stay_within_their_python_budget():
+    """A regression in the host's work per call shows here, without a GPU: every rank's
+    count of Python calls per CP=2 fwd+bwd stays within its budget."""
+    from .distributed import run_ranks
+
+    for rank, counts in enumerate(run_ranks(2, _cp2_counts, timeout=300)):
+        for name, budget in BUDGETS.items():
+            assert counts[name] <= budget, (rank, name, counts)

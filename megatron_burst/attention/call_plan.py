@@ -21,7 +21,6 @@ import dataclasses
 import threading
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -255,17 +254,17 @@ def _pass(topo: RingTopology, last: int, table: tuple[tuple[int, ...], ...],
 
 
 def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned: int = 0) -> int:
-    """The most kernel calls of ``steps`` that touch any one of ``rows`` rows on ``side``,
-    with one more on the first ``returned`` rows (a travelling accumulator come home)."""
-    change = np.zeros(rows + 1, dtype=np.int64)
-    for step in steps:
-        for call in step.calls:
-            for a, b in _runs(call, side):
-                change[a] += 1
-                change[b] -= 1
-    change[0] += 1 if returned else 0
-    change[returned] -= 1 if returned else 0
-    return int(np.cumsum(change).max(initial=0))
+    """The most kernel calls of ``steps`` that touch any one of the ``rows`` rows on
+    ``side``, with one more on the first ``returned`` rows (an accumulator come home)."""
+    edges = [(a, 1) for step in steps for call in step.calls for a, _ in _runs(call, side)]
+    edges += [(b, -1) for step in steps for call in step.calls for _, b in _runs(call, side)]
+    if returned:
+        edges += [(0, 1), (returned, -1)]
+    most = held = 0
+    for _, change in sorted(edges):  # at one row, ends (-1) sort before starts (+1)
+        held += change
+        most = max(most, held)
+    return most
 
 
 def _fresh(own: tuple[KernelCall, ...], rows: int) -> tuple[bool, bool]:
