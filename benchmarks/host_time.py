@@ -128,28 +128,10 @@ def efficiency_cases() -> list[tuple[str, int, int, int]]:
             ("GQA 16:4 d64", 16, 4, 64)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--per-gpu", type=int, default=8192)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    rank, world = start_ranks()
-    dev = torch.device("cuda", torch.cuda.current_device())
+def efficiency_rows(args, n: int, world: int, rank: int, dev) -> list[dict]:
+    """The ring eager and graph-replayed at ``n`` tokens per GPU against the single-GPU
+    cuDNN kernel on the whole sequence, for each head shape."""
     rows = []
-    for name, fn, shapes in host_cases(world, dev):
-        case = Case(fn, shapes, dev, seed=rank)
-        rows.append(dict(part="host", case=name, mode="eager", **case.parts(args.iters)))
-        if "eager only" not in name:
-            try:
-                rows.append(dict(part="host", case=name, mode="CUDA graph",
-                                 **case.parts(args.iters, graphed=True)))
-            except Exception as e:  # noqa: BLE001  (recorded: a case that cannot be captured)
-                rows.append(dict(part="host", case=name, mode="CUDA graph",
-                                 error=f"{type(e).__name__}: {str(e)[:300]}"))
-        if rank == 0:
-            print(rows[-2:], flush=True)
-    n = args.per_gpu
     for name, hq, hkv, d in efficiency_cases():
         shapes = [(1, n, hq, d), (1, n, hkv, d), (1, n, hkv, d)]
         ring = Case(lambda q, k, v: mb.burst_attn(q, k, v, causal=True), shapes, dev, rank)
@@ -169,6 +151,34 @@ def main() -> None:
                          mode="SDPA (cuDNN)", **single))
         if rank == 0:
             print(rows[-3:], flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--per-gpu", default="8192",
+                        help="tokens per GPU of the efficiency part, comma-separated")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rank, world = start_ranks()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    rows = []
+    for name, fn, shapes in host_cases(world, dev):
+        case = Case(fn, shapes, dev, seed=rank)
+        rows.append(dict(part="host", case=name, mode="eager", **case.parts(args.iters)))
+        if "eager only" not in name:
+            try:
+                rows.append(dict(part="host", case=name, mode="CUDA graph",
+                                 **case.parts(args.iters, graphed=True)))
+            except Exception as e:  # noqa: BLE001  (recorded: a case that cannot be captured)
+                rows.append(dict(part="host", case=name, mode="CUDA graph",
+                                 error=f"{type(e).__name__}: {str(e)[:300]}"))
+        if rank == 0:
+            print(rows[-2:], flush=True)
+    for n in (int(x) for x in args.per_gpu.split(",")):
+        rows += efficiency_rows(args, n, world, rank, dev)
     if rank == 0:
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
