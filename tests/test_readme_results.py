@@ -181,3 +181,78 @@ def test_upstream_patch_figures_are_the_runs_on_file():
     _says(f"Upstream's own step is {default[up] / default[ours] - 1:.0%} slower than the entry "
           f"point's here ({default[up]:.0f} vs {default[ours]:.0f} ms; {docs_up['steady_ms']:.0f}"
           f" vs {docs_ours['steady_ms']:.0f} ms with document masks)")
+
+
+# ------------------------------------------------------- two GPUs where training runs (issue 39)
+
+ISSUE39 = "h100x2_issue39/"
+
+
+def _rows39(name: str) -> list[dict]:
+    return _load(ISSUE39 + name)["rows"]
+
+
+def _host(side: str, case: str, mode: str = "eager") -> dict:
+    return next(r for r in _rows39(f"h100x2_host_time_{side}.json")
+                if r["case"] == case and r["mode"] == mode)
+
+
+def _pack_row(side: str, part: str, per_gpu: int, mix: str, method: str) -> dict:
+    return next(r for r in _rows39(f"h100x2_documents_{part}_{side}.json")
+                if r["per_gpu"] == per_gpu and r["mix"] == mix and r["method"] == method)
+
+
+def _pair(fmt: str, key) -> str:
+    return " | ".join(fmt.format(key(side)) for side in ("before", "after"))
+
+
+def test_two_gpu_host_rows_are_the_runs_on_file():
+    ring, burst = "burst causal, ring bwd", "burst causal, burst bwd"
+    both = lambda mode: lambda side: f"{_host(side, ring, mode)['host_ms']:.2f} / " \
+        f"{_host(side, burst, mode)['host_ms']:.2f}"  # noqa: E731
+    _says(f"| host ms of one CP=2 call, tiny tensors, eager (ring / burst backward) | "
+          f"{_pair('{}', both('eager'))} |")
+    _says(f"| CUDA-graph replay of a CP=2 call, host ms (ring / burst backward) | "
+          f"{_pair('{}', both('CUDA graph'))} |")
+    new = "burst whole_docs, new pack each call (eager only)"
+    _says(f"| the same, a new `whole_docs` pack every call | "
+          f"{_pair('{:.2f}', lambda side: _host(side, new)['host_ms'])} |")
+    sdpa = "1 GPU SDPA (cuDNN), the whole sequence"
+    _says(f"| one GPU's SDPA on the whole sequence, the host's floor, same runs | "
+          f"{_pair('{:.2f}', lambda side: _host(side, sdpa)['host_ms'])} |")
+
+
+def test_two_gpu_efficiency_rows_are_the_runs_on_file():
+    cases = ("causal MHA 32:32 d128, 8192/GPU", "causal GQA 32:8 d128, 8192/GPU",
+             "causal GQA 16:4 d64, 8192/GPU")
+    three = lambda mode: lambda side: " / ".join(  # noqa: E731
+        f"{_host(side, c, mode)['efficiency']:.2f}" for c in cases)
+    _says(f"| 8K/GPU causal, no documents, eager (MHA 32:32 / GQA 32:8 / GQA 16:4 d64) | "
+          f"{_pair('{}', three('eager'))} |")
+    _says(f"| the same, CUDA graph | {_pair('{}', three('CUDA graph'))} |")
+
+
+def test_two_gpu_document_rows_are_the_runs_on_file():
+    eff = lambda part, n, mix, m: lambda side: _pack_row(  # noqa: E731
+        side, part, n, mix, m)["efficiency_vs_1gpu"]
+    _says(f"| new pack every call vs one GPU's varlen, 8K/GPU, 16:4 d64, uniform | "
+          f"{_pair('{:.2f}', eff('8k16k', 8192, 'uniform', NEW))} |")
+    _says(f"| the same pack again, 8K/GPU | "
+          f"{_pair('{:.2f}', eff('8k16k', 8192, 'uniform', SAME))} |")
+    _says(f"| new pack every call, 16K/GPU | "
+          f"{_pair('{:.2f}', eff('8k16k', 16384, 'uniform', NEW))} |")
+    _says(f"| the same pack again, 16K/GPU | "
+          f"{_pair('{:.2f}', eff('8k16k', 16384, 'uniform', SAME))} |")
+    two = lambda m: lambda side: " / ".join(  # noqa: E731
+        f"{eff('32k', 32768, mix, m)(side):.2f}" for mix in ("uniform", "lognormal"))
+    _says(f"| 32K/GPU, 32:8 d128, same pack again (uniform / lognormal) | "
+          f"{_pair('{}', two(SAME))} |")
+    _says(f"| 32K/GPU, new packs back to back, no sync (uniform / lognormal) | "
+          f"{_pair('{}', two(BACK_TO_BACK))} |")
+
+
+def test_two_gpu_megatron_row_is_the_run_on_file():
+    runs = _megatron(ISSUE39 + "megatron_documents_small_h100x2_after.json")
+    cp2 = runs["small 16K CP=2, document masks"]["steady_ms"]
+    cp1 = runs["small 16K CP=1, document masks"]["steady_ms"]
+    _says(f"{cp2:.0f} vs {cp1:.0f} ms: {cp1 / cp2:.2f}x")
