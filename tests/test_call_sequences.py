@@ -94,13 +94,17 @@ class Program:
 
 
 def _losses(s: int, hq: int, rng: random.Random):
-    """(output weights, lse weights) of a loss: some rows out of it, lse in it or not."""
+    """(output weights, lse weights) of a loss: some rows out of it, some barely in it
+    (1e-20), lse in it or not, the whole loss scaled by 1e-30 to 1e30 (gradients are
+    linear in it: the errors, relative, must not move)."""
+    gen = torch.Generator().manual_seed(rng.randrange(10 ** 6))
     w_out = torch.linspace(-1, 1, s * hq * D, dtype=torch.float64).view(1, s, hq, D)
-    w_out = w_out * (torch.rand(1, s, 1, 1, generator=torch.Generator().manual_seed(
-        rng.randrange(10 ** 6))) < 0.6)
+    rows = torch.rand(1, s, 1, 1, generator=gen)
+    w_out = w_out * (rows < 0.6) * torch.where(rows < 0.1, 1e-20, 1.0)
     w_lse = None if rng.random() < 0.5 else torch.linspace(0.5, 1.5, hq * s,
                                                            dtype=torch.float64).view(1, hq, s)
-    return w_out, w_lse
+    scale = rng.choice([1e-30, 1e-17, 1.0, 1.0, 1e17, 1e30])
+    return w_out * scale, None if w_lse is None else w_lse * scale
 
 
 def step(p: Program) -> str:

@@ -73,11 +73,11 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout,
         backward=backward, qkv_format=qkv_format, intra_node_size=intra_node_size,
         ulysses_size=ulysses_size, cu_seqlens=cu_seqlens, kernel=kernel, keep=keep,
-        call_label=call_label, topology=topology, sinks=sinks))
+        call_label=call_label, topology=topology, sinks=sinks, return_lse=return_lse))
     if prepared.native and not return_lse and sinks is None and keep is None:
         return _native(q, k, v, prepared.spec)  # one aten op, its own autograd: nothing more
     tag = _numbered(prepared, group, q, world)
-    out, lse = _attend(q, k, v, prepared.spec, tag, group, prepared, keep, sinks)
+    out, lse = _attend(q, k, v, prepared.spec, tag, group, prepared, keep, sinks, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -114,7 +114,8 @@ def _native(q, k, v, spec):
     return out.transpose(0, 1) if spec.seq_first else out
 
 
-def _attend(q, k, v, spec, tag, group, prepared, keep: AttentionKeep | None, sinks):
+def _attend(q, k, v, spec, tag, group, prepared, keep: AttentionKeep | None, sinks,
+            return_lse: bool = False):
     """The ring (inside the Ulysses all-to-alls when there are any), or the kept output of
     this very forward under a recompute; keeping it on a first forward without autograd."""
     kept = None
@@ -127,10 +128,12 @@ def _attend(q, k, v, spec, tag, group, prepared, keep: AttentionKeep | None, sin
     if prepared.ulysses_peers is None:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
         out, lse = ring = BurstAttentionFunction.apply(q.contiguous(), k.contiguous(),
-                                                       v.contiguous(), spec, tag, kept, sinks)
+                                                       v.contiguous(), spec, tag, kept, sinks,
+                                                       return_lse)
     else:
         out, lse, ring = _ulysses_burst(q, k, v, spec, tag, group, prepared.ulysses_peers,
-                                        prepared.call.qkv_format == "sbhd", kept, sinks)
+                                        prepared.call.qkv_format == "sbhd", kept, sinks,
+                                        return_lse)
     if keep is not None and not torch.is_grad_enabled():
         keep.put(*ring, prepared.keep_key, inputs)  # the ring's own (out, lse)
     return out, lse
@@ -150,7 +153,8 @@ def calls_made(group) -> int:
     return _CALLS.get(group_name(group), 0)
 
 
-def _ulysses_burst(q, k, v, spec, tag, group, peers, seq_first, kept, sinks):
+def _ulysses_burst(q, k, v, spec, tag, group, peers, seq_first, kept, sinks,
+                   return_lse: bool = False):
     """Heads -> sequence inside each Ulysses group (``peers``), the ring across groups, and
     back. Every all-to-all piece carries the call's header. Returns (out, lse, the ring's
     (out, lse)): a kept output is the ring's, so its recompute needs no all-to-all."""
@@ -162,7 +166,7 @@ def _ulysses_burst(q, k, v, spec, tag, group, peers, seq_first, kept, sinks):
     qs, ks, vs = (heads_to_sequence(as_bshd(t), peers, group, 1, 2, tag) for t in (q, k, v))
     if sinks is not None:  # this rank's ring holds head slice u of every member's heads
         sinks = sinks.chunk(u)[peers.index(dist.get_rank())]
-    ring = BurstAttentionFunction.apply(qs, ks, vs, spec, tag, kept, sinks)
+    ring = BurstAttentionFunction.apply(qs, ks, vs, spec, tag, kept, sinks, return_lse)
     out = sequence_to_heads(ring[0], peers, group, 1, 2, tag)
     lse = sequence_to_heads(ring[1], peers, group, 2, 1, tag)
     return (out.transpose(0, 1).contiguous() if seq_first else out), lse, ring

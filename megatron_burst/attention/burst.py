@@ -191,13 +191,16 @@ class BurstAttentionFunction(torch.autograd.Function):
     """Autograd wrapper: ``apply(q, k, v, spec, tag[, kept[, sinks]]) -> (out, lse)``;
     differentiable in q, k, v and the sinks. ``tag``: the call's number, signature and label
     that its messages carry (``comm.headers``; None: untagged, as in a CUDA graph capture).
-    ``kept``: (out, lse) of this very call from an
+    ``lse_returned``: the caller was handed lse (``return_lse``, the same on every rank): the
+    backward then runs the lse's passes whether or not this rank's loss used it, as its
+    peers' may have. ``kept``: (out, lse) of this very call from an
     earlier forward (remat.py): the ring forward is skipped and the backward runs from them.
     ``sinks``: one logit per query head merged into every row (``sinks.py``). The kernel is
     the one ``prepare`` chose and checked against the call's blocks (``spec.kernel``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec: RingSpec, tag: CallTag | None, kept=None, sinks=None):
+    def forward(ctx, q, k, v, spec: RingSpec, tag: CallTag | None, kept=None, sinks=None,
+                lse_returned: bool = False):
         if kept is not None:  # a recompute: this call's output was kept from its first forward
             out, lse = (t.view_as(t) for t in kept)
         else:
@@ -211,7 +214,7 @@ class BurstAttentionFunction(torch.autograd.Function):
         # can use the real O instead of rebuilding one that folds in dlse.
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.spec, ctx.tag = spec, tag
+        ctx.spec, ctx.tag, ctx.lse_returned = spec, tag, lse_returned
         return out, lse
 
     @staticmethod
@@ -223,14 +226,16 @@ class BurstAttentionFunction(torch.autograd.Function):
             dsinks = sink_grad(dout, out, lse, dlse, sinks, spec.seq_first)
         if spec.whole is not None and dlse is None and dout is not None:
             return (*_whole_backward(spec, dout.contiguous(), q, k, v, out, lse), None, None,
-                    None, dsinks)
+                    None, dsinks, None)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+        if dlse is None and ctx.lse_returned:  # in no loss here; maybe in a peer's
+            dlse = torch.zeros_like(lse)
         if dlse is None:
             dq, dk, dv = _backward(spec, tag, q, k, v, dout, out, lse, None)
         else:
             dq, dk, dv = _backward_with_lse(spec, tag, q, k, v, dout, out, lse, dlse)
         headers.poll()  # a pass that received another call's message raises here
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, dsinks
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, dsinks, None
 
 
 def _whole_forward(spec: RingSpec, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,24 +294,36 @@ def _backward(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse, delt
 
 def _backward_with_lse(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse,
                        dlse) -> Grads:
-    """The backward of (dout, dlse), exact whatever dout is.
+    """The backward of (dout, dlse), exact whatever dout is, on every rank the same passes.
 
     A gradient on lse enters the softmax backward as delta -= dlse (d lse_i / d s_ij = P_ij,
-    the factor the softmax backward applies to delta). The kernels take delta only through
-    O' with rowsum(dout * O') = delta, which no O' gives on a row whose dout is zero while
-    its dlse is not (a token out of the loss). The backward is linear in (dout, delta), so
-    such rows borrow a stand-in W (|dlse_i| / sqrt(d) in every element, zero elsewhere):
-    grads(dout + W, delta) - grads(W, rowsum(W * O)) = grads(dout, delta). The second
-    backward is the stand-in's own gradient; every rank runs both, whatever its rows.
+    the factor the softmax backward applies to delta), so one pass with
+    delta = rowsum(dout * O) - dlse is the answer on every row whose dout is not zero: the
+    kernels take delta through O' with rowsum(dout * O') = delta (``surrogate_out``). A row
+    whose dout is zero (a token out of the output's loss) cannot carry its -dlse that way.
+    Those rows borrow a stand-in W (a small multiple of |dlse_i| in every element, zero on
+    every other row) in two more passes, whose difference is exactly their lse gradient:
+    grads(W, rowsum(W * O) - dlse) - grads(W, rowsum(W * O)). Both passes see the same W,
+    so what W alone contributes (dV's P^T W, and W's share of dS) is the same bits in both
+    and cancels exactly; the real output gradient never shares a pass with it. Every rank
+    runs all three passes, whatever its rows: the ring pairs the ranks' passes.
     """
     acc = lse.dtype
-    zero_rows = spec.bshd(dout).abs().amax(-1) == 0  # [b, s, h]
-    size = dlse.to(acc).abs().transpose(1, 2) * (out.shape[-1] ** -0.5)
-    stand_in = spec.bshd(torch.where(zero_rows, size, torch.zeros_like(size)).unsqueeze(-1)
-                         .expand(spec.bshd(dout).shape).to(dout.dtype)).contiguous()
-    lifted = dout + stand_in
-    delta = _rowsum(spec, lifted, out, acc) - dlse.to(acc)
-    # fp32 accumulators: the difference below must not see a rounding of either term.
-    grads = _backward(spec, tag, q, k, v, lifted, out, lse, delta, wide=True)
-    own = _backward(spec, tag, q, k, v, stand_in, out, lse, None, wide=True)
-    return tuple(g.to(acc) - h.to(acc) for g, h in zip(grads, own))
+    dlse = dlse.to(acc)
+    delta = _rowsum(spec, dout, out, acc) - dlse
+    grads = _backward(spec, tag, q, k, v, dout, out, lse, delta, wide=True)
+    # [b, h, s]: rows out of the output's loss that are in the lse's
+    lost = (spec.bshd(dout).abs().amax(-1) == 0).transpose(1, 2) & (dlse != 0)
+    size = torch.where(lost, dlse.abs() * STAND_IN, torch.zeros_like(dlse))
+    stand_in = spec.bshd(size.transpose(1, 2).unsqueeze(-1).expand(spec.bshd(dout).shape)
+                         .to(dout.dtype)).contiguous()
+    own = _rowsum(spec, stand_in, out, acc)
+    lifted = _backward(spec, tag, q, k, v, stand_in, out, lse,
+                       own - torch.where(lost, dlse, torch.zeros_like(dlse)), wide=True)
+    alone = _backward(spec, tag, q, k, v, stand_in, out, lse, own, wide=True)
+    return tuple(g.to(acc) + (a.to(acc) - b.to(acc)) for g, a, b in zip(grads, lifted, alone))
+
+
+# The stand-in's elements, per unit of |dlse|: small, so that what it adds to the scores'
+# gradient (W . V, rounded with them) is far below the lse's own term it carries.
+STAND_IN = 2.0 ** -8

@@ -43,10 +43,14 @@ class BurstCall:
     cu_seqlens: DocumentPack | None  # the documents, as their pack (compared by content)
     keep: bool  # an AttentionKeep was passed
     sinks: bool = False  # attention sinks were passed (their values are a tensor's)
+    # lse is handed back: its backward passes run on every rank, used in a loss or not
+    return_lse: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.causal, bool):  # "False" or None would silently pick a mask
             raise ValueError(f"causal must be a bool, got {self.causal!r}")
+        if not isinstance(self.return_lse, bool):
+            raise ValueError(f"return_lse must be a bool, got {self.return_lse!r}")
         scale = self.softmax_scale
         if scale is not None and not (isinstance(scale, (int, float))
                                       and not isinstance(scale, bool) and math.isfinite(scale)
@@ -88,7 +92,7 @@ class BurstCall:
     def of(*, causal: Any, softmax_scale: Any, window_size: Any, layout: Any,
            backward: Any, qkv_format: Any, intra_node_size: Any, ulysses_size: Any,
            cu_seqlens: Any, kernel: Any, keep: Any, call_label: Any,
-           topology: Any, sinks: Any = None) -> "BurstCall":
+           topology: Any, sinks: Any = None, return_lse: Any = False) -> "BurstCall":
         """The call of ``burst_attn``'s keyword arguments (options left out are NOT_GIVEN)."""
         if keep is not None and not isinstance(keep, AttentionKeep):
             raise ValueError(f"keep must be a megatron_burst.attention.remat.AttentionKeep or None, got "
@@ -101,7 +105,7 @@ class BurstCall:
         return BurstCall(causal, softmax_scale, window_size, layout, qkv_format, kernel,
                          call_label, options, topology,
                          None if cu_seqlens is None else pack_documents(cu_seqlens),
-                         keep is not None, sinks is not None)
+                         keep is not None, sinks is not None, return_lse)
 
     @property
     def needs_cluster(self) -> bool:
@@ -157,6 +161,7 @@ def _typed(a: dict[str, Any]) -> tuple | None:
             a["qkv_format"], a["qkv_format"].__class__, a["kernel"], a["kernel"].__class__,
             a["call_label"], a["call_label"].__class__, a["topology"], cu,
             keep is None or keep.__class__, a["sinks"] is None,
+            a["return_lse"], a["return_lse"].__class__,
             # A default is its own kind of value (``NotGiven``): told from the same given.
             b.default if b.__class__ is _NOT_GIVEN else b, b.__class__,
             u.default if u.__class__ is _NOT_GIVEN else u, u.__class__,

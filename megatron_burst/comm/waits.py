@@ -18,8 +18,13 @@ TIMEOUT_ENV = "MEGATRON_BURST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
 
 
+MAX_TIMEOUT_S = 1e9  # about 31 years: beyond it the wait's timedelta cannot be made
+
+
 def timeout_s() -> float:
-    """The bound on one host-blocking wait, in seconds (read per wait, so tests can set it)."""
+    """The bound on one host-blocking wait, in seconds (read per wait, so tests can set it).
+    A value that is not a finite number of seconds in (0, 1e9] raises ValueError naming the
+    variable, where it is read, before any wait."""
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
         return DEFAULT_TIMEOUT_S
@@ -27,8 +32,9 @@ def timeout_s() -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value > 0:  # also rejects nan
-        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    if not 0 < value <= MAX_TIMEOUT_S:  # also rejects nan and inf
+        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds above 0 and at most "
+                         f"{MAX_TIMEOUT_S:g}, got {raw!r}")
     return value
 
 

@@ -158,12 +158,14 @@ def surrogate_out(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     rebuilds an O' with the same row sums: O' = dO * delta / |dO|^2. Every term of the
     kernel's sum dO_i * O'_i has the same sign, so the rebuilt delta has no cancellation
     error, and |O'| <= |O| by Cauchy-Schwarz, so it cannot overflow. Rows with dO = 0 give
-    O' = 0, which is exact (their delta is 0 too).
-    dout: [b, s, h, d]; delta: [b, h, s] fp32.
+    O' = 0, which is exact when their delta is 0 too (``burst._backward_with_lse`` carries
+    the rest). O' does not change when dO (and so delta) is scaled: the squared norm and the
+    coefficient are computed in float64, with no floor, so the gradients stay linear in dO
+    from tiny scales to huge ones (a fp32 |dO|^2 underflows below 1e-19 per element).
+    dout: [b, s, h, d]; delta: [b, h, s] fp32 (fp64 for fp64 inputs).
     """
-    # Two passes over dout and no fp32 copy of it: the norm reduces in fp32 as it reads,
-    # and the product is computed in fp32 and rounded once as it is written.
-    norm2 = torch.linalg.vector_norm(dout, dim=-1, dtype=delta.dtype).square_()
-    coef = torch.where(norm2 > 0, delta.transpose(1, 2) / norm2.clamp_min(1e-30),
-                       torch.zeros_like(norm2))
+    norm2 = torch.linalg.vector_norm(dout, dim=-1, dtype=torch.float64).square_()
+    coef = torch.where(norm2 > 0, delta.transpose(1, 2).double() / norm2,
+                       torch.zeros_like(norm2)).to(delta.dtype)
+    # The product is computed in delta's precision and rounded once as it is written.
     return torch.mul(dout, coef.unsqueeze(-1), out=torch.empty_like(dout))
