@@ -159,3 +159,86 @@ def test_a_timeout_setting_that_cannot_be_honoured_is_named(raw, monkeypatch):
     monkeypatch.setenv(waits.TIMEOUT_ENV, "3600")
     assert waits.timeout_s() == 3600.0
     assert math.isfinite(waits.timeout_s())
+
+
+# ------------------------------------------------------------------ shard_seq and unshard_seq
+
+def _unshard_case(rank, world, replicated):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 2, 20, 3, generator=gen, dtype=torch.float64)  # seq_dim -2
+    weights = torch.randn(world, *x.shape, generator=gen, dtype=torch.float64)
+    cu = torch.tensor([0, 5, 13, 20])
+    local = mb.shard_seq(x, layout="whole_docs", seq_dim=-2, cu_seqlens=cu).requires_grad_()
+    full = mb.unshard_seq(local, layout="whole_docs", seq_dim=-2, cu_seqlens=cu)
+    w = weights[0] if replicated else weights[rank]
+    (full * w).sum().backward()
+    return full.shape, torch.equal(full, x), local.grad, mb.shard_seq(
+        weights[0] if replicated else weights.sum(0), layout="whole_docs", seq_dim=-2,
+        cu_seqlens=cu)
+
+
+def test_unshard_seq_takes_a_negative_seq_dim_with_documents():
+    for shape, same, _, _ in run_ranks(2, _unshard_case, False, timeout=60):
+        assert shape == (1, 2, 20, 3) and same
+
+
+def test_unshard_seq_gives_the_gradient_of_the_sum_of_the_ranks_losses():
+    """Each rank's own loss: the gradient of their sum, exactly. A loss replicated on every
+    rank counts once per rank (world times), as the module docstring says."""
+    for _, _, grad, want in run_ranks(2, _unshard_case, False, timeout=60):
+        assert torch.allclose(grad, want, rtol=1e-12, atol=1e-12)
+    for _, _, grad, want in run_ranks(2, _unshard_case, True, timeout=60):
+        assert torch.allclose(grad, 2 * want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_seq_dim_outside_the_tensor_is_named():
+    with pytest.raises(ValueError, match="seq_dim"):
+        mb.shard_seq(torch.zeros(1, 8, 2), seq_dim=3)
+    with pytest.raises(ValueError, match="seq_dim"):
+        mb.unshard_seq(torch.zeros(1, 8, 2), seq_dim=-4)
+
+
+# ------------------------------------------------------------------ calls with no tokens
+
+def _empty_case(rank, world):
+    shapes = {"empty pack": ((1, 0), dict(cu_seqlens=torch.tensor([0, 0, 0]),
+                                         layout="whole_docs")),
+              "batch 0": ((0, 8), dict(causal=True))}
+    got = {}
+    for name, (lead, kwargs) in shapes.items():
+        q, k, v = (torch.randn(*lead, h, 8, requires_grad=True) for h in (4, 2, 2))
+        out = mb.burst_attn(q, k, v, **kwargs)  # backward 'auto': nothing to time
+        out.sum().backward()
+        got[name] = (tuple(out.shape), tuple(q.grad.shape), tuple(k.grad.shape))
+    return got
+
+
+def test_a_call_with_no_tokens_returns_the_empty_result():
+    for got in run_ranks(2, _empty_case, timeout=60):
+        assert got == {"empty pack": ((1, 0, 4, 8), (1, 0, 4, 8), (1, 0, 2, 8)),
+                       "batch 0": ((0, 8, 4, 8), (0, 8, 4, 8), (0, 8, 2, 8))}
+
+
+# ------------------------------------------------------------------ settings the ranks share
+
+def _modes_case(rank, world):
+    import os
+    import time
+
+    os.environ["MEGATRON_BURST_AGREE"] = "off" if rank == 0 else "first"
+    os.environ["MEGATRON_BURST_TIMEOUT_S"] = "30"
+    q, k, v = (torch.randn(1, 8, h, 8) for h in (4, 2, 2))
+    start = time.monotonic()
+    try:
+        mb.burst_attn(q, k, v, causal=True, backward="ring")
+        return "no error", time.monotonic() - start
+    except ValueError as e:
+        return str(e), time.monotonic() - start
+
+
+def test_ranks_with_other_agreement_modes_get_one_error_at_once():
+    outcomes = run_ranks(2, _modes_case, timeout=120)
+    assert len({o for o, _ in outcomes}) == 1, outcomes
+    said, _ = outcomes[0]
+    assert "MEGATRON_BURST_AGREE differs" in said and "'off'" in said, said
+    assert all(t < 10 for _, t in outcomes), outcomes

@@ -91,9 +91,13 @@ def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) 
     Call on every rank, with the same mode, before the call's first communication.
     """
     mode = _mode()
-    if mode == "off" or not dist.is_available() or not dist.is_initialized():
+    if not dist.is_available() or not dist.is_initialized():
         return
     pg = group if group is not None else dist.group.WORLD
+    if pg.group_name not in _MODES and dist.get_world_size(group) > 1:
+        _agree_on_mode(group, pg.group_name, mode)
+    if mode == "off":
+        return
     cache = _CACHES.setdefault(pg.group_name, collections.OrderedDict())
     key = tuple(sig.items())
     if mode == "first" and key in cache:
@@ -117,6 +121,26 @@ def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) 
     cache[key] = None
     if len(cache) > CACHE_SIZE:
         cache.popitem(last=False)  # the oldest: the same one on every rank
+
+
+_MODES: dict[str, str] = {}  # group name -> the mode its ranks agreed on
+
+
+def _agree_on_mode(group: dist.ProcessGroup | None, name: str, mode: str) -> None:
+    """At a group's first check, whatever each rank's mode (``off`` too): every rank joins
+    one exchange of its mode, and if they differ all raise the same ValueError. A rank with
+    ``off`` that skipped the check while its peers waited in it would leave them waiting."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(f"burst_attn's first call on a group must run outside a CUDA graph "
+                         f"capture (its ranks compare {MODE_ENV} then)")
+    table = _exchange(group, [digest_text(mode)])
+    if len({row[0] for row in table}) > 1:
+        modes: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(modes, mode, group=group)
+        said = ", ".join(f"rank {r}: {m!r}" for r, m in zip(group_ranks(group), modes))
+        raise ValueError(f"burst_attn: {MODE_ENV} differs between the ranks of a group "
+                         f"({said}); set it alike on every rank")
+    _MODES[name] = mode
 
 
 def _field_hash(name: str, value: object) -> int:

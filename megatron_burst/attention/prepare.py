@@ -201,7 +201,9 @@ def _topology(group, world: int, q, k, v, call: BurstCall) -> CPTopology:
     if call.topology is not None:
         return check_decided(call.topology, call.options, cp=world, heads=heads)
     options = call.options
-    tokens = q.shape[0] * q.shape[1]  # bshd and sbhd alike: batch x local sequence
+    # bshd and sbhd alike: batch x local sequence. A call with none (batch 0, a pack of empty
+    # documents) has no time to model: it is decided as one token (the same on every rank).
+    tokens = max(q.shape[0] * q.shape[1], 1)
     if isinstance(options.intra_node_size, int):  # stated: the double ring's own count
         max_intra_node_size = options.intra_node_size
     elif options.has_auto and world > 1 and dist.is_initialized():

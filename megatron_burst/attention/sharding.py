@@ -7,8 +7,10 @@ rows accordingly. ``zigzag`` (rank r holds chunks r and 2G-1-r of 2G) is Megatro
 documents whole on one rank; padding rows are zeros).
 ``shard_seq`` is a slice (differentiable, no communication). ``unshard_seq`` all-gathers
 and is differentiable too: its backward hands each rank the gradient of its own tokens,
-summed over ranks (a reduce-scatter), so it is correct whether or not the loss after it is
-replicated.
+summed over ranks (a reduce-scatter). That is the gradient of the sum of the ranks' losses:
+exact for a loss each rank computes on its own part (or that one rank computes alone); a
+loss computed alike on every rank (replicated) counts once per rank, so divide it by the
+group's size (as ``torch.distributed.nn.functional.all_gather`` does the same).
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ def shard_seq(x_full: torch.Tensor, group: dist.ProcessGroup | None = None, *,
               layout: str = "zigzag", seq_dim: int = 1,
               cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """This rank's part of ``x_full`` along ``seq_dim`` (same on every rank's input)."""
+    seq_dim = _dim(seq_dim, x_full, "x_full")
     world, rank = group_size_rank(group)
     lens = _documents(layout, cu_seqlens, x_full.shape[seq_dim])
     if lens is not None:
@@ -81,6 +84,15 @@ def shard_seq(x_full: torch.Tensor, group: dist.ProcessGroup | None = None, *,
     chunk = _chunk(layout, x_full.shape[seq_dim], world)
     parts = [x_full.narrow(seq_dim, c * chunk, chunk) for c in chunks_of(layout, world, rank)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=seq_dim)
+
+
+def _dim(seq_dim: int, x: torch.Tensor, name: str) -> int:
+    """``seq_dim`` as a dimension of ``x`` counted from 0 (a negative one from the end)."""
+    if not isinstance(seq_dim, int) or isinstance(seq_dim, bool) or not (
+            -x.dim() <= seq_dim < x.dim()):
+        raise ValueError(f"seq_dim must be a dimension of {name} (an int in "
+                         f"[{-x.dim()}, {x.dim() - 1}]), got {seq_dim!r}")
+    return seq_dim % x.dim()
 
 
 class _GatherSeq(torch.autograd.Function):
@@ -102,7 +114,9 @@ class _GatherSeq(torch.autograd.Function):
 def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *,
                 layout: str = "zigzag", seq_dim: int = 1,
                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-    """The full sequence from every rank's shard (inverse of ``shard_seq``)."""
+    """The full sequence from every rank's shard (inverse of ``shard_seq``); its gradient
+    is the sum of the ranks' losses' (see the module docstring)."""
+    seq_dim = _dim(seq_dim, x_local, "x_local")
     world, _ = group_size_rank(group)
     lens = _documents(layout, cu_seqlens, x_local.shape[seq_dim] * world)
     if lens is not None:
