@@ -242,3 +242,68 @@ def test_ranks_with_other_agreement_modes_get_one_error_at_once():
     said, _ = outcomes[0]
     assert "MEGATRON_BURST_AGREE differs" in said and "'off'" in said, said
     assert all(t < 10 for _, t in outcomes), outcomes
+
+
+# ------------------------------------------------------------------ a head without a sink
+
+def _sink_case(rank, world):
+    gen = torch.Generator().manual_seed(8)
+    lens = (5, 7)
+    full = [torch.randn(1, sum(lens), h, 8, generator=gen, dtype=torch.float64)
+            for h in (4, 2, 2, 4)]
+    cu = torch.tensor([0, 5, 12])
+    local = [mb.shard_seq(t, cu_seqlens=cu).requires_grad_() for t in full[:3]]
+    sinks = torch.tensor([0.5, float("-inf"), 1.0, -0.3], dtype=torch.float64,
+                         requires_grad=True)
+    out, lse = mb.burst_attn(*local, causal=True, cu_seqlens=cu, sinks=sinks,
+                             return_lse=True)
+    (out * mb.shard_seq(full[3], cu_seqlens=cu)).sum().backward()
+    gathered = [mb.unshard_seq(t.detach(), cu_seqlens=cu) for t in
+                (out, local[0].grad, local[1].grad, local[2].grad)]
+    return ([t.tolist() for t in gathered], sinks.grad.tolist(),
+            bool(torch.isnan(lse).any() or torch.isnan(out).any()))
+
+
+def test_a_head_without_a_sink_gives_no_nan_where_rows_are_padding():
+    """A sink logit of -inf (a head without one) beside padding rows (zigzag documents are
+    padded to 2 x CP): out, lse and every gradient, the sinks' too, as float64 says."""
+    gen = torch.Generator().manual_seed(8)
+    full = [torch.randn(1, 12, h, 8, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4)]
+    leaves = [t.clone().requires_grad_() for t in full[:3]]
+    sinks = torch.tensor([0.5, float("-inf"), 1.0, -0.3], dtype=torch.float64,
+                         requires_grad=True)
+    doc_ids = torch.tensor([0] * 5 + [1] * 7)
+    out, _ = reference_attention(*leaves, causal=True, scale=8 ** -0.5, doc_ids=doc_ids,
+                                 sinks=sinks)
+    (out * full[3]).sum().backward()
+    results = run_ranks(2, _sink_case, timeout=60)
+    for tensors, _, nan_lse in results:
+        assert not nan_lse
+        for got, want in zip(tensors, (out, *(t.grad for t in leaves))):
+            assert _relative(torch.tensor(got, dtype=torch.float64), want.detach()) < 1e-10
+    sink_grad = sum(torch.tensor(g, dtype=torch.float64) for _, g, _ in results)  # per rank
+    assert not torch.isnan(sink_grad).any() and sink_grad[1] == 0
+    assert _relative(sink_grad, sinks.grad) < 1e-10
+
+
+# ------------------------------------------------------------------ second-order gradients
+
+def _second_order_case(rank, world, kernel):
+    gen = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, 8, h, 8, generator=gen, dtype=torch.float64,
+                           requires_grad=True) for h in (4, 2, 2))
+    out = mb.burst_attn(q, k, v, causal=True, kernel=kernel, backward="ring")
+    (grad_q,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    try:
+        grad_q.sum().backward()
+        return "no error"
+    except RuntimeError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("kernel", ["reference", None])
+def test_a_second_order_gradient_raises_with_every_kernel(kernel):
+    """The ring's messages have no derivative: differentiating its backward raises (with the
+    reference kernel, whose ops autograd could record, it was silently 40-75% wrong)."""
+    for said in run_ranks(2, _second_order_case, kernel, timeout=60):
+        assert "differentiate" in said or "twice" in said, said

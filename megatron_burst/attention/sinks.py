@@ -43,7 +43,9 @@ def merge_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
     out: [b, s, h, dv] (``seq_first``: [s, b, h, dv]); lse: [b, h, s] in the working dtype.
     """
     merged = torch.logaddexp(lse, sinks.to(lse.dtype)[None, :, None])
-    keep = torch.exp(lse - merged).transpose(1, 2).unsqueeze(-1)  # [b, s, h, 1]
+    # A row that sees no key, in a head without a sink (-inf), keeps lse' = -inf and a zero
+    # output: its factor is 0, not exp(-inf - -inf).
+    keep = torch.exp(lse - merged).nan_to_num_(0.0).transpose(1, 2).unsqueeze(-1)
     if seq_first:
         keep = keep.transpose(0, 1)
     # One pass over the output, in its own dtype (a row's factor rounds once, as the
@@ -63,5 +65,6 @@ def sink_grad(dout: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
         delta = torch.sum(dout * out, -1, dtype=lse.dtype).transpose(1, 2)
     if dlse is not None:
         delta = delta - dlse.to(lse.dtype)
-    p_sink = torch.exp(sinks.to(lse.dtype)[None, :, None] - lse)
+    # exp(-inf - -inf) is NaN where a row without keys meets a head without a sink: no mass.
+    p_sink = torch.exp(sinks.to(lse.dtype)[None, :, None] - lse).nan_to_num_(0.0)
     return -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
