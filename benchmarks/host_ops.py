@@ -170,17 +170,25 @@ def posting_breakdown(fn, iters: int) -> dict:
             for k, v in times.items()}
 
 
-def profile_call(name: str, fn, rank: int, iters: int) -> dict:
-    for _ in range(5):
-        fn()
-    times = []
+def host_and_wall_ms(fn, iters: int) -> tuple[float, float]:
+    """Median ms until ``fn()`` returned (the host) and until the GPU finished (the wall),
+    the ranks aligned before each call."""
+    host, wall = [], []
     for _ in range(iters):
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
+        host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(host), statistics.median(wall)
+
+
+def profile_call(name: str, fn, rank: int, iters: int) -> dict:
+    for _ in range(5):
+        fn()
+    host_ms, wall_ms = host_and_wall_ms(fn, iters)
     prof = cProfile.Profile()
     dist.barrier()
     prof.enable()
@@ -197,15 +205,7 @@ def profile_call(name: str, fn, rank: int, iters: int) -> dict:
             fn()
         torch.cuda.synchronize()
     table = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
-    walls = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t0) * 1e3)
-    return dict(case=name, host_ms=statistics.median(times), wall_ms=statistics.median(walls),
+    return dict(case=name, host_ms=host_ms, wall_ms=wall_ms,
                 python_calls=calls, posting=posting_breakdown(fn, iters),
                 cprofile=text.getvalue(), torch_profile=table)
 

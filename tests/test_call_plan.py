@@ -15,7 +15,8 @@ import torch
 
 import megatron_burst as mb
 from megatron_burst.attention import call_plan
-from megatron_burst.attention.call_plan import PlanKey, RingKey, build_plan, plan_for
+from megatron_burst.attention.call_plan import (PlanKey, RingKey, build_plan, plan_for,
+                                                 plan_key)
 from megatron_burst.plan.schedule import Mask
 
 from .distributed import run_ranks
@@ -29,9 +30,9 @@ def _pack(lens) -> mb.DocumentPack:
 def _keys(world: int, docs, mask: Mask, backward: str, layout: str = "whole_docs",
           positions_per_node=None) -> list[PlanKey]:
     """Every rank's key of one call (a pack, or (total,) for a plain sequence)."""
-    return [PlanKey(layout, world, docs, mask, 1,
-                    RingKey(tuple(range(world)), r, positions_per_node) if world > 1 else None,
-                    backward, True, None if not isinstance(docs, tuple) else float("inf"))
+    return [plan_key(layout, world, docs, mask, 1,
+                     RingKey(tuple(range(world)), r, positions_per_node) if world > 1 else None,
+                     backward, dense_min_area=float("inf"))
             for r in range(world)]
 
 

@@ -256,3 +256,54 @@ def test_two_gpu_megatron_row_is_the_run_on_file():
     cp2 = runs["small 16K CP=2, document masks"]["steady_ms"]
     cp1 = runs["small 16K CP=1, document masks"]["steady_ms"]
     _says(f"{cp2:.0f} vs {cp1:.0f} ms: {cp1 / cp2:.2f}x")
+
+
+def test_two_gpu_rows_added_for_every_target_are_the_runs_on_file():
+    eff = lambda m: lambda side: " / ".join(  # noqa: E731
+        f"{_pack_row(side, '32k', 32768, mix, m)['efficiency_vs_1gpu']:.2f}"
+        for mix in ("uniform", "lognormal"))
+    _says(f"| 32K/GPU, new pack every call (uniform / lognormal) | {_pair('{}', eff(NEW))} |")
+    big = [r for r in _rows39("h100x2_host_time_before_runA.json")
+           if r["mode"] == "eager" and r["case"].endswith("32768/GPU")]
+    values = " / ".join(f"{r['efficiency']:.2f}" for r in big)
+    _says(f"| 32K/GPU causal, eager (MHA 32:32 / GQA 32:8 / GQA 16:4 d64) | {values} "
+          f"(`h100x2_host_time_before_runA`) |")
+    sdpa = "1 GPU SDPA (cuDNN), the whole sequence"
+    _says("one GPU's SDPA replay, same runs: " + " / ".join(
+        f"{_host(side, sdpa, 'CUDA graph')['host_ms']:.2f}" for side in ("before", "after")))
+
+
+def test_two_gpu_text_figures_are_the_probe_and_runs_on_file():
+    from .test_host_path import BUDGETS
+
+    probe = _load(ISSUE39 + "h100x2_host_ops_nccl_env_probe.json")
+    ring = next(c for c in probe["calls"] if c["case"] == "plain causal, ring bwd")
+    post = {k: round(v["median_us"]) for k, v in ring["posting"].items()}
+    _says(f"a hop costs {post['post_ops']} us of host time")
+    _says(f"(`send` {post['send']} us, `recv` {post['recv']} us, `_end_coalescing` "
+          f"{post['_end_coalescing']} us")
+    blocks = {k: round(v) for k, v in probe["building_blocks_us"].items()}
+    _says(f"Launching one cuDNN forward costs {blocks['cuDNN fwd op (256 tok)']} us, a flash "
+          f"backward {blocks['flash bwd op']}")
+    _says(f"the fused merge's Triton launch {blocks['triton merge launch']} us, an event "
+          f"{blocks['event record']} us")
+    _says(f"within {BUDGETS['plain ring']:,} / {BUDGETS['new pack']:,}")
+    same = _pack_row("after", "8k16k", 8192, "uniform", SAME)["host_ms"]
+    new = _pack_row("after", "8k16k", 8192, "uniform", NEW)["host_ms"]
+    one = _pack_row("after", "8k16k", 8192, "uniform",
+                    "1 GPU varlen kernel alone (pack planned before)")["ms"]
+    _says(f"{same:.2f} ms for a pack seen before and {new:.2f} ms for a new one, while one\n"
+          f"GPU runs the whole pack in {one:.2f} ms")
+    ratios = [_pack_row("after", "32k", 32768, mix, NEW)["fresh_over_repeated"]
+              for mix in ("uniform", "lognormal")]
+    _says(f"the medians over the packs are {ratios[0]:.2f}x and {ratios[1]:.2f}x the\n"
+          f"same pack again")
+    runs = _megatron(ISSUE39 + "megatron_documents_small_h100x2_after.json")
+    losses = [runs[f"small 16K CP={cp}, document masks"]["losses"][-1] for cp in (2, 1)]
+    _says(f"losses agree ({losses[0]:.5f} at CP=2, {losses[1]:.5f} at CP=1, iteration "
+          f"{len(runs['small 16K CP=2, document masks']['losses'])})")
+
+
+def test_two_gpu_test_count_is_the_run_on_file():
+    dots = (RESULTS / ISSUE39 / "gpu_tests_h100x2_after.txt").read_text().strip()
+    _says(f"({dots.count('.')} passed, {dots.count('s')} needs 4 GPUs)")

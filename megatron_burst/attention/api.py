@@ -77,7 +77,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if prepared.native and not return_lse and sinks is None and keep is None:
         return _native(q, k, v, prepared.spec)  # one aten op, its own autograd: nothing more
     tag = _numbered(prepared, group, q, world)
-    out, lse = _attend(q, k, v, prepared.spec, tag, group, prepared, keep, sinks, return_lse)
+    out, lse = _attend(q, k, v, tag, group, prepared, keep, sinks, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -114,11 +114,11 @@ def _native(q, k, v, spec):
     return out.transpose(0, 1) if spec.seq_first else out
 
 
-def _attend(q, k, v, spec, tag, group, prepared, keep: AttentionKeep | None, sinks,
+def _attend(q, k, v, tag, group, prepared, keep: AttentionKeep | None, sinks,
             return_lse: bool = False):
     """The ring (inside the Ulysses all-to-alls when there are any), or the kept output of
     this very forward under a recompute; keeping it on a first forward without autograd."""
-    kept = None
+    kept, spec = None, prepared.spec
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks)  # what a kept output is of
     if keep is not None and torch.is_grad_enabled():
         if in_backward():  # a checkpoint's recompute: its first forward may have kept it

@@ -81,6 +81,18 @@ class PlanKey:
         return isinstance(self.documents, DocumentPack)
 
 
+def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...], mask: Mask,
+             ulysses: int, ring: RingKey | None, backward: str, *, batch: int = 1,
+             dense_min_area: float | None = None) -> PlanKey:
+    """The key of a call's plan: the one place it is made, for ``prepare`` at a call and for
+    the Megatron data path ahead of it, so both find the same plan. ``batch``: rows of the
+    call (one: blocks may share varlen calls); ``dense_min_area``: the kernel's, which only
+    a plain sequence's plan reads (a pack's blocks all go varlen)."""
+    pack = isinstance(documents, DocumentPack)
+    return PlanKey(layout, world, documents, mask, ulysses, ring, backward, batch == 1,
+                   None if pack else dense_min_area)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
     """One ring step of one pass: whose payload this position holds (``source``), the
@@ -132,10 +144,6 @@ class CallPlan:
     every_row_sees: bool
     calls: tuple[KernelCall, ...]  # every kernel call of both passes (for uploads)
     pairs: tuple[tuple[int, int], ...]  # (query member, key member) of every block run here
-
-    @property
-    def me(self) -> int:
-        return self.topo.index if self.topo is not None else 0
 
     def upload(self, device: torch.device) -> None:
         """Every varlen call's boundaries onto ``device`` (one pinned copy; once)."""

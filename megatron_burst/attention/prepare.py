@@ -26,7 +26,7 @@ from ..decide.topology import CPTopology, HeadShape
 from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
 from ..decide.options import check_decided, resolve
 from ..plan.placement import chunks_per_rank, local_length
-from .call_plan import PlanKey, plan_for, ring_key
+from .call_plan import plan_for, plan_key, ring_key
 from .ring_spec import RingSpec
 from ..plan.schedule import Block, Mask
 from .sinks import check_sinks
@@ -182,11 +182,11 @@ def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     heads = (q.dtype, q.shape[2] // u, max(k.shape[2] // u, 1), q.shape[3], q.device)
     kernel = pick_kernel(call.kernel, *heads, dv=v.shape[3])
     pack = call.cu_seqlens
-    plan = plan_for(PlanKey(
+    plan = plan_for(plan_key(
         call.layout, world, pack if pack is not None else (s_local * world,),
         Mask(call.causal, call.window_size), u,
         ring_key(group, world, topology.ulysses, topology.positions_per_node),
-        topology.backward, batch == 1, None if pack is not None else kernel.dense_min_area))
+        topology.backward, batch=batch, dense_min_area=kernel.dense_min_area))
     check_kernel(kernel, call.kernel, *heads, blocks=plan.blocks, varlen=batch == 1,
                  dv=v.shape[3])
     plan.upload(q.device)  # a pack planned ahead on the host gets its boundaries here

@@ -19,7 +19,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
-from megatron_burst.attention.call_plan import CallPlan, PlanKey, RingKey, plan_for, ring_key
+from megatron_burst.attention.call_plan import (CallPlan, PlanKey, RingKey, plan_for,
+                                                 plan_key, ring_key)
 from megatron_burst.decide.topology import CPTopology
 from megatron_burst.megatron import masks
 from megatron_burst.megatron.attention import BurstDotProductAttention
@@ -51,8 +52,8 @@ class PlanTarget:
 
     def key(self, pack: DocumentPack, ring: Optional[RingKey]) -> PlanKey:
         """The key a layer's call on ``pack`` plans under (``prepare._ring_spec``'s)."""
-        return PlanKey(self.layout, self.world, pack, self.mask, self.ulysses, ring,
-                       self.backward, True, None)
+        return plan_key(self.layout, self.world, pack, self.mask, self.ulysses, ring,
+                        self.backward)
 
 
 def targets_from_args(layout: str, windows: Sequence[Tuple[int, int]],
