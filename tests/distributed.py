@@ -110,7 +110,9 @@ def _rank_main(rank: int, world: int, folder: str, backend: str, fn, args, barri
             f.write(data)
         os.replace(prefix + ".tmp", prefix + ".result")
         code = 0 if result[0] == "ok" else 1
-        if dist.is_initialized():
+        # NCCL: no destroy. A communicator that CUDA graphs captured can block its destroy
+        # for good (seen on 2x H200, torch 2.11); the process exits at once below anyway.
+        if dist.is_initialized() and backend != "nccl":
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001
         traceback.print_exc()

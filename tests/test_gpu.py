@@ -18,6 +18,7 @@ from megatron_burst import kernels
 from megatron_burst.plan.schedule import Block
 
 from .distributed import run_ranks
+from .reference import reference_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -491,7 +492,9 @@ def test_a_kept_output_is_matched_to_its_own_inputs_on_the_gpu():
 @pytest.mark.parametrize("heads", [(16, 16), (16, 4)])
 def test_one_rank_without_lse_is_the_kernels_own_op(mask, heads):
     """At CP=1 a call that needs no lse is the kernel's one aten op with aten's backward: the
-    same output and gradients as the package's autograd function around the same kernel."""
+    output and gradients of the package's autograd function around the same kernel, to
+    within a few bf16 roundings (aten's own backward may order the GQA heads' sums its own
+    way: 1.2e-3 apart on 2x H200 with a window), and both at bf16 accuracy against float64."""
     hq, hkv = heads
     gen = torch.Generator(device="cuda").manual_seed(9)
     q, do = (torch.randn(1, 2048, hq, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -504,8 +507,15 @@ def test_one_rank_without_lse_is_the_kernels_own_op(mask, heads):
         out = mb.burst_attn(*leaves, return_lse=return_lse, **mask)
         (out[0] if return_lse else out).backward(do)
         got.append([(out[0] if return_lse else out)] + [t.grad for t in leaves])
-    for a, b in zip(*got):
-        assert rel(a, b) < 1e-3
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    window = mask.get("window_size", (-1, -1))
+    ref_out, _ = reference_attention(*ref_leaves, causal=mask["causal"], scale=128 ** -0.5,
+                                     window=window)
+    ref_out.backward(do.double())
+    want = [ref_out] + [t.grad for t in ref_leaves]
+    for a, b, w in zip(*got, want):
+        assert rel(a, b) < 4e-3
+        assert rel(a, w) < 2e-2 and rel(b, w) < 2e-2
 
 
 @pytest.mark.parametrize("layout", ["whole_docs", "zigzag"])
@@ -586,8 +596,6 @@ def edges_worker(rank, world, backwards):
     """Issue 40's bf16 edges over NCCL: a loss on lse with dO ~1e-3 and rows where dO is
     zero (dv must not depend on lse), and the whole loss scaled by 2^-80 and 2^80 (every
     gradient scales by the same factor: no clamp, no underflow)."""
-    from .reference import reference_attention
-
     dev = torch.device("cuda", rank)
     gen = torch.Generator(device=dev).manual_seed(40)
     total, hq, hkv, d = 2048, 16, 4, 64
