@@ -10,10 +10,17 @@ the backward runs as usual.
 
 A kept output belongs to the forward that made it, by construction:
 
-- **Matched by value.** Each entry carries a fingerprint of the inputs it was computed from
-  (``fingerprint``: random projections of q, k and v, with their scale) and the call's
-  signature. A recompute takes only an entry whose signature equals its own and whose
-  fingerprint matches its own inputs, so it gets the attention of *its* q, k, v or none.
+- **Matched by value, bit for bit.** Each entry carries a hash of the bytes of the inputs
+  it was computed from (``fingerprint``) and the call's signature. A recompute takes only an
+  entry whose signature equals its own and whose hash equals its own inputs' hash under the
+  entry's own coefficients, so it gets the attention of *its* q, k, v or none. The hash is
+  a polynomial over the prime field of P = 2^31 - 1 whose coefficients are drawn fresh from
+  the OS's entropy for every kept output, after its inputs exist: for ANY two inputs that
+  differ in any bit, one projection agrees with probability at most 1/256 + 1/P (a nonzero
+  linear form in the byte coefficients, then in the row coefficients: Schwartz-Zippel), so
+  the eight independent ones of a hash collide with probability below 6e-20 per check. No
+  input can be built to collide (the coefficients are drawn after it). A recompute whose
+  inputs differ in any bit from its first forward's runs the ring: exact, only slower.
   Where no entry matches on every rank of the group, the ranks run the ring as usual:
   whether to take is agreed by one small all-reduce, so no rank runs a ring its peers skip.
 - **Stale entries go.** A recompute happens inside the backward (autograd's graph task);
@@ -25,22 +32,23 @@ A kept output belongs to the forward that made it, by construction:
   than ``limit`` entries (the oldest go first; a recompute that then finds nothing runs
   the ring, exact and only slower).
 
-What it costs: the fingerprint is one pass over q, k and v on the first forward and on the
-recompute, and deciding a take reads one small tensor on the host (the GPU is waited for
+What it costs: the fingerprint is one int8 matrix product over the bytes of q, k and v (no
+copy of a contiguous tensor) on the first forward and on the recompute, and deciding a take reads one small tensor on the host (the GPU is waited for
 once per recomputed layer) after one all-reduce of one integer.
 """
 from __future__ import annotations
 
 import collections
-import math
+import os
 
 import torch
 import torch.distributed as dist
 
 from ..comm.waits import wait_bounded
 
-TOLERANCE = 1e-3  # relative to a tensor's projected norm: recompute noise is far smaller,
-# two different inputs differ by about their norm (random projections)
+P = 2 ** 31 - 1  # the hash's prime field: products of a residue and a byte sum fit int64
+PROJECTIONS = 8  # independent projections per tensor: (1/256 + 1/P)^8 < 6e-20
+_MAX_ROW_BYTES = 2 ** 17  # an int32 row sum of bytes x byte coefficients stays below 2^31
 
 
 def in_backward() -> bool:
@@ -48,32 +56,54 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _weights(n: int, phase: float, device: torch.device) -> torch.Tensor:
-    """n deterministic pseudo-random weights in [-1, 1], made on ``device`` (no cache)."""
-    idx = torch.arange(n, device=device, dtype=torch.float64)
-    return torch.cos(idx * (math.sqrt(5) - 1) * 0.5 * 2 * math.pi + phase).float()
+def new_seed() -> int:
+    """Fresh coefficients' seed, from the OS's entropy (never from torch's seeded state,
+    which the inputs may depend on)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def fingerprint(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Three fp32 numbers per tensor that tell inputs apart: two random projections of all its
-    elements and the norm of its projected rows. Deterministic for equal inputs (any
-    strides); computed on the tensors' device without waiting for it."""
-    parts = []
-    for t in tensors:
-        d = t.shape[-1]
-        w = torch.stack([_weights(d, 0.3, t.device), _weights(d, 1.7, t.device)], 1)
-        proj = torch.matmul(t.detach(), w.to(t.dtype)).float().reshape(-1, 2)  # [n, 2]
-        u = _weights(proj.shape[0], 0.9, t.device)
-        parts.append(torch.stack([(proj[:, 0] * u).sum(), (proj[:, 1] * u.flip(0)).sum(),
-                                  torch.linalg.vector_norm(proj)]))
-    return torch.cat(parts)
+def _byte_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes as int8 rows [n, last dim's bytes], by shape alone (so a strided view
+    and its contiguous copy hash alike): a view where the rows are contiguous, else a copy
+    (K and V as views of a fused QKV)."""
+    t = t.detach()
+    if t.dim() == 0 or t.stride(-1) != 1:
+        t = t.contiguous()
+    rows = t.reshape(-1, t.shape[-1]) if t.dim() != 1 else t.reshape(1, -1)
+    rows = rows.view(torch.int8)
+    return rows if rows.is_contiguous() else rows.contiguous()
 
 
-def _matches(kept: torch.Tensor, now: torch.Tensor) -> torch.Tensor:
-    """[entries] bool: which kept fingerprints equal ``now`` within ``TOLERANCE``."""
-    k3, n3 = kept.view(kept.shape[0], -1, 3), now.view(1, -1, 3)
-    scale = torch.maximum(k3[..., 2], n3[..., 2]).unsqueeze(-1)
-    return ((k3 - n3).abs() <= TOLERANCE * scale + 1e-30).all(-1).all(-1)
+def _row_sums(x: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """x [n, c] int8 @ coef [c, m] int8, exactly, as int64: the int8 kernel where its shapes
+    allow (int32 sums, exact below 2^31), else float64 (exact below 2^53)."""
+    n, c = x.shape
+    if n > 16 and c % 8 == 0 and c <= _MAX_ROW_BYTES:
+        try:  # (the same integers either way: only the speed differs)
+            return torch._int_mm(x, coef.t().contiguous().t()).long()
+        except RuntimeError:  # a build or device without this int8 kernel
+            pass
+    return (x.double() @ coef.double()).long()
+
+
+def _hash(t: torch.Tensor, seed: int) -> torch.Tensor:
+    """[PROJECTIONS] int64 in [0, P): sum_i r_i sum_j c_j x_ij mod P over ``t``'s bytes x,
+    with c (bytes) and r (residues) drawn from ``seed`` on ``t``'s device."""
+    x = _byte_rows(t)
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    coef = torch.randint(-128, 128, (x.shape[1], PROJECTIONS), generator=gen,
+                         device=x.device, dtype=torch.int8)
+    r = torch.randint(0, P, (x.shape[0], PROJECTIONS), generator=gen, device=x.device,
+                      dtype=torch.int64)
+    y = torch.remainder(_row_sums(x, coef), P)  # residues below 2^31: y * r below 2^62
+    return torch.remainder(torch.remainder(y * r, P).sum(0), P)
+
+
+def fingerprint(tensors: tuple[torch.Tensor, ...], seed: int) -> torch.Tensor:
+    """[len(tensors) * PROJECTIONS] int64: each tensor's hash under ``seed``'s coefficients
+    (module docstring: equal for equal bytes; for unequal ones, equal with probability
+    below 6e-20 whatever they are). Computed on the tensors' device without waiting."""
+    return torch.cat([_hash(t, seed + i) for i, t in enumerate(tensors)])
 
 
 class AttentionKeep:
@@ -84,12 +114,14 @@ class AttentionKeep:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"AttentionKeep(limit=...) must be a positive int, got {limit!r}")
         self.limit = limit
-        self._queue: collections.deque = collections.deque()  # (out, lse, key, fingerprint)
+        # (out, lse, key, seed, fingerprint): each entry hashed under its own fresh seed
+        self._queue: collections.deque = collections.deque()
 
     def put(self, out: torch.Tensor, lse: torch.Tensor, key: object,
             inputs: tuple[torch.Tensor, ...]) -> None:
         """Keep (out, lse) of a call without autograd on ``inputs`` (its q, k, v)."""
-        self._queue.append((out.detach(), lse.detach(), key, fingerprint(inputs)))
+        seed = new_seed()
+        self._queue.append((out.detach(), lse.detach(), key, seed, fingerprint(inputs, seed)))
         while len(self._queue) > self.limit:
             self._queue.popleft()
 
@@ -98,11 +130,11 @@ class AttentionKeep:
         every rank of ``group`` holds its own; else None (the caller runs the ring). Entries
         older than the one found are dropped, and so is the one found."""
         candidates = [i for i, e in enumerate(self._queue) if e[2] == key]
-        now = fingerprint(inputs)
-        found = torch.zeros(len(candidates) + 1, dtype=torch.int64, device=now.device)
-        if candidates:
-            kept = torch.stack([self._queue[i][3] for i in candidates])
-            found[:-1] = _matches(kept, now).to(torch.int64)
+        device = inputs[0].device
+        found = torch.zeros(len(candidates) + 1, dtype=torch.int64, device=device)
+        for slot, i in enumerate(candidates):  # each under its own entry's coefficients
+            _, _, _, seed, kept = self._queue[i]
+            found[slot] = (fingerprint(inputs, seed) == kept).all()
         found[-1] = found[:-1].max() if candidates else 0  # this rank has one
         flags = _all_ranks_have(found, group).tolist()
         index = next((c for c, hit in zip(candidates, flags) if hit), None)
@@ -110,7 +142,7 @@ class AttentionKeep:
             return None
         for _ in range(index):  # made by forwards whose recompute never came
             self._queue.popleft()
-        out, lse, _, _ = self._queue.popleft()
+        out, lse, *_ = self._queue.popleft()
         return (out, lse) if flags[-1] else None
 
     def clear(self) -> None:
