@@ -41,11 +41,11 @@ def _reference(q, k, v, do, dlse):
     return [out.detach(), lse.detach()] + [t.grad for t in leaves]
 
 
-def _ring(rank, world, dtype, backward, do, dlse):
+def _ring(rank, world, dtype, backward, do, dlse, **extra):
     """This rank's (out, lse, dq, dk, dv) shards of the ring, fp64 copies."""
     (q, k, v), _, _ = _inputs(dtype)
     local = [mb.shard_seq(t).detach().requires_grad_() for t in (q, k, v)]
-    out, lse = mb.burst_attn(*local, causal=True, backward=backward, return_lse=True)
+    out, lse = mb.burst_attn(*local, causal=True, backward=backward, return_lse=True, **extra)
     loss = (out.double() * mb.shard_seq(do).double()).sum()
     if dlse is not None:
         loss = loss + (lse.double() * mb.shard_seq(dlse, seq_dim=2).double()).sum()
@@ -129,15 +129,19 @@ def test_a_loss_on_lse_in_bf16_does_not_cancel(backward):
         assert err < BF16, (backward, name, err)
 
 
-def _one_rank_lse_loss(rank, world, backward):
+def _one_rank_lse_loss(rank, world, backward, extra):
     (q, k, v), do, dlse = _inputs(torch.float64)
-    return _ring(rank, world, torch.float64, backward, do, dlse if rank == 0 else None)
+    return _ring(rank, world, torch.float64, backward, do, dlse if rank == 0 else None,
+                 **extra)
 
 
-@pytest.mark.parametrize("backward", ["burst", "ring"])
-def test_lse_in_one_rank_s_loss_only_runs_the_same_passes_everywhere(backward):
+@pytest.mark.parametrize("backward,extra", [("burst", {}), ("ring", {}),
+                                            ("burst", {"ulysses_size": 2}),
+                                            ("ring", {"ulysses_size": 2})])
+def test_lse_in_one_rank_s_loss_only_runs_the_same_passes_everywhere(backward, extra):
     """Rank 0's loss uses lse, rank 1's does not: both backwards finish at once (the same
-    passes on every rank) with the gradients of that loss."""
+    passes on every rank, the Ulysses all-to-alls of out and lse too) with the gradients of
+    that loss."""
     (q, k, v), do, dlse = _inputs(torch.float64)
     order = _zigzag_order(2)
     half = S // 2
@@ -145,7 +149,7 @@ def test_lse_in_one_rank_s_loss_only_runs_the_same_passes_everywhere(backward):
     shard0 = order[:half]
     mine[:, :, shard0] = dlse[:, :, shard0]  # the lse gradient of rank 0's rows only
     ref = _reference(q, k, v, do, mine)
-    got = run_ranks(2, _one_rank_lse_loss, backward, timeout=60)
+    got = run_ranks(2, _one_rank_lse_loss, backward, extra, timeout=60)
     for i, name in ((2, "dq"), (3, "dk"), (4, "dv")):
         full = torch.cat([g[i] for g in got], dim=1)
         assert _relative(full, ref[i].index_select(1, order)) < EXACT, (backward, name)

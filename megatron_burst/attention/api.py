@@ -21,7 +21,7 @@ from ..decide.options import NotGiven
 from ..plan.packs import DocumentPack
 from .remat import AttentionKeep, in_backward
 from .sharding import group_name, group_size_rank
-from .ulysses import heads_to_sequence, sequence_to_heads
+from .ulysses import heads_to_sequence, outputs_to_heads, sequence_to_heads
 
 
 def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -167,6 +167,8 @@ def _ulysses_burst(q, k, v, spec, tag, group, peers, seq_first, kept, sinks,
     if sinks is not None:  # this rank's ring holds head slice u of every member's heads
         sinks = sinks.chunk(u)[peers.index(dist.get_rank())]
     ring = BurstAttentionFunction.apply(qs, ks, vs, spec, tag, kept, sinks, return_lse)
-    out = sequence_to_heads(ring[0], peers, group, 1, 2, tag)
-    lse = sequence_to_heads(ring[1], peers, group, 2, 1, tag)
+    if return_lse:  # one node: its backward trades both gradients on every rank
+        out, lse = outputs_to_heads(ring[0], ring[1], peers, group, tag)
+    else:  # lse stays here: nobody reads it
+        out, lse = sequence_to_heads(ring[0], peers, group, 1, 2, tag), None
     return (out.transpose(0, 1).contiguous() if seq_first else out), lse, ring

@@ -75,13 +75,14 @@ def backward_bytes(mode: str, world: int, tokens: int, hq: int, hkv: int, head_d
 
 
 def ulysses_bytes(ulysses: int, tokens: int, hq: int, hkv: int, head_dim: int,
-                  elem_bytes: int, *, lse_grad: bool = False,
+                  elem_bytes: int, *, lse_returned: bool = False,
                   v_head_dim: int | None = None) -> tuple[int, int]:
     """(forward, backward) bytes one rank sends in the Ulysses all-to-alls of one call.
 
     Each all-to-all keeps 1/U of a tensor and sends the rest. Forward: q, k, v in (k/v
-    replicated to U heads when hkv < U), out (V's head dim) and the fp32 lse back.
-    Backward: dO in, dQ, dK, dV back, and d(lse) in only when the lse reaches the loss.
+    replicated to U heads when hkv < U), out (V's head dim) back, and the fp32 lse back only
+    when the call returns it. Backward: dO in, dQ, dK, dV back, and d(lse) in when the call
+    returned lse (on every rank, used in its loss or not: ``ulysses.outputs_to_heads``).
     """
     if ulysses == 1:
         return 0, 0
@@ -91,7 +92,8 @@ def ulysses_bytes(ulysses: int, tokens: int, hq: int, hkv: int, head_dim: int,
     qkv = rest * (hq * head_dim + hkv * (head_dim + dv)) * elem_bytes // ulysses
     out = rest * hq * dv * elem_bytes // ulysses
     lse = rest * hq * 4 // ulysses
-    return qkv + out + lse, out + qkv + (lse if lse_grad else 0)
+    lse = lse if lse_returned else 0
+    return qkv + out + lse, out + qkv + lse
 
 
 def _dv(head_dim: int, v_head_dim: int | None) -> int:

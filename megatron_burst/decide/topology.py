@@ -147,7 +147,8 @@ class CPTopology:
 
     # ------------------------------------------------------------------ bytes
 
-    def call_bytes(self, tokens_local: int, *, lse_grad: bool = False) -> tuple[int, int]:
+    def call_bytes(self, tokens_local: int, *,
+                   lse_returned: bool = False) -> tuple[int, int]:
         """(forward, backward) bytes one rank sends in one attention call over
         ``tokens_local`` tokens (batch x local sequence): the ring and the all-to-alls, with
         every row travelling every hop: the plain sequence's bound (``rank_bytes`` is exact).
@@ -160,13 +161,14 @@ class CPTopology:
         bwd = cost.backward_bytes(self.backward, self.ring_size, tokens, hq, hkv, h.head_dim,
                                   h.elem_bytes, v_head_dim=h.v_head_dim)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, tokens_local, h.hq, h.hkv,
-                                              h.head_dim, h.elem_bytes, lse_grad=lse_grad,
+                                              h.head_dim, h.elem_bytes,
+                                              lse_returned=lse_returned,
                                               v_head_dim=h.v_head_dim)
         return fwd + a2a_fwd, bwd + a2a_bwd
 
     def rank_bytes(self, rank: int, *, batch: int, s_local: int, layout: str = "zigzag",
                    doc_lens: tuple[int, ...] | None = None, causal: bool = True,
-                   window: tuple[int, int] = (-1, -1), lse_grad: bool = False
+                   window: tuple[int, int] = (-1, -1), lse_returned: bool = False
                    ) -> tuple[int, int]:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
         sends them: only the rows each hop's receiver uses (``RingSchedule.needed_rows``)."""
@@ -195,7 +197,7 @@ class CPTopology:
                 bwd = cost.ring_pass_bytes(rev, sched.needed_rows(rev.source, "q"),
                                            batch * payload, batch * acc)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, batch * s_local, h.hq, h.hkv, d,
-                                              e, lse_grad=lse_grad, v_head_dim=dv)
+                                              e, lse_returned=lse_returned, v_head_dim=dv)
         return fwd + a2a_fwd, bwd + a2a_bwd
 
     def hop_bytes(self, tokens_local: int) -> int:
