@@ -121,6 +121,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import torch
 
     nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    if nproc == 1:
+        print("note: one rank measures no link: the profile's link rates are copied from its "
+              "base profile, not measured here; use --nproc 2 or more", file=sys.stderr)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(nproc), "-m", "megatron_burst.tools.tune", "--out", args.out]
     command += [flag for flag, on in (("--quick", args.quick), ("--force", args.force)) if on]
