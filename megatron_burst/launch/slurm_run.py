@@ -24,10 +24,13 @@ under srun with the signals that make it save, checkpoint retention, and the req
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
+from typing import Mapping
 
-from .config import Config
+from .config import Config, expand_vars
 from .flags import double_quoted
 from .job_plan import JobPlan
+from .units import format_bytes
 
 RETENTION = "megatron_burst.launch.checkpoint_retention"
 # Each node's task: torchrun with TERM and USR1 ignored (its workers inherit that until
@@ -44,6 +47,24 @@ def model_identity(cfg: Config) -> str:
     return (f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, ffn "
             f"{m.ffn_hidden_size}, {m.num_attention_heads} heads, {m.num_query_groups} "
             f"query groups, vocabulary {m.vocab_size}")
+
+
+def home_warning(cfg: Config, plan: JobPlan, env: Mapping[str, str], cwd: Path
+                 ) -> str | None:
+    """A warning if the run's root, as the script will find it when submitted from ``cwd``
+    with ``env``, is under $HOME (None if not, or if it cannot be told here)."""
+    home = env.get("HOME")
+    try:
+        root = (expand_vars(cfg.slurm.run_root, "slurm.run_root", env)
+                if cfg.slurm.run_root is not None else env.get("RUN_ROOT") or str(cwd / "runs"))
+    except ValueError:  # a ${VARIABLE} set only on the cluster
+        return None
+    if not home or not Path(root).resolve().is_relative_to(Path(home).resolve()):
+        return None
+    disk = format_bytes(plan.checkpoints_on_disk * plan.checkpoint_bytes)
+    return (f"warning: the run's checkpoints go under {root}, inside $HOME, whose quota is "
+            f"small: up to {plan.checkpoints_on_disk} checkpoints, {disk}; set slurm.run_root "
+            f"or RUN_ROOT to a scratch or project file system")
 
 
 def run_folder_lines(cfg: Config, run_name: str, script_hint: str) -> list[str]:

@@ -115,7 +115,8 @@ def test_slurm_example_is_the_plans():
     from megatron_burst.launch.config import ClusterConfig
 
     docs = " ".join((REPO / "docs" / "configs.md").read_text().split())
-    for text in (f"the shorter of {jobs.DEFAULT_ALLOCATION_MIN // 60} hours and the whole job",
+    for text in (f"the shortest of {jobs.DEFAULT_ALLOCATION_MIN // 60} hours, `slurm.max_time` and the "
+                 f"whole job",
                  f"at most {jobs.SAVE_SHARE:.0%} of training and at most one per "
                  f"{jobs.MIN_SAVE_EVERY_MIN} minutes"):
         _says(text)
