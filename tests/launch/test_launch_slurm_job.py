@@ -261,3 +261,17 @@ def test_fused_adam_source_follows_megatron_order(monkeypatch):
     assert environment.fused_adam_source() == "TransformerEngine"
     found.clear()
     assert environment.fused_adam_source() is None
+
+
+def test_setup_file_runs_without_set_u(tmp_path):
+    """conda's activation and many module files read variables that may be unset: the
+    script sources them without `set -u` (issue 43), and keeps it for its own lines."""
+    setup = tmp_path / "env.sh"
+    setup.write_text('if [ -n "$SOME_UNSET_VARIABLE" ]; then echo never; fi\n'
+                     'export MY_SETUP="${ANOTHER_UNSET:-done}"\n')
+    text = sbatch_script(load_config(CONFIG), "configs/x.yaml", time="04:00:00",
+                         setup=str(setup))
+    assert text.index("set +u") < text.index('source "$SETUP_FILE"') < text.index("\nset -u\n")
+    run = run_job(tmp_path, text, saves=1)
+    assert run.returncode == 0, run.stderr
+    assert "unbound variable" not in run.stderr and srun_args(tmp_path)
