@@ -110,7 +110,9 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-compare", action="store_true",
                    help="CPU: skip the CP=1 reference run")
     p.add_argument("--dry-run", action="store_true",
-                   help="make every check the run makes, print what would run, start nothing")
+                   help="make every check the run makes, print what would run, start nothing; "
+                        "a GPU config on a machine without its GPUs (a login node) gets every "
+                        "check but the GPUs")
 
 
 def _add_slurm_command(sub: argparse._SubParsersAction) -> None:
