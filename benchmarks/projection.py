@@ -1,6 +1,7 @@
 """A projection, not a measurement: the shipped A100 configs on nodes joined by 25 or 50 GB/s.
 
     python benchmarks/projection.py --out benchmarks/results/projection_a100.json
+    python benchmarks/projection.py --readme README.md   # rewrite the README's table from it
 
 For every shipped config on A100 nodes of 8 GPUs, and an inter-node link of 25 and 50 GB/s
 per GPU (the a100-ib profile with its `inter` link replaced; NVLink inside a node as
@@ -12,10 +13,11 @@ its share of the global batch; the model leaves out the data-parallel gradient r
 so tokens/s per GPU does not change with it (a real run loses some).
 
 Every row is a projection from a model that was checked only on one NVLink host: its
-attention time within 15% of the measured in 48 of 56 rows (4 H200), its step time 26-39%
-optimistic (8 H200, end to end; it leaves out the elementwise work and the optimizer). No
-slow link has been measured (issue 27's emulated runs were not made: no device time left).
-Writes JSON and a markdown table beside it.
+attention time within 15% of the measured in 48 of 56 rows (4 H200), its step time
+calibrated on the end-to-end runs on file (``launch.calibration``). No slow link has been
+measured (issue 27's emulated runs were not made: no device time left). Writes JSON and a
+markdown table beside it; ``--readme`` writes the README's table (``README_CONFIGS``, at the
+first link rate) between its two marker lines, which a test regenerates and compares.
 """
 from __future__ import annotations
 
@@ -36,8 +38,11 @@ from megatron_burst.launch.step_time import predict_step  # noqa: E402
 from megatron_burst.launch.resolve import topology_of  # noqa: E402
 from megatron_burst.decide.timing import PROFILES_DIR  # noqa: E402
 
-MODEL_ERROR = ("attention time within 15% in 48/56 NVLink rows; step time 26-39% optimistic "
-               "on 8 H200; no slow link measured")
+MODEL_ERROR = ("attention time within 15% in 48/56 NVLink rows; step time calibrated on the "
+               "end-to-end runs on file (launch.calibration); no slow link measured")
+README_CONFIGS = ("llama2-70b-512k", "llama2-7b-32k", "llama3-8b-128k", "llama3-8b-1m")
+README_BEGIN = "<!-- projection table: python benchmarks/projection.py --readme README.md -->"
+README_END = "<!-- end of the projection table -->"
 
 
 def profile_with_inter(gbps: float, folder: str) -> str:
@@ -80,17 +85,54 @@ def rows_for(path: pathlib.Path, gbps: float, profile: str) -> list[dict]:
     return out
 
 
+def project(links: list[float], names: tuple[str, ...] | None = None) -> list[dict]:
+    """The rows of every shipped A100 config (or of ``names``) at each link rate."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for gbps in links:
+            profile = profile_with_inter(gbps, folder)
+            for path in sorted((ROOT / "configs").glob("*.yaml")):
+                if names is None or path.stem in names:
+                    rows += rows_for(path, gbps, profile)
+    return rows
+
+
+def readme_table(rows: list[dict]) -> list[str]:
+    """The README's table: each of README_CONFIGS at the first link rate in ``rows``."""
+    gbps = rows[0]["inter_gbps"]
+    lines = ["| config | GPUs | topology (resolved) | step s | tokens/s/GPU | MFU | ring waiting "
+             "on links |", "|---|---|---|---|---|---|---|"]
+    for name in README_CONFIGS:
+        mine = [r for r in rows if r["config"] == name and r["inter_gbps"] == gbps]
+        r = mine[0]
+        lines.append(f"| {name} | {' .. '.join(str(x['gpus']) for x in mine)} | "
+                     f"{r['topology']} | {r['step_s']:.1f} | {r['tokens_per_s_per_gpu']:.0f} | "
+                     f"{r['mfu']:.2f} | {r['link_exposed_share']:.1%} of the step |")
+    return lines
+
+
+def with_readme_table(text: str, lines: list[str]) -> str:
+    """``text`` (the README) with the lines between its projection markers replaced."""
+    head, rest = text.split(README_BEGIN + "\n", 1)
+    _, tail = rest.split(README_END, 1)
+    return head + README_BEGIN + "\n" + "\n".join(lines) + "\n" + README_END + tail
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--links", default="25,50", help="inter-node GB/s per GPU")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="the JSON file (and a .md beside it)")
+    parser.add_argument("--readme", help="rewrite this README's projection table")
     args = parser.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for gbps in (float(x) for x in args.links.split(",")):
-            profile = profile_with_inter(gbps, folder)
-            for path in sorted((ROOT / "configs").glob("*.yaml")):
-                rows += rows_for(path, gbps, profile)
+    links = [float(x) for x in args.links.split(",")]
+    if args.readme:
+        path = pathlib.Path(args.readme)
+        rows = project(links, README_CONFIGS)
+        path.write_text(with_readme_table(path.read_text(), readme_table(rows)))
+        print(f"wrote the projection table of {path}")
+    if not args.out:
+        return
+    rows = project(links)
     meta = dict(command=" ".join(["python"] + sys.argv), date=time.strftime("%Y-%m-%d"),
                 note="PROJECTION from the time model; " + MODEL_ERROR)
     with open(args.out, "w") as f:

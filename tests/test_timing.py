@@ -105,6 +105,22 @@ def test_tune_on_cpu_ranks_writes_a_profile_the_model_loads(tmp_path):
     assert all(0 < t < 1 and t == t for t in times), times
 
 
+def _tune_one_rank(rank, world, out):
+    from megatron_burst.tools import tune
+    tune.main(["--out", out, "--quick"])
+
+
+def test_tune_on_one_rank_says_the_links_were_not_measured(tmp_path, capfd):
+    """Issue 43: `tune --nproc 1` wrote placeholder link rates (1 GB/s) as if measured."""
+    out = str(tmp_path / "profile.json")
+    run_ranks(1, _tune_one_rank, out, timeout=300)
+    prof, base = load_profile(out), load_profile("h200-nvlink")
+    assert ("not measured on 1 rank(s), 1 per node: the intra-node link, inter-node link, "
+            "all-to-all (copied from h200-nvlink)") in prof.source
+    assert (prof.intra, prof.inter, prof.alltoall) == (base.intra, base.inter, base.alltoall)
+    assert "note: not measured on 1 rank(s)" in capfd.readouterr().err
+
+
 def test_tune_keeps_a_slow_kernel_above_zero():
     """A CPU rank on a busy host measures a few GFLOP/s: rounded to 0 TFLOP/s, `tune` would
     write a profile its own loader refuses."""

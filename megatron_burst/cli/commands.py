@@ -53,11 +53,13 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     from ..launch.output_files import check_output_file, write_output_file
     from ..launch.plan import validate
     from ..launch.slurm import sbatch_script
+    from ..launch.slurm_run import home_warning
 
     cfg, notes = load_for_command(args)
     validate(cfg)
     text = sbatch_script(cfg, args.config, partition=args.partition, time=args.time,
-                         account=args.account, job_name=args.job_name, setup=args.setup)
+                         account=args.account, job_name=args.job_name, setup=args.setup,
+                         run_name=args.run_name)
     if args.output:
         out, where = Path(args.output), ""
     else:  # never beside the sources: runs/ is where jobs write, and git ignores it
@@ -69,7 +71,11 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     write_output_file(out, text, option, args.force, executable=True)
     for note in notes:
         print(f"note: {note}")
-    print("\n".join(job_plan(cfg, args.time).lines()))
+    plan = job_plan(cfg, args.time)
+    print("\n".join(plan.lines()))
+    warning = home_warning(cfg, plan, os.environ, Path.cwd())
+    if warning:
+        print(warning)
     print(f"wrote {out}{where}: sbatch {out}")
     return 0
 
@@ -121,6 +127,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import torch
 
     nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    if nproc == 1:
+        print("note: one rank measures no link: the profile's link rates are copied from its "
+              "base profile, not measured here; use --nproc 2 or more", file=sys.stderr)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(nproc), "-m", "megatron_burst.tools.tune", "--out", args.out]
     command += [flag for flag, on in (("--quick", args.quick), ("--force", args.force)) if on]

@@ -4,7 +4,7 @@
     megatron-burst flags CONFIG [--nodes N] [--keep-vars] [--launcher torchrun]   the command line
     megatron-burst run   CONFIG [--cpu] [--iters N] [--no-compare] [--dry-run]
     megatron-burst slurm CONFIG [--nodes N] [--partition P] [--time T] [--account A]
-                         [--setup FILE] [-o FILE] [--force]
+                         [--setup FILE] [--run-name NAME] [-o FILE] [--force]
     megatron-burst data  CORPUS.jsonl --tokenizer DIR --output-prefix PREFIX [--force]
     megatron-burst data  --sample-corpus DIR [--keep-existing]   an offline corpus, tokenizer, dataset
     megatron-burst tune  --out PROFILE.json [--nproc N] [--quick] [--force]   measure for 'auto'
@@ -110,16 +110,20 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-compare", action="store_true",
                    help="CPU: skip the CP=1 reference run")
     p.add_argument("--dry-run", action="store_true",
-                   help="make every check the run makes, print what would run, start nothing")
+                   help="make every check the run makes, print what would run, start nothing; "
+                        "a GPU config on a machine without its GPUs (a login node) gets every "
+                        "check but the GPUs")
 
 
 def _add_slurm_command(sub: argparse._SubParsersAction) -> None:
     """slurm: an sbatch script for a multi-node job."""
     p = _command(sub, "slurm", "write an sbatch script for a multi-node job",
                  "Write an sbatch script: one torchrun per node under srun, c10d rendezvous, "
-                 "a folder per job (under slurm.run_root, else $RUN_ROOT, else runs/ in the "
-                 "submit folder), saves sized to the checkpoint, save before the time limit "
-                 "and requeue until done, stopping if an allocation saves no progress.")
+                 "one folder per run (under slurm.run_root, else $RUN_ROOT, else runs/ in the "
+                 "submit folder) that every job of the run resumes from, saves sized to the "
+                 "checkpoint and kept to slurm.keep_checkpoints, a save on SLURM's signal "
+                 "before the time limit (or on preemption) and requeue until done, stopping "
+                 "if an allocation saves no progress.")
     p.add_argument("config", help=CONFIG_HELP)
     p.add_argument("--nodes", type=positive_int, help=NODES_HELP + " (default cluster.nodes)")
     p.add_argument("--partition", help="SLURM partition (or a comma-separated list)")
@@ -135,6 +139,10 @@ def _add_slurm_command(sub: argparse._SubParsersAction) -> None:
                         "in); default slurm.setup")
     p.add_argument("--job-name", help="SLURM job name (default: the config file's name); "
                                       "letters, digits and . _ + - only")
+    p.add_argument("--run-name", help="the run's folder under the run root, shared by every "
+                                      "job of the run so that a resubmission resumes (default "
+                                      "slurm.run_name, else the job name); another name starts "
+                                      "another run")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write the script (default runs/CONFIG-<N>n.sbatch under the "
                         "current folder; the repository's .gitignore covers runs/); its "

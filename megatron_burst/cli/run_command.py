@@ -1,5 +1,6 @@
 """`megatron-burst run`: train a config on this host, torchrun over its GPUs or gloo ranks on
-CPU, with --dry-run making every check the run makes and starting nothing."""
+CPU, with --dry-run making every check the run makes and starting nothing; for a GPU config
+on a machine without its GPUs (a login node), every check but the GPUs (``login_checks``)."""
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg, _ = load_for_command(args)  # `run` takes no --nodes
     validate(cfg)
     check_run_iters(cfg, args.iters)
-    import torch  # only now: the checks above answer without it
-
-    if args.cpu or not torch.cuda.is_available():
+    gpu_run = cfg.cluster.hardware.timed and not args.cpu
+    gpus = _gpus_here()
+    if args.dry_run and gpu_run and (gpus < cfg.cluster.gpus_per_node or cfg.cluster.nodes > 1):
+        return _dry_run_without_gpus(cfg, args.config, gpus)
+    if args.cpu or not gpus:
         return _run_on_cpu(cfg, args)
-    return _run_on_gpus(cfg, args, torch.cuda.device_count())
+    return _run_on_gpus(cfg, args, gpus)
+
+
+def _gpus_here() -> int:
+    """The GPUs torch sees here (0 where torch or CUDA is missing: a login node)."""
+    try:
+        import torch  # only now: the checks before answer without it
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _dry_run_without_gpus(cfg: Config, config_path: str, gpus: int) -> int:
+    """A GPU config on a machine without its GPUs (a login node): every check but the GPUs."""
+    from ..launch.login_checks import check_without_gpus
+
+    found, problems = check_without_gpus(cfg, config_path)
+    for line in found:
+        print(f"checked: {line}")
+    c = cfg.cluster
+    where = (f"`megatron-burst slurm {config_path}` writes its job" if c.nodes > 1
+             else f"`megatron-burst run {config_path}` on a host with {c.gpus_per_node} GPUs")
+    print(f"not checked: the GPUs ({c.nodes} x {c.gpus_per_node} {c.gpu}; {gpus} here): "
+          f"{where}")
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    return 2 if problems else 0
 
 
 def check_imports(cfg: Config) -> None:

@@ -12,7 +12,10 @@ job time built on them (`step_time`; `calibration` and `measured_runs` hold it a
 end-to-end runs on file), sizes in `units`; `config_header` writes the plan's numbers into
 the shipped configs. `flags` turns a config into Megatron's command line; `slurm` into an
 sbatch script (`job_plan`: allocations and saves; `slurm_time`: time limits as sbatch
-reads them; `slurm_preflight`: the checks the script runs before training), and
+reads them; `slurm_preflight`: the checks the script runs before training; `slurm_run`:
+the run's folder, the signals that make training save, the requeue;
+`checkpoint_retention`: the checkpoints a run keeps), `login_checks` what a machine without
+GPUs can check of a GPU run, and
 `runtime_deps` says what a planned run will import and which extra provides it. `data` and
 `sample_data` write Megatron's indexed datasets from JSONL text (`corpus` reads it;
 `data_error` is their one error; a version switched in by one link, under a lock:

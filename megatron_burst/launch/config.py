@@ -135,11 +135,21 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SlurmConfig:
-    """How `megatron-burst slurm` writes the batch job (each has a command-line override)."""
+    """How `megatron-burst slurm` writes the batch job (docs/configs.md: which keys have a
+    command-line option)."""
 
     # One allocation's SLURM --time, in any format sbatch takes; None: the shorter of
-    # job_plan.DEFAULT_ALLOCATION_MIN and the whole job. Longer jobs requeue until done.
+    # job_plan.DEFAULT_ALLOCATION_MIN, max_time and the whole job. Longer jobs requeue.
     time_limit: str | None = None
+    # The partition's longest --time (its MaxTime); UNLIMITED admits a job without a limit.
+    max_time: str = "2-00:00:00"
+    # The run's folder is RUN_ROOT/<run_name> for every job of the run, so a resubmission
+    # resumes its checkpoints; None: the job name (the config file's name).
+    run_name: str | None = None
+    # Checkpoints kept: the newest keep_checkpoints the run saved, and each at an iteration
+    # that is a multiple of keep_every (None: no such); the run deletes its other ones.
+    keep_checkpoints: int = 2
+    keep_every: int | None = None
     # A file the script sources before anything else: module load, venv or conda activation.
     setup: str | None = None
     # Where job folders go (checkpoints, logs); None: ${RUN_ROOT}, else $SLURM_SUBMIT_DIR/runs.

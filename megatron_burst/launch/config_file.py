@@ -4,6 +4,8 @@ PyYAML keeps the last of two equal keys in a mapping without a word, so a config
 ``num_layers: 2`` and, further down, ``num_layers: 4`` would quietly train four layers.
 Here the document is composed first and every mapping checked for repeated keys, which are
 refused naming the dotted key and both lines; then it is built as ``yaml.safe_load`` would.
+YAML 1.1 also reads an unquoted ``12:00:00`` as the base-60 number 43200: such a value is
+refused, saying to quote it (no config key takes a base-60 number).
 """
 from __future__ import annotations
 
@@ -40,11 +42,17 @@ def read_config_yaml(path: Path) -> Any:
 # PyYAML would raise that as a bare ValueError, naming no key.
 MAX_INT_DIGITS = 4300
 INT_TAG = "tag:yaml.org,2002:int"
+FLOAT_TAG = "tag:yaml.org,2002:float"
 
 
 def _refuse_duplicate_keys(node: yaml.Node, where: str) -> None:
     """Raise naming the first key that appears twice in any mapping under ``node``, or
-    that holds an integer too long for Python to read."""
+    that holds an integer too long for Python to read, or a base-60 number."""
+    if (isinstance(node, yaml.ScalarNode) and node.tag in (INT_TAG, FLOAT_TAG)
+            and ":" in str(node.value)):
+        raise ConfigError(f"'{where.rstrip('.')}' at line {node.start_mark.line + 1}: YAML reads "
+                          f"the unquoted {node.value} as a base-60 number; quote it: "
+                          f"\"{node.value}\"")
     if isinstance(node, yaml.ScalarNode) and node.tag == INT_TAG:
         digits = sum(c.isdigit() for c in str(node.value))
         if digits > MAX_INT_DIGITS:

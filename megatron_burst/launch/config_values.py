@@ -71,6 +71,8 @@ BOUNDS: dict[str, Bound] = {
     "cluster.gpus_per_node": COUNT,
     "cluster.checkpoint_write_gbps": POSITIVE,
     "slurm.cpus_per_task": COUNT,
+    "slurm.keep_checkpoints": COUNT,
+    "slurm.keep_every": COUNT,
     **{f"training.{name}": COUNT for name in (
         "micro_batch_size", "global_batch_size", "train_iters", "recompute_num_layers",
         "log_interval", "save_interval", "eval_interval")},
@@ -175,5 +177,13 @@ def check_time_limit(value: str, key: str) -> None:
         raise ConfigError(str(e)) from None
 
 
+def check_run_name(value: str, key: str) -> None:
+    """'slurm.run_name': one folder name, in the characters an #SBATCH value may hold."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", value):
+        raise ConfigError(f"'{key}' {value!r}: the run's folder name may hold only letters, "
+                          f"digits and . _ + - (and starts with a letter or digit)")
+
+
 # Checks of particular text keys, beyond the rules every text follows (check_text).
-TEXT_RULES = {"data.split": check_split, "slurm.time_limit": check_time_limit}
+TEXT_RULES = {"data.split": check_split, "slurm.time_limit": check_time_limit,
+              "slurm.max_time": check_time_limit, "slurm.run_name": check_run_name}

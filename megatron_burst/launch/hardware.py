@@ -23,6 +23,8 @@ class Hardware:
     peak_tflops: float | None = None
     # What large bf16 matrix multiplies achieve (TFLOP/s): the time of a layer's linears.
     matmul_tflops: float | None = None
+    # GPUs in one node of this kind (HGX boards hold 8): a job that takes fewer shares it.
+    node_gpus: int = 8
 
     @property
     def timed(self) -> bool:

@@ -14,9 +14,13 @@ rate (``cluster.checkpoint_write_gbps``):
 - the save interval (unless ``training.save_interval`` is given): periodic saves take at
   most ``SAVE_SHARE`` of the training time, and come no more often than every
   ``MIN_SAVE_EVERY_MIN``;
-- the allocation: ``slurm.time_limit``/``--time``, else the shorter of ``DEFAULT_ALLOCATION_MIN``
-  and the whole job; refused if it cannot fit start-up, one step and the save;
-- how many allocations the chain takes.
+- the allocation: ``slurm.time_limit``/``--time``, else the shortest of
+  ``DEFAULT_ALLOCATION_MIN``, the partition's maximum and the whole job; refused if it is
+  longer than the partition's maximum (``slurm.max_time``; no limit only where that is
+  UNLIMITED) or cannot fit start-up, one step and the save, saying what to change;
+- the warning before the limit: SLURM signals the job (``--signal``) as long before it as
+  the exit margin, and Megatron saves and exits on it (``--exit-signal-handler``);
+- how many allocations the chain takes, and the disk its checkpoints hold at most.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ SAVE_SAFETY = 2  # the exit margin allows the last save twice its predicted time
 SAVE_SHARE = 0.05  # periodic saves take at most this share of training
 MIN_SAVE_EVERY_MIN = 30  # and come no more often than this
 WASTE_WARNING = 0.5  # warn when less than this share of an allocation trains
+SIGNAL_MOST_S = 65535  # the longest warning sbatch --signal takes (16 bits of seconds)
 
 
 def checkpoint_bytes(cfg: Config) -> int:
@@ -63,6 +68,8 @@ class JobPlan:
     exit_margin_min: int
     limit_min: int | None  # None: no time limit
     limit_given: bool
+    keep_checkpoints: int = 2
+    keep_every: int | None = None
 
     @property
     def limit(self) -> str:
@@ -72,6 +79,18 @@ class JobPlan:
     def exit_after_min(self) -> int | None:
         """Megatron's --exit-duration-in-mins (None: no limit, no exit)."""
         return None if self.limit_min is None else self.limit_min - self.exit_margin_min
+
+    @property
+    def signal_s(self) -> int:
+        """Seconds before the limit SLURM signals the job to save and exit (``--signal``)."""
+        return min(SIGNAL_MOST_S, self.exit_margin_min * 60)
+
+    @property
+    def checkpoints_on_disk(self) -> int:
+        """The most checkpoints retention leaves on disk: those kept, and one being written."""
+        saves = self.train_iters // self.save_interval
+        every = self.train_iters // self.keep_every if self.keep_every else 0
+        return min(saves, self.keep_checkpoints + every) + 1
 
     @property
     def train_s(self) -> float:
@@ -105,17 +124,24 @@ class JobPlan:
                f"cluster.checkpoint_write_gbps {self.write_gbps:g} GB/s: "
                f"{format_duration(self.save_s)} per save",
                f"save interval: {self.save_interval:,} iterations, one save per "
-               f"{format_duration(every)} ({how})"]
+               f"{format_duration(every)} ({how})",
+               f"retention: the newest {self.keep_checkpoints} checkpoint(s) "
+               f"(slurm.keep_checkpoints)"
+               + (f" and every iteration a multiple of {self.keep_every:,} (slurm.keep_every)"
+                  if self.keep_every else "")
+               + f": at most {self.checkpoints_on_disk} on disk, "
+               f"{format_bytes(self.checkpoints_on_disk * self.checkpoint_bytes)}"]
         if self.limit_min is None:
             out.append(f"allocation: --time {self.limit} (no limit): one allocation runs the "
                        f"whole job, {format_duration(self.train_s)} of training")
             return out
         source = "given" if self.limit_given else (
-            f"the shorter of {DEFAULT_ALLOCATION_MIN // 60} hours and the whole job")
+            f"the shortest of {DEFAULT_ALLOCATION_MIN // 60} hours, slurm.max_time and the "
+            f"whole job")
         out.append(f"allocation: --time {self.limit} ({source}); Megatron saves and exits "
                    f"{self.exit_margin_min} min before it (one step, twice the save, "
-                   f"{TEARDOWN_MIN} min tear-down): --exit-duration-in-mins "
-                   f"{self.exit_after_min}")
+                   f"{TEARDOWN_MIN} min tear-down): --signal B:USR1@{self.signal_s}, "
+                   f"--exit-duration-in-mins {self.exit_after_min}")
         out.append(f"allocations: {self.allocations} expected ({self.steps_per_allocation:,} "
                    f"iterations each after {STARTUP_MIN} min start-up; the job requeues "
                    f"itself until training.train_iters {self.train_iters:,}, and stops if an "
@@ -148,8 +174,8 @@ def _whole_job_min(plan_without_limit: JobPlan) -> int:
 
 def job_plan(cfg: Config, time_limit: str | None = None, what: str = "--time") -> JobPlan:
     """The job of ``cfg`` with the allocation ``time_limit`` (else ``slurm.time_limit``, else
-    the default); ValueError naming ``what`` for a limit too short, ConfigError where no
-    step time is predicted (CPU ranks)."""
+    the default); ValueError naming ``what`` for a limit beyond the partition's maximum or
+    too short, ConfigError where no step time is predicted (CPU ranks)."""
     step = predict_step(cfg)
     if step is None:
         raise ConfigError(f"'cluster.gpu' is {cfg.cluster.gpu}: plan predicts no step time "
@@ -165,24 +191,78 @@ def job_plan(cfg: Config, time_limit: str | None = None, what: str = "--time") -
                    save_interval=_save_interval(cfg, step_s, save_s),
                    save_interval_given=cfg.training.save_interval is not None,
                    exit_margin_min=_exit_margin_min(step_s, save_s), limit_min=UNLIMITED,
-                   limit_given=time_limit is not None)
+                   limit_given=time_limit is not None,
+                   keep_checkpoints=cfg.slurm.keep_checkpoints, keep_every=cfg.slurm.keep_every)
+    most = parse_time_limit(cfg.slurm.max_time, "'slurm.max_time'")
     if time_limit is None:
-        minutes = min(DEFAULT_ALLOCATION_MIN, _whole_job_min(plan))
+        minutes = min(DEFAULT_ALLOCATION_MIN, _whole_job_min(plan), most or math.inf)
     else:
         minutes = parse_time_limit(time_limit, what)
+        _check_within(minutes, most, f"{what} {time_limit!r}", cfg.slurm.max_time)
     plan = dataclasses.replace(plan, limit_min=minutes)
-    _check_fits(plan, time_limit, what)
+    _check_fits(plan, cfg, time_limit, what, most)
+    _check_keep_every(plan)
     return plan
 
 
-def _check_fits(plan: JobPlan, given: str | None, what: str) -> None:
-    """Refuse an allocation that cannot start, make one step and save it."""
+def _check_within(minutes: int | None, most: int | None, given: str, max_time: str) -> None:
+    """Refuse a limit the partition would not take (sbatch would reject the job)."""
+    if most is None:
+        return
+    where = (f"'slurm.max_time' {max_time} (the partition's MaxTime: `scontrol show "
+             f"partition NAME` shows it)")
+    if minutes is None:
+        raise ValueError(f"{given} asks for no time limit, beyond {where}; where the partition "
+                         f"allows none, set slurm.max_time: UNLIMITED")
+    if minutes > most:
+        raise ValueError(f"{given} is {format_time_limit(minutes)}, longer than {where}: "
+                         f"give at most {format_time_limit(most)}, or raise slurm.max_time "
+                         f"if the partition takes more")
+
+
+def _check_keep_every(plan: JobPlan) -> None:
+    """slurm.keep_every must fall on saves, or it would keep nothing."""
+    if plan.keep_every and plan.keep_every % plan.save_interval:
+        raise ValueError(f"'slurm.keep_every' {plan.keep_every:,} is not a multiple of the "
+                         f"save interval {plan.save_interval:,}, so no periodic save lands on "
+                         f"it: give a multiple of {plan.save_interval:,}, or set "
+                         f"training.save_interval to a divisor of it")
+
+
+def _check_fits(plan: JobPlan, cfg: Config, given: str | None, what: str,
+                most: int | None) -> None:
+    """Refuse an allocation that cannot start, make one step and save it, saying what is
+    too long and what to change."""
     if plan.limit_min is None:
         return
     needed = STARTUP_MIN + plan.exit_margin_min + math.ceil(plan.step_s / 60)
-    if plan.limit_min < needed:
-        raise ValueError(
-            f"{what} {given!r} gives {plan.limit_min} min per allocation, too short for one "
-            f"step and its save: {STARTUP_MIN} min start-up + {format_duration(plan.step_s)} "
-            f"per step + {plan.exit_margin_min} min to save and exit = at least {needed} min "
-            f"(a shorter limit would requeue forever without progress)")
+    if plan.limit_min >= needed:
+        return
+    parts = (f"{STARTUP_MIN} min start-up + {format_duration(plan.step_s)} per step + "
+             f"{plan.exit_margin_min} min to save and exit = at least {needed} min")
+    limit = (f"{what} {given!r} gives {plan.limit_min} min per allocation," if given is not None
+             else f"the default allocation, {plan.limit} (the shortest of "
+                  f"{DEFAULT_ALLOCATION_MIN // 60} hours, slurm.max_time and the whole job),")
+    if most is None or needed <= most:
+        change = (f"give --time (or slurm.time_limit) of at least "
+                  f"{format_time_limit(math.ceil(needed / 15) * 15)}")
+    else:
+        change = _smaller_step(plan, cfg, most)
+    raise ValueError(f"{limit} too short for one step and its save: {parts}; {change} "
+                     f"(a shorter limit would requeue forever without progress)")
+
+
+def _smaller_step(plan: JobPlan, cfg: Config, most: int) -> str:
+    """What to change when one step and its save do not fit the longest allocation."""
+    tr, p = cfg.training, cfg.parallel
+    unit = tr.micro_batch_size * p.data
+    # Time left for the step's own share: the exit margin holds a step too, so twice.
+    room_s = (most - STARTUP_MIN - TEARDOWN_MIN - 2) * 60 - SAVE_SAFETY * plan.save_s
+    fits = int(tr.global_batch_size * max(0.0, room_s / 2) / plan.step_s) // unit * unit
+    text = (f"one step of {format_duration(plan.step_s)} ({tr.global_batch_size // unit} "
+            f"micro-batches per data-parallel rank) cannot fit the longest allocation, "
+            f"slurm.max_time {format_time_limit(most)}: lower training.global_batch_size "
+            f"{tr.global_batch_size:,}")
+    if fits >= unit:
+        text += f" to at most about {fits:,}"
+    return text + " or spread the run over more nodes (--nodes, data parallelism)"

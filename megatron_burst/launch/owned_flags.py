@@ -10,10 +10,14 @@ and ``--flag=value``), and by what it sets rather than how it is spelt
 (``megatron_options``): another spelling of the same argparse destination
 (``--persistent-save-interval`` is ``--save-interval``), or an option from which Megatron
 sets an owned destination after parsing (``--recompute-activations`` sets
-``recompute_granularity``; ``--yaml-cfg`` can set anything). A test checks that every flag
-`flags` emits is listed here.
+``recompute_granularity``; ``--yaml-cfg`` can set anything). A flag Megatron's parser does
+not know at all (``--no-such-flag``) is refused too, with the nearest one it knows, at load
+time rather than at the front of the queue. A test checks that every flag `flags` emits is
+listed here.
 """
 from __future__ import annotations
+
+import difflib
 
 from .config_values import ConfigError
 from .megatron_options import ANY, OptionTable, pinned_table
@@ -170,6 +174,8 @@ def _check_entry(flag: str, where: str, table: OptionTable,
         flag = f"{flag} (which sets {dest}, as {canonical} does)"
     if by_spelling:
         _refuse(where, flag, by_spelling)
+    if dest is None:
+        _refuse_unknown(where, flag, table)
     for reached in table.reaches(dest) if dest else ():
         if reached == ANY:
             raise ConfigError(f"{where}: {flag} lets Megatron replace any argument after "
@@ -178,6 +184,16 @@ def _check_entry(flag: str, where: str, table: OptionTable,
         if reached in dests:
             _refuse(where, f"{flag} (from which Megatron sets {reached} after parsing)",
                     dests[reached][1])
+
+
+def _refuse_unknown(where: str, flag: str, table: OptionTable) -> None:
+    """A flag Megatron's parser does not know would stop the job at start-up, after the
+    queue: refuse it now, with the nearest spelling it knows."""
+    near = difflib.get_close_matches(flag, table.dests, n=1, cutoff=0.75)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise ConfigError(f"{where}: {flag} is not an option of Megatron's parser (megatron-core "
+                      f"{table.megatron_core}, launch/megatron_options.json){hint}; remove or "
+                      f"correct it")
 
 
 def _refuse(where: str, flag: str, owner: str) -> None:

@@ -1,14 +1,15 @@
 """`megatron-burst slurm`: write an sbatch script for a config.
 
 The script runs one `torchrun` per node under `srun`, with c10d rendezvous on the job's
-first node, so every node runs the same command. Each job gets its own folder
-(RUN_ROOT/<job name>-<job id>/ with checkpoints/ and logs/; RUN_ROOT is ``slurm.run_root``,
-else $RUN_ROOT, else $SLURM_SUBMIT_DIR/runs); the job id survives a requeue, so a requeued
-job finds its own checkpoints and resumes through `--load`. One allocation is a length real
-partitions take (``job_plan``): Megatron saves and exits shortly before its limit
-(`--exit-duration-in-mins`, the margin sized by the checkpoint's write time), and the script
-requeues the job while training is unfinished and the allocation saved progress; one that
-saved none stops the chain instead of repeating itself.
+first node, so every node runs the same command. The run has one folder for all its jobs
+(RUN_ROOT/<run name>/ with checkpoints/ and logs/; RUN_ROOT is ``slurm.run_root``, else
+$RUN_ROOT, else $SLURM_SUBMIT_DIR/runs), so a requeued or resubmitted job resumes through
+`--load` (``slurm_run``: the folder, the signals that make Megatron save, retention, the
+requeue). One allocation is a length real partitions take (``job_plan``): SLURM signals the
+job (`--signal`) and Megatron saves and exits shortly before its limit (the margin sized by
+the checkpoint's write time), and the script requeues the job while training is unfinished
+and the allocation saved progress; one that saved none stops the chain instead of
+repeating itself.
 
 Before training the script sources the set-up file, imports what the run will, and checks
 the resume path and the cluster's variables (``slurm_preflight``).
@@ -30,20 +31,24 @@ import shlex
 from pathlib import Path
 
 from .config import Config, ConfigError
-from .config_values import check_text, control_character
+from .config_values import check_run_name, check_text, control_character
 from .flags import double_quoted, megatron_flags, shell_word
 from .job_plan import JobPlan, job_plan
 from .owned_flags import check_megatron_args
 from .slurm_preflight import (data_path_lines, import_lines, resume_lines, setup_lines,
                               variable_lines)
+from .slurm_run import launch_lines, requeue_lines, run_folder_lines
 
 # Flags the script sets itself, after the config's: megatron_args may not set them too.
 SCRIPT_FLAGS = {
-    "--save": "is set by the sbatch script to its run folder ($RUN_ROOT/<job>-<id>/checkpoints)"
+    "--save": "is set by the sbatch script to its run folder ($RUN_ROOT/<run name>/checkpoints)"
               "; set slurm.run_root or RUN_ROOT to move it",
-    "--load": "is set by the sbatch script to its run folder, so a requeued job resumes; set "
-              "slurm.run_root or RUN_ROOT to move it",
+    "--load": "is set by the sbatch script to its run folder, so a requeued or resubmitted job "
+              "resumes; set slurm.run_root or RUN_ROOT to move it",
     "--exit-duration-in-mins": "is set by the sbatch script from the allocation's --time",
+    "--exit-signal-handler": "is set by the sbatch script, which signals the training to save "
+                             "and exit",
+    "--exit-signal": "is SIGTERM, which the sbatch script's node tasks send the training",
     "--tensorboard-dir": "is set by the sbatch script to its run folder's logs/tensorboard",
 }
 # What SLURM reads after "#SBATCH --option=": no quoting is possible there, so the values
@@ -111,7 +116,8 @@ def _command_line(cfg: Config, config_path: str, options: dict[str, str | None])
 
 def _directives(cfg: Config, job_name: str, plan: JobPlan, partition: str | None,
                 account: str | None) -> list[str]:
-    """The #SBATCH lines: whole nodes, their memory and CPUs, one allocation's time."""
+    """The #SBATCH lines: nodes (whole ones, with their memory, where the run takes every
+    GPU of a node), CPUs, one allocation's time and the warning signal before it."""
     c = cfg.cluster
     lines = [
         f"#SBATCH --job-name={job_name}",
@@ -121,10 +127,11 @@ def _directives(cfg: Config, job_name: str, plan: JobPlan, partition: str | None
     ]
     if cfg.slurm.cpus_per_task is not None:
         lines.append(f"#SBATCH --cpus-per-task={cfg.slurm.cpus_per_task}")
+    if c.gpus_per_node >= c.hardware.node_gpus:  # whole nodes: all their memory too
+        lines += ["#SBATCH --mem=0", "#SBATCH --exclusive"]
     lines += [
-        "#SBATCH --mem=0",  # all of each node's memory: the data loaders and pinned buffers
-        "#SBATCH --exclusive",
         f"#SBATCH --time={plan.limit}",
+        f"#SBATCH --signal=B:USR1@{plan.signal_s}",
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
         "#SBATCH --output=%x-%j.out",
@@ -134,30 +141,6 @@ def _directives(cfg: Config, job_name: str, plan: JobPlan, partition: str | None
     if account:
         lines.append(f"#SBATCH --account={account}")
     return lines
-
-
-def _run_folder_lines(cfg: Config) -> list[str]:
-    root = (double_quoted(cfg.slurm.run_root) if cfg.slurm.run_root is not None
-            else '"${RUN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}/runs}"')
-    return [
-        "",
-        "# One folder per job; a requeued job keeps its id, so it finds its checkpoints.",
-        f"RUN_ROOT={root}",
-        'RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME}-${SLURM_JOB_ID}"',
-        'CKPT_DIR="$RUN_DIR/checkpoints"',
-        'LOG_DIR="$RUN_DIR/logs"',
-        'mkdir -p "$CKPT_DIR" "$LOG_DIR"',
-        "",
-        "# The last iteration saved (Megatron writes it beside the checkpoints; 0 before any).",
-        'ITER_FILE="$CKPT_DIR/latest_checkpointed_iteration.txt"',
-        "saved_iteration() {",
-        '    local it=0',
-        '    [[ -f "$ITER_FILE" ]] && it="$(cat "$ITER_FILE")"',
-        '    [[ "$it" =~ ^[0-9]+$ ]] || it=0',
-        '    echo "$it"',
-        "}",
-        'START_ITER="$(saved_iteration)"',
-    ]
 
 
 NCCL_LINES = [
@@ -180,57 +163,6 @@ NCCL_LINES = [
 ]
 
 
-def _launch_lines(cfg: Config, plan: JobPlan) -> list[str]:
-    """srun + torchrun, the status kept (not fatal) for the requeue decision after it."""
-    c = cfg.cluster
-    cpus = cfg.slurm.cpus_per_task
-    exit_after = ([f"    --exit-duration-in-mins {plan.exit_after_min} \\"]
-                  if plan.exit_after_min is not None else [])
-    return [
-        "",
-        f'echo "job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}): {c.nodes} node(s), '
-        'rendezvous $MASTER_ADDR:$MASTER_PORT, run dir $RUN_DIR, from iteration $START_ITER"',
-        "STATUS=0",
-        "srun --kill-on-bad-exit=1 "
-        + (f"--cpus-per-task={cpus} " if cpus else '--cpus-per-task="$SLURM_CPUS_ON_NODE" ')
-        + "torchrun \\",
-        '    --nnodes "$SLURM_NNODES" \\',
-        f"    --nproc-per-node {c.gpus_per_node} \\",
-        "    --rdzv-backend c10d \\",
-        '    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\',
-        '    --rdzv-id "$SLURM_JOB_ID" \\',
-        "    -m megatron_burst.megatron.pretrain_gpt \\",
-        '    "${FLAGS[@]}" \\',
-        '    --save "$CKPT_DIR" --load "$CKPT_DIR" \\',
-        f"    --save-interval {plan.save_interval} \\",
-        *exit_after,
-        '    --tensorboard-dir "$LOG_DIR/tensorboard" \\',
-        '    2>&1 | tee -a "$LOG_DIR/train.log" || STATUS=$?',
-    ]
-
-
-def _requeue_lines(train_iters: int) -> list[str]:
-    """Done, requeue, or stop: requeue only an allocation that saved progress, so a job that
-    cannot advance (a crash at start-up, a limit too short to save) ends instead of looping."""
-    return [
-        "",
-        'LAST_ITER="$(saved_iteration)"',
-        f"if (( LAST_ITER >= {train_iters} )); then",
-        f'    echo "training done: iteration $LAST_ITER of {train_iters} saved in $CKPT_DIR"',
-        "    exit 0",
-        "fi",
-        "if (( LAST_ITER <= START_ITER )); then",
-        '    echo "error: this allocation saved no progress (iteration $LAST_ITER, as at its '
-        'start; training exited with status $STATUS): not requeueing, as the next allocation '
-        'would repeat it; see $LOG_DIR/train.log" >&2',
-        '    exit $(( STATUS == 0 ? 1 : STATUS ))',
-        "fi",
-        f'echo "saved iteration $LAST_ITER of {train_iters} (training exited with status '
-        '$STATUS); requeueing $SLURM_JOB_ID"',
-        'scontrol requeue "$SLURM_JOB_ID"',
-    ]
-
-
 def _job_name(config_path: str, job_name: str | None) -> str:
     if job_name is None:
         job_name = Path(config_path).stem
@@ -241,16 +173,25 @@ def _job_name(config_path: str, job_name: str | None) -> str:
     return sbatch_value(job_name, "--job-name")
 
 
+def run_name_of(cfg: Config, given: str | None, job_name: str) -> str:
+    """The run's folder name: ``given`` (--run-name), else slurm.run_name, else the job's."""
+    if given is not None:
+        check_run_name(check_text(given, "--run-name"), "--run-name")
+        return given
+    return cfg.slurm.run_name or job_name
+
+
 def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None,
                   time: str | None = None, account: str | None = None,
                   job_name: str | None = None, setup: str | None = None,
-                  plan: JobPlan | None = None) -> str:
+                  run_name: str | None = None, plan: JobPlan | None = None) -> str:
     """The sbatch script text for ``cfg`` (already resized to the wanted node count).
 
     ``time`` is one allocation's limit (default ``slurm.time_limit``, else the job plan's);
     ``setup`` a file the script sources first (default ``slurm.setup``);
     ``plan`` the ``job_plan`` made with it, if the caller has one. ``job_name`` defaults to
-    the config file's name. Raises ValueError naming the option or key whose value cannot be
+    the config file's name, ``run_name`` (the run's folder) to ``slurm.run_name``, else the
+    job name. Raises ValueError naming the option or key whose value cannot be
     put safely into the script, or a megatron_args flag the script sets; ConfigError for a
     CPU config (`megatron-burst run` trains those on one machine).
     """
@@ -266,11 +207,13 @@ def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None
     one_line(config_path, f"the config path {config_path!r}")
     one_line(cfg.model.name, "'model.name'")
     name = _job_name(config_path, job_name)
+    run = run_name_of(cfg, run_name, name)
     for option, value in (("--partition", partition), ("--account", account)):
         if value is not None:
             sbatch_value(value, option)
     options = {"--time": time, "--setup": setup, "--partition": partition, "--account": account,
-               "--job-name": None if name == Path(config_path).stem else name}
+               "--job-name": None if name == Path(config_path).stem else name,
+               "--run-name": run_name}
     p, c = cfg.parallel, cfg.cluster
     lines = [
         "#!/bin/bash",
@@ -285,10 +228,10 @@ def sbatch_script(cfg: Config, config_path: str, *, partition: str | None = None
         *import_lines(cfg),
         *resume_lines(cfg, config_path),
         *variable_lines(cfg, config_path),
-        *_run_folder_lines(cfg),
+        *run_folder_lines(cfg, run, "this script"),
         *NCCL_LINES,
         *_flag_lines(megatron_flags(cfg, expand=False)),
-        *_launch_lines(cfg, plan),
-        *_requeue_lines(cfg.training.train_iters),
+        *launch_lines(cfg, plan),
+        *requeue_lines(cfg.training.train_iters, "this script"),
     ]
     return "\n".join(lines) + "\n"

@@ -2,8 +2,10 @@
 would otherwise fail in after the queue wait (or, worse, after its first allocation).
 
 - ``setup_lines``: source the set-up file (``slurm.setup`` / ``--setup``: module load, a venv
-  or conda activation), since a batch job does not start in the submitting shell's
-  environment;
+  or conda activation), without ``set -u``, which breaks common conda and module scripts.
+  A batch job starts with the submitting shell's environment (sbatch's default
+  ``--export=ALL``), but where the job runs is another shell, and a file that sets up the
+  cluster's environment says what the job needs wherever it is submitted from;
 - ``import_lines``: import what the run will (``runtime_deps.run_needs``: Megatron's training
   loop, einops for hierarchical CP groups, the tokenizer's library), one line naming the first
   that fails;
@@ -40,12 +42,15 @@ def setup_lines(setup: str | None, config_path: str) -> list[str]:
                             f"was run in)")
     return [
         "",
-        "# The job's environment: a batch job does not inherit the submitting shell's.",
+        "# The job's environment: the submitting shell's (sbatch exports it), then this file's.",
         *(_is_set(name, config_path) for name in dict.fromkeys(VARIABLE.findall(setup))),
         f"SETUP_FILE={path}",
         f'[[ -f "$SETUP_FILE" && -r "$SETUP_FILE" ]] || {{ echo {message} >&2; exit 2; }}',
+        "# Without set -u: conda's and many module files read variables that may be unset.",
+        "set +u",
         "# shellcheck source=/dev/null",
         'source "$SETUP_FILE"',
+        "set -u",
     ]
 
 
@@ -65,13 +70,21 @@ def _import_program(cfg: Config) -> str:
     ])
 
 
+RETENTION_IMPORT = ("error: megatron_burst does not import here: the job runs its entry point "
+                    "and checkpoint retention from it; pip install -e . in the megatron-burst "
+                    "checkout, in the environment the set-up file activates")
+
+
 def import_lines(cfg: Config) -> list[str]:
-    """Import, before training, every module the run will (the same list as `run`)."""
+    """Import, before training, every module the run will (the same list as `run`), and the
+    checkpoint retention the script runs beside it."""
     modules = ", ".join(need.module for need in run_needs(cfg))
     return [
         "",
         f"# What the run imports ({modules}), before training starts.",
         "python3 -c " + shlex.quote(_import_program(cfg)) + " || exit 2",
+        "python3 -c 'import megatron_burst.launch.checkpoint_retention' 2>/dev/null || "
+        f"{{ echo {shlex.quote(RETENTION_IMPORT)} >&2; exit 2; }}",
     ]
 
 

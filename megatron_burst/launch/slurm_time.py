@@ -6,7 +6,8 @@ number is minutes and two fields are minutes:seconds, so ``30:00`` is 30 minutes
 hours, and ``2-12`` is 2 days 12 hours. Fields are not range-checked (``0:90:00`` is 90
 minutes). Seconds round up to the next minute (``time_str2mins``). ``UNLIMITED``,
 ``INFINITE`` (any case) and ``-1`` mean no limit, and so does a limit of zero
-(``0``, ``00:00:00``): sbatch turns a zero limit into INFINITE.
+(``0``, ``00:00:00``): sbatch turns a zero limit into INFINITE. A limit beyond the 32-bit
+minutes SLURM holds is refused (``99999999999999999999``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ UNLIMITED = None
 _NO_LIMIT_WORDS = ("UNLIMITED", "INFINITE", "-1")
 _WITH_DAYS = re.compile(r"(\d+)-(\d+)(?::(\d+))?(?::(\d+))?")
 _WITHOUT_DAYS = re.compile(r"(\d+)(?::(\d+))?(?::(\d+))?")
+# SLURM holds a limit as 32-bit minutes, the top two values meaning "not set" and INFINITE.
+MOST_MINUTES = 2**32 - 3
 FORMATS = ("minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, "
            "days-hours:minutes:seconds, or 0/UNLIMITED/INFINITE for none")
 
@@ -36,6 +39,10 @@ def parse_time_limit(text: str, what: str = "--time") -> int | None:
         raise ValueError(f"{what} {text!r} is not a SLURM time limit: use {FORMATS}, "
                          f"e.g. 30 (30 minutes), 04:00:00 or 1-00:00:00")
     minutes = (seconds + 59) // 60
+    if minutes > MOST_MINUTES:
+        raise ValueError(f"{what} {text!r} is {minutes:,} minutes, more than SLURM can hold "
+                         f"(at most {MOST_MINUTES:,}); give a limit the partition takes, "
+                         f"e.g. 1-00:00:00")
     return UNLIMITED if minutes == 0 else minutes
 
 

@@ -5,8 +5,9 @@
 
 It measures, on the ranks it is started on (under a minute on GPUs):
 - ring hops of 1-256 MB to the next rank of the node (intra) and to the same local rank of
-  the next node (inter; with one node, the inter link is kept from the base profile and the
-  file says so);
+  the next node (inter); a link there is nothing to measure on (one node; one rank per
+  node; one rank, for the all-to-all) is copied from the base profile, and the file's
+  source and a note on stderr say it was not measured;
 - all-to-all among the ranks of a node;
 - the local attention kernel's fwd+bwd rate at a few block sizes, dense and varlen, fitted
   to ``peak * n / (n + n_half)``;
@@ -28,6 +29,9 @@ import torch
 import torch.distributed as dist
 
 from ..decide.timing import Kernel, Link, Profile, load_profile
+
+
+UNMEASURED = "; not measured"  # in a profile's source, before the links it copied
 
 
 def _sync(device: torch.device) -> None:
@@ -77,8 +81,9 @@ def _significant(value: float) -> float:
 
 
 def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device,
-                  repeat: int) -> tuple[Link, Link | None, Link]:
-    """(intra, inter or None with one node, all-to-all) from this rank's point of view."""
+                  repeat: int) -> tuple[Link | None, Link | None, Link | None]:
+    """(intra, inter, all-to-all) from this rank's point of view; None for a link there
+    is nothing to measure on (one rank per node, one node, one rank)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     node, local = divmod(rank, gpus_per_node)
     nodes = world // gpus_per_node
@@ -95,9 +100,8 @@ def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device
         y = torch.empty_like(x)
         t = _timed(lambda: dist.all_to_all_single(y, x), device, repeat)
         a2a.append((n * (world - 1) // world, t))  # bytes that leave the rank
-    fallback = Link(0.0, 1.0)
-    return (_link(intra) if intra else fallback, _link(inter) if inter else None,
-            _link(a2a) if world > 1 else fallback)
+    return (_link(intra) if intra else None, _link(inter) if inter else None,
+            _link(a2a) if world > 1 else None)
 
 
 def _fit_kernel(points: list[tuple[int, float]]) -> Kernel:
@@ -204,9 +208,14 @@ def measure(*, gpus_per_node: int | None = None, quick: bool = False,
     name = f"tuned-{'cpu' if cpu else torch.cuda.get_device_name(device).replace(' ', '-')}"
     source = (f"measured by megatron-burst tune on {world} rank(s), {gpus_per_node} per node, "
               f"{time.strftime('%Y-%m-%d')}")
-    if inter is None:
-        inter = base_profile.inter
-        source += f"; one node: the inter-node link is {base_profile.name}'s, not measured"
+    links = {"intra-node link": intra, "inter-node link": inter, "all-to-all": a2a}
+    unmeasured = [what for what, link in links.items() if link is None]
+    intra = intra or base_profile.intra
+    inter = inter or base_profile.inter
+    a2a = a2a or base_profile.alltoall
+    if unmeasured:
+        source += (f"{UNMEASURED} on {world} rank(s), {gpus_per_node} per node: the "
+                   f"{', '.join(unmeasured)} (copied from {base_profile.name})")
     profile = Profile(name=name, intra=intra, inter=inter, alltoall=a2a, dense=dense,
                       varlen=varlen, memory_gbps=round(memory, 1),
                       step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
@@ -283,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         if dist.get_rank() == 0:
             _write(args.out, result, args.force)
             print(f"wrote {args.out} ({result['seconds']} s): " + json.dumps(result["profile"]))
+            source = result["profile"]["source"]
+            if UNMEASURED in source:
+                print(f"note: {UNMEASURED[2:]}{source.split(UNMEASURED)[1]}: run tune on 2 or more "
+                      f"ranks of a node, on 2 nodes for the inter-node link", file=sys.stderr)
     elif dist.get_rank() == 0:
         print(f"megatron-burst tune: {problem}", file=sys.stderr)
     if own_group:

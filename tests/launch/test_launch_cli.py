@@ -125,8 +125,11 @@ def test_run_refuses_a_gpu_config_on_cpu(capsys):
 
 
 def test_dry_run_makes_the_checks_of_the_run(capsys):
-    # On this CPU-only host the real run refuses a GPU config; so must --dry-run.
-    assert "'cluster.gpu'" in one_line_error(capsys, ["run", str(GPU_4), "--dry-run"])
+    # On this CPU-only host the real run refuses a GPU config; --dry-run checks it all but
+    # the GPUs, and says so (tests/launch/test_launch_login_checks.py: the checks).
+    assert "'cluster.gpu'" in one_line_error(capsys, ["run", str(GPU_4)])
+    main(["run", str(GPU_4), "--dry-run"])
+    assert "not checked: the GPUs (1 x 4 h200-141gb; 0 here)" in capsys.readouterr().out
     assert main(["run", str(TINY), "--dry-run", "--iters", "5"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("would run: tiny-llama, 4 gloo ranks") and "5 iterations" in out
@@ -160,8 +163,13 @@ def test_gpu_dry_run_prints_torchrun(gpu_host, monkeypatch, capsys):
     assert "torch.distributed.run" in out and "megatron_burst.megatron.pretrain_gpt" in out
     assert out.rstrip().endswith("--train-iters 5")
     eight = REPO / "configs" / "llama3.2-1b-256k-8gpu.yaml"
-    assert "'cluster.gpus_per_node' is 8" in one_line_error(capsys, ["run", str(eight),
-                                                                     "--dry-run"])
+    assert "'cluster.gpus_per_node' is 8" in one_line_error(capsys, ["run", str(eight)])
+    # A dry run where the GPUs are too few checks the rest, and says what it did not.
+    from megatron_burst.launch import login_checks
+
+    monkeypatch.setattr(login_checks, "missing_modules", lambda cfg: [])
+    assert main(["run", str(eight), "--dry-run"]) == 0
+    assert "not checked: the GPUs (1 x 8 h200-141gb; 4 here)" in capsys.readouterr().out
 
 
 def test_entry_point_message_names_versions():

@@ -141,8 +141,9 @@ def test_run_on_a_gpu_host_checks_with_the_installed_megatron(tiny_raw, monkeypa
     pinned = pinned_table()
     newer = dataclasses.replace(pinned, dests={**pinned.dests,
                                                "--cp-size": "context_parallel_size"})
-    tiny_raw["megatron_args"] = ["--cp-size", "2"]
-    cfg = config_from_dict(tiny_raw)  # unknown to the pinned table: passes at load
+    # Unknown to the pinned table, so the loader refuses it; a config built in Python has
+    # not been through the loader.
+    cfg = dataclasses.replace(config_from_dict(tiny_raw), megatron_args=["--cp-size", "2"])
     monkeypatch.setattr(megatron_options, "live_table", lambda: newer)
     with pytest.raises(ConfigError, match=r"--cp-size \(which sets context_parallel_size, as "
                                           r"--context-parallel-size does\).*parallel.context"):
@@ -163,3 +164,26 @@ def test_the_live_table_reads_the_installed_megatron_alike():
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout) == json.loads(TABLE_FILE.read_text())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--no-such-flag"], r"'megatron_args\[0\]': --no-such-flag is not an option of Megatron's "
+                         r"parser \(megatron-core 0\.19\.2"),
+    (["--log-timers-to-tensorboard", "--save-intervl", "5"],
+     r"'megatron_args\[1\]': --save-intervl is not an option.*did you mean --save-interval\?"),
+    (["--wandb-exp-name=x", "--no-such-flag=3"], r"'megatron_args\[1\]': --no-such-flag is not"),
+])
+def test_unknown_megatron_flags_are_refused_when_the_config_loads(tiny_raw, args, message):
+    """Issue 43: they passed plan, flags and slurm and failed at the front of the queue."""
+    tiny_raw["megatron_args"] = args
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(tiny_raw)
+
+
+def test_plan_refuses_an_unknown_flag_in_one_line(tiny_raw, write_config, capsys):
+    from megatron_burst.cli.parser import main
+
+    tiny_raw["megatron_args"] = ["--no-such-flag"]
+    assert main(["plan", str(write_config(tiny_raw))]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--no-such-flag is not an option" in err

@@ -5,15 +5,19 @@ the same."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
+import re
 
 import pytest
 
-from megatron_burst.launch.config import load_config
 from megatron_burst.launch.memory import GIB, estimate_memory
 from megatron_burst.launch.calibration import rows
+from megatron_burst.launch.config import SlurmConfig, load_config
 from megatron_burst.launch.job_plan import job_plan
+from megatron_burst.launch.slurm_time import parse_time_limit
+from megatron_burst.launch.units import format_bytes
 from megatron_burst.launch.step_time import REST_PASSES, STEP_MARGIN, predict_step
 from megatron_burst.tools.cpu_data import SUCCESSORS
 
@@ -115,7 +119,8 @@ def test_slurm_example_is_the_plans():
     from megatron_burst.launch.config import ClusterConfig
 
     docs = " ".join((REPO / "docs" / "configs.md").read_text().split())
-    for text in (f"the shorter of {jobs.DEFAULT_ALLOCATION_MIN // 60} hours and the whole job",
+    for text in (f"the shortest of {jobs.DEFAULT_ALLOCATION_MIN // 60} hours, `slurm.max_time` and the "
+                 f"whole job",
                  f"at most {jobs.SAVE_SHARE:.0%} of training and at most one per "
                  f"{jobs.MIN_SAVE_EVERY_MIN} minutes"):
         _says(text)
@@ -127,7 +132,46 @@ def test_slurm_example_is_the_plans():
     _says(f"`llama2-70b-128k` asks for --time {plan.limit} and expects {plan.allocations} "
           f"allocations, a {plan.checkpoint_bytes / GIB:.0f} GiB checkpoint every "
           f"{plan.save_interval} iterations, and Megatron's exit {plan.exit_margin_min} "
-          f"minutes before the limit")
+          f"minutes before the limit; it holds at most {plan.checkpoints_on_disk} checkpoints "
+          f"({format_bytes(plan.checkpoints_on_disk * plan.checkpoint_bytes)}) on disk, where "
+          f"keeping every one would take {plan.train_iters // plan.save_interval}")
+    _says(f"`slurm.keep_checkpoints` (default {SlurmConfig.keep_checkpoints})")
+    _says(f"(default {int(parse_time_limit(SlurmConfig.max_time) / 1440)} days; `scontrol show "
+          f"partition` shows yours)")
+    four = load_config(REPO / "configs" / "llama3.2-1b-128k-4gpu.yaml").cluster
+    _says(f"(`llama3.2-1b-128k-4gpu`, {four.gpus_per_node} of a node's "
+          f"{four.hardware.node_gpus})")
+
+
+def test_readme_says_what_sbatch_does_with_the_environment_and_cites_the_repo_only():
+    """Issue 43: the README said a batch job does not inherit the submitting shell's
+    environment (sbatch's default --export=ALL passes it) and cited a file outside the
+    repository."""
+    text = (REPO / "README.md").read_text()
+    _says("`sbatch` passes the submitting shell's environment to the job (its default "
+          "`--export=ALL`)")
+    assert "does not start in your shell" not in text and "not inherit" not in text
+    outside = re.findall(r"`(\.\./[^`]*)`", text)
+    assert outside == [], f"the README cites files outside the repository: {outside}"
+
+
+def test_projection_table_is_generated_by_the_projection():
+    """The README's projection table is benchmarks/projection.py's output, and its claim
+    that the link speed changes nothing holds for every row."""
+    spec = importlib.util.spec_from_file_location("projection",
+                                                  REPO / "benchmarks" / "projection.py")
+    projection = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(projection)
+    rows = projection.project([25.0, 50.0], projection.README_CONFIGS)
+    text = (REPO / "README.md").read_text()
+    assert projection.with_readme_table(text, projection.readme_table(rows)) == text, (
+        "the README's projection table is stale: python benchmarks/projection.py --readme "
+        "README.md")
+    for name in projection.README_CONFIGS:
+        at = {r["inter_gbps"]: r for r in rows if r["config"] == name}
+        assert round(at[25.0]["step_s"], 1) == round(at[50.0]["step_s"], 1), name
+    _says("at 25 GB/s as at 50, so the step time and tokens/s per GPU are the same at both "
+          "speeds")
 
 
 def test_remat_claim_is_the_plans():

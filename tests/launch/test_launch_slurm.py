@@ -50,7 +50,7 @@ def test_script_content():
     assert '--rdzv-backend c10d' in text and '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"' in text
     assert 'head -n 1' in text  # rendezvous on the first node
     assert '--load "$CKPT_DIR"' in text and "scontrol requeue" in text
-    assert 'RUN_DIR="$RUN_ROOT/${SLURM_JOB_NAME}-${SLURM_JOB_ID}"' in text
+    assert 'RUN_DIR="$RUN_ROOT/llama3-8b-1m"' in text  # the run's, not the job's
     plan = job_plan(with_nodes(load_config(path), 8), "10:00:00")
     assert f"--exit-duration-in-mins {600 - plan.exit_margin_min} " in text
     assert '[[ -n "${DATA_PATH:-}" ]] || {' in text and '[[ -n "${TOKENIZER_MODEL:-}" ]]' in text
@@ -139,7 +139,7 @@ def test_header_lines_stay_comments_and_directives_stay_plain():
     assert all(line.startswith("#") or not line for line in lines), lines
     for line in lines:
         if line.startswith("#SBATCH"):
-            assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9._+,:%-]+)?", line), line
+            assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9._+,:%@-]+)?", line), line
 
 
 @pytest.mark.parametrize("kw, named", [

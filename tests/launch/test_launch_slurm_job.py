@@ -50,7 +50,10 @@ def test_every_shipped_config_gets_a_limit_partitions_take(path, in_tmp, capsys)
     assert f"--exit-duration-in-mins {minutes - plan.exit_margin_min} " in text
     assert f"--save-interval {plan.save_interval} " in text
     assert f"save interval: {plan.save_interval:,} iterations" in out
-    assert "#SBATCH --mem=0" in text and '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in text
+    # Whole nodes, with all their memory, only where the run takes every GPU of a node.
+    whole = load_config(path).cluster.gpus_per_node == 8
+    assert ("#SBATCH --mem=0" in text) == ("#SBATCH --exclusive" in text) == whole
+    assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in text
     # The pre-flight imports what the run will, in the run's order.
     modules = [need.module for need in run_needs(load_config(path))]
     assert f"# What the run imports ({', '.join(modules)})" in text
@@ -77,9 +80,9 @@ def test_a_short_job_asks_for_itself_and_the_key_and_flag_override(in_tmp, capsy
     short = REPO / "configs" / "llama3.2-1b-128k-4gpu.yaml"
     plan = job_plan(load_config(short))
     assert plan.limit_min < DEFAULT_ALLOCATION_MIN and plan.allocations == 1
-    assert main(["slurm", str(CONFIG), "--time", "2-12", "-o", "a.sbatch"]) == 0
-    assert "#SBATCH --time=2-12:00:00\n" in (in_tmp / "a.sbatch").read_text()
-    assert "--time 2-12:00:00 (given)" in capsys.readouterr().out
+    assert main(["slurm", str(CONFIG), "--time", "1-12", "-o", "a.sbatch"]) == 0
+    assert "#SBATCH --time=1-12:00:00\n" in (in_tmp / "a.sbatch").read_text()
+    assert "--time 1-12:00:00 (given)" in capsys.readouterr().out
     cfg = load_config(CONFIG)
     keyed = dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, time_limit="12:00:00"))
     assert _sbatch(sbatch_script(keyed, "configs/x.yaml"), "time") == "12:00:00"
@@ -150,7 +153,7 @@ def test_script_passes_the_plan_to_megatron(tmp_path):
     assert args[:2] == ["--kill-on-bad-exit=1", "--cpus-per-task=64"]
     assert args[args.index("--exit-duration-in-mins") + 1] == str(plan.exit_after_min)
     assert args[args.index("--save-interval") + 1] == str(plan.save_interval)
-    assert args[args.index("--save") + 1] == str(tmp_path / "runs" / "j-7" / "checkpoints")
+    assert args[args.index("--save") + 1] == str(tmp_path / "runs" / "x" / "checkpoints")
 
 
 # ------------------------------------------------------------------ set-up and pre-flight
@@ -159,7 +162,7 @@ def test_setup_file_is_sourced_first_and_a_missing_one_stops_the_job(tmp_path):
     cfg = load_config(CONFIG)
     setup = tmp_path / "env.sh"
     # What a module load or venv activation does: put what the run needs in reach.
-    setup.write_text(f'export PYTHONPATH="{tmp_path / "site"}"\nexport MY_SETUP=done\n')
+    setup.write_text(f'export PYTHONPATH="{tmp_path / "site"}:{REPO}"\nexport MY_SETUP=done\n')
     text = sbatch_script(cfg, "configs/x.yaml", time="04:00:00", setup="${SETUP_DIR}/env.sh")
     assert text.index('source "$SETUP_FILE"') < text.index("python3 -c")
     run = run_job(tmp_path, text, saves=1, env={"SETUP_DIR": str(tmp_path), "PYTHONPATH": ""})
@@ -258,3 +261,17 @@ def test_fused_adam_source_follows_megatron_order(monkeypatch):
     assert environment.fused_adam_source() == "TransformerEngine"
     found.clear()
     assert environment.fused_adam_source() is None
+
+
+def test_setup_file_runs_without_set_u(tmp_path):
+    """conda's activation and many module files read variables that may be unset: the
+    script sources them without `set -u` (issue 43), and keeps it for its own lines."""
+    setup = tmp_path / "env.sh"
+    setup.write_text('if [ -n "$SOME_UNSET_VARIABLE" ]; then echo never; fi\n'
+                     'export MY_SETUP="${ANOTHER_UNSET:-done}"\n')
+    text = sbatch_script(load_config(CONFIG), "configs/x.yaml", time="04:00:00",
+                         setup=str(setup))
+    assert text.index("set +u") < text.index('source "$SETUP_FILE"') < text.index("\nset -u\n")
+    run = run_job(tmp_path, text, saves=1)
+    assert run.returncode == 0, run.stderr
+    assert "unbound variable" not in run.stderr and srun_args(tmp_path)
