@@ -17,13 +17,23 @@ through the same `megatron-burst data` step a user's corpus takes.
     DIR/corpus.jsonl                     one {"text": ...} per docstring
     DIR/tokenizer/                       tokenizer.json, tokenizer_config.json
     DIR/text_document.bin, .idx          Megatron's indexed dataset
+    DIR/sample.json                      what binds them: each part's SHA-256
+
+The three parts are switched in by three renames (corpus, tokenizer, then the dataset), and
+a kill between them would leave a new tokenizer beside the old dataset. So the sample is
+one unit through ``sample.json``: it is removed before the first rename and written (by a
+rename of its own) after the last, naming each part's SHA-256 and the vocabulary. A sample
+is complete only when ``sample.json`` is there and every part still has the bytes it names
+(``existing_sample``: what `--keep-existing` keeps); anything else is remade with --force.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import inspect
 import json
+import os
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +41,7 @@ from typing import Any, Iterator
 
 from .data import DataError, DatasetSummary, tokenize_jsonl
 from .dataset_commit import dataset_commit, existing_dataset
+from .dataset_lock import step
 from .staging import check_replaceable, staged_outputs
 
 # Present on CPython 3.11 to 3.13 alike, pure Python or always built (no sqlite3, tkinter).
@@ -53,6 +64,7 @@ CORPUS_FILE = "corpus.jsonl"
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what save_hf_tokenizer writes
 DATASET_PREFIX = "text_document"
+MANIFEST_FILE = "sample.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,27 +159,65 @@ def save_hf_tokenizer(tokenizer: Any, folder: Path) -> None:
     (folder / TOKENIZER_FILES[1]).write_text(json.dumps(config, indent=2) + "\n")
 
 
+def _parts(out_dir: Path) -> dict[str, Path]:
+    """The sample's parts by their names in ``sample.json`` (the dataset's links followed)."""
+    tokenizer = out_dir / TOKENIZER_DIR
+    prefix = out_dir / DATASET_PREFIX
+    return {CORPUS_FILE: out_dir / CORPUS_FILE,
+            **{f"{TOKENIZER_DIR}/{name}": tokenizer / name for name in TOKENIZER_FILES},
+            f"{DATASET_PREFIX}.bin": Path(f"{prefix}.bin"),
+            f"{DATASET_PREFIX}.idx": Path(f"{prefix}.idx")}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(out_dir: Path, vocab: int) -> None:
+    """``sample.json`` naming every part's SHA-256: written aside, renamed in (the switch)."""
+    manifest = {"vocab_size": vocab,
+                "parts": {name: _sha256(path) for name, path in _parts(out_dir).items()}}
+    temporary = out_dir / f".{MANIFEST_FILE}.partial"
+    temporary.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(temporary, out_dir / MANIFEST_FILE)
+
+
 def existing_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -> str | None:
-    """One line describing the complete sample under ``out_dir`` (corpus, tokenizer and
-    dataset, as ``write_sample`` commits them together), or None if there is none.
-    DataError if one is there with another vocabulary size (``--force`` remakes it)."""
+    """One line describing the complete sample under ``out_dir`` (module docstring: its
+    ``sample.json`` there and every part with the bytes it names), or None if there is no
+    sample. DataError if one is there with another vocabulary size, or if its parts do not
+    belong together (a run killed while switching them in): ``--force`` remakes it."""
     out_dir = Path(out_dir)
-    tokenizer_json = out_dir / TOKENIZER_DIR / "tokenizer.json"
-    prefix = str(out_dir / DATASET_PREFIX)
-    parts = [out_dir / CORPUS_FILE, tokenizer_json, out_dir / TOKENIZER_DIR /
-             "tokenizer_config.json", Path(prefix + ".bin"), Path(prefix + ".idx")]
-    if not all(p.is_file() for p in parts):  # the dataset's links followed to their files
+    parts = _parts(out_dir)
+    manifest_path = out_dir / MANIFEST_FILE
+    if not manifest_path.is_file():
+        if any(p.exists() for p in parts.values()):
+            raise DataError(f"{out_dir}: the sample's parts are there without its "
+                            f"{MANIFEST_FILE} (a run stopped while switching them in, or an "
+                            f"older version made them); pass --force to make it again")
         return None
     try:
-        vocab = len(json.loads(tokenizer_json.read_text())["model"]["vocab"])
+        manifest = json.loads(manifest_path.read_text())
+        named, vocab = manifest["parts"], manifest["vocab_size"]
+        changed = [name for name, path in parts.items()
+                   if not path.is_file() or _sha256(path) != named[name]]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{tokenizer_json}: not a tokenizer this command wrote ({e}); pass "
+        raise DataError(f"{manifest_path}: not a manifest this command wrote ({e}); pass "
                         f"--force to make the sample again") from None
+    if changed:
+        raise DataError(f"{out_dir}: {', '.join(changed)} not the one{'s' * (len(changed) > 1)} "
+                        f"{MANIFEST_FILE} names (the parts do not belong together); pass "
+                        f"--force to make the sample again")
     if vocab != vocab_size:
         raise DataError(f"{out_dir} holds a sample with a {vocab}-token vocabulary, not "
                         f"{vocab_size}; pass --force to make it again")
     return (f"kept {out_dir}: the sample there is complete ({CORPUS_FILE}, {TOKENIZER_DIR}/ of "
-            f"{vocab} tokens, {DATASET_PREFIX}.bin/.idx); --force makes it again")
+            f"{vocab} tokens, {DATASET_PREFIX}.bin/.idx, as {MANIFEST_FILE} names them); "
+            f"--force makes it again")
 
 
 def write_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *,
@@ -198,8 +248,11 @@ def write_sample(out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *,
             dataset = tokenize_jsonl(staged_corpus, staged_tokenizer, prefix, force=True,
                                      commit=commit)
             replaced = bool(stage.replaced()) or commit.replaced
+            (out_dir / MANIFEST_FILE).unlink(missing_ok=True)  # incomplete from here on
             stage.commit()
-            commit.commit()  # last: the dataset is what a run reads
+            step("sample-staged")
+            commit.commit()  # then the dataset, which is what a run reads
+        _write_manifest(out_dir, vocab_size)  # the switch: the parts belong together
     # The summary names the final paths, not the staged ones it was written through.
     tokenizer = dataclasses.replace(dataset.tokenizer, path=str(tokenizer_dir))
     dataset = dataclasses.replace(dataset, tokenizer=tokenizer, replaced=replaced)

@@ -174,3 +174,38 @@ def test_runs_started_together_never_mix(made, tmp_path):
         assert set(codes.values()) <= {0, 2} and 0 in codes.values(), codes
         assert reader_sees(prefix) in [refs[n][1] for n, code in codes.items() if code == 0]
         assert_no_leftovers(prefix)
+
+
+def test_a_sample_switched_in_half_is_not_kept(made, tmp_path, capsys):
+    """`data --sample-corpus --force --vocab-size 300` killed after the corpus and tokenizer
+    are renamed in but before the dataset's switch: the new 300-token tokenizer sits beside
+    the old dataset (ids up to 1023). `--keep-existing` must refuse to call that complete;
+    --force then makes a whole sample that it keeps."""
+    folder = tmp_path / "sample"
+    assert main(["data", "--sample-corpus", str(folder)]) == 0  # 1024 tokens
+    assert main(["data", "--sample-corpus", str(folder), "--keep-existing"]) == 0
+    assert "kept" in capsys.readouterr().out
+    small = ["data", "--sample-corpus", str(folder), "--vocab-size", "300"]
+    run = _start([*small, "--force"], "sample-staged:KILL")
+    run.join(300)
+    assert run.exitcode == -signal.SIGKILL, "not killed between the parts' renames"
+    capsys.readouterr()
+    assert main([*small, "--keep-existing"]) == 2
+    said = capsys.readouterr().err
+    assert "sample.json" in said and "--force" in said, said
+    assert main([*small, "--force"]) == 0
+    assert main([*small, "--keep-existing"]) == 0
+    assert "300 tokens" in capsys.readouterr().out
+
+
+def test_a_sample_part_changed_afterwards_is_not_kept(made, tmp_path, capsys):
+    """A part replaced by hand (the tokenizer of another sample) breaks what sample.json
+    binds: --keep-existing names the part instead of keeping a mismatched sample."""
+    one, other = tmp_path / "one", tmp_path / "other"
+    assert main(["data", "--sample-corpus", str(one)]) == 0
+    assert main(["data", "--sample-corpus", str(other), "--vocab-size", "300"]) == 0
+    (one / "tokenizer" / "tokenizer.json").write_bytes(
+        (other / "tokenizer" / "tokenizer.json").read_bytes())
+    capsys.readouterr()
+    assert main(["data", "--sample-corpus", str(one), "--keep-existing"]) == 2
+    assert "tokenizer/tokenizer.json" in capsys.readouterr().err

@@ -157,7 +157,7 @@ def test_sample_rerun_needs_force_and_replaces_whole(tmp_path):
     assert again.dataset.tokenizer.path == first.dataset.tokenizer.path
     assert again.dataset.replaced
     assert visible(tmp_path / "s") == [
-        "corpus.jsonl", "text_document.bin", "text_document.idx", "tokenizer"]
+        "corpus.jsonl", "sample.json", "text_document.bin", "text_document.idx", "tokenizer"]
     assert contents(tmp_path / "s" / "text_document") == contents(first.dataset.prefix)
     assert_no_leftovers(tmp_path / "s" / "text_document")
 
