@@ -383,6 +383,32 @@ def test_fused_merge_matches_float64_merge():
     assert (lse.double()[finite] - new_lse[finite]).abs().max().item() < 1e-5
 
 
+def test_fused_merge_compiles_once_for_lse_rows_at_any_offset():
+    """A document pack's blocks start at any row: lse views at offsets 0..7 (4-byte steps,
+    every 16-byte alignment) and new row counts run one compiled variant of the merge."""
+    pytest.importorskip("triton")
+    from megatron_burst.kernels import merge
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    lse_all = torch.randn(1, 8, 4096, device="cuda", generator=gen)
+    blse_all = torch.randn(1, 8, 4096, device="cuda", generator=gen)
+    before = None
+    for offset in range(8):
+        rows = 1000 + 37 * offset
+        out = torch.randn(1, rows, 8, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+        blk = torch.randn(1, rows, 8, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+        lse = lse_all[:, :, offset:offset + rows]
+        blse = blse_all[:, :, 3 + offset:3 + offset + rows]
+        merge.merge_partial(out, lse, blk, blse)
+        torch.cuda.synchronize()
+        caches = getattr(merge._merge_kernel, "device_caches", None)
+        if caches is None:
+            pytest.skip("this Triton keeps no per-device cache of compiled variants to count")
+        count = sum(len(c[0]) for c in caches.values())  # (kernel cache, ...) per device
+        if before is None:
+            before = count
+        assert count == before, (offset, count, before)
+
+
 # ------------------------------------------------------------ forced kernels x block kinds
 
 FORCED_MASKS = {"full": dict(causal=False), "causal": dict(causal=True),

@@ -42,9 +42,25 @@ def merge_partial_torch(out: torch.Tensor, lse: torch.Tensor, block_out: torch.T
 # packs compile new variants (~0.1 s each); none of these integers is worth specialising.
 _NOT_SPECIALISED = ["rows", "S", "H", "o_sb", "o_ss", "o_sh", "l_sb", "l_sh", "l_ss",
                     "b_sb", "b_ss", "b_sh", "bl_sb", "bl_sh", "bl_ss"]
+# Pointers are specialised on 16-byte alignment too. The lse rows of a block start at any
+# row (4 bytes each), so each new alignment compiled a variant (the 32K new-pack figure of
+# issue 39); one fp32 load per row gains nothing from it. The outputs' rows stay aligned
+# (head dims are powers of two) and keep their vector loads.
+_ANY_ALIGNMENT = ["lse_ptr", "blse_ptr"]
+
+
+def _jit_options() -> dict:
+    """``triton.jit``'s options: the alignment one where this Triton has it (3.2 on)."""
+    import inspect
+
+    options: dict = {"do_not_specialize": _NOT_SPECIALISED}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        options["do_not_specialize_on_alignment"] = _ANY_ALIGNMENT
+    return options
+
 
 if triton is not None:
-    @triton.jit(do_not_specialize=_NOT_SPECIALISED)
+    @triton.jit(**_jit_options())
     def _merge_kernel(out_ptr, lse_ptr, blk_ptr, blse_ptr, rows, S, H,
                       o_sb, o_ss, o_sh, l_sb, l_sh, l_ss, b_sb, b_ss, b_sh,
                       bl_sb, bl_sh, bl_ss, D: tl.constexpr, ROWS: tl.constexpr):
