@@ -42,9 +42,11 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
+from ranks import start_ranks  # noqa: E402
 
 
 def pile_like(total: int, seed: int, scale: float = 1.0) -> tuple[int, ...]:
@@ -224,13 +226,12 @@ def main() -> None:
     if args.cpu_smoke:
         args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
         args.warmup, args.iters, args.no_flex, args.scale = 1, 2, True, 1 / 64
-    backend = "gloo" if args.cpu_smoke else "nccl"
-    dist.init_process_group(backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    # The group (and this rank's GPU, and $MEGATRON_BURST_EMULATE's slowed links) as every
+    # GPU benchmark starts them.
+    rank, world = start_ranks("gloo") if args.cpu_smoke else start_ranks()
     dev = torch.device("cpu")
-    if backend == "nccl":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-        torch.cuda.set_device(dev)
+    if not args.cpu_smoke:
+        dev = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
     solos = [dist.new_group([r]) for r in range(world)]  # a group of one for 1-GPU plans
     flex = None if args.no_flex or rank else Flex(args.tokens * world, dev)
