@@ -1,7 +1,8 @@
 """A float64, single-process, O(N^2) attention: the ground truth every test compares with.
 
-It supports every mask the package does (causal, sliding window, documents) by building
-the full boolean mask from positions, independently of the package's schedules.
+It supports every mask the package does (causal, sliding window, documents, slice masks)
+by building the full boolean mask from positions, independently of the package's schedules
+(a slice mask from its slices' definitions, never from the package's cells).
 """
 from __future__ import annotations
 
@@ -24,16 +25,36 @@ def allowed_mask(seq_len: int, *, causal: bool, window=(-1, -1), doc_ids=None) -
     return ok
 
 
+def slice_allowed(seq_len: int, q_ranges, k_ranges, kinds) -> torch.Tensor:
+    """[S, S] bool of a slice mask: query q sees key k if some slice shows the pair. Within a
+    slice of qlen x klen, i = q - q_start, j = k - k_start: full sees all, causal
+    j <= i + (klen - qlen), inv_causal j >= i, bi_causal both."""
+    q = torch.arange(seq_len)[:, None]
+    k = torch.arange(seq_len)[None, :]
+    ok = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for (qs, qe), (ks, ke), kind in zip(q_ranges, k_ranges, kinds):
+        i, j = q - qs, k - ks
+        show = (i >= 0) & (i < qe - qs) & (j >= 0) & (j < ke - ks)
+        if kind in ("causal", "bi_causal"):
+            show &= j <= i + ((ke - ks) - (qe - qs))
+        if kind in ("inv_causal", "bi_causal"):
+            show &= j >= i
+        ok |= show
+    return ok
+
+
 def reference_attention(q, k, v, *, causal: bool, scale: float, window=(-1, -1),
-                        doc_ids=None, sinks=None):
+                        doc_ids=None, sinks=None, allowed=None):
     """q [b, S, hq, d], k [b, S, hkv, d], v [b, S, hkv, dv] -> (out [b, S, hq, dv],
     lse [b, hq, S]). ``sinks`` [hq]: one more column of every row's scores, the head's sink
-    logit, whose value is zero (gpt-oss's attention sinks)."""
+    logit, whose value is zero (gpt-oss's attention sinks). ``allowed`` [S, S] bool: the
+    mask itself (``slice_allowed``), instead of causal/window/doc_ids."""
     hq, hkv = q.shape[2], k.shape[2]
     k = k.repeat_interleave(hq // hkv, dim=2)
     v = v.repeat_interleave(hq // hkv, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    ok = allowed_mask(q.shape[1], causal=causal, window=window, doc_ids=doc_ids)
+    ok = allowed if allowed is not None else allowed_mask(q.shape[1], causal=causal,
+                                                           window=window, doc_ids=doc_ids)
     s = s.to(q.dtype).masked_fill(~ok.to(s.device), float("-inf"))
     if sinks is not None:  # the sink column: a logit per head, in every row
         s = torch.cat([s, sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:3], 1)], -1)

@@ -19,6 +19,7 @@ from ..comm import headers
 from ..decide.topology import CPTopology
 from ..decide.options import NotGiven
 from ..plan.packs import DocumentPack
+from ..plan.slices import SliceMask
 from .remat import AttentionKeep, in_backward
 from .sharding import group_name, group_size_rank
 from .ulysses import heads_to_sequence, outputs_to_heads, sequence_to_heads
@@ -27,15 +28,19 @@ from .ulysses import heads_to_sequence, outputs_to_heads, sequence_to_heads
 def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                group: dist.ProcessGroup | None = None, *, causal: bool = False,
                softmax_scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
-               layout: str = "zigzag", backward: str = NotGiven("auto"),
+               layout: str = NotGiven("zigzag"), backward: str = NotGiven("auto"),
                qkv_format: str = "bshd",
                intra_node_size: int | str | None = NotGiven(None),
                ulysses_size: int | str = NotGiven(1),
                cu_seqlens: torch.Tensor | DocumentPack | None = None, return_lse: bool = False,
                kernel: str | None = None, keep: AttentionKeep | None = None,
                call_label: int | str | None = None, topology: CPTopology | None = None,
-               sinks: torch.Tensor | None = None):
+               sinks: torch.Tensor | None = None, mask: SliceMask | None = None):
     """Exact attention over a sequence sharded across ``group`` (BurstAttention).
+
+    ``mask``: a ``SliceMask`` (any union of full/causal/inv_causal/bi_causal slices), not
+    with ``causal``, ``window_size`` or ``cu_seqlens`` (ValueError); ``layout`` then
+    defaults to 'area' (balanced by visible area; shard with ``shard_seq(..., mask=)``).
 
     q: [b, s_local, hq, d]; k: [b, s_local, hkv, d]; v: [b, s_local, hkv, dv] (dv may differ
     from d, as in MLA; ``qkv_format="sbhd"`` swaps the first two dims). Returns out (q's
@@ -73,7 +78,8 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout,
         backward=backward, qkv_format=qkv_format, intra_node_size=intra_node_size,
         ulysses_size=ulysses_size, cu_seqlens=cu_seqlens, kernel=kernel, keep=keep,
-        call_label=call_label, topology=topology, sinks=sinks, return_lse=return_lse))
+        call_label=call_label, topology=topology, sinks=sinks, return_lse=return_lse,
+        mask=mask))
     if prepared.native and not return_lse and sinks is None and keep is None:
         return _native(q, k, v, prepared.spec)  # one aten op, its own autograd: nothing more
     tag = _numbered(prepared, group, q, world)

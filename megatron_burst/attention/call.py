@@ -19,7 +19,8 @@ from ..decide.topology import CPTopology
 from ..kernels.selection import KERNEL_NAMES
 from ..decide.options import NOT_GIVEN, BurstOptions, is_given
 from ..plan.packs import DocumentPack, pack_documents
-from ..plan.layouts import LAYOUTS
+from ..plan.layouts import LAYOUTS, MASK_LAYOUTS
+from ..plan.slices import SliceMask
 from .remat import AttentionKeep
 
 QKV_FORMATS = ("bshd", "sbhd")
@@ -45,6 +46,7 @@ class BurstCall:
     sinks: bool = False  # attention sinks were passed (their values are a tensor's)
     # lse is handed back: its backward passes run on every rank, used in a loss or not
     return_lse: bool = False
+    mask: SliceMask | None = None  # a general slice mask (compared by value)
 
     def __post_init__(self) -> None:
         if not isinstance(self.causal, bool):  # "False" or None would silently pick a mask
@@ -63,8 +65,12 @@ class BurstCall:
                            for w in window)):
             raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), got "
                              f"{window!r}")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.mask is not None:
+            self._check_mask()
+        elif self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}"
+                             + (" (layout 'area' places a mask: it needs mask=)"
+                                if self.layout == "area" else ""))
         if self.qkv_format not in QKV_FORMATS:
             raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got "
                              f"{self.qkv_format!r}")
@@ -88,12 +94,33 @@ class BurstCall:
     def __hash__(self) -> int:
         return self._hash
 
+    def _check_mask(self) -> None:
+        """A mask says the whole mask: the other ways to say one are refused beside it
+        (they would be silently dropped, or silently combined)."""
+        if not isinstance(self.mask, SliceMask):
+            raise ValueError(f"mask must be a megatron_burst.SliceMask or None, got "
+                             f"{type(self.mask).__name__}")
+        for name, value, default in (("causal", self.causal, False),
+                                     ("window_size", tuple(self.window_size), (-1, -1)),
+                                     ("cu_seqlens", self.cu_seqlens, None)):
+            if value != default:
+                raise ValueError(f"{name} cannot be combined with mask= (the mask says which "
+                                 f"pairs are visible: put it in the slices), got "
+                                 f"{name}={value!r}")
+        if self.layout not in MASK_LAYOUTS:
+            raise ValueError(f"layout must be one of {MASK_LAYOUTS} with a mask, got "
+                             f"{self.layout!r}")
+
     @staticmethod
     def of(*, causal: Any, softmax_scale: Any, window_size: Any, layout: Any,
            backward: Any, qkv_format: Any, intra_node_size: Any, ulysses_size: Any,
            cu_seqlens: Any, kernel: Any, keep: Any, call_label: Any,
-           topology: Any, sinks: Any = None, return_lse: Any = False) -> "BurstCall":
-        """The call of ``burst_attn``'s keyword arguments (options left out are NOT_GIVEN)."""
+           topology: Any, sinks: Any = None, return_lse: Any = False,
+           mask: Any = None) -> "BurstCall":
+        """The call of ``burst_attn``'s keyword arguments (options left out are NOT_GIVEN;
+        a layout left out is 'area' with a mask, else 'zigzag')."""
+        if not is_given(layout):
+            layout = "area" if mask is not None else layout.default
         if keep is not None and not isinstance(keep, AttentionKeep):
             raise ValueError(f"keep must be a megatron_burst.attention.remat.AttentionKeep or None, got "
                              f"{type(keep).__name__}")
@@ -105,7 +132,7 @@ class BurstCall:
         return BurstCall(causal, softmax_scale, window_size, layout, qkv_format, kernel,
                          call_label, options, topology,
                          None if cu_seqlens is None else pack_documents(cu_seqlens),
-                         keep is not None, sinks is not None, return_lse)
+                         keep is not None, sinks is not None, return_lse, mask)
 
     @property
     def needs_cluster(self) -> bool:
@@ -161,7 +188,7 @@ def _typed(a: dict[str, Any]) -> tuple | None:
             a["qkv_format"], a["qkv_format"].__class__, a["kernel"], a["kernel"].__class__,
             a["call_label"], a["call_label"].__class__, a["topology"], cu,
             keep is None or keep.__class__, a["sinks"] is None,
-            a["return_lse"], a["return_lse"].__class__,
+            a["return_lse"], a["return_lse"].__class__, a["mask"], a["mask"].__class__,
             # A default is its own kind of value (``NotGiven``): told from the same given.
             b.default if b.__class__ is _NOT_GIVEN else b, b.__class__,
             u.default if u.__class__ is _NOT_GIVEN else u, u.__class__,
@@ -189,7 +216,7 @@ def signature(call: BurstCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     }
     for name in _SIGNED:
         value = getattr(call, name)
-        sig[name] = value.described if isinstance(value, DocumentPack) else value
+        sig[name] = value.described if isinstance(value, (DocumentPack, SliceMask)) else value
     sig.update(backward=topology.backward, ulysses_size=topology.ulysses,
                intra_node_size=topology.intra_node_size, error=None)
     return sig

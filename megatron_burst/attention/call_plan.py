@@ -31,6 +31,7 @@ from ..kernels.varlen import KernelCall, covers, plan_alone, plan_calls, upload_
 from ..plan.packs import DocumentPack
 from ..plan.placement import local_length
 from ..plan.schedule import Block, Mask, RingSchedule, last_used_step
+from ..plan.slices import SliceMask
 from .sharding import group_ranks
 
 
@@ -64,7 +65,7 @@ class PlanKey:
     layout: str
     world: int
     documents: DocumentPack | tuple[int, ...]  # a pack, or (total,) for one sequence
-    mask: Mask
+    mask: Mask | SliceMask
     ulysses: int
     ring: RingKey | None  # None: a single ring member, nothing travels
     backward: str  # the backward ring's mode: 'ring' or 'burst'
@@ -81,7 +82,8 @@ class PlanKey:
         return isinstance(self.documents, DocumentPack)
 
 
-def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...], mask: Mask,
+def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
+             mask: Mask | SliceMask,
              ulysses: int, ring: RingKey | None, backward: str, *, batch: int = 1,
              dense_min_area: float | None = None) -> PlanKey:
     """The key of a call's plan: the one place it is made, for ``prepare`` at a call and for

@@ -67,6 +67,9 @@ def _validate(q, k, v, world: int, call: BurstCall) -> None:
         raise ValueError(f"the number of q heads ({hq}) must be a multiple of the number of "
                          f"k/v heads ({hkv})")
     s_local = q.shape[1] if fmt == "bshd" else q.shape[0]
+    if call.mask is not None:
+        _validate_mask(call, s_local, world)
+        return
     per_rank = chunks_per_rank(call.layout)
     if call.cu_seqlens is None:
         if s_local == 0 or (call.layout != "whole_docs" and s_local % per_rank):
@@ -83,6 +86,18 @@ def _validate(q, k, v, world: int, call: BurstCall) -> None:
             f"cu_seqlens describes documents whose shard in layout {call.layout!r} is {need} "
             f"tokens per rank, but q holds {s_local}: shard with shard_seq(..., "
             f"cu_seqlens=cu_seqlens)")
+
+
+def _validate_mask(call: BurstCall, s_local: int, world: int) -> None:
+    """A mask's slices must lie in the sequence, and its layout must place the tokens."""
+    total = s_local * world
+    if call.mask.extent > total:
+        raise ValueError(f"mask names positions up to {call.mask.extent} but the sequence has "
+                         f"{total} tokens (local {s_local} x {world} ranks)")
+    per_rank = 1 if call.layout == "area" else chunks_per_rank(call.layout)
+    if s_local == 0 or s_local % per_rank:
+        raise ValueError(f"sequence length {total} (local {s_local} x {world} ranks) must be "
+                         f"divisible by {per_rank * world} for layout {call.layout!r}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -184,7 +199,7 @@ def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     pack = call.cu_seqlens
     plan = plan_for(plan_key(
         call.layout, world, pack if pack is not None else (s_local * world,),
-        Mask(call.causal, call.window_size), u,
+        call.mask if call.mask is not None else Mask(call.causal, call.window_size), u,
         ring_key(group, world, topology.ulysses, topology.positions_per_node),
         topology.backward, batch=batch, dense_min_area=kernel.dense_min_area))
     check_kernel(kernel, call.kernel, *heads, blocks=plan.blocks, varlen=batch == 1,

@@ -18,9 +18,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..decide.options import NotGiven, is_given
+from ..plan.mask_placement import check_mask_layout, mask_placement
 from ..plan.packs import doc_lengths
 from ..plan.placement import check_layout, chunks_of, chunks_per_rank, local_length, placement
 from ..plan.segments import Shard
+from ..plan.slices import SliceMask
 
 
 def group_ranks(group: dist.ProcessGroup | None, world: int | None = None) -> list[int]:
@@ -68,12 +71,46 @@ def _documents(layout: str, cu_seqlens: torch.Tensor | None, length: int) -> tup
     return doc_lengths(cu_seqlens)
 
 
+def _masked(layout, cu_seqlens, mask, total: int, world: int) -> tuple[Shard, ...] | None:
+    """The ranks' shards under slice mask ``mask`` (None without one), checked: a mask
+    with boundaries, a layout that cannot place a mask, or slices past the sequence raise
+    ValueError. A layout left out is 'area' with a mask."""
+    if mask is None:
+        return None
+    if not isinstance(mask, SliceMask):
+        raise ValueError(f"mask must be a megatron_burst.SliceMask or None, got "
+                         f"{type(mask).__name__}")
+    if cu_seqlens is not None:
+        raise ValueError("cu_seqlens cannot be combined with mask= (documents are slices of "
+                         "the mask: put them in it)")
+    layout = layout if is_given(layout) else "area"
+    check_mask_layout(layout)
+    if mask.extent > total:
+        raise ValueError(f"mask names positions up to {mask.extent} but the sequence has "
+                         f"{total} tokens")
+    if layout != "area":
+        _chunk(layout, total, world)
+    return mask_placement(layout, world, total, mask)
+
+
+def _plain(layout) -> str:
+    return layout if is_given(layout) else layout.default
+
+
 def shard_seq(x_full: torch.Tensor, group: dist.ProcessGroup | None = None, *,
-              layout: str = "zigzag", seq_dim: int = 1,
-              cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-    """This rank's part of ``x_full`` along ``seq_dim`` (same on every rank's input)."""
+              layout: str = NotGiven("zigzag"), seq_dim: int = 1,
+              cu_seqlens: torch.Tensor | None = None,
+              mask: SliceMask | None = None) -> torch.Tensor:
+    """This rank's part of ``x_full`` along ``seq_dim`` (same on every rank's input).
+    With ``mask`` (a ``SliceMask``): the rows ``burst_attn(..., mask=mask)`` takes, placed
+    by ``layout`` (default 'area': balanced by the mask's visible area)."""
     seq_dim = _dim(seq_dim, x_full, "x_full")
     world, rank = group_size_rank(group)
+    shards = _masked(layout, cu_seqlens, mask, x_full.shape[seq_dim], world)
+    if shards is not None:
+        return shard_documents(x_full, (x_full.shape[seq_dim],), world, rank, seq_dim, "",
+                               shards)
+    layout = _plain(layout)
     lens = _documents(layout, cu_seqlens, x_full.shape[seq_dim])
     if lens is not None:
         if sum(lens) != x_full.shape[seq_dim]:
@@ -112,12 +149,20 @@ class _GatherSeq(torch.autograd.Function):
 
 
 def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *,
-                layout: str = "zigzag", seq_dim: int = 1,
-                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-    """The full sequence from every rank's shard (inverse of ``shard_seq``); its gradient
-    is the sum of the ranks' losses' (see the module docstring)."""
+                layout: str = NotGiven("zigzag"), seq_dim: int = 1,
+                cu_seqlens: torch.Tensor | None = None,
+                mask: SliceMask | None = None) -> torch.Tensor:
+    """The full sequence from every rank's shard (inverse of ``shard_seq``, the same
+    ``layout``, ``cu_seqlens`` and ``mask``); its gradient is the sum of the ranks' losses'
+    (see the module docstring)."""
     seq_dim = _dim(seq_dim, x_local, "x_local")
     world, _ = group_size_rank(group)
+    total = x_local.shape[seq_dim] * world
+    shards = _masked(layout, cu_seqlens, mask, total, world)
+    if shards is not None:
+        stacked = _GatherSeq.apply(x_local, group, world) if world > 1 else x_local[None]
+        return unshard_documents(stacked, (total,), world, seq_dim, "", shards)
+    layout = _plain(layout)
     lens = _documents(layout, cu_seqlens, x_local.shape[seq_dim] * world)
     if lens is not None:
         if local_length(layout, world, lens) != x_local.shape[seq_dim]:
@@ -139,9 +184,12 @@ def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *
 
 
 def shard_documents(x_full: torch.Tensor, lens: tuple[int, ...], world: int, rank: int,
-                    seq_dim: int, layout: str) -> torch.Tensor:
-    """This rank's rows of every document (padding rows are zeros): one gather by index."""
-    index = rank_index(placement(layout, world, lens)[rank], _starts(lens))
+                    seq_dim: int, layout: str, shards: tuple[Shard, ...] | None = None
+                    ) -> torch.Tensor:
+    """This rank's rows of every document (padding rows are zeros): one gather by index.
+    ``shards``: the ranks' shards, where ``placement`` does not make them (a mask's)."""
+    shards = shards if shards is not None else placement(layout, world, lens)
+    index = rank_index(shards[rank], _starts(lens))
     if len(index) and index[0] >= 0 and (np.diff(index) == 1).all():
         return x_full.narrow(seq_dim, int(index[0]), len(index))  # one run: a view
     pad = index < 0
@@ -157,10 +205,12 @@ def _on(index: np.ndarray, like: torch.Tensor) -> torch.Tensor:
 
 
 def unshard_documents(stacked: torch.Tensor, lens: tuple[int, ...], world: int,
-                      seq_dim: int, layout: str) -> torch.Tensor:
+                      seq_dim: int, layout: str, shards: tuple[Shard, ...] | None = None
+                      ) -> torch.Tensor:
     """The packed, unpadded sequence from every rank's shard (``stacked[r]``): one gather
     by index from the ranks' shards laid end to end."""
-    shards, starts = placement(layout, world, lens), _starts(lens)
+    shards = shards if shards is not None else placement(layout, world, lens)
+    starts = _starts(lens)
     local = stacked.shape[seq_dim + 1]
     source = np.empty(int(starts[-1]), dtype=np.int64)  # each position's row in the ranks'
     for r, shard in enumerate(shards):

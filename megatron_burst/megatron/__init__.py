@@ -12,7 +12,8 @@ FLOPs (`run_flops`) and the rank-0 printer (`printer`). Packed documents: `docum
 (how a batch says where they are), `document_model` (RoPE restarted per document),
 `document_batches` (a micro-batch made off the step), `prefetch` (made on a background
 thread), `batch_verdict` (every rank's batch made), `pack_plans` (a pack's ring plans made
-ahead); `trace` profiles a few micro-batches. `environment` says what the installed
+ahead); `mask_batches` (--burst-mask-builder: a slice mask per micro-batch, sharded by
+mask area); `trace` profiles a few micro-batches. `environment` says what the installed
 megatron-core (and Megatron-LM) can run, for this layer and the launch layer above it.
 """
 from megatron_burst.comm.lazy import lazy_names

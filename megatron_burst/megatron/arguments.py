@@ -21,6 +21,7 @@ from megatron_burst.decide.topology import COMM_TYPE_ALIASES
 from megatron_burst.megatron.resolve import comm_types
 from megatron_burst.decide.options import AUTO, OPTION_FIELDS, BurstOptions, OptionError
 from megatron_burst.plan.placement import DOCUMENT_LAYOUTS
+from megatron_burst.megatron.mask_batches import FLAG as MASK_BUILDER_FLAG, load_builder
 
 # What a user writes to ask for BurstAttention (the aliases p2p / a2a+p2p also run it when
 # the burst layer spec is in place, but do not by themselves select it).
@@ -49,7 +50,31 @@ def add_burst_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         else:
             group.add_argument(flag(field.name), choices=meta["choices"], default=None,
                                help=meta["help"])
+    # Not a BurstOptions field: burst_attn takes the mask itself (mask=); this is the data
+    # path's, as Megatron's own dataset flags are.
+    group.add_argument(MASK_BUILDER_FLAG, default=None, metavar="MODULE:FUNCTION",
+                       help="A slice mask per micro-batch: the function gets the batch and "
+                       "returns a megatron_burst.SliceMask (shipped: megatron_burst.megatron."
+                       "mask_batches:documents, :prefix_lm, :shared_question); the batch is "
+                       "sharded by mask area (needs micro batch size 1).")
     return parser
+
+
+def mask_builder_from_args(args: argparse.Namespace) -> Optional[str]:
+    """The --burst-mask-builder of the run (None without it), checked: it names a function,
+    and what it cannot be combined with is refused."""
+    spec = getattr(args, "burst_mask_builder", None)
+    if spec is None:
+        return None
+    if getattr(args, "burst_document_mask", False):
+        raise ValueError(f"{MASK_BUILDER_FLAG} cannot be combined with --burst-document-mask "
+                         f"(the builder megatron_burst.megatron.mask_batches:documents is "
+                         f"document masks as a slice mask)")
+    if getattr(args, "micro_batch_size", 1) != 1:
+        raise ValueError(f"{MASK_BUILDER_FLAG} makes one mask per sequence: it needs "
+                         f"--micro-batch-size 1, got {args.micro_batch_size}")
+    load_builder(spec)
+    return spec
 
 
 def refuse_ignored_options(args: argparse.Namespace) -> None:
@@ -61,6 +86,7 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
     """
     given = [f.name for f in OPTION_FIELDS
              if getattr(args, f"burst_{f.name}", None) not in (None, False)]
+    given += ["mask_builder"] if getattr(args, "burst_mask_builder", None) else []
     flags = ", ".join(flag(name) for name in given)
     if given and not uses_burst(args):
         raise ValueError(f"{flags} need BurstAttention (--cp-comm-type burst or a2a+burst), "

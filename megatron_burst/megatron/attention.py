@@ -34,6 +34,7 @@ from megatron.core.transformer.utils import is_layer_window_attention
 from megatron_burst.attention.agree import check_outcome, tell_peers
 from megatron_burst.attention.call_count import check_calls
 from megatron_burst.megatron import masks
+from megatron_burst.megatron.mask_batches import MaskParams
 from megatron_burst.megatron.softmax_offset import make_softmax_offset, sharded_offset
 from megatron_burst.attention.api import burst_attn, calls_made
 from megatron_burst.decide.topology import CPTopology, HeadShape
@@ -269,6 +270,8 @@ class BurstDotProductAttention(MegatronModule):
             raise ValueError("BurstAttention does not support attention_bias")
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         causal = masks.is_causal(mask_type)
+        if isinstance(packed_seq_params, MaskParams):
+            return False, self._mask_arguments(packed_seq_params, attention_mask, query)
         docs = masks.documents_of(packed_seq_params, causal, self.cp_group)
         if docs is not None and docs.qkv_format == "sbhd" and not self.positions_follow_documents:
             raise ValueError(
@@ -303,6 +306,24 @@ class BurstDotProductAttention(MegatronModule):
             sinks=self.softmax_offset,
         )
 
+
+    def _mask_arguments(self, params: MaskParams, attention_mask: Optional[Tensor],
+                        query: Tensor) -> dict:
+        """burst_attn's arguments under a slice mask (``mask_batches``), which replaces the
+        layer's causal mask; a window or attention_mask beside it is refused."""
+        if not self.positions_follow_documents:
+            raise ValueError("MaskParams need a model whose positions follow the batch: "
+                             "megatron_burst.megatron.document_model.as_document_model")
+        if self.window_size != (-1, -1) or attention_mask is not None:
+            raise ValueError("a slice mask (MaskParams) says the whole mask: a layer window "
+                             "or an attention_mask beside it is refused")
+        if self.topology is None:  # options with 'auto': decided now that the tokens are known
+            self.topology = layer_topology(self.options, self.cp_group.size(), self.heads,
+                                           query.size(0) * query.size(1), self.tp_size)
+        return dict(mask=params.mask, layout=params.layout, softmax_scale=self.softmax_scale,
+                    qkv_format="sbhd", topology=self.topology,
+                    keep=self.keep if self.training else None,
+                    call_label=self.layer_number, sinks=self.softmax_offset)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (),
                            metadata: Optional[dict] = None) -> dict:

@@ -23,6 +23,7 @@ from megatron_burst.megatron import prefetch
 from megatron_burst.megatron.arguments import (
     burst_checks,
     document_layout_from_args,
+    mask_builder_from_args,
     refuse_ignored_options,
     uses_burst,
 )
@@ -39,6 +40,7 @@ class BurstRun:
     documents: Optional[str]  # the document batch layout, None without document masks
     remat_aware: bool = False
     dense_mask_off: bool = False  # --create-attention-mask-in-dataloader turned off here
+    mask_builder: Optional[str] = None  # --burst-mask-builder: a slice mask per micro-batch
 
     @property
     def layer_spec_kwargs(self) -> dict:
@@ -74,6 +76,9 @@ class BurstRun:
             ahead = ("made two micro-batches ahead on a background thread"
                      if prefetch.enabled() else "made on the step ($MEGATRON_BURST_PREFETCH=0)")
             lines.append(f"document batches (shards, pack, ring plans): {ahead}")
+        if self.mask_builder:
+            lines.append(f"slice masks: {self.mask_builder} makes each micro-batch's mask; "
+                         f"the batch is sharded by mask area, RoPE at its positions")
         if self.remat_aware:
             lines.append("remat-aware recompute: each layer keeps its attention output from "
                          "the first forward; the recompute rebuilds attention from it, no ring")
@@ -97,6 +102,7 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     if not uses_burst(args):  # Megatron's own CP modes: nothing here is ours to check
         return BurstRun(None, None)
     documents = document_layout_from_args(args)
+    mask_builder = mask_builder_from_args(args)
     refuse_unhonoured(args, documents)
     burst_checks(args)
     topology = topology_from_args(args)
@@ -104,10 +110,10 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     if dense_off:
         args.create_attention_mask_in_dataloader = False
     run = BurstRun(topology, documents, bool(getattr(args, "burst_remat_aware", False)),
-                   dense_off)
+                   dense_off, mask_builder)
     if model_cfg is not None:
         model_cfg.transformer_layer_spec = run.bind_spec(model_cfg.transformer_layer_spec)
-        if documents:
+        if documents or mask_builder:
             from megatron_burst.megatron.document_model import document_models
 
             # GPTModelBuilder constructs GPTModel itself: make each chunk a DocumentGPTModel.

@@ -25,6 +25,7 @@ from megatron.core.models.gpt import GPTModel
 
 from megatron_burst.megatron.attention import BurstDotProductAttention
 from megatron_burst.megatron.documents import DocumentParams
+from megatron_burst.megatron.mask_batches import MaskParams
 
 # Position embeddings that a per-document position_ids can drive: RoPE through this model,
 # learned absolute embeddings through the embedding layer itself, and none.
@@ -37,7 +38,9 @@ class DocumentGPTModel(GPTModel):
     def _preprocess(self, *args: Any, **kwargs: Any) -> tuple:
         out = super()._preprocess(*args, **kwargs)
         params = kwargs.get("packed_seq_params")
-        if not isinstance(params, DocumentParams) or self.position_embedding_type != "rope":
+        # A slice mask's batch (MaskParams) is placed anywhere too: the same positions rule.
+        if (not isinstance(params, (DocumentParams, MaskParams))
+                or self.position_embedding_type != "rope"):
             return out
         if "position_ids" not in kwargs or out[1] is None:
             raise RuntimeError("GPTModel._preprocess no longer takes position_ids by keyword "

@@ -68,6 +68,8 @@ def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Any, ...]:
     args = get_args()
     if args.burst_document_mask:
         return entry.document_batch(data_iterator, args)
+    if args.burst_mask_builder:  # a slice mask per micro-batch (mask_batches)
+        return entry.mask_batch(data_iterator, args)
     entry.plain_flops_once(args)  # the FLOPs line the benchmarks read (documents print theirs)
     if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
         return None, None, None, None, None
@@ -177,7 +179,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling,
     )
-    return as_document_model(model) if run.document_layout else model
+    return as_document_model(model) if run.documents or run.mask_builder else model
 
 
 def use_prebuilt_dataset_helpers() -> None:

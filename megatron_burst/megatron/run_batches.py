@@ -17,6 +17,8 @@ import torch.distributed as dist
 from megatron_burst.megatron import prefetch
 from megatron_burst.megatron.burst_run import configured_topology
 from megatron_burst.megatron.document_batches import DocumentBatches, DocumentBatchMaker
+from megatron_burst.megatron.documents import BATCH_KEYS
+from megatron_burst.megatron.mask_batches import load_builder, shard_mask_batch
 from megatron_burst.megatron.pack_plans import targets_from_args
 from megatron_burst.megatron.printer import say
 from megatron_burst.megatron.run_flops import FlopsCounter, layer_windows
@@ -27,8 +29,29 @@ from megatron_burst.plan.placement import DOCUMENT_LAYOUTS
 def dataset_on_every_rank(args: Any) -> bool:
     """Whether every rank needs the dataset: document batches are made on every tensor and
     pipeline rank (middle stages need the boundaries and positions too)."""
-    return bool(getattr(args, "burst_document_mask", False))
+    return bool(getattr(args, "burst_document_mask", False)
+                or getattr(args, "burst_mask_builder", None))
 
+
+def mask_batch(data_iterator: Iterator, args: Any) -> Tuple[Any, ...]:
+    """(tokens, labels, loss_mask, position_ids, packed_seq_params) of the next micro-batch
+    under ``--burst-mask-builder``: the builder's mask, the batch sharded by mask area on
+    the host (``mask_batches.shard_mask_batch``), then this rank's rows to the device. Made
+    on the step (no prefetch thread: a builder is the user's code)."""
+    from megatron.core import parallel_state
+    from megatron.training import get_tokenizer
+
+    if not _BUILDER or _BUILDER[0] != args.burst_mask_builder:
+        _BUILDER[:] = [args.burst_mask_builder, load_builder(args.burst_mask_builder)]
+    sample = next(data_iterator)
+    host = {key: value.cpu() for key, value in sample.items() if isinstance(value, torch.Tensor)}
+    local, params = shard_mask_batch({**sample, **host}, _BUILDER[1], get_tokenizer().eod,
+                                     parallel_state.get_context_parallel_group())
+    device = _device()
+    return (*(local[key].to(device, non_blocking=True) for key in BATCH_KEYS), params)
+
+
+_BUILDER: List[Any] = []  # [spec, the function it names]: loaded once per run
 
 def document_batch(data_iterator: Iterator, args: Any) -> Tuple[Any, ...]:
     """(tokens, labels, loss_mask, position_ids, packed_seq_params) of the next micro-batch.

@@ -29,8 +29,10 @@ from collections import defaultdict
 from typing import Callable
 
 from .blocks import BLOCK_KINDS, INF, Block, Mask  # noqa: F401  (re-exported)
+from .mask_placement import mask_placement
 from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
 from .segments import Segment, Shard, concat
+from .slices import SliceMask, band_block, slice_blocks
 
 # ------------------------------------------------------------------------- blocks
 
@@ -47,20 +49,7 @@ def _pair_block(a: Segment, b: Segment, mask: Mask) -> Block | None:
     hi = off + right if right >= 0 else INF
     if mask.causal:
         hi = min(hi, off)
-    i0, i1 = max(0, -hi), min(nq - 1, nk - 1 - lo)
-    if i0 > i1:
-        return None
-    j0, j1 = max(0, i0 + lo), min(nk - 1, i1 + hi)
-    n, m = i1 - i0 + 1, j1 - j0 + 1
-    lo, hi = max(lo - (j0 - i0), -(n - 1)), min(hi - (j0 - i0), m - 1)
-    if lo == -(n - 1) and hi == m - 1:
-        kind = "full"
-    elif n == m and lo == -(n - 1) and hi == 0:
-        kind = "causal"
-    else:
-        kind = "band"
-    return Block(a.row + i0, a.row + i1 + 1, b.row + j0, b.row + j1 + 1, kind,
-                 lo if kind == "band" else 0, hi if kind == "band" else 0)
+    return band_block(a.row, nq, b.row, nk, lo, hi)
 
 
 def _diagonal_runs(segs: tuple[Segment, ...]) -> list[list[Segment]]:
@@ -83,6 +72,8 @@ def _whole(s: Segment) -> bool:
 
 def whole_blocks(shard: Shard, mask: Mask) -> list[Block]:
     """The diagonal block of each document ``shard`` holds whole, one object each."""
+    if not len(shard.docs):
+        return []
     rows, lens = shard.rows.tolist(), shard.lens.tolist()
     if mask.plain:
         kind = "causal" if mask.causal else "full"
@@ -91,7 +82,8 @@ def whole_blocks(shard: Shard, mask: Mask) -> list[Block]:
     return [blk for s in segs if (blk := _pair_block(s, s, mask)) is not None]
 
 
-def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mask: Mask,
+def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...],
+                   mask: Mask | SliceMask,
                    same: bool = False) -> tuple[Block, ...]:
     """All blocks of queries ``q_segs`` against keys ``k_segs`` under ``mask``.
 
@@ -104,6 +96,8 @@ def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...], mas
     segments. (The whole_docs layout hands its whole documents over as arrays instead,
     ``Shard``: they never reach this function.)
     """
+    if isinstance(mask, SliceMask):  # one sequence: the mask's cells cut to the segments
+        return _merge_full(slice_blocks(q_segs, k_segs, mask))
     if not same and {a.doc for a in q_segs}.isdisjoint(b.doc for b in k_segs):
         return ()  # no document in common (most pairs of members of a pack of short ones)
     found: list[Block] = []
@@ -176,14 +170,18 @@ class RingSchedule:
     layout: str
     world: int
     doc_lens: tuple[int, ...]
-    mask: Mask
+    mask: Mask | SliceMask  # a slice mask: ``doc_lens`` is the one sequence's (total,)
     ulysses: int = 1
     _shards: tuple[Shard, ...] = dataclasses.field(init=False, repr=False, compare=False)
     _split: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                      compare=False)
 
     def __post_init__(self) -> None:
-        placed, u = placement(self.layout, self.world, self.doc_lens), self.ulysses
+        u = self.ulysses
+        if isinstance(self.mask, SliceMask):  # a slice mask places its own tokens
+            placed = mask_placement(self.layout, self.world, sum(self.doc_lens), self.mask)
+        else:
+            placed = placement(self.layout, self.world, self.doc_lens)
         object.__setattr__(self, "_shards", tuple(
             concat(placed[m * u:m * u + u]) for m in range(self.world // u)))
 

@@ -34,6 +34,7 @@ MEGATRON_DEFAULTS = dict(
     create_attention_mask_in_dataloader=True, hybrid_context_parallel=False,
     dataloader_inter_document_masking=False, sft=False, fim_data=False, mtp_num_layers=None)
 BURST = ["--cp-comm-type", "burst"]
+PREFIX_LM = "megatron_burst.megatron.mask_batches:prefix_lm"
 FULL = ["--recompute-granularity", "full"]
 # For each option: command lines with it (after BURST), and what must happen: a list (a
 # run without the option, or with another value, which must do something else) or the text
@@ -59,6 +60,12 @@ CASES = {
                                   "zigzag"], ["--burst-document-mask"]),
                                 (["--burst-document-layout", "zigzag"],
                                  "needs --burst-document-mask")],
+    "--burst-mask-builder": [(["--burst-mask-builder", PREFIX_LM], []),
+                             (["--burst-mask-builder", "no_colon"], "module:function"),
+                             (["--burst-mask-builder", PREFIX_LM, "--micro-batch-size", "2"],
+                              "micro-batch-size 1"),
+                             (["--burst-mask-builder", PREFIX_LM, "--burst-document-mask"],
+                              "cannot be combined with --burst-document-mask")],
 }
 
 

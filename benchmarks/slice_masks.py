@@ -1,0 +1,271 @@
+"""LongCA-bench's mask families: burst_attn on the GPUs against the best single-GPU kernel.
+
+    torchrun --nproc-per-node 2 benchmarks/slice_masks.py --out benchmarks/results/h100x2_slice_masks
+    python benchmarks/slice_masks.py --cpu-smoke --world 2 --out /tmp/smoke   # gloo, tiny
+
+For every family of ``megatron_burst.plan.mask_families`` (LongCA-bench, arXiv 2510.17896):
+GQA 64:8, head dim 128, bf16, 8K tokens per GPU; FLOPs from the visible area (forward
+4 x area x heads x d, backward 2.5x that); 5 warm-up and 15 timed calls of each method.
+Methods, in one run, on the same mask and inputs:
+
+- ``burst_attn`` over all GPUs (``mask=``, the default 'area' layout), forward alone and
+  forward + backward; the backward's time is their difference;
+- ``1 GPU package plan``: the same mask's blocks on one GPU (``burst_attn`` on a group of
+  one rank: per-slice varlen flash calls, merged in fp32), on rank 0;
+- ``1 GPU FlexAttention``: ``flex_attention`` with the block mask of the same mask (built
+  from a dense [N, N] bool here, in the benchmark only), compiled once, on rank 0.
+
+Efficiency is burst's TFLOP/s per GPU over the faster single-GPU method's, forward and
+backward apart. Each row also states the area balance: the largest rank's share of the
+visible area over an even share (1.00 = perfect), for 'area' and for zigzag.
+
+Document lengths (the families with documents): Pile-like, log-normal with median e^7
+(about 1.1K tokens), sigma 1.2, clipped to [16, 12288] (LongCA-bench samples Pile lengths up
+to 12K), drawn with a fixed seed per family, the last one cut to fill the sequence. Knobs:
+prefix-LM prefix = a quarter of the sequence (of each document for prefix_lm_document:
+a quarter of the median), sliding windows w = 1024, global window g = 1024, blocks of 1024
+(all scaled down with the sequence in --cpu-smoke).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import random
+import sys
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_burst as mb  # noqa: E402
+from megatron_burst.plan import mask_families as mf  # noqa: E402
+from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
+from ranks import start_ranks  # noqa: E402
+
+
+def pile_like(total: int, seed: int, scale: float = 1.0) -> tuple[int, ...]:
+    """Document lengths filling ``total`` (see the module docstring; ``scale`` shrinks the
+    median and the cap with the sequence)."""
+    rng, lens = random.Random(seed), []
+    cap, floor = max(16, int(12288 * scale)), max(1, int(16 * scale))
+    while sum(lens) < total:
+        lens.append(max(floor, min(int(rng.lognormvariate(7.0 + math.log(scale), 1.2)), cap)))
+    lens[-1] -= sum(lens) - total
+    return tuple(n for n in lens if n > 0)
+
+
+def knobs(total: int, scale: float) -> dict:
+    w = max(1, int(1024 * scale))
+    return dict(prefix=total // 4, window=w, global_size=w, block=w)
+
+
+def sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(step, dev, warmup: int, iters: int, align: bool) -> float:
+    """Mean ms of ``step()`` over ``iters`` calls after ``warmup``; ``align``: the ranks
+    meet before each (every rank runs ``step``; not for rank 0's one-GPU methods)."""
+    times = []
+    for i in range(warmup + iters):
+        sync(dev)
+        if align:
+            dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        sync(dev)
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sum(times) / len(times)
+
+
+def fwd_and_fwdbwd(fn, inputs, do, dev, args, align: bool = False) -> tuple[float, float]:
+    def forward():
+        with torch.no_grad():
+            fn(*inputs)
+
+    def both():
+        fn(*inputs).backward(do)
+
+    return (timed(forward, dev, args.warmup, args.iters, align),
+            timed(both, dev, args.warmup, args.iters, align))
+
+
+class Flex:
+    """``flex_attention`` with a block mask read from one dense bool buffer (rewritten in
+    place per mask, so the compiled kernel is made once)."""
+
+    def __init__(self, total: int, dev):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        self.allowed = torch.zeros(total, total, dtype=torch.bool, device=dev)
+        allowed = self.allowed
+        self.mask_mod = lambda b, h, q, k: allowed[q, k]
+        self.create, self.total, self.dev = create_block_mask, total, dev
+        self.attend = torch.compile(flex_attention, dynamic=False)
+
+    def use(self, mask: mb.SliceMask) -> None:
+        self.allowed.zero_()
+        for (qs, qe), (ks, ke), kind in zip(mask.q_ranges, mask.k_ranges, mask.kinds):
+            i = torch.arange(qe - qs, device=self.dev)[:, None]
+            j = torch.arange(ke - ks, device=self.dev)[None, :]
+            show = torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=self.dev)
+            if kind in ("causal", "bi_causal"):
+                show &= j <= i + (ke - ks) - (qe - qs)
+            if kind in ("inv_causal", "bi_causal"):
+                show &= j >= i
+            self.allowed[qs:qe, ks:ke] |= show
+        self.block = self.create(self.mask_mod, None, None, self.total, self.total,
+                                 device=self.dev)
+
+    def __call__(self, q, k, v):  # [1, s, h, d] -> [1, s, h, d]
+        out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                          block_mask=self.block, enable_gqa=True)
+        return out.transpose(1, 2)
+
+
+def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
+    total = args.tokens * world
+    lens = pile_like(total, seed=zlib.crc32(name.encode()), scale=args.scale)  # same everywhere
+    mask = mf.family(name, lens, **knobs(total, args.scale))
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    full = [torch.randn(1, total, h, args.d, device=dev, dtype=dtype, generator=gen)
+            for h in (args.hq, args.hkv, args.hkv, args.hq)]
+    local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
+    q, k, v = (t.requires_grad_() for t in local[:3])
+    flops = 4.0 * mask.area * args.hq * args.d
+    burst = lambda a, b, c: mb.burst_attn(a, b, c, mask=mask)  # noqa: E731
+    fwd, both = fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True)
+    areas = rank_areas("area", world, total, mask)
+    zig = rank_areas("zigzag", world, total, mask)
+    row = dict(family=name, slices=len(mask.kinds), documents=len(lens), area=mask.area,
+               balance_area=max(areas) / (sum(areas) / world) if sum(areas) else 1.0,
+               balance_zigzag=max(zig) / (sum(zig) / world) if sum(zig) else 1.0,
+               burst=_speed(fwd, both, flops, world))
+    fq, fk, fv = (t.detach().clone().requires_grad_() for t in full[:3])
+    with torch.no_grad():  # exactness on the GPUs: burst's output against one GPU's
+        got = mb.unshard_seq(mb.burst_attn(*(t.detach() for t in local[:3]), mask=mask),
+                             mask=mask)
+    if rank == 0:
+        one = lambda a, b, c: mb.burst_attn(a, b, c, solo, mask=mask)  # noqa: E731
+        row["one_gpu_plan"] = _speed(*fwd_and_fwdbwd(one, (fq, fk, fv), full[3], dev, args),
+                                     flops, 1)
+        with torch.no_grad():
+            ref = one(*full[:3]).float()
+        row["rel_err_vs_one_gpu"] = float((got.float() - ref).norm() / ref.norm())
+        if flex is not None:
+            try:
+                flex.use(mask)
+                row["one_gpu_flex"] = _speed(*fwd_and_fwdbwd(flex, (fq, fk, fv), full[3], dev,
+                                                             args), flops, 1)
+            except Exception as err:  # noqa: BLE001  (report it, keep the run)
+                row["one_gpu_flex"] = dict(error=f"{type(err).__name__}: {err}"[:200])
+        _efficiency(row)
+    return row
+
+
+def _speed(fwd_ms: float, both_ms: float, flops: float, gpus: int) -> dict:
+    bwd_ms = both_ms - fwd_ms  # not positive only in timing noise (tiny CPU runs)
+    return dict(fwd_ms=fwd_ms, fwd_bwd_ms=both_ms,
+                fwd_tflops=flops / gpus / fwd_ms / 1e9,
+                bwd_tflops=2.5 * flops / gpus / bwd_ms / 1e9 if bwd_ms > 0 else float("nan"),
+                fwd_bwd_tflops=3.5 * flops / gpus / both_ms / 1e9)
+
+
+def _efficiency(row: dict) -> None:
+    singles = [row[m] for m in ("one_gpu_plan", "one_gpu_flex") if "fwd_tflops" in row.get(m, {})]
+    for part in ("fwd", "bwd", "fwd_bwd"):
+        best = max(s[f"{part}_tflops"] for s in singles)
+        row[f"efficiency_{part}"] = row["burst"][f"{part}_tflops"] / best
+
+
+def table(meta: dict, rows: list[dict]) -> str:
+    lines = [f"{meta['device']} x{meta['world']}, torch {meta['torch']}, {meta['date']}, "
+             f"{meta['tokens_per_gpu']} tokens/GPU, GQA {meta['heads']}, d {meta['head_dim']}, "
+             f"{meta['dtype']}", f"command: `{meta['command']}`", "",
+             "| family | slices | balance area / zigzag | burst fwd / bwd TFLOP/s/GPU | "
+             "1 GPU plan fwd / bwd | 1 GPU Flex fwd / bwd | efficiency fwd / bwd | rel err |",
+             "|" + "---|" * 8]
+    pair = lambda s: (f"{s['fwd_tflops']:.3g} / {s['bwd_tflops']:.3g}"  # noqa: E731
+                      if s and "fwd_tflops" in s else (s or {}).get("error", "-")[:40])
+    for r in rows:
+        eff = (f"{r['efficiency_fwd']:.2f} / {r['efficiency_bwd']:.2f}"
+               if "efficiency_fwd" in r else "-")
+        lines.append(f"| {r['family']} | {r['slices']} | {r['balance_area']:.3f} / "
+                     f"{r['balance_zigzag']:.3f} | {pair(r['burst'])} | "
+                     f"{pair(r.get('one_gpu_plan'))} | {pair(r.get('one_gpu_flex'))} | {eff} | "
+                     f"{r.get('rel_err_vs_one_gpu', float('nan')):.1e} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    p.add_argument("--families", default=",".join(mf.FAMILIES))
+    p.add_argument("--tokens", type=int, default=8192, help="tokens per GPU")
+    p.add_argument("--hq", type=int, default=64)
+    p.add_argument("--hkv", type=int, default=8)
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="gloo on CPU at tiny sizes (spawns --world ranks itself)")
+    p.add_argument("--world", type=int, default=2, help="ranks of --cpu-smoke")
+    args = p.parse_args()
+    args.scale = 1.0
+    if args.cpu_smoke and "RANK" not in os.environ:
+        return _spawn_smoke(args)
+    if args.cpu_smoke:
+        args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
+        args.warmup, args.iters, args.no_flex, args.scale = 1, 2, True, 1 / 64
+    # The group (and this rank's GPU, and $MEGATRON_BURST_EMULATE's slowed links) as every
+    # GPU benchmark starts them.
+    rank, world = start_ranks("gloo") if args.cpu_smoke else start_ranks()
+    dev = torch.device("cpu")
+    if not args.cpu_smoke:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
+    solos = [dist.new_group([r]) for r in range(world)]  # a group of one for 1-GPU plans
+    flex = None if args.no_flex or rank else Flex(args.tokens * world, dev)
+    rows = [run_family(name, args, world, rank, dev, dtype, solos[rank], flex)
+            for name in args.families.split(",")]
+    if rank == 0:
+        meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                    world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
+                    heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
+                    warmup=args.warmup, iters=args.iters,
+                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
+        text = table(meta, rows)
+        print(text)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".json", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        with open(args.out + ".md", "w") as f:
+            f.write(text + "\n")
+    dist.destroy_process_group()
+
+
+def _spawn_smoke(args) -> None:
+    """--cpu-smoke without torchrun: this script again on --world gloo ranks."""
+    import subprocess
+
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 500),
+               WORLD_SIZE=str(args.world))
+    procs = [subprocess.Popen([sys.executable, *sys.argv], env=dict(env, RANK=str(r),
+                                                                    LOCAL_RANK=str(r)))
+             for r in range(args.world)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"--cpu-smoke ranks exited with {codes}")
+
+
+if __name__ == "__main__":
+    main()
