@@ -105,9 +105,13 @@ class Profile:
     call_overhead_us: float
     gpus_per_node: int = 8
     source: str = ""  # how the numbers were obtained (measured where, or from which figures)
+    # What it was measured on (``machine.MachineKey``'s fields, sorted pairs; empty: not
+    # recorded, so never picked for a machine by itself) and when (ISO date and time).
+    machine: tuple = ()
+    measured: str = ""
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "machine": dict(self.machine)}
 
     @staticmethod
     def from_json(raw: dict) -> "Profile":
@@ -116,7 +120,11 @@ class Profile:
                  for k in ("intra", "inter", "alltoall")}
         kernels = {k: Kernel(**raw[k]) for k in ("dense", "varlen")}
         rest = {k: raw[k] for k in raw if k not in links and k not in kernels}
-        return Profile(**links, **kernels, **rest)
+        machine = rest.pop("machine", None) or {}
+        if not isinstance(machine, dict):
+            raise ValueError(f"'machine' must be an object, got {machine!r}")
+        return Profile(**links, **kernels, **rest, machine=tuple(sorted(
+            (str(k), v) for k, v in machine.items())))
 
 
 # What each number of a profile may be: the time model divides by rates and sizes, so a 0
