@@ -102,7 +102,8 @@ def _settle(group, q, k, v, world: int, call, arguments: dict, prepared):
     """Measure this machine (``first_use``) or time the decision (``decision_check``), on
     every rank of the group after they agreed on the call, then prepare it again."""
     if prepared.pending == "check":
-        decision_check.check(group, world, prepared.decision, q, k, v, arguments, burst_attn)
+        decision_check.check(group, world, prepared.decision, call, q, k, v, arguments,
+                             burst_attn)
     else:
         first_use.acquire(group, world, prepared.pending, q, k, v, call.causal, burst_attn)
     prepare.forget(group, q, k, v, call, world, arguments["sinks"])

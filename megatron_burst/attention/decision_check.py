@@ -9,8 +9,8 @@ timed, and rank 0's time is broadcast, so every rank compares the same number wi
 prediction. Off by more than ``MODEL_ERROR``, the runner-up is timed likewise, once, and the
 faster of the two becomes the decision's verdict, on every rank; what changed is logged. A
 verdict holds for the decision's inputs (``options.Decision.key``: shape, tokens, mask,
-options, profile): every later call of them, any layer, any document pack, reads it at
-preparation and times nothing.
+options, profile) and the call's layout, window and whether it packs documents: every later
+call of them, any layer, any document pack, reads it at preparation and times nothing.
 
 ``TIMER(topology, run, device, group) -> seconds`` is the clock; tests inject a fake one.
 """
@@ -47,7 +47,7 @@ class Check:
     runner_up_s: float | None = None
 
 
-CHECKS: dict[tuple, Check] = {}  # (group name, decision key) -> its check
+CHECKS: dict[tuple, Check] = {}  # check_key -> its check
 
 
 def wall_clock(topology: CPTopology, run, device: torch.device, group) -> float:
@@ -58,9 +58,16 @@ def wall_clock(topology: CPTopology, run, device: torch.device, group) -> float:
 TIMER = wall_clock
 
 
-def verdict(group, decision: Decision) -> CPTopology | None:
+def check_key(group, decision: Decision, call) -> tuple:
+    """What a check holds for: the group, the decision's inputs, and what the time model
+    does not see of the call (layout, window, whether documents are packed)."""
+    return (group_name(group), decision.key, call.layout, call.window_size,
+            call.cu_seqlens is not None)
+
+
+def verdict(group, decision: Decision, call) -> CPTopology | None:
     """The topology a check kept for this decision, None if it was not checked here."""
-    found = CHECKS.get((group_name(group), decision.key))
+    found = CHECKS.get(check_key(group, decision, call))
     return None if found is None else found.kept
 
 
@@ -69,7 +76,7 @@ def wanted(decision: Decision) -> bool:
     return len(decision.ranked) > 1 and machine.measure_on()
 
 
-def check(group, world: int, decision: Decision, q, k, v, arguments: dict,
+def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
           attend) -> Check:
     """Time the decision (and the runner-up where the model was off); every rank of
     ``group`` calls it together (module docstring). ``attend`` is ``burst_attn``."""
@@ -82,7 +89,7 @@ def check(group, world: int, decision: Decision, q, k, v, arguments: dict,
         kept = runner.topology if other < measured else chosen.topology
         result = dataclasses.replace(result, kept=kept, runner_up=runner.topology,
                                      runner_up_s=other)
-    CHECKS[(group_name(group), decision.key)] = result
+    CHECKS[check_key(group, decision, call)] = result
     _log(result, off, runner)
     return result
 

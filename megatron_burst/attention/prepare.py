@@ -239,7 +239,7 @@ def _topology(group, world: int, q, k, v, call: BurstCall
     decision = decide(options, cp=world, heads=heads, tokens=tokens,
                       max_intra_node_size=max_intra_node_size, causal=call.causal,
                       machine=measured)
-    kept = decision_check.verdict(group, decision)
+    kept = decision_check.verdict(group, decision, call)
     if kept is not None:
         return kept, decision, None
     return decision.topology, decision, "check" if decision_check.wanted(decision) else None

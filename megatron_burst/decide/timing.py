@@ -251,8 +251,8 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
         step_bwd = compute * (FWD_BWD_PASSES - 1) / FWD_BWD_PASSES / ring
         exposed = (_ring_exposed(topology, prof, max_intra_node_size, step_fwd, fwd_hop)
                    + _ring_exposed(topology, prof, max_intra_node_size, step_bwd, bwd_hop))
-    a2a, elementwise = alltoall_seconds(topology, prof, tokens), elementwise_seconds(
-        topology, prof, tokens)
+    a2a, elementwise = alltoall_seconds(topology, prof, tokens, max_intra_node_size), \
+        elementwise_seconds(topology, prof, tokens)
     total = compute + elementwise + exposed + a2a + host
     return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 
@@ -274,15 +274,18 @@ def elementwise_seconds(topology: CPTopology, prof: Profile, tokens: int) -> flo
     return member * hq * (3 * h.v_head_dim + 9 * h.head_dim) * 4 / (prof.memory_gbps * 1e9)
 
 
-def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int) -> float:
-    """Seconds of the Ulysses all-to-alls of one call (0 without Ulysses)."""
+def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int,
+                     max_intra_node_size: int | None = None) -> float:
+    """Seconds of the Ulysses all-to-alls of one call (0 without Ulysses); over the
+    inter-node link where a Ulysses group spans nodes (forced so: 'auto' never does)."""
     h = topology.heads
     if topology.ulysses == 1:
         return 0.0
     a2a_fwd, a2a_bwd = cost.ulysses_bytes(topology.ulysses, tokens, h.hq, h.hkv, h.head_dim,
                                           h.elem_bytes, v_head_dim=h.v_head_dim)
+    link = prof.inter if topology.ulysses > (max_intra_node_size or topology.cp) else prof.alltoall
     # Each all-to-all spreads its bytes over U-1 peers at once: 4 in forward, 4 in backward.
-    return 8 * prof.alltoall.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (prof.alltoall.gbps * 1e9)
+    return 8 * link.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (link.gbps * 1e9)
 
 
 def _ring_exposed(topology: CPTopology, prof: Profile, max_intra_node_size: int,
