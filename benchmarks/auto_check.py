@@ -244,8 +244,7 @@ def _write(args, rows, lines, world, device, seconds) -> None:
     meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                 device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
                 gpus=world, torch=torch.__version__,
-                nccl=".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda"
-                else None, date=time.strftime("%Y-%m-%d %H:%M:%S"), seconds=round(seconds, 1),
+                nccl=str(torch.cuda.nccl.version()) if device.type == "cuda" else None, date=time.strftime("%Y-%m-%d %H:%M:%S"), seconds=round(seconds, 1),
                 emulated=emulated(),
                 env={k: v for k, v in os.environ.items() if k.startswith("MEGATRON_BURST")},
                 auto_log=lines, worst_auto_over_best=max(ratios, default=None),

@@ -57,11 +57,16 @@ def _key(device: str, backend: str, per: int | None, spans: bool) -> machine.Mac
         gpu = torch.cuda.get_device_name(dev)
         peer = torch.cuda.device_count() > 1 and torch.cuda.can_device_access_peer(0, 1)
         link = f"{backend}/{'p2p' if peer else 'no-p2p'}"
-        nccl = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else "none"
+        nccl = _nccl() if backend == "nccl" else "none"
     else:
         gpu, link, nccl = dev.type, backend, "none"
     return machine.MachineKey(gpu, per, link + ("+net" if spans else ""), nccl,
                               machine.emulated_links(virtual_nodes()))
+
+
+def _nccl() -> str:
+    version = torch.cuda.nccl.version()  # a tuple in recent torch, an int before
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def machine_profile(group, world: int, device: torch.device, options: BurstOptions
