@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import agree, call_count, prepare
+from . import agree, call_count, decision_check, first_use, prepare
 from .burst import BurstAttentionFunction
 from .call import call_of, failed_signature
 from ..comm import headers
@@ -99,6 +99,22 @@ def _agreed(group, q, k, v, world: int, arguments: dict):
         raise
     if world > 1:
         agree.check_agreement(group, prepared.sig)
+        while prepared.pending is not None:  # 'auto''s first use: every rank, together
+            prepared = _settle(group, q, k, v, world, call, arguments, prepared)
+    return prepared
+
+
+def _settle(group, q, k, v, world: int, call, arguments: dict, prepared):
+    """Measure this machine (``first_use``) or time the decision (``decision_check``), on
+    every rank of the group after they agreed on the call, then prepare it again."""
+    if prepared.pending == "check":
+        decision_check.check(group, world, prepared.decision, call, q, k, v, arguments,
+                             burst_attn)
+    else:
+        first_use.acquire(group, world, prepared.pending, q, k, v, call.causal, burst_attn)
+    prepare.forget(group, q, k, v, call, world, arguments["sinks"])
+    prepared = prepare.lookup(group, q, k, v, call, world, arguments["sinks"])
+    agree.check_agreement(group, prepared.sig)
     return prepared
 
 

@@ -24,7 +24,8 @@ from .call import BurstCall, signature
 from ..comm import headers
 from ..decide.topology import CPTopology, HeadShape
 from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
-from ..decide.options import check_decided, resolve
+from ..decide.options import Decision, check_decided, decide, fixed_topology, resolve
+from . import decision_check, first_use
 from ..plan.placement import chunks_per_rank, local_length
 from .call_plan import plan_for, plan_key, ring_key
 from .ring_spec import RingSpec
@@ -116,6 +117,11 @@ class Prepared:
     # A single rank's whole attention is one kernel op that aten differentiates itself:
     # a call that needs no lse is that op and nothing else (``kernels.selection.has_native``).
     native: bool = False
+    # 'auto''s first use, to run on every rank after the ranks agreed (``api``): a
+    # ``MachineKey`` (measure this machine, ``first_use``), "check" (time the decision,
+    # ``decision_check``), or None (nothing: the call is settled).
+    pending: object = None
+    decision: Decision | None = None
 
 
 PREPARED: "collections.OrderedDict[tuple, Prepared]" = collections.OrderedDict()
@@ -149,12 +155,21 @@ def lookup(group, q, k, v, call: BurstCall, world: int, sinks=None) -> Prepared:
     return found
 
 
+def forget(group, q, k, v, call: BurstCall, world: int, sinks=None) -> None:
+    """Drop this key's prepared call (its 'auto' first use changed what it decides)."""
+    PREPARED.pop(call_key(group, q, k, v, call, world, sinks), None)
+
+
 def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared:
     """Validate, resolve the topology, choose the kernel, sign and plan one call (no
     communication)."""
     _validate(q, k, v, world, call)
     check_sinks(sinks, q.shape[2], q.device)
-    topology = _topology(group, world, q, k, v, call)
+    topology, decision, pending = _topology(group, world, q, k, v, call)
+    if capturing(q) and pending is not None:
+        raise ValueError("burst_attn's first call with 'auto' on this machine cannot be "
+                         "captured in a CUDA graph: it measures and times (run it once "
+                         "before capturing, or force the topology)")
     if capturing(q) and call.cu_seqlens is not None:
         raise ValueError("burst_attn with cu_seqlens cannot be captured in a CUDA graph: a "
                          "document pack changes its shapes with every batch")
@@ -170,7 +185,7 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared
               and has_native(spec.kernel, spec.whole))
     return Prepared(call, topology, sig, headers.digest(sorted(sig.items())),
                     0 if call.call_label is None else headers.digest(call.call_label), spec,
-                    keep_key, peers, native)
+                    keep_key, peers, native, pending, decision)
 
 
 def _ulysses_peers(group, world: int, u: int) -> tuple[int, ...] | None:
@@ -209,23 +224,37 @@ def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     return RingSpec(group, plan, scale, seq_first and u == 1, kernel)
 
 
-def _topology(group, world: int, q, k, v, call: BurstCall) -> CPTopology:
-    """The call's CPTopology: the caller's decided one (checked against what the call's
-    options fix), else the one resolver's for these options, this shape and this cluster."""
+def _topology(group, world: int, q, k, v, call: BurstCall
+              ) -> tuple[CPTopology, Decision | None, object]:
+    """(the call's CPTopology, 'auto''s decision, what its first use must still do): the
+    caller's decided topology (checked against what the call's options fix), else the one
+    resolver's for these options, this shape and this machine's profile (``first_use``),
+    or the verdict of a check of that decision (``decision_check``)."""
     heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size(), v.shape[3])
     if call.topology is not None:
-        return check_decided(call.topology, call.options, cp=world, heads=heads)
+        return check_decided(call.topology, call.options, cp=world, heads=heads), None, None
     options = call.options
     # bshd and sbhd alike: batch x local sequence. A call with none (batch 0, a pack of empty
     # documents) has no time to model: it is decided as one token (the same on every rank).
     tokens = max(q.shape[0] * q.shape[1], 1)
+    if not (options.has_auto and world > 1 and dist.is_initialized()):
+        return resolve(options, cp=world, heads=heads, tokens=tokens, max_intra_node_size=None,
+                       causal=call.causal), None, None
+    measured, to_measure = first_use.machine_profile(group, world, q.device, options)
+    if to_measure is not None:  # decided once this machine is measured; until then (the
+        # ranks' agreement) the plainest topology the options allow stands in
+        return fixed_topology(options, cp=world, heads=heads), None, to_measure
     if isinstance(options.intra_node_size, int):  # stated: the double ring's own count
         max_intra_node_size = options.intra_node_size
-    elif options.has_auto and world > 1 and dist.is_initialized():
-        gpus = cluster.gpus_per_node(profile_gpus=load_profile(options.profile).gpus_per_node)
+    else:
+        gpus = cluster.gpus_per_node(profile_gpus=(
+            measured or load_profile(options.profile)).gpus_per_node)
         max_intra_node_size = cluster.max_intra_node_size(
             world, gpus, group_ranks=group_ranks(group, world), rank=dist.get_rank())
-    else:
-        max_intra_node_size = None  # nothing 'auto' reads it
-    return resolve(options, cp=world, heads=heads, tokens=tokens,
-                   max_intra_node_size=max_intra_node_size, causal=call.causal)
+    decision = decide(options, cp=world, heads=heads, tokens=tokens,
+                      max_intra_node_size=max_intra_node_size, causal=call.causal,
+                      machine=measured)
+    kept = decision_check.verdict(group, decision, call)
+    if kept is not None:
+        return kept, decision, None
+    return decision.topology, decision, "check" if decision_check.wanted(decision) else None

@@ -30,7 +30,9 @@ from typing import Any, Mapping, Sequence
 
 from .topology import BACKWARD_MODES, CPTopology, HeadShape
 from ..plan.layouts import DOCUMENT_LAYOUTS
-from .timing import PROFILE_ENV, choose, load_profile, profile_key
+from ..comm.emulated_nodes import virtual_nodes
+from .machine import measured_when, with_emulated_links
+from .timing import PROFILE_ENV, Profile, choose, load_profile
 
 logger = logging.getLogger(__name__)
 
@@ -215,17 +217,44 @@ TOPOLOGY_OPTIONS = ("backward", "ulysses_size", "intra_node_size", "profile")
 
 
 def resolve(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
-            max_intra_node_size: int | None, causal: bool = True) -> CPTopology:
+            max_intra_node_size: int | None, causal: bool = True,
+            machine: Profile | None = None) -> CPTopology:
     """The decided topology for a CP group of ``cp`` ranks (``tokens`` per rank: batch x
     local sequence; ``max_intra_node_size``: ranks of the group on one node, None: all, as
-    ``cluster.max_intra_node_size`` gives them)."""
-    if cp == 1:  # one rank: no ring, no Ulysses, no backward to choose; 'auto' has no say
-        return fixed_topology(options, cp=1, heads=heads)
-    profile = options.profile or os.environ.get(PROFILE_ENV)
-    # The profile's identity and content, so a profile rewritten by `tune` is read again.
-    return _resolve(cp, heads, tokens, max_intra_node_size, bool(causal), options.backward,
-                    options.ulysses_size, options.intra_node_size,
-                    profile_key(profile) if options.has_auto else None)
+    ``cluster.max_intra_node_size`` gives them; ``machine``: the profile measured on this
+    machine, read where no profile is named)."""
+    return decide(options, cp=cp, heads=heads, tokens=tokens,
+                  max_intra_node_size=max_intra_node_size, causal=causal,
+                  machine=machine).topology
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What 'auto' decided and from what: the candidates fastest first (none where nothing
+    was 'auto'), the profile, and ``key``: the decision's inputs, by value."""
+
+    topology: CPTopology
+    ranked: tuple = ()  # timing.Prediction, fastest first
+    profile: Profile | None = None
+    key: tuple = ()
+
+
+def decide(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
+           max_intra_node_size: int | None, causal: bool = True,
+           machine: Profile | None = None) -> Decision:
+    """``resolve``'s decision with its ranking (see ``resolve``). The profile: the one
+    named (``options.profile``, else ``$MEGATRON_BURST_PROFILE``), else ``machine``, else the
+    shipped default; with ``$MEGATRON_BURST_EMULATE`` set its inter-node link is the
+    emulated one (``machine.with_emulated_links``)."""
+    if cp == 1 or not options.has_auto:  # nothing for the time model to say
+        return Decision(fixed_topology(options, cp=cp, heads=heads))
+    named = options.profile or os.environ.get(PROFILE_ENV)
+    prof = machine if machine is not None and not named else load_profile(named)
+    prof = with_emulated_links(prof, virtual_nodes())
+    key = (cp, heads, tokens, max_intra_node_size, bool(causal), options.backward,
+           options.ulysses_size, options.intra_node_size, prof)
+    ranked = _ranked(*key)
+    return Decision(ranked[0].topology, ranked, prof, key)
 
 
 def fixed_topology(options: BurstOptions, *, cp: int, heads: HeadShape) -> CPTopology:
@@ -264,19 +293,17 @@ def check_decided(topology: CPTopology, options: BurstOptions, *, cp: int,
 
 
 @functools.lru_cache(maxsize=256)  # every layer of a model, and every call, asks alike
-def _resolve(cp: int, heads: HeadShape, tokens: int, max_intra_node_size: int | None,
-             causal: bool, backward: str, ulysses: int | str, intra_node_size: int | str | None,
-             profile: tuple | None) -> CPTopology:
+def _ranked(cp: int, heads: HeadShape, tokens: int, max_intra_node_size: int | None,
+            causal: bool, backward: str, ulysses: int | str, intra_node_size: int | str | None,
+            prof: Profile) -> tuple:
     fixed = fixed_topology(BurstOptions(backward=backward, ulysses_size=ulysses,
                                         intra_node_size=intra_node_size), cp=cp, heads=heads)
-    if AUTO not in (backward, ulysses, intra_node_size):
-        return fixed
-    prof = load_profile(profile[0])
     ranked = choose(cp, heads, tokens=tokens, causal=causal, prof=prof,
                     max_intra_node_size=max_intra_node_size,
                     ulysses=AUTO if ulysses == AUTO else fixed.ulysses,
                     intra_node_size=AUTO if intra_node_size == AUTO else fixed.intra_node_size,
                     backward=backward)
-    logger.info("burst auto (%d tokens per rank, %s, profile %s): %s", tokens,
-                "causal" if causal else "full", prof.name, ranked[0].describe())
-    return ranked[0].topology
+    logger.info("burst auto (%d tokens per rank, %s): profile %s (%s) decides: %s", tokens,
+                "causal" if causal else "full", prof.name, measured_when(prof),
+                ranked[0].describe())
+    return tuple(ranked)

@@ -105,9 +105,13 @@ class Profile:
     call_overhead_us: float
     gpus_per_node: int = 8
     source: str = ""  # how the numbers were obtained (measured where, or from which figures)
+    # What it was measured on (``machine.MachineKey``'s fields, sorted pairs; empty: not
+    # recorded, so never picked for a machine by itself) and when (ISO date and time).
+    machine: tuple = ()
+    measured: str = ""
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "machine": dict(self.machine)}
 
     @staticmethod
     def from_json(raw: dict) -> "Profile":
@@ -116,7 +120,11 @@ class Profile:
                  for k in ("intra", "inter", "alltoall")}
         kernels = {k: Kernel(**raw[k]) for k in ("dense", "varlen")}
         rest = {k: raw[k] for k in raw if k not in links and k not in kernels}
-        return Profile(**links, **kernels, **rest)
+        machine = rest.pop("machine", None) or {}
+        if not isinstance(machine, dict):
+            raise ValueError(f"'machine' must be an object, got {machine!r}")
+        return Profile(**links, **kernels, **rest, machine=tuple(sorted(
+            (str(k), v) for k, v in machine.items())))
 
 
 # What each number of a profile may be: the time model divides by rates and sizes, so a 0
@@ -243,8 +251,8 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
         step_bwd = compute * (FWD_BWD_PASSES - 1) / FWD_BWD_PASSES / ring
         exposed = (_ring_exposed(topology, prof, max_intra_node_size, step_fwd, fwd_hop)
                    + _ring_exposed(topology, prof, max_intra_node_size, step_bwd, bwd_hop))
-    a2a, elementwise = alltoall_seconds(topology, prof, tokens), elementwise_seconds(
-        topology, prof, tokens)
+    a2a, elementwise = alltoall_seconds(topology, prof, tokens, max_intra_node_size), \
+        elementwise_seconds(topology, prof, tokens)
     total = compute + elementwise + exposed + a2a + host
     return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 
@@ -266,15 +274,18 @@ def elementwise_seconds(topology: CPTopology, prof: Profile, tokens: int) -> flo
     return member * hq * (3 * h.v_head_dim + 9 * h.head_dim) * 4 / (prof.memory_gbps * 1e9)
 
 
-def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int) -> float:
-    """Seconds of the Ulysses all-to-alls of one call (0 without Ulysses)."""
+def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int,
+                     max_intra_node_size: int | None = None) -> float:
+    """Seconds of the Ulysses all-to-alls of one call (0 without Ulysses); over the
+    inter-node link where a Ulysses group spans nodes (forced so: 'auto' never does)."""
     h = topology.heads
     if topology.ulysses == 1:
         return 0.0
     a2a_fwd, a2a_bwd = cost.ulysses_bytes(topology.ulysses, tokens, h.hq, h.hkv, h.head_dim,
                                           h.elem_bytes, v_head_dim=h.v_head_dim)
+    link = prof.inter if topology.ulysses > (max_intra_node_size or topology.cp) else prof.alltoall
     # Each all-to-all spreads its bytes over U-1 peers at once: 4 in forward, 4 in backward.
-    return 8 * prof.alltoall.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (prof.alltoall.gbps * 1e9)
+    return 8 * link.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (link.gbps * 1e9)
 
 
 def _ring_exposed(topology: CPTopology, prof: Profile, max_intra_node_size: int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..decide.topology import CPTopology
+from ..decide.machine import measured_when
 from ..decide.timing import PROFILES_DIR, load_profile
 from .config import Config
 from .resolve import max_intra_node_size_of, tokens_per_rank, topology_of
@@ -48,7 +49,8 @@ def _shape_lines(cfg: Config) -> list[str]:
         f"{heads}, vocab {m.vocab_size} (padded {padded_vocab(cfg)}), {m.seq_length:,} tokens",
         *attention_variant_lines(cfg),
         f"cluster: {c.nodes} node(s) x {c.gpus_per_node} {c.gpu} ({hw.memory_gib:g} GiB each)",
-        f"time model: profile {prof.name} ({where}; its 'source' says how it was made): links "
+        f"time model: profile {prof.name} ({where}, {measured_when(prof)}; its 'source' says "
+        f"how it was made): links "
         f"intra {prof.intra.gbps:g} GB/s, inter {prof.inter.gbps:g} GB/s, attention kernel "
         f"up to {prof.dense.peak_tflops:g} TFLOP/s{matmul}",
         f"parallel: TP={p.tensor} CP={p.context} PP={p.pipeline} DP={p.data}"

@@ -18,6 +18,7 @@ On CPU (gloo) it runs the same measurements at toy sizes, which is how the tests
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -28,56 +29,16 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..decide.timing import Kernel, Link, Profile, load_profile
+from ..attention import first_use, measure as measuring
+from ..attention.measure import measure_kernels, measure_memory
+from ..decide import machine
+from ..decide.timing import Link, Profile, load_profile
 
 
 UNMEASURED = "; not measured"  # in a profile's source, before the links it copied
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
-    """Median seconds of ``fn`` over ``repeat`` runs after one warm-up, ranks in step."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        _sync(device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _hop(peer_to: int, peer_from: int, nbytes: int, device: torch.device) -> Callable:
-    send = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    recv = torch.empty_like(send)
-
-    def hop() -> None:
-        ops = [dist.P2POp(dist.isend, send, peer_to), dist.P2POp(dist.irecv, recv, peer_from)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-    return hop
-
-
-def _link(points: list[tuple[int, float]]) -> Link:
-    """A Link from (bytes, seconds) points: bandwidth per size, latency from the smallest."""
-    pts = sorted(points)
-    bw = [(b, b / t / 1e9) for b, t in pts]
-    # Latency: what the smallest message costs beyond its bytes at the largest bandwidth.
-    latency = max(0.0, pts[0][1] - pts[0][0] / (bw[-1][1] * 1e9)) * 1e6
-    # Four significant digits, not two decimals: a slow link (CPU ranks on a busy host)
-    # must not round to 0 GB/s, which the time model would divide by (and refuses).
-    return Link(latency_us=round(latency, 2), gbps=_significant(bw[-1][1]),
-                points=tuple((b, _significant(g)) for b, g in bw))
-
-
-def _significant(value: float) -> float:
-    return float(f"{value:.4g}")
+# The measurements themselves live with the call path, which measures at first use too.
+_timed, _hop, _link = measuring.timed, measuring.hop, measuring.link_of
+_fit_kernel = measuring.fit_kernel
 
 
 def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device,
@@ -104,60 +65,6 @@ def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device
             _link(a2a) if world > 1 else None)
 
 
-def _fit_kernel(points: list[tuple[int, float]]) -> Kernel:
-    """Least squares of 1/rate = 1/peak + (half/peak) / n over the measured (n, TFLOP/s)."""
-    xs, ys = [1.0 / n for n, _ in points], [1.0 / r for _, r in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-    intercept = my - slope * mx
-    # Significant digits, not decimals: a slow CPU's peak (0.004 TFLOP/s) must not round to
-    # 0, which the time model would divide by (and refuses), as for the links.
-    if intercept <= 0:  # still rising at the largest size: no saturation seen
-        return Kernel(_significant(max(r for _, r in points)), 0.0)
-    return Kernel(_significant(1.0 / intercept), round(max(0.0, slope / intercept), 1))
-
-
-def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: torch.device,
-                    dtype: torch.dtype, repeat: int) -> tuple[Kernel, Kernel]:
-    """(dense, varlen) fwd+bwd rates of this rank's local kernel on causal blocks."""
-    from ..kernels.selection import select_kernel
-    from ..plan.schedule import Block
-    from ..kernels.varlen import plan_calls
-
-    dense, varlen = [], []
-    for n in tokens:
-        gen = torch.Generator(device="cpu").manual_seed(n)
-        q, k, v, do = (torch.randn(1, n, heads, head_dim, generator=gen).to(device, dtype)
-                       for _ in range(4))
-        kern, scale = select_kernel(q, k), head_dim ** -0.5
-        blk = Block(0, n, 0, n, "causal")
-
-        def dense_step():
-            out, lse = kern.forward(q, k, v, blk, scale)
-            kern.backward(do, q, k, v, out, lse, blk, scale)
-
-        flops = 3.5 * 4 * n * n / 2 * heads * head_dim
-        dense.append((n, flops / _timed(dense_step, device, repeat) / 1e12))
-        docs = 8  # the same tokens as 8 documents in one varlen call
-        (call,) = plan_calls([Block(i * n // docs, (i + 1) * n // docs, i * n // docs,
-                                    (i + 1) * n // docs, "causal") for i in range(docs)],
-                             varlen=True, dense_min_area=float("inf"))
-
-        def varlen_step():
-            out, lse = kern.forward_varlen(q[0], k[0], v[0], call, scale)
-            kern.backward_varlen(do[0], q[0], k[0], v[0], out, lse, call, scale)
-
-        varlen.append((n // docs, flops / docs / _timed(varlen_step, device, repeat) / 1e12))
-    return _fit_kernel(dense), _fit_kernel(varlen)
-
-
-def measure_memory(nbytes: int, device: torch.device, repeat: int) -> float:
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / _timed(lambda: dst.copy_(src), device, repeat) / 1e9
-
-
 def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int
                       ) -> tuple[float, float]:
     """(per ring step, per call) host microseconds: burst_attn on inputs too small for the
@@ -168,7 +75,7 @@ def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int
     q = torch.randn(1, 128, 2, 64, device=device, dtype=dtype, requires_grad=True)
 
     def ring_call():
-        mb.burst_attn(q, q, q, causal=True).sum().backward()
+        mb.burst_attn(q, q, q, causal=True, backward="ring").sum().backward()
 
     ring_s = _timed(ring_call, device, repeat)
     # A group of one rank each (every rank creates every group, as new_group requires).
@@ -176,7 +83,7 @@ def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int
     one = groups[dist.get_rank()]
 
     def local_call():
-        mb.burst_attn(q, q, q, one, causal=True).sum().backward()
+        mb.burst_attn(q, q, q, one, causal=True, backward="ring").sum().backward()
 
     call_s = statistics.median(_timed(local_call, device, 1) for _ in range(repeat))
     steps = 2 * world  # forward and backward each walk the ring's world steps
@@ -216,10 +123,14 @@ def measure(*, gpus_per_node: int | None = None, quick: bool = False,
     if unmeasured:
         source += (f"{UNMEASURED} on {world} rank(s), {gpus_per_node} per node: the "
                    f"{', '.join(unmeasured)} (copied from {base_profile.name})")
+    key = dataclasses.replace(first_use.machine_key(None, world, device),
+                              gpus_per_node=gpus_per_node)
     profile = Profile(name=name, intra=intra, inter=inter, alltoall=a2a, dense=dense,
-                      varlen=varlen, memory_gbps=round(memory, 1),
+                      varlen=varlen, memory_gbps=measuring.significant(memory),
                       step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
-                      gpus_per_node=gpus_per_node, source=source)
+                      gpus_per_node=gpus_per_node, source=source,
+                      machine=tuple(sorted(key.fields().items())),
+                      measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     raw = dict(world=world, gpus_per_node=gpus_per_node, device=str(device), sizes=sizes,
                tokens=tokens)
     return profile, raw
@@ -276,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default=None,
                         help="profile whose inter-node link is kept on one node (default: "
                              "$MEGATRON_BURST_PROFILE or h200-nvlink)")
+    parser.add_argument("--cache", action="store_true",
+                        help="also file the profile in this machine's profile cache "
+                             "($MEGATRON_BURST_PROFILE_CACHE), where 'auto' finds it")
     args = parser.parse_args(argv)
     own_group = not dist.is_initialized()
     if own_group:
@@ -292,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         if dist.get_rank() == 0:
             _write(args.out, result, args.force)
             print(f"wrote {args.out} ({result['seconds']} s): " + json.dumps(result["profile"]))
+            if args.cache:
+                prof = Profile.from_json(result["profile"])
+                print(f"filed as {machine.store(prof, machine.MachineKey(**dict(prof.machine)))}")
             source = result["profile"]["source"]
             if UNMEASURED in source:
                 print(f"note: {UNMEASURED[2:]}{source.split(UNMEASURED)[1]}: run tune on 2 or more "

@@ -1,0 +1,265 @@
+"""Is `auto` right on this machine? Every forced topology and `auto`, timed in the same run.
+
+    torchrun --nproc_per_node=2 benchmarks/auto_check.py --out OUT            # GPUs
+    MEGATRON_BURST_EMULATE="gpus_per_node=1,gbps=25,latency_us=5" \
+        torchrun --nproc_per_node=2 benchmarks/auto_check.py --out OUT        # emulated links
+    torchrun --nproc_per_node=2 benchmarks/auto_check.py --smoke --out OUT    # CPU, gloo
+
+For each cell (tokens per GPU x heads x mask: causal, or packed documents in the whole_docs
+layout) it runs fwd+bwd of every topology the group allows, forced by hand (flat ring with
+each backward, Ulysses splits, the double ring on 4+ GPUs), and of `auto` through the real
+per-call path: its first use on this machine measures a profile (cached under
+OUT/profile-cache unless --cache names another folder; a second run with the same cache
+measures nothing) and its first call of each decision is checked against a timed call
+(``attention.decision_check``). Each row prints its median time, the time model's prediction
+from the profile `auto` decided with (the emulated links included), and their ratio; each
+cell prints auto / best forced. Documents are predicted as a causal sequence of the same
+length (the model has no document term): their predictions say so. Rank 0 writes
+OUT/auto_check[_emulated].json with the command, device, settings, the first-use log and
+every check.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ranks import EMULATE_ENV, emulated, start_ranks  # noqa: E402
+
+DOC_MIX = (0.40, 0.22, 0.15, 0.10, 0.06, 0.04, 0.02, 0.01)  # attention.py's "docs" pack
+
+
+class _Log(logging.Handler):
+    """The package's log lines about 'auto' (first use, checks), kept for the JSON."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _timed_ms(fn, iters: int, warmup: int, device) -> float:
+    """Median wall milliseconds of ``fn()`` (fwd+bwd), every rank starting together."""
+    times = []
+    for i in range(warmup + iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    box = [statistics.median(times)]
+    dist.broadcast_object_list(box, src=0)  # rank 0's, as auto reads its timings
+    return box[0]
+
+
+def _forced(world: int, hq: int, hkv: int, docs: bool) -> dict[str, dict]:
+    """Every topology forced by hand: its name -> burst_attn keywords."""
+    from megatron_burst.decide.topology import HeadShape, heads_split
+
+    rows = {f"flat ring {world}, {b} bwd": dict(ulysses_size=1, backward=b)
+            for b in ("burst", "ring")}
+    if world >= 4:
+        for b in ("burst", "ring"):
+            rows[f"double ring 2x{world // 2}, {b} bwd"] = dict(
+                ulysses_size=1, intra_node_size=world // 2, backward=b)
+    for u in (2, 4, 8):
+        if world % u == 0 and u <= world and heads_split(HeadShape(hq, hkv, 128), u):
+            ring = world // u
+            for b in (("burst", "ring") if ring > 1 else ("ring",)):
+                rows[f"ulysses {u} x ring {ring}" + (f", {b} bwd" if ring > 1 else "")] = dict(
+                    ulysses_size=u, backward=b)
+    return rows
+
+
+def _inputs(per_gpu: int, hq: int, hkv: int, d: int, docs: bool, world: int, device, dtype):
+    import megatron_burst as mb
+
+    total = per_gpu * world
+    gen = torch.Generator(device="cpu").manual_seed(per_gpu + hq + hkv)
+    full = [torch.randn(1, total, h, d, generator=gen).to(device, dtype) for h in (hq, hkv, hkv)]
+    cu, kw = None, dict(causal=True)
+    if docs:
+        lens = [int(total * f) for f in DOC_MIX]
+        lens[0] += total - sum(lens)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        kw.update(layout="whole_docs", cu_seqlens=cu)
+    local = [mb.shard_seq(t, layout=kw.get("layout", "zigzag"), cu_seqlens=cu) for t in full]
+    do = torch.randn(local[0].shape, generator=gen).to(device, dtype)
+    return local, do, kw
+
+
+def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
+    """One cell: auto first (its first use measures and checks), then every forced topology;
+    every row with the model's prediction from the profile auto decided with."""
+    import megatron_burst as mb
+    from megatron_burst.attention import decision_check, prepare
+    from megatron_burst.decide.timing import predict
+    from megatron_burst.decide.topology import CPTopology
+
+    local, do, kw = _inputs(per_gpu, hq, hkv, args.head_dim, docs, world, device, dtype)
+    params = [t.clone().requires_grad_() for t in local]
+    outs = {}
+
+    def call(opts, name):
+        def step():
+            out = mb.burst_attn(*params, **kw, **opts)
+            out.backward(do)
+            outs[name] = out.detach()
+        return step
+
+    seen, checks = {id(p) for p in prepare.PREPARED.values()}, set(decision_check.CHECKS)
+    auto = dict(ulysses_size="auto", intra_node_size="auto", backward="auto")
+    rows = [dict(method="auto", ms=_timed_ms(call(auto, "auto"), args.iters, args.warmup,
+                                             device))]
+    mine = [p for p in prepare.PREPARED.values() if id(p) not in seen
+            and p.decision is not None and p.decision.ranked]
+    if not mine:
+        rows[0]["error"] = "no decision of auto found"
+        return _label(rows, per_gpu, hq, hkv, docs, world)
+    prepared, decision = mine[-1], mine[-1].decision
+    tops = {"auto": prepared.topology}
+    rows[0].update(topology=prepared.topology.describe(),
+                   model_first_choice=decision.topology.describe(),
+                   profile=f"{decision.profile.name} ({decision.profile.measured or 'date not recorded'})",
+                   checks=[_check_json(decision_check.CHECKS[k]) for k in decision_check.CHECKS
+                           if k not in checks])
+    for name, opts in _forced(world, hq, hkv, docs).items():
+        try:
+            rows.append(dict(method=name, ms=_timed_ms(call(opts, name), args.iters,
+                                                       args.warmup, device)))
+        except Exception as e:  # a topology this cell cannot run is reported, not fatal
+            rows.append(dict(method=name, error=f"{type(e).__name__}: {str(e)[:160]}"))
+            continue
+        tops[name] = CPTopology.build(world, ulysses=opts["ulysses_size"],
+                                      intra_node_size=opts.get("intra_node_size"),
+                                      backward=opts["backward"], heads=decision.key[1])
+        rows[-1]["topology"] = tops[name].describe()
+        rows[-1]["rel_err_vs_auto"] = float((outs[name].float() - outs["auto"].float()).norm()
+                                            / outs["auto"].float().norm())
+    for r in rows:  # the model's time for every row, from auto's own profile
+        if r["method"] in tops:
+            pred = predict(tops[r["method"]], decision.profile, tokens=per_gpu, causal=True,
+                           max_intra_node_size=decision.key[3]).total_s * 1e3
+            r.update(predicted_ms=pred, measured_over_predicted=r["ms"] / pred)
+    return _label(rows, per_gpu, hq, hkv, docs, world)
+
+
+def _check_json(check) -> dict:
+    return dict(chosen=check.chosen.describe(), predicted_ms=check.predicted_s * 1e3,
+                measured_ms=check.measured_s * 1e3, kept=check.kept.describe(),
+                runner_up=check.runner_up.describe() if check.runner_up else None,
+                runner_up_ms=None if check.runner_up_s is None else check.runner_up_s * 1e3)
+
+
+def _label(rows, per_gpu, hq, hkv, docs, world) -> list[dict]:
+    for r in rows:
+        r.update(per_gpu=per_gpu, heads=f"{hq}:{hkv}", mask="documents" if docs else "causal",
+                 world=world, model_note="documents predicted as one causal sequence"
+                 if docs else "")
+    return rows
+
+
+def _summary(rows: list[dict]) -> str:
+    auto = rows[0]
+    forced = [r for r in rows[1:] if "ms" in r]
+    best = min(forced, key=lambda r: r["ms"]) if forced else None
+    head = (f"# {auto['per_gpu']}/GPU {auto['heads']} {auto['mask']} on {auto['world']}: auto "
+            f"{auto.get('topology')} ({auto.get('profile', '?')})")
+    if best:
+        auto["auto_over_best"] = auto["ms"] / best["ms"]
+        head += f"; auto/best = {auto['auto_over_best']:.2f} (best: {best['method']})"
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"    {r['method']:<32} error: {r['error']}")
+            continue
+        pred = r.get("predicted_ms")
+        lines.append(f"    {r['method']:<32} {r['ms']:9.2f} ms   model {pred or float('nan'):9.2f}"
+                     f" ms   measured/model {r.get('measured_over_predicted', float('nan')):.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the JSON (and the cache)")
+    parser.add_argument("--per-gpu", default="8192,32768")
+    parser.add_argument("--heads", default="32:32,32:8")
+    parser.add_argument("--masks", default="causal,documents")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--cache", default=None,
+                        help="the profile cache (default OUT/profile-cache)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CPU gloo ranks, toy sizes (checks the script, times nothing real)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.per_gpu, args.heads, args.head_dim, args.iters, args.warmup = (
+            "128,256", "4:4,4:2", 16, 2, 1)
+    os.makedirs(args.out, exist_ok=True)
+    os.environ["MEGATRON_BURST_PROFILE_CACHE"] = args.cache or os.path.join(args.out,
+                                                                          "profile-cache")
+    os.environ.setdefault("MEGATRON_BURST_AUTO_MEASURE", "on")
+    log = _Log()
+    logging.getLogger("megatron_burst").addHandler(log)
+    logging.getLogger("megatron_burst").setLevel(logging.INFO)
+    rank, world = start_ranks("gloo") if args.smoke else start_ranks()
+    device = torch.device("cpu") if args.smoke else torch.device("cuda", torch.cuda.current_device())
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    rows, t_start = [], time.time()
+    for per_gpu in (int(x) for x in args.per_gpu.split(",")):
+        for hq, hkv in (tuple(map(int, h.split(":"))) for h in args.heads.split(",")):
+            for mask in args.masks.split(","):
+                cell = run_cell(args, per_gpu, hq, hkv, mask == "documents", world, device,
+                                dtype)
+                rows += cell
+                if rank == 0:
+                    print(_summary(cell), flush=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    if rank == 0:
+        _write(args, rows, log.lines, world, device, time.time() - t_start)
+    dist.barrier()  # no rank leaves while rank 0 still writes
+    dist.destroy_process_group()
+
+
+def _write(args, rows, lines, world, device, seconds) -> None:
+    ratios = [r["auto_over_best"] for r in rows if "auto_over_best" in r]
+    errors = [abs(r["measured_over_predicted"] - 1) for r in rows
+              if "measured_over_predicted" in r]
+    meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
+                device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+                gpus=world, torch=torch.__version__,
+                nccl=str(torch.cuda.nccl.version()) if device.type == "cuda" else None, date=time.strftime("%Y-%m-%d %H:%M:%S"), seconds=round(seconds, 1),
+                emulated=emulated(),
+                env={k: v for k, v in os.environ.items() if k.startswith("MEGATRON_BURST")},
+                auto_log=lines, worst_auto_over_best=max(ratios, default=None),
+                rows_model_within_15pct=f"{sum(e <= 0.15 for e in errors)} of {len(errors)}")
+    name = "auto_check_emulated.json" if os.environ.get(EMULATE_ENV) else "auto_check.json"
+    path = os.path.join(args.out, name)
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    print(f"wrote {path} ({seconds:.0f} s); worst auto/best "
+          f"{meta['worst_auto_over_best']}; model within 15% in "
+          f"{meta['rows_model_within_15pct']} rows", flush=True)
+    for line in lines:
+        if "measured this machine" in line or "matches this machine" in line:
+            print("  " + line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""'auto' checked against what happens: a decision's first call is timed, and where the time
+model was off by more than its stated error, the runner-up is timed once and the faster kept.
+
+Preparing a call whose topology 'auto' chose among several asks ``verdict`` (no
+communication). A decision not yet checked in this process makes the call's first use,
+after the ranks agreed on it, run ``check`` on every rank of the group together: the chosen
+topology's fwd+bwd at the call's own tensors (clones, so nothing of the user's changes) is
+timed, and rank 0's time is broadcast, so every rank compares the same number with the same
+prediction. Off by more than ``MODEL_ERROR``, the runner-up is timed likewise, once, and the
+faster of the two becomes the decision's verdict, on every rank; what changed is logged. A
+verdict holds for the decision's inputs (``options.Decision.key``: shape, tokens, mask,
+options, profile) and the call's layout, window and whether it packs documents: every later
+call of them, any layer, any document pack, reads it at preparation and times nothing.
+
+``TIMER(topology, run, device, group) -> seconds`` is the clock; tests inject a fake one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.distributed as dist
+
+from ..decide import machine
+from ..decide.options import Decision
+from ..decide.topology import CPTopology
+from . import measure
+from .sharding import group_name, group_ranks
+
+logger = logging.getLogger(__name__)
+
+# The time model's stated error: README's target for every row (within 15% of the measured
+# fwd+bwd time); beyond it the model's ranking is not trusted without a second timing.
+MODEL_ERROR = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One decision checked: the times (seconds, rank 0's) and what was kept."""
+
+    chosen: CPTopology
+    predicted_s: float
+    measured_s: float
+    kept: CPTopology
+    runner_up: CPTopology | None = None
+    runner_up_s: float | None = None
+
+
+CHECKS: dict[tuple, Check] = {}  # check_key -> its check
+
+
+def wall_clock(topology: CPTopology, run, device: torch.device, group) -> float:
+    """Median seconds of ``run`` (fwd+bwd) over 3 runs after a warm-up, ranks in step."""
+    return measure.timed(run, device, 3, group)
+
+
+TIMER = wall_clock
+
+
+def check_key(group, decision: Decision, call) -> tuple:
+    """What a check holds for: the group, the decision's inputs, and what the time model
+    does not see of the call (layout, window, whether documents are packed)."""
+    return (group_name(group), decision.key, call.layout, call.window_size,
+            call.cu_seqlens is not None)
+
+
+def verdict(group, decision: Decision, call) -> CPTopology | None:
+    """The topology a check kept for this decision, None if it was not checked here."""
+    found = CHECKS.get(check_key(group, decision, call))
+    return None if found is None else found.kept
+
+
+def wanted(decision: Decision) -> bool:
+    """Whether a decision needs checking: a choice among several, checks on."""
+    return len(decision.ranked) > 1 and machine.measure_on()
+
+
+def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
+          attend) -> Check:
+    """Time the decision (and the runner-up where the model was off); every rank of
+    ``group`` calls it together (module docstring). ``attend`` is ``burst_attn``."""
+    chosen, runner = decision.ranked[0], decision.ranked[1]
+    measured = _timed(group, world, chosen.topology, q, k, v, arguments, attend)
+    off = measured / chosen.total_s - 1
+    result = Check(chosen.topology, chosen.total_s, measured, chosen.topology)
+    if abs(off) > MODEL_ERROR:
+        other = _timed(group, world, runner.topology, q, k, v, arguments, attend)
+        kept = runner.topology if other < measured else chosen.topology
+        result = dataclasses.replace(result, kept=kept, runner_up=runner.topology,
+                                     runner_up_s=other)
+    CHECKS[check_key(group, decision, call)] = result
+    _log(result, off, runner)
+    return result
+
+
+def _log(result: Check, off: float, runner) -> None:
+    said = (f"burst auto check: {result.chosen.describe()} predicted "
+            f"{result.predicted_s * 1e3:.2f} ms, measured {result.measured_s * 1e3:.2f} ms "
+            f"({off:+.0%}")
+    if result.runner_up is None:
+        logger.info("%s, within the model's %.0f%%): kept", said, MODEL_ERROR * 100)
+        return
+    changed = result.kept != result.chosen
+    logger.warning("%s, beyond the model's %.0f%%): the runner-up %s (predicted %.2f ms) "
+                   "measured %.2f ms: %s", said, MODEL_ERROR * 100,
+                   result.runner_up.describe(), runner.total_s * 1e3,
+                   result.runner_up_s * 1e3,
+                   "switched to the runner-up" if changed else "kept the first choice")
+
+
+def _timed(group, world: int, topology: CPTopology, q, k, v, arguments: dict,
+           attend) -> float:
+    """Rank 0's fwd+bwd seconds of the call with ``topology``, on clones of its inputs."""
+    sinks = arguments.get("sinks")
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    kw = {**arguments, "topology": topology, "keep": None,
+          "sinks": None if sinks is None else sinks.detach().clone().requires_grad_()}
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    grad = None
+
+    def run() -> None:
+        nonlocal grad
+        out = attend(*inputs, group, **kw)
+        out = out[0] if kw.get("return_lse") else out
+        if grad is None:
+            grad = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
+        out.backward(grad)
+
+    with torch.enable_grad():
+        seconds = TIMER(topology, run, q.device, group)
+    box = [float(seconds)]
+    dist.broadcast_object_list(box, src=group_ranks(group, world)[0], group=group)
+    return box[0]

@@ -1,0 +1,234 @@
+"""'auto' on the machine it runs on: the profile measured here, at first use if need be.
+
+Where no profile is named (``profile=``, ``$MEGATRON_BURST_PROFILE``), 'auto' decides from a
+profile of this machine (``decide.machine``: keyed by GPU model, GPUs per node, link kind,
+NCCL version and the emulator's virtual links). Preparing a call only asks whether this
+process already holds one (``machine_profile``: no communication). If not, the call's first
+use, after the ranks agreed on it, runs ``acquire`` on every rank of its group together:
+
+1. rank 0 of the group looks for one (its cache, then the shipped profiles) and broadcasts
+   what it found: every rank takes the same profile, or every rank measures;
+2. measuring times, at the call's own sizes and shapes, the ring hops inside and across
+   nodes, the Ulysses all-to-all, the local kernel, a copy, and the host's cost per call
+   and per ring step (tiny calls of a flat ring and of Ulysses over the whole group), in
+   seconds; rank 0's figures are broadcast, so every rank decides from the same numbers;
+3. the profile is cached (``machine.store``) and its duration logged; a later call or run
+   on this machine reads the cache and measures nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..comm import emulator
+from ..comm.emulated_nodes import virtual_nodes
+from ..decide import cluster, cost, machine
+from ..decide.options import BurstOptions
+from ..decide.timing import (DEFAULT_PROFILE, PROFILE_ENV, Profile, candidates,
+                             load_profile)
+from ..decide.topology import HeadShape
+from . import measure
+from .sharding import group_name, group_ranks
+
+logger = logging.getLogger(__name__)
+
+_KNOWN: dict[tuple, Profile] = {}  # (group name, MachineKey) -> this machine's profile
+_SAID: set = set()  # what was logged once per process
+
+
+def machine_key(group, world: int, device: torch.device) -> machine.MachineKey:
+    """This machine's key as the call's group sees it (no communication)."""
+    per = cluster.gpus_per_node().gpus_per_node
+    members = group_ranks(group, world)
+    spans = per is not None and len({r // per for r in members}) > 1
+    return _key(str(device), str(dist.get_backend(group)), per, spans)
+
+
+@functools.lru_cache(maxsize=16)
+def _key(device: str, backend: str, per: int | None, spans: bool) -> machine.MachineKey:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        gpu = torch.cuda.get_device_name(dev)
+        peer = torch.cuda.device_count() > 1 and torch.cuda.can_device_access_peer(0, 1)
+        link = f"{backend}/{'p2p' if peer else 'no-p2p'}"
+        nccl = _nccl() if backend == "nccl" else "none"
+    else:
+        gpu, link, nccl = dev.type, backend, "none"
+    return machine.MachineKey(gpu, per, link + ("+net" if spans else ""), nccl,
+                              machine.emulated_links(virtual_nodes()))
+
+
+def _nccl() -> str:
+    version = torch.cuda.nccl.version()  # a tuple in recent torch, an int before
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def machine_profile(group, world: int, device: torch.device, options: BurstOptions
+                    ) -> tuple[Profile | None, machine.MachineKey | None]:
+    """(this machine's profile if this process holds it, the key to acquire it by if not);
+    (None, None) where no measured profile is wanted: a profile named, or measuring off."""
+    if options.profile or os.environ.get(PROFILE_ENV):
+        return None, None
+    if not machine.measure_on():
+        _say_once("off", "burst auto: %s=off: deciding from the shipped profile %s, "
+                  "measured on another machine", machine.MEASURE_ENV, DEFAULT_PROFILE)
+        return None, None
+    machine.cache_dir()  # a bad setting raises here, on every rank, before any message
+    key = machine_key(group, world, device)
+    found = _KNOWN.get((group_name(group), key))
+    return (found, None) if found is not None else (None, key)
+
+
+def acquire(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
+            attend) -> Profile:
+    """This machine's profile, found by rank 0 or measured on every rank (module
+    docstring). Every rank of ``group`` calls it together; ``attend`` is ``burst_attn``."""
+    root = group_ranks(group, world)[0]
+    found = machine.find(key) if dist.get_rank() == root else None
+    box = [None if found is None else (found[0].to_json(), found[1])]
+    dist.broadcast_object_list(box, src=root, group=group)
+    if box[0] is not None:
+        prof = Profile.from_json(box[0][0])
+        logger.info("burst auto: profile %s (%s) matches this machine (%s)", box[0][1],
+                    machine.measured_when(prof), key.describe())
+    else:
+        t0 = time.perf_counter()
+        with torch.enable_grad():
+            prof = _measure(group, world, key, q, k, v, causal, attend)
+        box = [prof.to_json()]
+        dist.broadcast_object_list(box, src=root, group=group)  # rank 0's figures
+        prof = Profile.from_json(box[0])
+        path = _store(prof, key)
+        logger.warning("burst auto: measured this machine (%s) in %.1f s at first use; "
+                       "cached at %s", key.describe(), time.perf_counter() - t0, path)
+    _KNOWN[(group_name(group), key)] = prof
+    return prof
+
+
+def _store(prof: Profile, key: machine.MachineKey) -> str:
+    try:
+        return str(machine.store(prof, key))
+    except OSError as e:  # measured and used, but the next run measures again: say so
+        return f"nowhere ({machine.CACHE_ENV}: {e}; the next run measures again)"
+
+
+def _say_once(what: str, message: str, *args) -> None:
+    if what not in _SAID:
+        _SAID.add(what)
+        logger.warning(message, *args)
+
+
+def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
+             attend) -> Profile:
+    """Every measurement the decision needs, at the call's sizes (this rank's figures)."""
+    device, cpu = q.device, q.device.type == "cpu"
+    heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size(), v.shape[3])
+    tokens = max(q.shape[0] * q.shape[1], 1)
+    per = key.gpus_per_node
+    # Every topology the group allows (whatever this call fixes: the cache serves them all).
+    tops = candidates(world, heads, max_intra_node_size=cluster.max_intra_node_size(
+        world, cluster.GpusPerNode(per, "key"), group_ranks=group_ranks(group, world),
+        rank=dist.get_rank()))
+    repeat = 2 if cpu else 3
+    intra, inter, a2a = _links(group, world, per, tops, heads, tokens, device, repeat)
+    cap = 512 if cpu else 32768
+    sizes = sorted({min(tokens * u, cap) for u in {t.ulysses for t in tops}})
+    sizes = sorted(set(sizes) | {max(sizes[-1] // 4, 16)})
+    dense, varlen = measure.measure_kernels(sizes, q.shape[2], q.shape[3], device, q.dtype,
+                                            repeat, group, kv_heads=k.shape[2])
+    memory = measure.measure_memory(2**22 if cpu else 2**28, device, repeat, group)
+    step_us, call_us = _host(group, world, device, q.dtype, repeat, attend)
+    base = load_profile(DEFAULT_PROFILE)
+    copied = [w for w, link in (("intra-node link", intra), ("inter-node link", inter),
+                                ("all-to-all", a2a)) if link is None]
+    source = (f"measured at first use of 'auto' on {world} rank(s), {per or world} per node "
+              f"({key.describe()})" + (f"; not measured (nothing to measure on, no decision "
+                                       f"needed it): the {', '.join(copied)}, copied from "
+                                       f"{base.name}" if copied else ""))
+    prof = Profile(name=f"measured-{key.gpu.replace(' ', '-')}", intra=intra or base.intra,
+                   inter=inter or base.inter, alltoall=a2a or base.alltoall, dense=dense,
+                   varlen=varlen, memory_gbps=measure.significant(memory),
+                   step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
+                   gpus_per_node=per or world, source=source)
+    nodes = virtual_nodes()
+    if nodes is not None and not emulator.active():  # set, but nothing slows the links
+        prof = machine.with_emulated_links(prof, nodes, real=inter or prof.intra)
+    return dataclasses.replace(prof, machine=tuple(sorted(key.fields().items())),
+                               measured=time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def _links(group, world: int, per: int | None, tops, heads: HeadShape, tokens: int,
+           device: torch.device, repeat: int):
+    """(intra, inter, all-to-all) Links at the candidates' own message sizes; None for a
+    link there is nothing to measure on (one rank per node, one node, no Ulysses)."""
+    members, me = group_ranks(group, world), dist.get_rank()
+    nodes: dict[int, list[int]] = {}
+    for r in members:
+        nodes.setdefault(r // per if per else 0, []).append(r)
+    uniform = len({len(m) for m in nodes.values()}) == 1
+    mine = nodes[me // per if per else 0]
+    local, order, cap = mine.index(me), sorted(nodes), 2**22 if device.type == "cpu" else 2**28
+    sizes = _sizes([b for t in tops if t.ring_size > 1 for b in _hop_bytes(t, heads, tokens)],
+                   cap)
+
+    def fit(to: int, frm: int):
+        return measure.link_of([(n, measure.timed(measure.hop(to, frm, n, device), device,
+                                                  repeat, group)) for n in sizes])
+
+    intra = inter = a2a = None
+    if sizes and uniform and len(mine) > 1:
+        intra = fit(mine[(local + 1) % len(mine)], mine[(local - 1) % len(mine)])
+    if sizes and uniform and len(order) > 1:
+        i = order.index(me // per)
+        inter = fit(nodes[order[(i + 1) % len(order)]][local],
+                    nodes[order[(i - 1) % len(order)]][local])
+    u = max(t.ulysses for t in tops)
+    if u > 1:
+        first = members.index(me) // u * u
+        peers = members[first:first + u]
+        one = cost.ulysses_bytes(u, tokens, heads.hq, heads.hkv, heads.head_dim,
+                                 heads.elem_bytes, v_head_dim=heads.v_head_dim)[0] // 4
+        a2a = measure.link_of([(n, measure.timed(measure.exchange(peers, n, device), device,
+                                                 repeat, group)) for n in _sizes([one], cap)])
+    return intra, inter, a2a
+
+
+def _hop_bytes(t, heads: HeadShape, tokens: int) -> tuple[int, int]:
+    """(forward, backward) bytes of one hop of topology ``t``'s ring."""
+    hq, hkv = t.ring_heads
+    member, d, e, dv = tokens * t.ulysses, heads.head_dim, heads.elem_bytes, heads.v_head_dim
+    return (cost.forward_bytes(2, member, hkv, d, e, v_head_dim=dv),
+            cost.backward_bytes(t.backward, 2, member, hq, hkv, d, e, v_head_dim=dv))
+
+
+def _sizes(nbytes: list[int], cap: int) -> list[int]:
+    """At most four of the call's message sizes (capped), and a small one for latency."""
+    sizes = sorted({max(1, min(b, cap)) for b in nbytes})
+    if len(sizes) > 4:
+        sizes = [sizes[0], sizes[len(sizes) // 3], sizes[2 * len(sizes) // 3], sizes[-1]]
+    return sorted(set(sizes) | {max(4096, sizes[0] // 16)}) if sizes else []
+
+
+def _host(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
+          attend) -> tuple[float, float]:
+    """(per ring step, per call) host microseconds, from tiny calls on the group: a flat
+    ring (one call, 2 x world steps) and Ulysses over the whole group (one call, 2 steps)."""
+    q = torch.randn(1, 64, world, 16 if device.type == "cpu" else 64, device=device,
+                    dtype=dtype, requires_grad=True)
+
+    def call(**kw):
+        return lambda: attend(q, q, q, group, causal=True, backward="ring", **kw).sum(
+        ).backward()
+
+    ring = measure.timed(call(), device, repeat, group)
+    if world == 1:
+        return 0.0, ring * 1e6
+    ulysses = measure.timed(call(ulysses_size=world), device, repeat, group)
+    step = max(0.0, (ring - ulysses) / (2 * world - 2))
+    return step * 1e6, max(0.0, ring - 2 * world * step) * 1e6

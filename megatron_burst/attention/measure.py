@@ -1,0 +1,143 @@
+"""What the time model's profile is measured with: timed ring hops, all-to-alls, kernel calls
+and copies, and the fits that turn them into ``timing.Link`` and ``timing.Kernel``.
+
+One set of measurements serves both ``megatron-burst tune`` (a whole cluster, sizes from 1 MB
+to 256 MB) and the first use of 'auto' (``first_use``: the call's own sizes and shapes, on the
+call's group, in seconds). Every timing runs on every rank of a group together (a barrier
+before each run) and is the median of ``repeat`` runs after one warm-up.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..decide.timing import Kernel, Link
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeat: int,
+          group: dist.ProcessGroup | None = None) -> float:
+    """Median seconds of ``fn`` over ``repeat`` runs after one warm-up, ranks in step."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def hop(peer_to: int, peer_from: int, nbytes: int, device: torch.device) -> Callable:
+    """One ring hop: send ``nbytes`` to ``peer_to`` while receiving as many from
+    ``peer_from`` (global ranks), through ``dist.batch_isend_irecv`` (the emulator's too)."""
+    send = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    recv = torch.empty_like(send)
+
+    def run() -> None:
+        ops = [dist.P2POp(dist.isend, send, peer_to), dist.P2POp(dist.irecv, recv, peer_from)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return run
+
+
+def exchange(peers: Sequence[int], nbytes: int, device: torch.device) -> Callable:
+    """An all-to-all among ``peers`` (global ranks, this rank among them) as one batch of
+    point-to-point messages, as the Ulysses split posts it: ``nbytes`` leave this rank."""
+    me = dist.get_rank()
+    others = [p for p in peers if p != me]
+    piece = max(1, nbytes // max(len(others), 1))
+    sends = {p: torch.ones(piece, dtype=torch.uint8, device=device) for p in others}
+    recvs = {p: torch.empty(piece, dtype=torch.uint8, device=device) for p in others}
+
+    def run() -> None:
+        ops = [dist.P2POp(dist.isend, sends[p], p) for p in others] + [
+            dist.P2POp(dist.irecv, recvs[p], p) for p in others]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return run
+
+
+def significant(value: float) -> float:
+    """Four significant digits, not two decimals: a slow link or kernel (CPU ranks on a busy
+    host) must not round to 0, which the time model would divide by (and refuses)."""
+    return float(f"{value:.4g}")
+
+
+def link_of(points: list[tuple[int, float]]) -> Link:
+    """A Link from (bytes, seconds) points: bandwidth per size, latency from the smallest."""
+    pts = sorted(points)
+    bw = [(b, b / t / 1e9) for b, t in pts]
+    # Latency: what the smallest message costs beyond its bytes at the largest bandwidth.
+    latency = max(0.0, pts[0][1] - pts[0][0] / (bw[-1][1] * 1e9)) * 1e6
+    return Link(latency_us=round(latency, 2), gbps=significant(bw[-1][1]),
+                points=tuple((b, significant(g)) for b, g in bw))
+
+
+def fit_kernel(points: list[tuple[int, float]]) -> Kernel:
+    """Least squares of 1/rate = 1/peak + (half/peak) / n over the measured (n, TFLOP/s)."""
+    xs, ys = [1.0 / n for n, _ in points], [1.0 / r for _, r in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    intercept = my - slope * mx
+    if intercept <= 0 or not var:  # still rising at the largest size, or one size only
+        return Kernel(significant(max(r for _, r in points)), 0.0)
+    return Kernel(significant(1.0 / intercept), round(max(0.0, slope / intercept), 1))
+
+
+def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: torch.device,
+                    dtype: torch.dtype, repeat: int, group: dist.ProcessGroup | None = None,
+                    kv_heads: int | None = None) -> tuple[Kernel, Kernel]:
+    """(dense, varlen) fwd+bwd rates of this rank's local kernel on causal blocks of each
+    of ``tokens`` (varlen: the same tokens as 8 documents in one call)."""
+    from ..kernels.selection import select_kernel
+    from ..kernels.varlen import plan_calls
+    from ..plan.schedule import Block
+
+    dense, varlen = [], []
+    for n in tokens:
+        gen = torch.Generator(device="cpu").manual_seed(n)
+        q, do = (torch.randn(1, n, heads, head_dim, generator=gen).to(device, dtype)
+                 for _ in range(2))
+        k, v = (torch.randn(1, n, kv_heads or heads, head_dim, generator=gen).to(device, dtype)
+                for _ in range(2))
+        kern, scale = select_kernel(q, k), head_dim ** -0.5
+        blk = Block(0, n, 0, n, "causal")
+
+        def dense_step():
+            out, lse = kern.forward(q, k, v, blk, scale)
+            kern.backward(do, q, k, v, out, lse, blk, scale)
+
+        flops = 3.5 * 4 * n * n / 2 * heads * head_dim
+        dense.append((n, flops / timed(dense_step, device, repeat, group) / 1e12))
+        docs = 8
+        (call,) = plan_calls([Block(i * n // docs, (i + 1) * n // docs, i * n // docs,
+                                    (i + 1) * n // docs, "causal") for i in range(docs)],
+                             varlen=True, dense_min_area=float("inf"))
+
+        def varlen_step():
+            out, lse = kern.forward_varlen(q[0], k[0], v[0], call, scale)
+            kern.backward_varlen(do[0], q[0], k[0], v[0], out, lse, call, scale)
+
+        varlen.append((n // docs, flops / docs / timed(varlen_step, device, repeat, group)
+                       / 1e12))
+    return fit_kernel(dense), fit_kernel(varlen)
+
+
+def measure_memory(nbytes: int, device: torch.device, repeat: int,
+                   group: dist.ProcessGroup | None = None) -> float:
+    """GB/s of a copy of ``nbytes`` (read and write)."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / timed(lambda: dst.copy_(src), device, repeat, group) / 1e9

@@ -1,0 +1,256 @@
+"""'auto' on the machine it runs on (issue 41), on CPU gloo ranks through the real path.
+
+- the cache key: a profile measured on another machine (other GPU, other NCCL, other emulated
+  links) is never used; the matching one is, and nothing is measured;
+- first use measures once, in bounded time, caches, and neither a later call nor a later run
+  measures again; calls after the first of a signature never reach the measuring code;
+- every rank decides the same from rank 0's figures, whatever its own measured;
+- a decision the time model mispredicted is corrected: with a fake clock that makes the
+  chosen topology slow, the runner-up is timed once and kept, on every rank;
+- the emulator is part of the machine: its links are the model's inter-node link;
+- the settings are validated where they are read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import pytest
+import torch
+
+from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV, VirtualNodes
+from megatron_burst.decide import machine
+from megatron_burst.decide.options import BurstOptions, decide
+from megatron_burst.decide.timing import Kernel, Link, Profile, load_profile
+from megatron_burst.decide.topology import HeadShape
+
+from .distributed import run_ranks
+
+HERE = machine.MachineKey("cpu", None, "gloo", "none")
+SYNTHETIC = Profile(name="synthetic-here", intra=Link(5.0, 300.0), inter=Link(5.0, 30.0),
+                    alltoall=Link(10.0, 300.0), dense=Kernel(500.0, 1000.0),
+                    varlen=Kernel(300.0, 1000.0), memory_gbps=3000.0, step_overhead_us=30.0,
+                    call_overhead_us=100.0, gpus_per_node=2)
+
+
+def _on(cache: str) -> None:
+    os.environ["MEGATRON_BURST_AUTO_MEASURE"] = "on"
+    os.environ["MEGATRON_BURST_PROFILE_CACHE"] = cache
+    os.environ.pop("MEGATRON_BURST_PROFILE", None)
+
+
+def _keyed(prof: Profile, key: machine.MachineKey) -> Profile:
+    return dataclasses.replace(prof, machine=tuple(sorted(key.fields().items())),
+                               measured="2026-11-26 10:00:00")
+
+
+# ------------------------------------------------------------------ the key, on one process
+
+
+def test_a_profile_from_another_machine_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path))
+    gpu = machine.MachineKey("NVIDIA H100 80GB HBM3", 2, "nccl/p2p", "2.27.3")
+    others = [dataclasses.replace(gpu, gpu="NVIDIA H200"), dataclasses.replace(gpu, nccl="2.21.5"),
+              dataclasses.replace(gpu, emulate="gpus_per_node=1,gbps=25,latency_us=5")]
+    # Each other machine's profile, filed where this machine's would be: refused by content.
+    for other in others:
+        machine.cache_path(gpu).parent.mkdir(parents=True, exist_ok=True)
+        machine.cache_path(gpu).write_text(
+            __import__("json").dumps(_keyed(SYNTHETIC, other).to_json()))
+        assert machine.find(gpu) is None, other
+        assert not gpu.matches(_keyed(SYNTHETIC, other).machine)
+    machine.store(_keyed(SYNTHETIC, gpu), gpu)
+    found, where = machine.find(gpu)
+    assert found.name == "synthetic-here" and where == str(machine.cache_path(gpu))
+    for other in others:  # each has a file of its own: none of them is this one's
+        assert machine.cache_path(other) != machine.cache_path(gpu)
+        assert machine.find(other) is None
+    # Shipped: h200-nvlink records where it was measured (4 H200 of one node), a100-ib
+    # nothing (published figures): neither is picked for this H100.
+    assert machine.find(dataclasses.replace(gpu, gpu="NVIDIA H200", gpus_per_node=4,
+                                            emulate=None))[1] == "shipped h200-nvlink"
+    assert not machine.MachineKey("NVIDIA A100-SXM4-80GB", 8, "nccl/p2p", "2.21.5").matches(
+        load_profile("a100-ib").machine)
+
+
+def test_the_settings_are_checked_where_read(tmp_path, monkeypatch):
+    monkeypatch.setenv(machine.MEASURE_ENV, "sometimes")
+    with pytest.raises(ValueError, match=machine.MEASURE_ENV):
+        machine.measure_on()
+    monkeypatch.setenv(machine.MEASURE_ENV, "off")
+    assert not machine.measure_on()
+    (tmp_path / "file").write_text("")
+    for bad in (str(tmp_path / "file"), " "):
+        monkeypatch.setenv(machine.CACHE_ENV, bad)
+        with pytest.raises(ValueError, match=machine.CACHE_ENV):
+            machine.cache_dir()
+
+
+def test_the_emulated_links_are_the_models_inter_node_link(monkeypatch):
+    """Issue 41: under MEGATRON_BURST_EMULATE the model predicted the times of NVLink."""
+    heads, opts = HeadShape(32, 8, 128, 2), BurstOptions()
+    args = dict(cp=2, heads=heads, tokens=8192, max_intra_node_size=1, causal=True,
+                machine=SYNTHETIC)
+    monkeypatch.delenv(EMULATE_ENV, raising=False)
+    real = decide(opts, **args)
+    monkeypatch.setenv(EMULATE_ENV, "gpus_per_node=1,gbps=2,latency_us=5")
+    slow = decide(opts, **args)
+    nodes = VirtualNodes(1, 2.0, 5.0)
+    assert slow.profile.inter.seconds(2**26) == pytest.approx(nodes.seconds(2**26), rel=0.02)
+    assert slow.ranked[0].exposed_comm_s > real.ranked[0].exposed_comm_s + 0.01
+    # A profile measured under these very links is taken as measured.
+    here = _keyed(SYNTHETIC, dataclasses.replace(HERE, emulate=machine.emulated_links(nodes)))
+    assert machine.with_emulated_links(here, nodes) is here
+
+
+# ------------------------------------------------------------------ on gloo ranks
+
+
+def _call(shape=(1, 64, 4, 16), **kw):
+    import megatron_burst as mb
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(*shape, generator=gen, requires_grad=True)
+    k, v = (torch.randn(*shape[:2], 2, shape[3], generator=gen, requires_grad=True)
+            for _ in range(2))
+    mb.burst_attn(q, k, v, causal=True, ulysses_size="auto", **kw).sum().backward()
+
+
+def _decided():
+    from megatron_burst.attention import prepare
+
+    return [(p.topology, p.decision.profile.name) for p in prepare.PREPARED.values()
+            if p.decision is not None and p.decision.ranked]
+
+
+def _count(module, name, counter):
+    original = getattr(module, name)
+
+    def counted(*a, **kw):
+        counter.append(name)
+        return original(*a, **kw)
+    setattr(module, name, counted)
+
+
+def _first_use(rank, world, cache):
+    import time
+
+    from megatron_burst.attention import decision_check, first_use
+
+    _on(cache)
+    decision_check.MODEL_ERROR = float("inf")  # this test is about measuring only
+    measured: list = []
+    _count(first_use, "_measure", measured)
+    t0 = time.perf_counter()
+    _call()
+    first = time.perf_counter() - t0
+    _call(shape=(1, 32, 4, 16))  # another signature: the cache in this process answers
+    seen = _package_calls(lambda: _call(shape=(1, 32, 4, 16)))
+    return len(measured), first, seen, _decided()
+
+
+def _package_calls(fn) -> set:
+    seen = set()
+
+    def profile(frame, event, _arg):
+        if event == "call" and "/megatron_burst/" in frame.f_code.co_filename:
+            seen.add(frame.f_code.co_filename.rsplit("/", 1)[-1])
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_first_use_measures_once_caches_and_a_later_run_reads_the_cache(tmp_path):
+    results = run_ranks(2, _first_use, str(tmp_path), timeout=120)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and "cpu" in files[0].name
+    prof = load_profile(str(files[0]))
+    assert HERE.matches(prof.machine) and prof.measured and prof.dense.peak_tflops > 0
+    for count, seconds, seen, decided in results:
+        assert count == 1 and seconds < 10  # measured once, bounded (CPU, toy sizes)
+        assert not seen & {"first_use.py", "decision_check.py", "measure.py", "machine.py"}
+        assert {name for _, name in decided} == {prof.name}
+    again = run_ranks(2, _first_use, str(tmp_path), timeout=120)  # a later run: no measuring
+    assert [r[0] for r in again] == [0, 0]
+    assert [r[3] for r in again] == [r[3] for r in results]
+
+
+def _matching(rank, world, cache):
+    from megatron_burst.attention import first_use
+
+    _on(cache)
+    if rank == 0:  # only rank 0 looks: the others take what it broadcasts
+        key = first_use.machine_key(None, world, torch.device("cpu"))
+        machine.store(_keyed(SYNTHETIC, key), key)
+    first_use._measure = None  # measuring would fail
+    from megatron_burst.attention import decision_check
+    decision_check.MODEL_ERROR = float("inf")
+    _call()
+    return _decided()
+
+
+def test_a_matching_profile_decides_with_no_measurement(tmp_path):
+    for decided in run_ranks(2, _matching, str(tmp_path), timeout=120):
+        assert decided and {name for _, name in decided} == {"synthetic-here"}
+
+
+def _disagreeing(rank, world, cache):
+    from megatron_burst.attention import decision_check, first_use
+
+    _on(cache)
+    decision_check.MODEL_ERROR = float("inf")
+    original = first_use._measure
+    fast, slow = Link(1.0, 1e4), Link(1e5, 1e-4)
+
+    def mine(*a, **kw):  # rank 0 measures a slow all-to-all, rank 1 a slow ring
+        prof = original(*a, **kw)
+        ring, a2a = (fast, slow) if rank == 0 else (slow, fast)
+        return dataclasses.replace(prof, name=f"rank-{rank}", intra=ring, inter=ring,
+                                   alltoall=a2a, step_overhead_us=0.0)
+    first_use._measure = mine
+    _call()
+    return _decided()
+
+
+def test_ranks_with_different_measurements_decide_the_same(tmp_path):
+    """Each rank's own figures would choose differently (rank 1's: Ulysses); rank 0's
+    decide, on both."""
+    decided = run_ranks(2, _disagreeing, str(tmp_path), timeout=120)
+    assert decided[0] == decided[1] and decided[0]
+    assert {(t.ulysses, name) for t, name in decided[0]} == {(1, "rank-0")}
+
+
+def _misprediction(rank, world, cache):
+    from megatron_burst.attention import decision_check
+
+    _on(cache)
+    timed: list = []
+
+    def fake_clock(topology, run, device, group):
+        run()
+        timed.append(topology)
+        slow = topology == timed[0]  # the first timed is the model's choice
+        if rank == 1:  # this rank's clock says the opposite: rank 0's is the one read
+            slow = not slow
+        return 10.0 if slow else 0.001
+
+    decision_check.TIMER = fake_clock
+    _call(call_label=1)
+    _call(call_label=1)
+    _call(call_label=2)  # another layer, the same decision: its verdict, no timing
+    checks = list(decision_check.CHECKS.values())
+    return timed, [(c.chosen, c.kept, c.runner_up) for c in checks], _decided()
+
+
+def test_a_mispredicted_choice_is_corrected_on_every_rank(tmp_path):
+    results = run_ranks(2, _misprediction, str(tmp_path), timeout=120)
+    for timed, checks, decided in results:
+        (chosen, kept, runner), = checks
+        assert timed == [chosen, runner]  # each once, the runner-up after the choice
+        assert kept == runner != chosen
+        assert {t for t, _ in decided} == {runner}  # both layers run the runner-up
+    assert results[0][1] == results[1][1]
