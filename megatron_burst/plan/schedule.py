@@ -32,7 +32,7 @@ from .blocks import BLOCK_KINDS, INF, Block, Mask  # noqa: F401  (re-exported)
 from .mask_placement import mask_placement
 from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
 from .segments import Segment, Shard, concat
-from .slices import SliceMask, band_block, slice_blocks
+from .slices import SliceMask, at_most_square, band_block, slice_blocks
 
 # ------------------------------------------------------------------------- blocks
 
@@ -123,7 +123,7 @@ def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...],
             if a.row in run_of and run_of.get(b.row) == run_of[a.row]:
                 continue  # inside a run's causal block
             if (blk := _pair_block(a, b, mask)) is not None:
-                found.append(blk)
+                found += at_most_square(blk)  # (flash's window: slices.at_most_square)
     return _merge_full(found)
 
 

@@ -247,8 +247,26 @@ def slice_blocks(q_segs, k_segs, mask: SliceMask) -> list[Block]:
                 blk = band_block(a.row + q0 - qa, q1 - q0, b.row + k0 - ka, k1 - k0,
                                  max(dlo, -INF) + off, min(dhi, INF) + off)
                 if blk is not None:
-                    found.append(blk)
+                    found += at_most_square(blk)
     return found
 
 
-__all__ = ["KINDS", "SliceMask", "band_area", "band_block", "rows_area", "slice_blocks"]
+def at_most_square(blk: Block) -> list[Block]:
+    """``blk``, or for a band of more rows than columns its rows in runs of at most as many
+    rows as the run keeps columns (each trimmed again). flash-attn's window on a band block
+    of n > m rows gave some rows no keys (lse +inf, out NaN; 192 x 64, H100 and H200); runs
+    of n <= m are the shapes its window is known to compute (windows, documents)."""
+    n, m = blk.q_stop - blk.q_start, blk.k_stop - blk.k_start
+    if blk.kind != "band" or n <= m:
+        return [blk]
+    runs: list[Block] = []
+    for r in range(0, n, m):
+        part = band_block(blk.q_start + r, min(m, n - r), blk.k_start, m, blk.lo + r,
+                          blk.hi + r)
+        if part is not None:
+            runs += at_most_square(part)
+    return runs
+
+
+__all__ = ["KINDS", "SliceMask", "at_most_square", "band_area", "band_block", "rows_area",
+           "slice_blocks"]
