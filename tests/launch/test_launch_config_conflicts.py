@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from megatron_burst.launch.config import ConfigError, config_from_dict, load_config
-from megatron_burst.launch.flags import megatron_flags
-from megatron_burst.launch.owned_flags import owner_of
-from megatron_burst.launch.plan import validate
+from megatron_burst.launch.config.schema import ConfigError, config_from_dict, load_config
+from megatron_burst.launch.run.flags import megatron_flags
+from megatron_burst.launch.config.owned_flags import owner_of
+from megatron_burst.launch.planning.plan import validate
 
 from .conftest import CONFIGS, REPO
 
