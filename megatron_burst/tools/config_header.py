@@ -14,7 +14,6 @@ A test regenerates every block and compares, and checks that no number is writte
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import textwrap
 from pathlib import Path
@@ -31,9 +30,6 @@ from ..launch.planning.units import format_bytes
 BEGIN = "# --- from `megatron-burst plan` (python -m megatron_burst.tools.config_header); do not edit:"
 END = "# --- end of the plan's lines"
 WIDTH = 92
-# A number written by hand: digits standing alone ("103 ms", "1.89", "CP=4", "4 GPUs"), not
-# inside a name ("Llama-3.2", "A100", "h200x8", "bf16").
-HAND_WRITTEN_NUMBER = re.compile(r"(?<![\w.-])\d[\d,.]*(?![\w-])")
 
 
 def _sentences(cfg: Config) -> list[str]:
@@ -121,12 +117,6 @@ def with_generated_block(text: str, cfg: Config) -> str:
     while hand and hand[-1] == "#":
         hand.pop()
     return "\n".join([*hand, "#", *generated_block(cfg), *rest])
-
-
-def hand_written_numbers(text: str) -> list[str]:
-    """Numbers in the hand-written header lines (there should be none)."""
-    hand, _, _ = split_header(text)
-    return [n for line in hand for n in HAND_WRITTEN_NUMBER.findall(line)]
 
 
 def main(argv: list[str] | None = None) -> int:
