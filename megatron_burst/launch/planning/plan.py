@@ -10,7 +10,7 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 """
 from __future__ import annotations
 
-from ...decide.topology import TopologyError
+from ...decide.topology import CPTopology, TopologyError
 from ...decide.options import AUTO
 from ...decide.timing import load_profile
 from ..config.schema import Config, ConfigError
@@ -25,6 +25,8 @@ EXPOSED_WARNING = 0.05
 
 # Head dims PyTorch's flash and cuDNN SDPA kernels (the GPU local kernels) run: a multiple
 # of 8, at most 256. Anything else would fail at the first attention call, after queueing.
+# The kernels' capabilities own them (kernels/cuda.py); `plan` runs without torch, which
+# importing a kernel would load, so it copies them and a test holds the copy to the owner.
 HEAD_DIM_MULTIPLE = 8
 MAX_HEAD_DIM = 256
 
@@ -121,8 +123,9 @@ def _check_model_shape(cfg: Config) -> None:
 def _check_sequence(cfg: Config) -> None:
     """The sequence splits over CP (zigzag: 2 x CP chunks) and, with SP, over TP."""
     m, p = cfg.model, cfg.parallel
-    _require(m.seq_length % (2 * p.context) == 0, "model.seq_length",
-             f"{m.seq_length} is not divisible by 2 x parallel.context = {2 * p.context} "
+    divisor = CPTopology.seq_len_divisor(p.context)
+    _require(m.seq_length % divisor == 0, "model.seq_length",
+             f"{m.seq_length} is not divisible by 2 x parallel.context = {divisor} "
              f"(zigzag cuts the sequence into 2 x CP chunks)")
     local = m.seq_length // p.context
     if p.sequence_parallel and p.tensor > 1:
