@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="BurstAttention: exact context-parallel attention as a Megatron-Core backend",
     packages=find_packages(include=["megatron_burst", "megatron_burst.*"]),
-    package_data={"megatron_burst": ["profiles/*.json", "launch/megatron_options.json"]},
+    package_data={"megatron_burst": ["profiles/*.json", "launch/config/megatron_options.json"]},
     python_requires=">=3.11",
     # torch first and pinned by range: a bare "torch" would pull a CUDA build on CPU hosts.
     install_requires=["torch>=2.5,<2.14", "pyyaml>=6", "numpy"],
@@ -14,7 +14,7 @@ setup(
         # The layer spec, the adapter and the CPU run: 0.16.1 on Python 3.11 is enough.
         # megatron-core imports einops only to build hierarchical CP groups (the double ring
         # and Ulysses x ring pass --hierarchical-context-parallel-sizes) and triton for its
-        # GPT model's imports; it declares neither. launch/runtime_deps.py lists what each
+        # GPT model's imports; it declares neither. launch/run/runtime_deps.py lists what each
         # run imports, and a test checks every entry is in the extra its message names.
         "megatron": ["megatron-core>=0.16", "triton", "einops"],
         # The GPU entry point (python -m megatron_burst.megatron.pretrain_gpt) is built on

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_e2e  # noqa: E402
 
 from megatron_burst.decide.flops import read_flops  # noqa: E402
-from megatron_burst.launch.config import load_config  # noqa: E402
+from megatron_burst.launch.config.schema import load_config  # noqa: E402
 
 PAIRS = re.compile(r"causal attention pairs done: ([\d.]+) of full causal")
 SHAPES = {

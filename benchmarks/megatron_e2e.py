@@ -34,9 +34,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_burst.launch.config import load_config  # noqa: E402
-from megatron_burst.launch.flags import megatron_flags  # noqa: E402
-from megatron_burst.launch.memory import estimate_memory  # noqa: E402
+from megatron_burst.launch.config.schema import load_config  # noqa: E402
+from megatron_burst.launch.run.flags import megatron_flags  # noqa: E402
+from megatron_burst.launch.planning.memory import estimate_memory  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "llama3.2-1b-128k-4gpu.yaml")
 CP8_CONFIG = os.path.join(ROOT, "configs", "llama3.2-1b-256k-8gpu.yaml")

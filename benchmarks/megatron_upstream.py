@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_documents  # noqa: E402
 import megatron_e2e  # noqa: E402
 
-from megatron_burst.launch.config import load_config  # noqa: E402
+from megatron_burst.launch.config.schema import load_config  # noqa: E402
 
 DENSE_OFF = "--no-create-attention-mask-in-dataloader"
 

@@ -5,7 +5,7 @@
 
 For every shipped config on A100 nodes of 8 GPUs, and an inter-node link of 25 and 50 GB/s
 per GPU (the a100-ib profile with its `inter` link replaced; NVLink inside a node as
-profiled), the time model `megatron-burst plan` uses (`launch.step_time.predict_step`, on
+profiled), the time model `megatron-burst plan` uses (`launch.planning.step_time.predict_step`, on
 the topology `options.resolve` picks for the config's options with that profile) gives: the
 step time, tokens/s per GPU, MFU, the topology chosen, and the share of the step the ring
 waits on links. The run is scaled by data parallelism to 1,024 GPUs, each replica keeping
@@ -14,7 +14,7 @@ so tokens/s per GPU does not change with it (a real run loses some).
 
 Every row is a projection from a model that was checked only on one NVLink host: its
 attention time within 15% of the measured in 48 of 56 rows (4 H200), its step time
-calibrated on the end-to-end runs on file (``launch.calibration``). No slow link has been
+calibrated on the end-to-end runs on file (``tools.calibration``). No slow link has been
 measured (issue 27's emulated runs were not made: no device time left). Writes JSON and a
 markdown table beside it; ``--readme`` writes the README's table (``README_CONFIGS``, at the
 first link rate) between its two marker lines, which a test regenerates and compares.
@@ -33,13 +33,13 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from megatron_burst.launch.config import load_config, with_nodes  # noqa: E402
-from megatron_burst.launch.step_time import predict_step  # noqa: E402
-from megatron_burst.launch.resolve import topology_of  # noqa: E402
+from megatron_burst.launch.config.schema import load_config, with_nodes  # noqa: E402
+from megatron_burst.launch.planning.step_time import predict_step  # noqa: E402
+from megatron_burst.launch.config.burst import topology_of  # noqa: E402
 from megatron_burst.decide.timing import PROFILES_DIR  # noqa: E402
 
 MODEL_ERROR = ("attention time within 15% in 48/56 NVLink rows; step time calibrated on the "
-               "end-to-end runs on file (launch.calibration); no slow link measured")
+               "end-to-end runs on file (tools.calibration); no slow link measured")
 README_CONFIGS = ("llama2-70b-512k", "llama2-7b-32k", "llama3-8b-128k", "llama3-8b-1m")
 README_BEGIN = "<!-- projection table: python benchmarks/projection.py --readme README.md -->"
 README_END = "<!-- end of the projection table -->"

@@ -9,7 +9,8 @@ DESIGN.md's layers, bottom to top, each a folder of ``megatron_burst/``:
 - ``attention``: the call path: ``burst_attn``, its preparation, agreement and the ring loops;
 - ``megatron``: the Megatron-Core adapter and entry points;
 - the front door (``megatron_burst/__init__.py``), which names the public API;
-- ``launch``: configs, plans, flags, SLURM scripts, datasets;
+- ``launch``: configs, plans, flags, SLURM scripts, datasets, in sub-packages of their own
+  (``LAUNCH_PARTS``, bottom to top, held to the same rule among themselves);
 - ``tools``: the CPU run, tuning, the demo;
 - ``cli``: the ``megatron-burst`` command, which starts launch steps and tools.
 
@@ -27,6 +28,11 @@ NAME = PACKAGE.name
 LAYERS = ["comm", "plan", "kernels", "decide", "attention", "megatron", "", "launch", "tools",
           "cli"]  # "" is the front door
 CORE = LAYERS[:5]
+# launch/'s sub-packages and the modules at its top, bottom to top: data writes datasets and
+# needs none of the others; a config is read (config), planned (planning), started (run),
+# scripted for SLURM (slurm), and checked from a login node (login_checks).
+LAUNCH_PARTS = ["output_files", "data", "config", "planning", "run", "slurm", "login_checks"]
+LAUNCH_TOP_MODULES = 4  # at most this many modules stay at the top of launch/
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -85,6 +91,33 @@ def test_no_layer_imports_one_above_it():
     assert offenders == []
 
 
+def launch_part_of(module: str) -> str | None:
+    """The part of launch/ a module belongs to (its sub-package, or itself at the top)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "launch" else None
+
+
+def test_every_launch_module_is_in_a_part():
+    """A new sub-package or top module of launch/ takes its place in LAUNCH_PARTS."""
+    unplaced = sorted(m for m in MODULES if launch_part_of(m) not in (None, *LAUNCH_PARTS))
+    assert unplaced == []
+
+
+def test_no_launch_part_imports_one_above_it():
+    offenders = sorted(f"{m} -> {t}" for m, targets in _edges().items() for t in targets
+                       if launch_part_of(m) and launch_part_of(t)
+                       and LAUNCH_PARTS.index(launch_part_of(t))
+                       > LAUNCH_PARTS.index(launch_part_of(m)))
+    assert offenders == []
+
+
+def test_at_most_four_modules_stay_at_the_top_of_launch():
+    top = sorted(p.name for p in (PACKAGE / "launch").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= LAUNCH_TOP_MODULES, top
+    subpackages = {p.parent.name for p in (PACKAGE / "launch").glob("*/__init__.py")}
+    assert subpackages | {name.removesuffix(".py") for name in top} == set(LAUNCH_PARTS)
+
+
 def test_the_core_imports_no_megatron_core():
     """The attention core runs without megatron-core installed."""
     offenders = sorted(f"{m} -> {name}" for m, p in MODULES.items() if layer_of(m) in CORE
@@ -128,8 +161,9 @@ def test_no_module_over_350_lines_and_no_function_over_60():
 
 
 def test_the_checker_resolves_relative_imports_as_python_does():
-    """`from ..launch.config import Config` in tools/ names launch's module, and a lazy
-    import inside a function counts."""
+    """`from ..launch.config.schema import Config` in tools/ names launch's module, and a
+    lazy import inside a function counts."""
     found = imports_of(PACKAGE / "tools" / "cpu_run.py")
-    assert f"{NAME}.launch.config.Config" in found
-    assert _module_of(f"{NAME}.launch.config.Config") == f"{NAME}.launch.config"
+    assert f"{NAME}.launch.config.schema.Config" in found
+    assert _module_of(f"{NAME}.launch.config.schema.Config") == f"{NAME}.launch.config.schema"
+    assert launch_part_of(f"{NAME}.launch.config.schema") == "config"

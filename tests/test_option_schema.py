@@ -16,8 +16,8 @@ import typing
 import pytest
 
 from megatron_burst import burst_attn
-from megatron_burst.launch import config as schema
-from megatron_burst.launch.owned_flags import owner_of
+from megatron_burst.launch.config import schema
+from megatron_burst.launch.config.owned_flags import owner_of
 from megatron_burst.decide.options import OPTION_FIELDS, TOPOLOGY_OPTIONS, NotGiven
 
 FIELDS = {f.name: f for f in OPTION_FIELDS}

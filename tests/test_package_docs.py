@@ -15,13 +15,23 @@ REPO_PATH = re.compile(r"\b((?:benchmarks|configs|docs|megatron_burst|patches|sc
                        r"/[\w./*-]*\w)")
 
 
-@pytest.mark.parametrize("subpackage", ["launch", "megatron"])
+@pytest.mark.parametrize("subpackage", ["launch", "megatron", "tools", "launch/config",
+                                        "launch/planning",
+                                        "launch/run", "launch/slurm", "launch/data"])
 def test_a_subpackages_docstring_names_its_modules(subpackage):
+    """And its own sub-packages: launch's docstring is the map of launch/."""
     folder = PACKAGE / subpackage
     doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
     named = set(re.findall(r"`(\w+)`", doc))
     modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+    modules |= {p.parent.name for p in folder.glob("*/__init__.py")}
     assert modules <= named, f"not in {subpackage}'s docstring: {sorted(modules - named)}"
+
+
+def test_every_module_says_what_it_is_for():
+    undocumented = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")
+                          if not ast.get_docstring(ast.parse(p.read_text())))
+    assert undocumented == []
 
 
 def _texts(path: pathlib.Path):

@@ -87,7 +87,7 @@ def test_one_module_is_named_for_the_topology():
     named = sorted(p.relative_to(REPO).as_posix()
                    for p in (REPO / "megatron_burst").rglob("*topology*.py"))
     assert named == ["megatron_burst/decide/topology.py",
-                     "megatron_burst/launch/topology_candidates.py"]
+                     "megatron_burst/launch/planning/topology_candidates.py"]
 
 
 def test_a_prediction_and_a_topology_use_the_settled_words():

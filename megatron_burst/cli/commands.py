@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..launch.config import Config, load_config, resize_note, with_nodes
+from ..launch.config.schema import Config, load_config, resize_note, with_nodes
 
 
 def load_for_command(args: argparse.Namespace) -> tuple[Config, list[str]]:
@@ -25,7 +25,7 @@ def load_for_command(args: argparse.Namespace) -> tuple[Config, list[str]]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..launch.plan import make_plan
+    from ..launch.planning.plan import make_plan
 
     cfg, notes = load_for_command(args)
     print(make_plan(cfg, notes))
@@ -33,8 +33,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_flags(args: argparse.Namespace) -> int:
-    from ..launch.flags import format_flags, launch_line, megatron_flags
-    from ..launch.plan import validate
+    from ..launch.run.flags import format_flags, launch_line, megatron_flags
+    from ..launch.planning.plan import validate
 
     cfg, notes = load_for_command(args)
     validate(cfg)
@@ -49,11 +49,11 @@ def cmd_flags(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from ..launch.job_plan import job_plan
+    from ..launch.planning.job_plan import job_plan
     from ..launch.output_files import check_output_file, write_output_file
-    from ..launch.plan import validate
-    from ..launch.slurm import sbatch_script
-    from ..launch.slurm_run import home_warning
+    from ..launch.planning.plan import validate
+    from ..launch.slurm.sbatch import sbatch_script
+    from ..launch.slurm.lifecycle import home_warning
 
     cfg, notes = load_for_command(args)
     validate(cfg)
@@ -81,10 +81,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from ..launch.data import DataError, tokenize_jsonl
+    from ..launch.data.dataset import DataError, tokenize_jsonl
 
     if args.sample_corpus is not None:
-        from ..launch.sample_data import DEFAULT_VOCAB_SIZE, existing_sample, write_sample
+        from ..launch.data.sample import DEFAULT_VOCAB_SIZE, existing_sample, write_sample
 
         given = [name for name, value in (("CORPUS", args.corpus), ("--tokenizer", args.tokenizer),
                                           ("--output-prefix", args.output_prefix)) if value]

@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 from .commands import load_for_command
-from ..launch.config import Config, ConfigError
-from ..launch.flags import LAUNCH_ENV, megatron_flags, torchrun_words
-from ..launch.plan import validate
-from ..launch.runtime_deps import import_problem, run_needs
+from ..launch.config.schema import Config, ConfigError
+from ..launch.run.flags import LAUNCH_ENV, megatron_flags, torchrun_words
+from ..launch.planning.plan import validate
+from ..launch.run.runtime_deps import import_problem, run_needs
 
 
 class LaunchError(ValueError):
@@ -131,8 +131,8 @@ def _check_with_installed_megatron(cfg: Config) -> None:
     """megatron_args checked again with the installed Megatron's own parser and source (the
     config was checked with the pinned table when loaded): this host runs that Megatron.
     Where it will not import after all, the entry point says why in one line as it starts."""
-    from ..launch.megatron_options import live_table
-    from ..launch.owned_flags import check_megatron_args
+    from ..launch.config.megatron_options import live_table
+    from ..launch.config.owned_flags import check_megatron_args
 
     try:
         table = live_table()

@@ -3,7 +3,7 @@
 ``BurstOptions`` is the schema of every knob a user sets, each value spelled one way: a
 flat ring is ``intra_node_size=None`` everywhere (YAML ``null``; a count of 1 rank per node
 is a flat ring too), 'auto' means the time model decides. The ``--burst-*`` flags and the
-config keys that set the options (``launch.config.OPTION_KEYS``: the ``burst:`` section,
+config keys that set the options (``launch.config.schema.OPTION_KEYS``: the ``burst:`` section,
 ``cluster.profile``, ``data.document_*``) are made from its fields (``OPTION_FIELDS``);
 the spec provider's keywords are checked against them; ``burst_attn`` takes the topology
 choices as keywords of its own signature, each value checked here.

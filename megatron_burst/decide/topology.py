@@ -97,6 +97,12 @@ class CPTopology:
         """
         return _build(cp, ulysses, intra_node_size, backward, heads)
 
+    @staticmethod
+    def seq_len_divisor(cp: int) -> int:
+        """What a sequence's length over ``cp`` CP ranks must be a multiple of: the zigzag
+        layout cuts it into 2 x cp chunks, two per rank."""
+        return 2 * cp
+
     # ------------------------------------------------------------------ topology
 
     @property

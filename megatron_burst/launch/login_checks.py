@@ -26,11 +26,11 @@ import warnings
 from pathlib import Path
 from typing import Mapping
 
-from .config import Config, ConfigError, expand_vars
-from .flags import data_path_words, megatron_flags
-from .job_plan import job_plan
-from .plan import validate
-from .runtime_deps import run_needs
+from .config.schema import Config, ConfigError, expand_vars
+from .run.flags import data_path_words, megatron_flags
+from .planning.job_plan import job_plan
+from .planning.plan import validate
+from .run.runtime_deps import run_needs
 
 
 class LoginCheckError(ValueError):
@@ -84,7 +84,7 @@ def parse_with_megatron(cfg: Config, env: Mapping[str, str]) -> str:
         from megatron.training import arguments  # noqa: PLC0415 - only where installed
         from ..megatron.arguments import add_burst_args
     except Exception:  # noqa: BLE001 - any failure: the pinned table has checked the flags
-        from .megatron_options import pinned_table
+        from .config.megatron_options import pinned_table
 
         return (f"flags checked against the pinned option table (megatron-core "
                 f"{pinned_table().megatron_core}): megatron.training does not import here")
@@ -104,7 +104,7 @@ def parse_with_megatron(cfg: Config, env: Mapping[str, str]) -> str:
 
 def check_script(cfg: Config, config_path: str) -> str:
     """The sbatch script `slurm` writes for ``cfg`` is valid bash (``bash -n``)."""
-    from .slurm import sbatch_script
+    from .slurm.sbatch import sbatch_script
 
     text = sbatch_script(cfg, config_path)
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch") as script:

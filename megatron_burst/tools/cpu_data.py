@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..launch.config import Config, ConfigError, expand_vars
+from ..launch.config.schema import Config, ConfigError, expand_vars
 
 SUCCESSORS = 4  # bigram fan-out of the synthetic data: the loss floor is ln(4)
 
@@ -95,7 +95,7 @@ def text_prefix(cfg: Config) -> str:
 
 def load_text_tokenizer(cfg: Config) -> Any:
     """The run's tokenizer (a data.TextTokenizer); errors name data.tokenizer_model."""
-    from ..launch.data import DataError, load_tokenizer
+    from ..launch.data.dataset import DataError, load_tokenizer
 
     d = cfg.data
     if d.tokenizer_type != "HuggingFaceTokenizer":

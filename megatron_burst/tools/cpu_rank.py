@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..launch.resolve import topology_of
-from ..launch.config import Config, ConfigError
-from ..launch.memory import padded_vocab
+from ..launch.config.burst import topology_of
+from ..launch.config.schema import Config, ConfigError
+from ..launch.planning.memory import padded_vocab
 from .cpu_data import open_batch_source
 from .cpu_shims import megatron_on_cpu
 

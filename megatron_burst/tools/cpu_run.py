@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterator
 
 import torch.multiprocessing as mp
 
-from ..launch.resolve import topology_of
-from ..launch.config import Config, ConfigError
+from ..launch.config.burst import topology_of
+from ..launch.config.schema import Config, ConfigError
 from .cpu_data import SUCCESSORS, check_text_config, describe_data
 from .cpu_rank import Progress, RankFailure, RunResult, lr_at, rank_main
 

@@ -25,10 +25,10 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import megatron.training.arguments as arguments  # noqa: E402
 
-from megatron_burst.launch.resolve import topology_of  # noqa: E402
+from megatron_burst.launch.config.burst import topology_of  # noqa: E402
 from megatron_burst.megatron.resolve import topology_from_args  # noqa: E402
-from megatron_burst.launch.config import load_config  # noqa: E402
-from megatron_burst.launch.flags import megatron_flags  # noqa: E402
+from megatron_burst.launch.config.schema import load_config  # noqa: E402
+from megatron_burst.launch.run.flags import megatron_flags  # noqa: E402
 from megatron_burst.megatron.arguments import add_burst_args  # noqa: E402
 
 ENV = {"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "/tok/tokenizer.model"}

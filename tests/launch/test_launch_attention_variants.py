@@ -13,15 +13,16 @@ import dataclasses
 import pytest
 
 from megatron_burst.decide import cost
-from megatron_burst.launch.config import ConfigError, config_from_dict, load_config
-from megatron_burst.launch.flags import megatron_flags
-from megatron_burst.launch.memory import layer_params, ring_buffer_bytes
-from megatron_burst.launch.plan import validate
-from megatron_burst.launch.plan_report import ring_traffic, window_ring_bytes
+from megatron_burst.launch.config.schema import ConfigError, config_from_dict, load_config
+from megatron_burst.launch.run.flags import megatron_flags
+from megatron_burst.launch.planning.memory import layer_params, ring_buffer_bytes
+from megatron_burst.launch.planning.plan import validate
+from megatron_burst.launch.planning.report import ring_traffic, window_ring_bytes
 from megatron_burst.cli.run_command import check_cpu_attention
 from megatron_burst.decide.flops import causal_pairs
-from megatron_burst.launch.step_time import model_flops_per_step, predict_step, stage_window_layers
-from megatron_burst.launch.resolve import topology_of
+from megatron_burst.launch.planning.step_time import (model_flops_per_step, predict_step,
+                                                      stage_window_layers)
+from megatron_burst.launch.config.burst import topology_of
 
 from .conftest import REPO
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from megatron_burst.launch import step_time
-from megatron_burst.launch.calibration import fit_passes, main, margin, rows
-from megatron_burst.launch.measured_runs import megatron_flags_of, read_runs
+from megatron_burst.launch.planning import step_time
+from megatron_burst.tools.calibration import fit_passes, main, margin, rows
+from megatron_burst.tools.measured_runs import megatron_flags_of, read_runs
 
 from tests.readme import RESULTS
 

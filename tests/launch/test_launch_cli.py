@@ -9,8 +9,8 @@ import pytest
 
 from megatron_burst.megatron import environment
 from megatron_burst.cli.parser import BROKEN_PIPE_STATUS, main
-from megatron_burst.launch.config import ConfigError, load_config
-from megatron_burst.launch.flags import format_flags, megatron_flags
+from megatron_burst.launch.config.schema import ConfigError, load_config
+from megatron_burst.launch.run.flags import format_flags, megatron_flags
 from megatron_burst.tools.cpu_run import (RankFailure, _raise_rank_failure, compare_losses,
                                           lr_at, predicted_ring_bytes, run_cpu,
                                           with_train_iters)

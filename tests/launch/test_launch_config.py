@@ -9,9 +9,9 @@ import typing
 
 import pytest
 
-from megatron_burst.launch.config import (BOUNDS, Config, ConfigError, config_from_dict,
-                                          expand_vars, load_config, variables, with_nodes)
-from megatron_burst.launch.plan import validate
+from megatron_burst.launch.config.schema import (BOUNDS, Config, ConfigError, config_from_dict,
+                                                 expand_vars, load_config, variables, with_nodes)
+from megatron_burst.launch.planning.plan import validate
 
 from .conftest import CONFIGS, TINY
 

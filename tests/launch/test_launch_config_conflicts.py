@@ -1,17 +1,18 @@
 """Configs that would contradict their own plan are refused when loaded or planned:
 megatron_args that set what the plan decides, duplicate YAML keys, a malformed data.split,
-head dims the attention kernels cannot run."""
+head dims the attention kernels cannot run; and the rules launch/ checks have one owner."""
 from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
 import pytest
 
-from megatron_burst.launch.config import ConfigError, config_from_dict, load_config
-from megatron_burst.launch.flags import megatron_flags
-from megatron_burst.launch.owned_flags import owner_of
-from megatron_burst.launch.plan import validate
+from megatron_burst.launch.config.schema import ConfigError, config_from_dict, load_config
+from megatron_burst.launch.run.flags import megatron_flags
+from megatron_burst.launch.config.owned_flags import owner_of
+from megatron_burst.launch.planning.plan import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, validate
 
 from .conftest import CONFIGS, REPO
 
@@ -123,3 +124,22 @@ def test_cpu_configs_take_any_head_dim(tiny_raw):
     """The CPU kernel has no head-dim limit; the GPU rule does not apply there."""
     tiny_raw["model"].update(hidden_size=48, num_attention_heads=4, num_query_groups=2)
     validate(config_from_dict(tiny_raw))  # head dim 12
+
+
+def test_the_plans_head_dims_are_the_gpu_kernels_capabilities():
+    """`plan` copies the GPU kernels' head dims (it runs without torch): the same numbers."""
+    from megatron_burst import kernels
+
+    for kernel in (kernels.CudnnAttention, kernels.TorchFlashAttention, kernels.FlashAttnPackage):
+        capabilities = kernel.capabilities
+        assert (capabilities.head_dim_multiple, capabilities.max_head_dim) == (
+            HEAD_DIM_MULTIPLE, MAX_HEAD_DIM), kernel.name
+
+
+def test_launch_states_no_sequence_divisor_of_its_own():
+    """`seq % 2cp` has one owner, ``CPTopology.seq_len_divisor``: launch/ asks it."""
+    restated = [f"{path.relative_to(REPO)}:{number}"
+                for path in sorted((REPO / "megatron_burst" / "launch").rglob("*.py"))
+                for number, line in enumerate(path.read_text().splitlines(), 1)
+                if re.search(r"%\s*\(?2\s*\*|2 \* (p\.)?(context|cp)\b", line)]
+    assert restated == []

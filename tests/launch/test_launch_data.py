@@ -15,10 +15,10 @@ pytest.importorskip("megatron.core")
 from megatron.core.datasets.indexed_dataset import IndexedDataset  # noqa: E402
 
 from megatron_burst.cli.parser import main  # noqa: E402
-from megatron_burst.launch.config import ConfigError, config_from_dict  # noqa: E402
-from megatron_burst.launch.data import (DataError, load_tokenizer, tokenize_jsonl,  # noqa: E402
-                                        write_dataset)
-from megatron_burst.launch.sample_data import EOD_TOKEN, write_sample  # noqa: E402
+from megatron_burst.launch.config.schema import ConfigError, config_from_dict  # noqa: E402
+from megatron_burst.launch.data.dataset import (  # noqa: E402
+    DataError, load_tokenizer, tokenize_jsonl, write_dataset)
+from megatron_burst.launch.data.sample import EOD_TOKEN, write_sample  # noqa: E402
 from megatron_burst.tools.cpu_data import TextWindows, check_text_config  # noqa: E402
 from megatron_burst.tools.cpu_run import run_cpu  # noqa: E402
 

@@ -20,8 +20,8 @@ pytest.importorskip("tokenizers", reason="the data path needs the `data` extra: 
 pytest.importorskip("megatron.core")
 
 from megatron_burst.cli.parser import main  # noqa: E402
-from megatron_burst.launch.dataset_lock import FAULT_ENV  # noqa: E402
-from megatron_burst.launch.sample_data import write_sample  # noqa: E402
+from megatron_burst.launch.data.lock import FAULT_ENV  # noqa: E402
+from megatron_burst.launch.data.sample import write_sample  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 from .datasets import (as_plain_files, assert_no_leftovers, contents,  # noqa: E402

@@ -19,8 +19,8 @@ pytest.importorskip("tokenizers", reason="the data path needs the `data` extra: 
 pytest.importorskip("megatron.core")
 
 from megatron_burst.cli.parser import main  # noqa: E402
-from megatron_burst.launch.data import DataError, tokenize_jsonl, write_dataset  # noqa: E402
-from megatron_burst.launch.sample_data import write_sample  # noqa: E402
+from megatron_burst.launch.data.dataset import DataError, tokenize_jsonl, write_dataset  # noqa: E402
+from megatron_burst.launch.data.sample import write_sample  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 from .datasets import assert_no_leftovers, contents, visible, write_corpus  # noqa: E402
@@ -84,7 +84,7 @@ def test_failed_first_run_leaves_nothing(tmp_path, tokenizer_dir):
 
 SIGTERM_MID_RUN = """
 import os, signal, sys
-from megatron_burst.launch.data import load_tokenizer, write_dataset
+from megatron_burst.launch.data.dataset import load_tokenizer, write_dataset
 
 def texts():
     for i in range(3000):
@@ -179,7 +179,7 @@ def test_sample_never_deletes_a_file_it_did_not_write(tmp_path, capsys):
 
 
 def test_write_dataset_refuses_to_overwrite_by_default(tmp_path, tokenizer_dir, old_dataset):
-    from megatron_burst.launch.data import load_tokenizer
+    from megatron_burst.launch.data.dataset import load_tokenizer
 
     prefix, before = old_dataset
     with pytest.raises(DataError, match="--force"):

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from megatron_burst.launch.config import ConfigError, load_config
-from megatron_burst.launch.flags import megatron_flags
+from megatron_burst.launch.config.schema import ConfigError, load_config
+from megatron_burst.launch.run.flags import megatron_flags
 
 from .conftest import REPO
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from megatron_burst.launch.config import ConfigError, expand_vars, load_config
-from megatron_burst.launch.flags import megatron_flags
+from megatron_burst.launch.config.schema import ConfigError, expand_vars, load_config
+from megatron_burst.launch.run.flags import megatron_flags
 
 from .conftest import CONFIGS, REPO as REPO_ROOT
 
@@ -35,7 +35,7 @@ def test_flags_carry_the_config(path):
     if cfg.parallel.context > 1:
         assert _value(f, "--cp-comm-type") == "burst"
         # The resolved mode: 'auto' is decided once, for plan and flags alike.
-        from megatron_burst.launch.resolve import topology_of
+        from megatron_burst.launch.config.burst import topology_of
         assert _value(f, "--burst-backward") == topology_of(cfg).backward
     if "--hierarchical-context-parallel-sizes" in f:
         sizes = [int(x) for x in _value(f, "--hierarchical-context-parallel-sizes", 2)]

@@ -9,8 +9,8 @@ import pytest
 
 from megatron_burst.cli.parser import main
 from megatron_burst.launch import login_checks
-from megatron_burst.launch.config import load_config
-from megatron_burst.launch.megatron_options import pinned_table
+from megatron_burst.launch.config.schema import load_config
+from megatron_burst.launch.config.megatron_options import pinned_table
 
 from .conftest import REPO
 
@@ -66,7 +66,7 @@ def test_every_problem_is_named_in_one_line(login_node, capsys, monkeypatch, env
 
 
 def test_modules_are_found_by_name_without_importing_them(tmp_path, monkeypatch):
-    from megatron_burst.launch.runtime_deps import Need
+    from megatron_burst.launch.run.runtime_deps import Need
 
     (tmp_path / "heavy_on_import.py").write_text("raise RuntimeError('imported')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

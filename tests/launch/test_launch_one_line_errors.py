@@ -63,7 +63,7 @@ def test_an_infinite_float(tiny_raw, write_config, capsys):
     (2**32 - 1, 2, False), (2**32 - 101, 2, True),
 ])
 def test_seeds_numpy_refuses_are_refused(tiny_raw, write_config, capsys, seed, pipeline, ok):
-    from megatron_burst.launch.config import ConfigError, config_from_dict
+    from megatron_burst.launch.config.schema import ConfigError, config_from_dict
 
     tiny_raw["training"]["seed"] = seed
     tiny_raw["parallel"]["pipeline"] = pipeline

@@ -41,7 +41,7 @@ def _one_line_error(capsys, *needles: str) -> str:
 def data_made(tmp_path_factory):
     pytest.importorskip("tokenizers", reason="the data path needs the `data` extra")
     pytest.importorskip("megatron.core")
-    from megatron_burst.launch.sample_data import write_sample
+    from megatron_burst.launch.data.sample import write_sample
 
     from .datasets import write_corpus
 
@@ -100,7 +100,7 @@ def test_outputs_get_the_umasks_permissions(data_made, tmp_path, umask, mask, fi
     current = versions / os.readlink(versions / "current")
     assert [_mode(prefix.with_suffix(s)) for s in (".bin", ".idx")] == [files, files]
     assert [_mode(versions), _mode(current)] == [folders, folders]
-    from megatron_burst.launch.sample_data import write_sample
+    from megatron_burst.launch.data.sample import write_sample
 
     sample = write_sample(tmp_path / "s").corpus.parent
     assert _mode(sample) == folders and _mode(sample / "tokenizer") == folders

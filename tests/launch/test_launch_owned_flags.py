@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from megatron_burst.launch.config import ConfigError, config_from_dict, load_config
-from megatron_burst.launch.megatron_options import PINNED, TABLE_FILE, pinned_table
+from megatron_burst.launch.config.schema import ConfigError, config_from_dict, load_config
+from megatron_burst.launch.config.megatron_options import PINNED, TABLE_FILE, pinned_table
 
 from .conftest import REPO, TINY
 
@@ -61,7 +61,7 @@ def test_entries_the_plan_does_not_decide_pass(tiny_raw, args):
 
 def test_every_owned_flag_is_a_megatron_option():
     """An owned flag missing from the table could only be matched by spelling."""
-    from megatron_burst.launch.owned_flags import FIXED, OWNED_FLAGS
+    from megatron_burst.launch.config.owned_flags import FIXED, OWNED_FLAGS
 
     table = pinned_table()
     # Megatron-LM's patch adds this one (upstream has only the --no- form in 0.19).
@@ -81,11 +81,11 @@ def test_the_table_is_the_pinned_megatron_cores():
 @needs_wheel
 def test_the_committed_table_is_what_the_generator_makes():
     proc = subprocess.run([sys.executable, "-W", "ignore", "-m",
-                           "megatron_burst.launch.megatron_options", "--megatron", WHEEL],
+                           "megatron_burst.launch.config.megatron_options", "--megatron", WHEEL],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout) == json.loads(TABLE_FILE.read_text()), (
-        "regenerate it: python -m megatron_burst.launch.megatron_options --megatron "
+        "regenerate it: python -m megatron_burst.launch.config.megatron_options --megatron "
         "$MEGATRON_TRAINING_PATH --write")
 
 
@@ -96,8 +96,8 @@ import json, os, sys, typing, typing_extensions
 typing.override = getattr(typing, "override", typing_extensions.override)
 sys.path.insert(0, sys.argv[1])
 import megatron.training.arguments as arguments
-from megatron_burst.launch.config import load_config
-from megatron_burst.launch.flags import megatron_flags
+from megatron_burst.launch.config.schema import load_config
+from megatron_burst.launch.run.flags import megatron_flags
 from megatron_burst.megatron.arguments import add_burst_args
 arguments.get_device_arch_version = lambda: 8
 os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
@@ -135,7 +135,7 @@ def test_run_on_a_gpu_host_checks_with_the_installed_megatron(tiny_raw, monkeypa
     `run` with the installed Megatron's table."""
     import dataclasses
 
-    from megatron_burst.launch import megatron_options
+    from megatron_burst.launch.config import megatron_options
     from megatron_burst.cli import run_command
 
     pinned = pinned_table()
@@ -153,7 +153,7 @@ def test_run_on_a_gpu_host_checks_with_the_installed_megatron(tiny_raw, monkeypa
 LIVE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from megatron_burst.launch.megatron_options import live_table
+from megatron_burst.launch.config.megatron_options import live_table
 print(json.dumps(live_table().to_json()))
 """
 

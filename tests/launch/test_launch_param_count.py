@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from megatron_burst.launch.config import config_from_dict
-from megatron_burst.launch.memory import padded_vocab, stage_params
+from megatron_burst.launch.config.schema import config_from_dict
+from megatron_burst.launch.planning.memory import padded_vocab, stage_params
 
 from .conftest import REPO
 

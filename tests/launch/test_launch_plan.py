@@ -6,11 +6,11 @@ import dataclasses
 import pytest
 
 from megatron_burst.decide import cost
-from megatron_burst.launch.config import load_config
-from megatron_burst.launch.memory import (GIB, estimate_memory, estimate_stage,
-                                          layer_activation_bytes, stage_params)
-from megatron_burst.launch.plan import make_plan, validate
-from megatron_burst.launch.plan_report import ring_traffic
+from megatron_burst.launch.config.schema import load_config
+from megatron_burst.launch.planning.memory import (GIB, estimate_memory, estimate_stage,
+                                                   layer_activation_bytes, stage_params)
+from megatron_burst.launch.planning.plan import make_plan, validate
+from megatron_burst.launch.planning.report import ring_traffic
 
 from tests.distributed import run_ranks
 
@@ -139,7 +139,7 @@ def test_plan_speaks_one_unit_family_and_counts_in_words():
 
 
 def test_format_bytes_and_counts():
-    from megatron_burst.launch.units import format_bytes, format_count
+    from megatron_burst.launch.planning.units import format_bytes, format_count
 
     assert format_bytes(64 * 2**20) == "64.00 MiB" and format_bytes(3 * 2**30) == "3.00 GiB"
     assert format_bytes(512) == "512 B" and format_bytes(2048, width=8) == "    2.00 KiB"

@@ -8,11 +8,12 @@ import re
 
 import pytest
 
-from megatron_burst.launch.resolve import max_intra_node_size_of, tokens_per_rank, topology_of
-from megatron_burst.launch.config import load_config, resize_note, with_nodes
-from megatron_burst.launch.topology_candidates import chosen_prediction, topology_rows
-from megatron_burst.launch.plan import make_plan
-from megatron_burst.launch.step_time import format_duration, predict_step, stage_window_layers
+from megatron_burst.launch.config.burst import max_intra_node_size_of, tokens_per_rank, topology_of
+from megatron_burst.launch.config.schema import load_config, resize_note, with_nodes
+from megatron_burst.launch.planning.topology_candidates import chosen_prediction, topology_rows
+from megatron_burst.launch.planning.plan import make_plan
+from megatron_burst.launch.planning.step_time import (format_duration, predict_step,
+                                                      stage_window_layers)
 from megatron_burst.decide.timing import choose, load_profile, predict
 
 from .conftest import CONFIGS, REPO

@@ -12,13 +12,13 @@ import re
 
 import pytest
 
-from megatron_burst.launch.memory import GIB, estimate_memory
-from megatron_burst.launch.calibration import rows
-from megatron_burst.launch.config import SlurmConfig, load_config
-from megatron_burst.launch.job_plan import job_plan
-from megatron_burst.launch.slurm_time import parse_time_limit
-from megatron_burst.launch.units import format_bytes
-from megatron_burst.launch.step_time import REST_PASSES, STEP_MARGIN, predict_step
+from megatron_burst.launch.planning.memory import GIB, estimate_memory
+from megatron_burst.tools.calibration import rows
+from megatron_burst.launch.config.schema import SlurmConfig, load_config
+from megatron_burst.launch.planning.job_plan import job_plan
+from megatron_burst.launch.config.slurm_time import parse_time_limit
+from megatron_burst.launch.planning.units import format_bytes
+from megatron_burst.launch.planning.step_time import REST_PASSES, STEP_MARGIN, predict_step
 from megatron_burst.tools.cpu_data import SUCCESSORS
 
 from tests.readme import RESULTS
@@ -30,7 +30,7 @@ MIB = 2 ** 20
 
 
 def test_quick_start_numbers_are_the_configs():
-    from megatron_burst.launch.sample_data import DEFAULT_VOCAB_SIZE
+    from megatron_burst.launch.data.sample import DEFAULT_VOCAB_SIZE
 
     tiny = load_config(REPO / "configs" / "tiny-llama-cpu.yaml")
     p = tiny.parallel
@@ -115,8 +115,8 @@ def test_calibration_claims_are_the_fit():
 
 
 def test_slurm_example_is_the_plans():
-    from megatron_burst.launch import job_plan as jobs
-    from megatron_burst.launch.config import ClusterConfig
+    from megatron_burst.launch.planning import job_plan as jobs
+    from megatron_burst.launch.config.schema import ClusterConfig
 
     docs = " ".join((REPO / "docs" / "configs.md").read_text().split())
     for text in (f"the shortest of {jobs.DEFAULT_ALLOCATION_MIN // 60} hours, `slurm.max_time` and the "

@@ -11,10 +11,10 @@ import re
 import pytest
 
 from megatron_burst.megatron import environment
-from megatron_burst.launch import runtime_deps
+from megatron_burst.launch.run import runtime_deps
 from megatron_burst.cli.parser import main
-from megatron_burst.launch.config import load_config
-from megatron_burst.launch.resolve import topology_of
+from megatron_burst.launch.config.schema import load_config
+from megatron_burst.launch.config.burst import topology_of
 from megatron_burst.tools.cpu_run import predicted_ring_bytes, run_cpu
 
 from .conftest import CONFIGS, REPO, TINY

@@ -10,9 +10,9 @@ import subprocess
 import pytest
 
 from megatron_burst.cli.parser import main
-from megatron_burst.launch.config import ConfigError, load_config, with_nodes
-from megatron_burst.launch.job_plan import job_plan
-from megatron_burst.launch.slurm import sbatch_script
+from megatron_burst.launch.config.schema import ConfigError, load_config, with_nodes
+from megatron_burst.launch.planning.job_plan import job_plan
+from megatron_burst.launch.slurm.sbatch import sbatch_script
 
 from .conftest import CONFIGS, REPO
 from .slurm_harness import run_job, srun_args

@@ -12,12 +12,12 @@ import pytest
 
 from megatron_burst.megatron import environment
 from megatron_burst.cli.parser import main
-from megatron_burst.launch.config import ConfigError, load_config
-from megatron_burst.launch.job_plan import (DEFAULT_ALLOCATION_MIN, SAVE_SHARE,
-                                            checkpoint_bytes, job_plan)
-from megatron_burst.launch.runtime_deps import run_needs
-from megatron_burst.launch.slurm import sbatch_script
-from megatron_burst.launch.slurm_time import parse_time_limit
+from megatron_burst.launch.config.schema import ConfigError, load_config
+from megatron_burst.launch.planning.job_plan import (DEFAULT_ALLOCATION_MIN, SAVE_SHARE,
+                                                     checkpoint_bytes, job_plan)
+from megatron_burst.launch.run.runtime_deps import run_needs
+from megatron_burst.launch.slurm.sbatch import sbatch_script
+from megatron_burst.launch.config.slurm_time import parse_time_limit
 
 from .conftest import CONFIGS, REPO, TINY
 from .slurm_harness import CLUSTER_MODULES, requeues, run_job, srun_args

@@ -10,11 +10,11 @@ import signal
 import pytest
 
 from megatron_burst.cli.parser import main
-from megatron_burst.launch.checkpoint_retention import Retention, kept
-from megatron_burst.launch.config import ConfigError, load_config
-from megatron_burst.launch.job_plan import job_plan
-from megatron_burst.launch.slurm import sbatch_script
-from megatron_burst.launch.units import format_bytes
+from megatron_burst.launch.slurm.checkpoint_retention import Retention, kept
+from megatron_burst.launch.config.schema import ConfigError, load_config
+from megatron_burst.launch.planning.job_plan import job_plan
+from megatron_burst.launch.slurm.sbatch import sbatch_script
+from megatron_burst.launch.planning.units import format_bytes
 
 from .conftest import REPO
 from .slurm_harness import (finish, megatron_log, requeues, run_dir, start_training_job,

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from megatron_burst.cli.parser import main
-from megatron_burst.launch.config import ConfigError, load_config
-from megatron_burst.launch.job_plan import job_plan
-from megatron_burst.launch.slurm_time import (UNLIMITED, format_time_limit,
-                                              parse_time_limit)
+from megatron_burst.launch.config.schema import ConfigError, load_config
+from megatron_burst.launch.planning.job_plan import job_plan
+from megatron_burst.launch.config.slurm_time import (UNLIMITED, format_time_limit,
+                                                     parse_time_limit)
 
 from .conftest import REPO
 

@@ -19,10 +19,10 @@ import pytest
 
 from megatron_burst.megatron.resolve import topology_from_args
 from megatron_burst.decide.topology import CPTopology, HeadShape
-from megatron_burst.launch.config import config_from_dict, load_config
-from megatron_burst.launch.flags import megatron_flags
-from megatron_burst.launch.plan import validate
-from megatron_burst.launch.plan_report import ring_traffic
+from megatron_burst.launch.config.schema import config_from_dict, load_config
+from megatron_burst.launch.run.flags import megatron_flags
+from megatron_burst.launch.planning.plan import validate
+from megatron_burst.launch.planning.report import ring_traffic
 
 from .conftest import CONFIGS
 

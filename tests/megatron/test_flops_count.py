@@ -1,6 +1,6 @@
 """The FLOPs count (``megatron_burst.decide.flops``) against a hand count, and the ways into it: a
 Megatron run's arguments (``run_flops``), the printed line the benchmarks read back, and the
-planner's model FLOPs (``launch.step_time``)."""
+planner's model FLOPs (``launch.planning.step_time``)."""
 from __future__ import annotations
 
 import argparse
@@ -107,9 +107,9 @@ def test_window_layers_are_counted_as_megatron_places_them():
 
 
 def test_the_planner_counts_with_the_same_helper():
-    from megatron_burst.launch.config import load_config
-    from megatron_burst.launch.memory import padded_vocab
-    from megatron_burst.launch.step_time import model_flops_per_step
+    from megatron_burst.launch.config.schema import load_config
+    from megatron_burst.launch.planning.memory import padded_vocab
+    from megatron_burst.launch.planning.step_time import model_flops_per_step
 
     cfg = load_config("configs/llama3.2-1b-128k-4gpu.yaml")
     m = cfg.model
@@ -176,9 +176,9 @@ def test_mla_is_counted_at_its_projections_and_head_dims_every_way_in():
 
 def test_the_planner_counts_mla_and_windows_with_the_same_helper():
     from megatron_burst.decide.flops import mla_projections
-    from megatron_burst.launch.config import load_config
-    from megatron_burst.launch.memory import padded_vocab
-    from megatron_burst.launch.step_time import model_flops_per_step
+    from megatron_burst.launch.config.schema import load_config
+    from megatron_burst.launch.planning.memory import padded_vocab
+    from megatron_burst.launch.planning.step_time import model_flops_per_step
 
     for name in ("deepseek-style-mla-dense-8b-128k", "gptoss-style-dense-7b-128k"):
         cfg = load_config(f"configs/{name}.yaml")
