@@ -385,7 +385,8 @@ def test_fused_merge_matches_float64_merge():
 
 def test_fused_merge_compiles_once_for_lse_rows_at_any_offset():
     """A document pack's blocks start at any row: lse views at offsets 0..7 (4-byte steps,
-    every 16-byte alignment) and new row counts run one compiled variant of the merge."""
+    every 16-byte alignment), new row counts and either accumulator dtype run the variants
+    compiled at the first merge, and no other."""
     pytest.importorskip("triton")
     from megatron_burst.kernels import merge
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -407,6 +408,12 @@ def test_fused_merge_compiles_once_for_lse_rows_at_any_offset():
         if before is None:
             before = count
         assert count == before, (offset, count, before)
+    # A pack whose rows take more than two partials merges into fp32 homes: compiled at
+    # the first merge too, so its first pack compiles nothing.
+    fp32_home = torch.randn(1, 1000, 8, 64, device="cuda", generator=gen)
+    merge.merge_partial(fp32_home, lse_all[:, :, :1000], blk[:, :1000], blse_all[:, :, :1000])
+    torch.cuda.synchronize()
+    assert sum(len(c[0]) for c in caches.values()) == before
 
 
 # ------------------------------------------------------------ forced kernels x block kinds

@@ -120,9 +120,35 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
                              f"fused kernel (CUDA, Triton, power-of-two head dim)")
         merge_partial_torch(out, lse, block_out, block_lse)
         return
+    _compile_variants(out.device, block_out.dtype, out.shape[-1])
+    _launch(out, lse, block_out, block_lse)
+
+
+# (device, partial dtype, head dim) whose accumulator variants are compiled.
+_COMPILED: set[tuple] = set()
+
+
+def _compile_variants(device: torch.device, dtype: torch.dtype, head_dim: int) -> None:
+    """Both accumulator variants of the merge for these partials, compiled at the first
+    merge: a pack whose rows take at most two partials merges into half-precision homes,
+    others into fp32 (``burst._home_dtype``), so which one a new pack needs depends on the
+    pack; compiled on demand, the other one cost a Triton compile (~0.3 s) in the middle of
+    a run, at its first pack of the other kind (issue 39's 32K new-pack figure)."""
+    key = (device, dtype, head_dim)
+    if key in _COMPILED:
+        return
+    _COMPILED.add(key)
+    for acc in {torch.float32, dtype}:
+        if fuses(device, acc, head_dim):  # an empty merge: compiled, no row touched
+            o = torch.zeros(1, 1, 1, head_dim, device=device, dtype=acc)
+            lse = torch.zeros(1, 1, 1, device=device)
+            _launch(o[:, :0], lse[:, :, :0], o[:, :0].to(dtype), lse[:, :, :0])
+
+
+def _launch(out, lse, block_out, block_lse) -> None:
     b, s, h, d = out.shape
     rows = b * s * h
-    grid = (triton.cdiv(rows, 16),)
+    grid = (max(triton.cdiv(rows, 16), 1),)
     _merge_kernel[grid](out, lse, block_out, block_lse, rows, s, h,
                         out.stride(0), out.stride(1), out.stride(2),
                         lse.stride(0), lse.stride(1), lse.stride(2),
