@@ -307,3 +307,29 @@ def test_two_gpu_text_figures_are_the_probe_and_runs_on_file():
 def test_two_gpu_test_count_is_the_run_on_file():
     dots = (RESULTS / ISSUE39 / "gpu_tests_h100x2_after.txt").read_text().strip()
     _says(f"({dots.count('.')} passed, {dots.count('s')} needs 4 GPUs)")
+
+
+def test_slice_mask_table_is_the_run_on_file():
+    """The README's slice-mask table is the benchmark's printout on file, row for row, and
+    the efficiencies its text quotes are those rows'."""
+    printout = (RESULTS / "h100x2_issue42" / "slice_masks_stdout_h100x2.md").read_text()
+    rows = [line for line in printout.splitlines() if line.startswith("| ")]
+    assert len(rows) == 13  # the header and the twelve families
+    for line in rows:
+        _says(line)
+    for family, words in (("full", "full"), ("full_document", "full documents")):
+        (row,) = [line for line in rows if line.startswith(f"| {family} |")]
+        efficiency = row.split(" | ")[-2]  # 'fwd / bwd'
+        _says(f"{words} ({efficiency})")
+
+
+def test_auto_figures_are_the_runs_on_file():
+    plain = _load("h200x2_issue41/auto_check.json")["meta"]
+    emulated = _load("h200x2_issue41/auto_check_emulated.json")["meta"]
+    for meta, seconds in ((plain, "7.0 s"), (emulated, "3.5 s")):
+        assert any(f"in {seconds} at first use" in line for line in meta["auto_log"])
+        _says(seconds)
+    _says(f"within {plain['worst_auto_over_best']:.2f} of the best forced")
+    _says(f"{emulated['worst_auto_over_best']:.2f} at worst under the emulated links")
+    _says(f"within 15% in {plain['rows_model_within_15pct']} rows")
+    _says(f"({emulated['rows_model_within_15pct'].split(' of ')[0]} of 32 emulated)")
