@@ -254,3 +254,42 @@ def test_a_mispredicted_choice_is_corrected_on_every_rank(tmp_path):
         assert kept == runner != chosen
         assert {t for t, _ in decided} == {runner}  # both layers run the runner-up
     assert results[0][1] == results[1][1]
+
+
+def _near_tie(rank, world, gap):
+    """A decision whose runner-up the model predicts ``gap`` slower, timed by a clock under
+    which the choice meets its prediction and the runner-up is faster."""
+    from types import SimpleNamespace
+
+    import megatron_burst as mb
+    from megatron_burst.attention import decision_check
+    from megatron_burst.decide.options import Decision
+    from megatron_burst.decide.topology import CPTopology
+
+    burst, ring = (CPTopology.build(2, backward=b) for b in ("burst", "ring"))
+    ranked = (SimpleNamespace(topology=burst, total_s=1.0),
+              SimpleNamespace(topology=ring, total_s=1.0 + gap))
+    decision = Decision(burst, ranked, None, ("near tie", gap))
+    call = SimpleNamespace(layout="zigzag", window_size=(-1, -1), cu_seqlens=None)
+    timed: list = []
+
+    def fake_clock(topology, run, device, group):
+        run()
+        timed.append(topology.backward)
+        return 1.0 if topology == burst else 0.9  # the choice as predicted; the other faster
+
+    decision_check.TIMER = fake_clock
+    gen = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
+    found = decision_check.check(None, world, decision, call, q, k, v,
+                                 {"causal": True}, mb.burst_attn)
+    return timed, found.kept.backward
+
+
+@pytest.mark.parametrize("gap, timed, kept", [(0.05, ["burst", "ring"], "ring"),
+                                              (0.5, ["burst"], "burst")])
+def test_a_near_tie_is_settled_by_timing_both(gap, timed, kept):
+    """The model cannot rank two predictions closer than its stated error (15%): then the
+    runner-up is timed too, and the faster kept on every rank; a clear lead is not."""
+    for got_timed, got_kept in run_ranks(2, _near_tie, gap, timeout=120):
+        assert (got_timed, got_kept) == (timed, kept)

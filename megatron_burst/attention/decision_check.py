@@ -6,8 +6,11 @@ communication). A decision not yet checked in this process makes the call's firs
 after the ranks agreed on it, run ``check`` on every rank of the group together: the chosen
 topology's fwd+bwd at the call's own tensors (clones, so nothing of the user's changes) is
 timed, and rank 0's time is broadcast, so every rank compares the same number with the same
-prediction. Off by more than ``MODEL_ERROR``, the runner-up is timed likewise, once, and the
-faster of the two becomes the decision's verdict, on every rank; what changed is logged. A
+prediction. Off by more than ``MODEL_ERROR``, or where the runner-up's prediction is within
+``MODEL_ERROR`` of the choice's (the model cannot rank two such: on 2x H200 it predicted the
+burst and the ring backward alike at 8K tokens, and the ring one ran 8% faster), the runner-up
+is timed likewise, once, and the faster of the two becomes the decision's verdict, on every
+rank; what changed is logged. A
 verdict holds for the decision's inputs (``options.Decision.key``: shape, tokens, mask,
 options, profile) and the call's layout, window and whether it packs documents: every later
 call of them, any layer, any document pack, reads it at preparation and times nothing.
@@ -84,7 +87,7 @@ def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
     measured = _timed(group, world, chosen.topology, q, k, v, arguments, attend)
     off = measured / chosen.total_s - 1
     result = Check(chosen.topology, chosen.total_s, measured, chosen.topology)
-    if abs(off) > MODEL_ERROR:
+    if abs(off) > MODEL_ERROR or near_tie(chosen.total_s, runner.total_s):
         other = _timed(group, world, runner.topology, q, k, v, arguments, attend)
         kept = runner.topology if other < measured else chosen.topology
         result = dataclasses.replace(result, kept=kept, runner_up=runner.topology,
@@ -92,6 +95,11 @@ def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
     CHECKS[check_key(group, decision, call)] = result
     _log(result, off, runner)
     return result
+
+
+def near_tie(chosen_s: float, runner_s: float) -> bool:
+    """Whether the model's two best predictions are closer than its stated error."""
+    return runner_s <= chosen_s * (1 + MODEL_ERROR)
 
 
 def _log(result: Check, off: float, runner) -> None:
@@ -102,8 +110,10 @@ def _log(result: Check, off: float, runner) -> None:
         logger.info("%s, within the model's %.0f%%): kept", said, MODEL_ERROR * 100)
         return
     changed = result.kept != result.chosen
-    logger.warning("%s, beyond the model's %.0f%%): the runner-up %s (predicted %.2f ms) "
-                   "measured %.2f ms: %s", said, MODEL_ERROR * 100,
+    why = (f"beyond the model's {MODEL_ERROR:.0%}" if abs(off) > MODEL_ERROR else
+           f"the runner-up predicted within the model's {MODEL_ERROR:.0%}")
+    logger.warning("%s, %s): the runner-up %s (predicted %.2f ms) "
+                   "measured %.2f ms: %s", said, why,
                    result.runner_up.describe(), runner.total_s * 1e3,
                    result.runner_up_s * 1e3,
                    "switched to the runner-up" if changed else "kept the first choice")
