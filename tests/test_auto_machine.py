@@ -139,7 +139,7 @@ def _first_use(rank, world, cache):
     from megatron_burst.attention import decision_check, first_use
 
     _on(cache)
-    decision_check.MODEL_ERROR = float("inf")  # this test is about measuring only
+    decision_check.wanted = lambda decision: False  # this test is about measuring only
     measured: list = []
     _count(first_use, "_measure", measured)
     t0 = time.perf_counter()
@@ -188,7 +188,7 @@ def _matching(rank, world, cache):
         machine.store(_keyed(SYNTHETIC, key), key)
     first_use._measure = None  # measuring would fail
     from megatron_burst.attention import decision_check
-    decision_check.MODEL_ERROR = float("inf")
+    decision_check.wanted = lambda decision: False  # the model's choice, unchecked
     _call()
     return _decided()
 
@@ -202,7 +202,7 @@ def _disagreeing(rank, world, cache):
     from megatron_burst.attention import decision_check, first_use
 
     _on(cache)
-    decision_check.MODEL_ERROR = float("inf")
+    decision_check.wanted = lambda decision: False  # the model's choice, unchecked
     original = first_use._measure
     fast, slow = Link(1.0, 1e4), Link(1e5, 1e-4)
 
