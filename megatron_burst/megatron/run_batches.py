@@ -63,7 +63,12 @@ def document_batch(data_iterator: Iterator, args: Any) -> Tuple[Any, ...]:
     makes them here instead) under Megatron's RerunDataIterator; this step only copies them
     to the GPU from pinned memory. The documents' lengths also go to Megatron's FLOPs count
     where it keeps one (0.19+), and to this package's (``run_flops``), printed every few packs.
+    Under --burst-mask-builder it is ``mask_batch``'s: Megatron-LM's pretrain_gpt.py with the
+    patch calls this for every batch the package makes (``dataset_on_every_rank``), so the
+    builder is honoured there exactly as through this package's entry point.
     """
+    if getattr(args, "burst_mask_builder", None):
+        return mask_batch(data_iterator, args)
     batches = _document_batches(args)
     _trace().step()
     source = data_iterator

@@ -169,3 +169,19 @@ def test_this_entry_point_refuses_what_it_would_ignore(extra, megatron, match) -
         with pytest.raises(ValueError, match=match):
             entry.check_own_entry(args)
     entry.check_own_entry(parser().parse_args(BURST))  # a plain run passes
+
+
+def test_the_patch_s_batch_call_honours_a_mask_builder(monkeypatch) -> None:
+    """Megatron-LM's pretrain_gpt.py with the patch calls entry.document_batch for every
+    batch the package makes: under --burst-mask-builder that must be the builder's mask
+    batch (it made document batches, ignoring the builder)."""
+    from megatron_burst.megatron import run_batches
+
+    made = []
+    monkeypatch.setattr(run_batches, "mask_batch",
+                        lambda it, args: made.append(args.burst_mask_builder) or "mask batch")
+    args = SimpleNamespace(burst_mask_builder="megatron_burst.megatron.mask_batches:prefix_lm",
+                           burst_document_mask=False)
+    assert entry.dataset_on_every_rank(args)
+    assert entry.document_batch(iter(()), args) == "mask batch"
+    assert made == [args.burst_mask_builder]
