@@ -167,3 +167,11 @@ def test_the_checker_resolves_relative_imports_as_python_does():
     assert f"{NAME}.launch.config.schema.Config" in found
     assert _module_of(f"{NAME}.launch.config.schema.Config") == f"{NAME}.launch.config.schema"
     assert launch_part_of(f"{NAME}.launch.config.schema") == "config"
+
+
+def test_the_core_reads_the_environment_in_one_module():
+    """Settings are read once, into one validated value (``comm.settings``): no other module
+    of the core layers or the Megatron adapter reads ``os.environ`` (issue 44 allows two)."""
+    readers = sorted(m for m, p in MODULES.items() if layer_of(m) in LAYERS[:6]
+                     and any(word in p.read_text() for word in ("os.environ", "getenv(")))
+    assert readers == [f"{NAME}.comm.settings"], readers

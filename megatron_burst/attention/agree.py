@@ -48,7 +48,6 @@ joins the collective its peers run).
 from __future__ import annotations
 
 import collections
-import os
 from typing import Mapping
 
 import torch
@@ -56,11 +55,11 @@ import torch.distributed as dist
 
 from .call import failed_signature
 from ..comm.headers import digest_text
+from ..comm.settings import AGREE_ENV, AGREE_MODES, current
 from ..comm.waits import wait_bounded
 from .sharding import group_ranks
 
-MODE_ENV = "MEGATRON_BURST_AGREE"
-MODES = ("first", "always", "off")
+MODE_ENV, MODES = AGREE_ENV, AGREE_MODES  # the setting, read once (``comm.settings``)
 CACHE_SIZE = 256  # verified signatures kept per group
 
 _CACHES: dict[str, collections.OrderedDict] = {}  # group name -> verified signatures
@@ -78,19 +77,12 @@ def require_member(group: dist.ProcessGroup | None) -> None:
             f"leaves out): pass the context-parallel group this rank belongs to")
 
 
-def _mode() -> str:
-    mode = os.environ.get(MODE_ENV, "first").strip().lower()
-    if mode not in MODES:
-        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {mode!r}")
-    return mode
-
-
 def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) -> None:
     """Raise the same ValueError on every rank of ``group`` if their ``sig`` differ.
 
     Call on every rank, with the same mode, before the call's first communication.
     """
-    mode = _mode()
+    mode = current().agree
     if not dist.is_available() or not dist.is_initialized():
         return
     pg = group if group is not None else dist.group.WORLD

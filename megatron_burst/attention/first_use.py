@@ -20,18 +20,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
 from ..comm import emulator
-from ..comm.emulated_nodes import virtual_nodes
+from ..comm.settings import CACHE_ENV, MEASURE_ENV, current
 from ..decide import cluster, cost, machine
 from ..decide.options import BurstOptions
-from ..decide.timing import (DEFAULT_PROFILE, PROFILE_ENV, Profile, candidates,
-                             load_profile)
+from ..decide.timing import DEFAULT_PROFILE, Profile, candidates, load_profile
 from ..decide.topology import HeadShape
 from . import measure
 from .sharding import group_name, group_ranks
@@ -61,7 +59,7 @@ def _key(device: str, backend: str, per: int | None, spans: bool) -> machine.Mac
     else:
         gpu, link, nccl = dev.type, backend, "none"
     return machine.MachineKey(gpu, per, link + ("+net" if spans else ""), nccl,
-                              machine.emulated_links(virtual_nodes()))
+                              machine.emulated_links(current().emulate))
 
 
 def _nccl() -> str:
@@ -73,13 +71,13 @@ def machine_profile(group, world: int, device: torch.device, options: BurstOptio
                     ) -> tuple[Profile | None, machine.MachineKey | None]:
     """(this machine's profile if this process holds it, the key to acquire it by if not);
     (None, None) where no measured profile is wanted: a profile named, or measuring off."""
-    if options.profile or os.environ.get(PROFILE_ENV):
+    found = current()  # a bad setting raised there, on every rank, before any message
+    if options.profile or found.profile:
         return None, None
-    if not machine.measure_on():
+    if not found.auto_measure:
         _say_once("off", "burst auto: %s=off: deciding from the shipped profile %s, "
-                  "measured on another machine", machine.MEASURE_ENV, DEFAULT_PROFILE)
+                  "measured on another machine", MEASURE_ENV, DEFAULT_PROFILE)
         return None, None
-    machine.cache_dir()  # a bad setting raises here, on every rank, before any message
     key = machine_key(group, world, device)
     found = _KNOWN.get((group_name(group), key))
     return (found, None) if found is not None else (None, key)
@@ -115,7 +113,7 @@ def _store(prof: Profile, key: machine.MachineKey) -> str:
     try:
         return str(machine.store(prof, key))
     except OSError as e:  # measured and used, but the next run measures again: say so
-        return f"nowhere ({machine.CACHE_ENV}: {e}; the next run measures again)"
+        return f"nowhere ({CACHE_ENV}: {e}; the next run measures again)"
 
 
 def _say_once(what: str, message: str, *args) -> None:
@@ -156,7 +154,7 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
                    varlen=varlen, memory_gbps=measure.significant(memory),
                    step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
                    gpus_per_node=per or world, source=source)
-    nodes = virtual_nodes()
+    nodes = current().emulate
     if nodes is not None and not emulator.active():  # set, but nothing slows the links
         prof = machine.with_emulated_links(prof, nodes, real=inter or prof.intra)
     return dataclasses.replace(prof, machine=tuple(sorted(key.fields().items())),
