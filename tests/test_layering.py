@@ -175,3 +175,16 @@ def test_the_core_reads_the_environment_in_one_module():
     readers = sorted(m for m, p in MODULES.items() if layer_of(m) in LAYERS[:6]
                      and any(word in p.read_text() for word in ("os.environ", "getenv(")))
     assert readers == [f"{NAME}.comm.settings"], readers
+
+
+def test_the_ranks_agree_through_one_module():
+    """How agreement's numbers travel is stated once (``comm.consensus``): the device rule
+    for a group's backend, the copy home behind an event, rank 0's value broadcast, the
+    error as text (issue 44)."""
+    rules = ('"nccl" in', "pin_memory=True", "broadcast_object_list",
+             "isinstance(error, ValueError) else", "isinstance(err, ValueError) else")
+    found = sorted((m, rule) for m, p in MODULES.items() if layer_of(m) in LAYERS[:6]
+                   for rule in rules if rule in p.read_text())
+    assert {m for m, _ in found} <= {f"{NAME}.comm.consensus", f"{NAME}.comm.headers"}, found
+    # The headers keep their own pinned rows (one per message received), no other rule.
+    assert [r for m, r in found if m.endswith("headers")] == ["pin_memory=True"], found

@@ -25,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..comm import emulator
+from ..comm import consensus, emulator
 from ..comm.settings import CACHE_ENV, MEASURE_ENV, current
 from ..decide import cluster, cost, machine
 from ..decide.options import BurstOptions
@@ -87,21 +87,17 @@ def acquire(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
             attend) -> Profile:
     """This machine's profile, found by rank 0 or measured on every rank (module
     docstring). Every rank of ``group`` calls it together; ``attend`` is ``burst_attn``."""
-    root = group_ranks(group, world)[0]
-    found = machine.find(key) if dist.get_rank() == root else None
-    box = [None if found is None else (found[0].to_json(), found[1])]
-    dist.broadcast_object_list(box, src=root, group=group)
-    if box[0] is not None:
-        prof = Profile.from_json(box[0][0])
-        logger.info("burst auto: profile %s (%s) matches this machine (%s)", box[0][1],
+    found = machine.find(key) if dist.get_rank() == consensus.root(group) else None
+    told = consensus.from_root(group, None if found is None else (found[0].to_json(), found[1]))
+    if told is not None:
+        prof = Profile.from_json(told[0])
+        logger.info("burst auto: profile %s (%s) matches this machine (%s)", told[1],
                     machine.measured_when(prof), key.describe())
     else:
         t0 = time.perf_counter()
         with torch.enable_grad():
             prof = _measure(group, world, key, q, k, v, causal, attend)
-        box = [prof.to_json()]
-        dist.broadcast_object_list(box, src=root, group=group)  # rank 0's figures
-        prof = Profile.from_json(box[0])
+        prof = Profile.from_json(consensus.from_root(group, prof.to_json()))  # rank 0's figures
         path = _store(prof, key)
         logger.warning("burst auto: measured this machine (%s) in %.1f s at first use; "
                        "cached at %s", key.describe(), time.perf_counter() - t0, path)

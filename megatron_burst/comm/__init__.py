@@ -11,6 +11,8 @@ One module per job:
 - ``settings``: every ``MEGATRON_BURST_*`` setting, read from the environment once into one
   validated value (``BurstSettings``, ``current()``), for this layer and those above;
 - ``waits``: host-blocking waits that give up, naming the peer (``wait_bounded``);
+- ``consensus``: how the ranks of a group learn what the others hold: the device a group's
+  collectives take, bounded gathers, checks deferred until the GPU's result is home;
 - ``headers``: the header every message starts with, checked by its receiver;
 - ``messages``: one buffer per hop (``Packed``), posted one batch per step (``PeerComm``);
 - ``ring_positions``: who holds what at each step of a flat or double ring (``RingTopology``),

@@ -35,15 +35,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.profiler import record_function
 
+from megatron_burst.comm.consensus import shared
 from megatron_burst.comm.settings import PREFETCH_ENV, current
-from megatron_burst.megatron.batch_verdict import (
-    EXHAUSTED,
-    FAILED,
-    OK,
-    Verdict,
-    settle,
-    shared,
-)
+from megatron_burst.megatron.batch_verdict import EXHAUSTED, FAILED, OK, Verdict, settle
 
 THREAD_PREFIX = "megatron-burst-prefetch"
 ENV = PREFETCH_ENV  # 1 (default): make batches ahead; 0: on the step
