@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_burst.attention import prepare
-from megatron_burst.comm import count_comm, record_sent
+from megatron_burst.comm import count_comm, record_sent, settings
 from megatron_burst.decide.topology import CPTopology
 
 from .burst_call import call
@@ -255,6 +255,7 @@ def cache_worker(rank: int, world: int) -> dict:
 
     def cost(mode: str, **options) -> int:
         os.environ["MEGATRON_BURST_AGREE"] = mode
+        settings.reload()  # the package reads its settings once; this rank changes one
         before = len(collectives)
         call(rank, hq=4, hkv=2, **options)
         return len(collectives) - before

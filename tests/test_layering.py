@@ -167,3 +167,24 @@ def test_the_checker_resolves_relative_imports_as_python_does():
     assert f"{NAME}.launch.config.schema.Config" in found
     assert _module_of(f"{NAME}.launch.config.schema.Config") == f"{NAME}.launch.config.schema"
     assert launch_part_of(f"{NAME}.launch.config.schema") == "config"
+
+
+def test_the_core_reads_the_environment_in_one_module():
+    """Settings are read once, into one validated value (``comm.settings``): no other module
+    of the core layers or the Megatron adapter reads ``os.environ`` (issue 44 allows two)."""
+    readers = sorted(m for m, p in MODULES.items() if layer_of(m) in LAYERS[:6]
+                     and any(word in p.read_text() for word in ("os.environ", "getenv(")))
+    assert readers == [f"{NAME}.comm.settings"], readers
+
+
+def test_the_ranks_agree_through_one_module():
+    """How agreement's numbers travel is stated once (``comm.consensus``): the device rule
+    for a group's backend, the copy home behind an event, rank 0's value broadcast, the
+    error as text (issue 44)."""
+    rules = ('"nccl" in', "pin_memory=True", "broadcast_object_list",
+             "isinstance(error, ValueError) else", "isinstance(err, ValueError) else")
+    found = sorted((m, rule) for m, p in MODULES.items() if layer_of(m) in LAYERS[:6]
+                   for rule in rules if rule in p.read_text())
+    assert {m for m, _ in found} <= {f"{NAME}.comm.consensus", f"{NAME}.comm.headers"}, found
+    # The headers keep their own pinned rows (one per message received), no other rule.
+    assert [r for m, r in found if m.endswith("headers")] == ["pin_memory=True"], found

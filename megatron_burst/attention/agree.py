@@ -48,19 +48,17 @@ joins the collective its peers run).
 from __future__ import annotations
 
 import collections
-import os
 from typing import Mapping
 
-import torch
 import torch.distributed as dist
 
 from .call import failed_signature
+from ..comm import consensus
 from ..comm.headers import digest_text
-from ..comm.waits import wait_bounded
+from ..comm.settings import AGREE_ENV, AGREE_MODES, current
 from .sharding import group_ranks
 
-MODE_ENV = "MEGATRON_BURST_AGREE"
-MODES = ("first", "always", "off")
+MODE_ENV, MODES = AGREE_ENV, AGREE_MODES  # the setting, read once (``comm.settings``)
 CACHE_SIZE = 256  # verified signatures kept per group
 
 _CACHES: dict[str, collections.OrderedDict] = {}  # group name -> verified signatures
@@ -78,19 +76,12 @@ def require_member(group: dist.ProcessGroup | None) -> None:
             f"leaves out): pass the context-parallel group this rank belongs to")
 
 
-def _mode() -> str:
-    mode = os.environ.get(MODE_ENV, "first").strip().lower()
-    if mode not in MODES:
-        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {mode!r}")
-    return mode
-
-
 def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) -> None:
     """Raise the same ValueError on every rank of ``group`` if their ``sig`` differ.
 
     Call on every rank, with the same mode, before the call's first communication.
     """
-    mode = _mode()
+    mode = current().agree
     if not dist.is_available() or not dist.is_initialized():
         return
     pg = group if group is not None else dist.group.WORLD
@@ -104,7 +95,7 @@ def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) 
         return  # verified with every rank before; see the module docstring for why
     if dist.get_world_size(group) < 2:
         return  # nobody to disagree with
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if consensus.capturing():
         raise ValueError(
             "burst_attn inside a CUDA graph capture needs its arguments checked before: run "
             "the same call once outside the capture first (make_graphed_callables' warm-up "
@@ -130,7 +121,7 @@ def _agree_on_mode(group: dist.ProcessGroup | None, name: str, mode: str) -> Non
     """At a group's first check, whatever each rank's mode (``off`` too): every rank joins
     one exchange of its mode, and if they differ all raise the same ValueError. A rank with
     ``off`` that skipped the check while its peers waited in it would leave them waiting."""
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if consensus.capturing():
         raise ValueError(f"burst_attn's first call on a group must run outside a CUDA graph "
                          f"capture (its ranks compare {MODE_ENV} then)")
     table = _exchange(group, [digest_text(mode)])
@@ -148,24 +139,12 @@ def _field_hash(name: str, value: object) -> int:
 
 
 def _exchange(group: dist.ProcessGroup | None, fingerprint: list[int]) -> list[list[int]]:
-    """All ranks' fingerprints, in group rank order (one all-gather, bounded on CPU)."""
-    device = _device(group)
-    mine = torch.tensor(fingerprint, dtype=torch.int64, device=device)
-    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    work = dist.all_gather(rows, mine, group=group, async_op=True)
-    wait_bounded(work, device, "for the other ranks to join burst_attn's argument check",
-                 why="a rank failed, is stuck, or skipped the check because it repeated "
-                     "arguments the group verified earlier while this rank passed new ones "
-                     "(the ranks disagree; MEGATRON_BURST_AGREE=always pins it down)")
-    return torch.stack(rows).tolist()
-
-
-def _device(group: dist.ProcessGroup | None) -> torch.device:
-    """Where the fingerprint must live for ``group``'s backend: CPU unless NCCL only."""
-    backend = str(dist.get_backend(group))
-    if "nccl" in backend and "gloo" not in backend:
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """All ranks' fingerprints, in group rank order (``consensus.gather``)."""
+    return consensus.gather(
+        group, fingerprint, "for the other ranks to join burst_attn's argument check",
+        why="a rank failed, is stuck, or skipped the check because it repeated arguments the "
+            f"group verified earlier while this rank passed new ones (the ranks disagree; "
+            f"{MODE_ENV}=always pins it down)")
 
 
 def _disagreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
@@ -201,8 +180,7 @@ def _ranks_text(ranks: list[int]) -> str:
 def tell_peers(group: dist.ProcessGroup | None, error: Exception) -> None:
     """Raise ``error`` here and, through the argument check, on every rank of ``group``: what
     ``burst_attn`` does when its own checks fail (the caller's checks fail alike)."""
-    said = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
-    check_agreement(group, failed_signature(said))
+    check_agreement(group, failed_signature(consensus.error_text(error)))
     raise error
 
 
@@ -212,12 +190,11 @@ def check_outcome(group: dist.ProcessGroup | None, error: Exception | None,
     every rank's outcome, every call, in one small all-gather; if any failed, every rank
     raises the same ValueError naming the ranks and their errors (``what`` names the check:
     "burst_attn", "the document batch", ...)."""
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) < 2:
+    if not consensus.shared(group):
         if error is not None:
             raise error
         return
-    said = None if error is None else (str(error) if isinstance(error, ValueError)
-                                       else f"{type(error).__name__}: {error}")
+    said = None if error is None else consensus.error_text(error)
     table = _exchange(group, [_field_hash("error", said)])
     if len({row[0] for row in table}) > 1 or said is not None:
         raise ValueError(_disagreement(group, failed_signature(said) if said else

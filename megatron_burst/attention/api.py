@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import agree, call_count, decision_check, first_use, prepare
+from . import agree, decision_check, first_use, prepare
 from .burst import BurstAttentionFunction
 from .call import call_of, failed_signature
-from ..comm import headers
+from ..comm import consensus, headers
 from ..decide.topology import CPTopology
 from ..decide.options import NotGiven
 from ..plan.packs import DocumentPack
@@ -70,8 +70,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     number and signature (``headers``): a rank whose call pairs with a peer's call of
     another label raises instead of computing with the wrong messages.
     """
-    headers.poll()  # an earlier pass that received another call's message raises here
-    call_count.poll()  # likewise a group whose ranks made different numbers of calls
+    consensus.poll()  # an earlier pass got another call's message, or the ranks' counts differ
     agree.require_member(group)  # first: a non-member's group size reads -1
     world, _ = group_size_rank(group)
     prepared = _agreed(group, q, k, v, world, dict(
@@ -94,8 +93,7 @@ def _agreed(group, q, k, v, world: int, arguments: dict):
         call = call_of(arguments)
         prepared = prepare.lookup(group, q, k, v, call, world, arguments["sinks"])
     except Exception as err:
-        said = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-        agree.check_agreement(group, failed_signature(said))
+        agree.check_agreement(group, failed_signature(consensus.error_text(err)))
         raise
     if world > 1:
         agree.check_agreement(group, prepared.sig)

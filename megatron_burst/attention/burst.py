@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import headers
+from ..comm import consensus
 from ..comm.headers import CallTag
 from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
@@ -235,7 +235,7 @@ class BurstAttentionFunction(torch.autograd.Function):
             dq, dk, dv = _backward(spec, tag, q, k, v, dout, out, lse, None)
         else:
             dq, dk, dv = _backward_with_lse(spec, tag, q, k, v, dout, out, lse, dlse)
-        headers.poll()  # a pass that received another call's message raises here
+        consensus.poll()  # a pass that received another call's message raises here
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, dsinks, None
 
 

@@ -23,13 +23,13 @@ import dataclasses
 import logging
 
 import torch
-import torch.distributed as dist
 
+from ..comm import consensus
 from ..decide import machine
 from ..decide.options import Decision
 from ..decide.topology import CPTopology
 from . import measure
-from .sharding import group_name, group_ranks
+from .sharding import group_name
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +139,4 @@ def _timed(group, world: int, topology: CPTopology, q, k, v, arguments: dict,
 
     with torch.enable_grad():
         seconds = TIMER(topology, run, q.device, group)
-    box = [float(seconds)]
-    dist.broadcast_object_list(box, src=group_ranks(group, world)[0], group=group)
-    return box[0]
+    return consensus.from_root(group, float(seconds))

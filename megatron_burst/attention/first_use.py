@@ -20,18 +20,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
-from ..comm import emulator
-from ..comm.emulated_nodes import virtual_nodes
+from ..comm import consensus, emulator
+from ..comm.settings import CACHE_ENV, MEASURE_ENV, current
 from ..decide import cluster, cost, machine
 from ..decide.options import BurstOptions
-from ..decide.timing import (DEFAULT_PROFILE, PROFILE_ENV, Profile, candidates,
-                             load_profile)
+from ..decide.timing import DEFAULT_PROFILE, Profile, candidates, load_profile
 from ..decide.topology import HeadShape
 from . import measure
 from .sharding import group_name, group_ranks
@@ -61,7 +59,7 @@ def _key(device: str, backend: str, per: int | None, spans: bool) -> machine.Mac
     else:
         gpu, link, nccl = dev.type, backend, "none"
     return machine.MachineKey(gpu, per, link + ("+net" if spans else ""), nccl,
-                              machine.emulated_links(virtual_nodes()))
+                              machine.emulated_links(current().emulate))
 
 
 def _nccl() -> str:
@@ -73,13 +71,13 @@ def machine_profile(group, world: int, device: torch.device, options: BurstOptio
                     ) -> tuple[Profile | None, machine.MachineKey | None]:
     """(this machine's profile if this process holds it, the key to acquire it by if not);
     (None, None) where no measured profile is wanted: a profile named, or measuring off."""
-    if options.profile or os.environ.get(PROFILE_ENV):
+    found = current()  # a bad setting raised there, on every rank, before any message
+    if options.profile or found.profile:
         return None, None
-    if not machine.measure_on():
+    if not found.auto_measure:
         _say_once("off", "burst auto: %s=off: deciding from the shipped profile %s, "
-                  "measured on another machine", machine.MEASURE_ENV, DEFAULT_PROFILE)
+                  "measured on another machine", MEASURE_ENV, DEFAULT_PROFILE)
         return None, None
-    machine.cache_dir()  # a bad setting raises here, on every rank, before any message
     key = machine_key(group, world, device)
     found = _KNOWN.get((group_name(group), key))
     return (found, None) if found is not None else (None, key)
@@ -89,21 +87,17 @@ def acquire(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
             attend) -> Profile:
     """This machine's profile, found by rank 0 or measured on every rank (module
     docstring). Every rank of ``group`` calls it together; ``attend`` is ``burst_attn``."""
-    root = group_ranks(group, world)[0]
-    found = machine.find(key) if dist.get_rank() == root else None
-    box = [None if found is None else (found[0].to_json(), found[1])]
-    dist.broadcast_object_list(box, src=root, group=group)
-    if box[0] is not None:
-        prof = Profile.from_json(box[0][0])
-        logger.info("burst auto: profile %s (%s) matches this machine (%s)", box[0][1],
+    found = machine.find(key) if dist.get_rank() == consensus.root(group) else None
+    told = consensus.from_root(group, None if found is None else (found[0].to_json(), found[1]))
+    if told is not None:
+        prof = Profile.from_json(told[0])
+        logger.info("burst auto: profile %s (%s) matches this machine (%s)", told[1],
                     machine.measured_when(prof), key.describe())
     else:
         t0 = time.perf_counter()
         with torch.enable_grad():
             prof = _measure(group, world, key, q, k, v, causal, attend)
-        box = [prof.to_json()]
-        dist.broadcast_object_list(box, src=root, group=group)  # rank 0's figures
-        prof = Profile.from_json(box[0])
+        prof = Profile.from_json(consensus.from_root(group, prof.to_json()))  # rank 0's figures
         path = _store(prof, key)
         logger.warning("burst auto: measured this machine (%s) in %.1f s at first use; "
                        "cached at %s", key.describe(), time.perf_counter() - t0, path)
@@ -115,7 +109,7 @@ def _store(prof: Profile, key: machine.MachineKey) -> str:
     try:
         return str(machine.store(prof, key))
     except OSError as e:  # measured and used, but the next run measures again: say so
-        return f"nowhere ({machine.CACHE_ENV}: {e}; the next run measures again)"
+        return f"nowhere ({CACHE_ENV}: {e}; the next run measures again)"
 
 
 def _say_once(what: str, message: str, *args) -> None:
@@ -156,7 +150,7 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
                    varlen=varlen, memory_gbps=measure.significant(memory),
                    step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
                    gpus_per_node=per or world, source=source)
-    nodes = virtual_nodes()
+    nodes = current().emulate
     if nodes is not None and not emulator.active():  # set, but nothing slows the links
         prof = machine.with_emulated_links(prof, nodes, real=inter or prof.intra)
     return dataclasses.replace(prof, machine=tuple(sorted(key.fields().items())),

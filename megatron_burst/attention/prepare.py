@@ -32,7 +32,7 @@ from .ring_spec import RingSpec
 from ..plan.schedule import Block, Mask
 from .sinks import check_sinks
 from .sharding import group_name, group_ranks
-from ..decide.timing import load_profile, profile_key
+from ..decide.timing import load_profile
 
 
 def _validate(q, k, v, world: int, call: BurstCall) -> None:
@@ -131,14 +131,14 @@ PREPARED_CACHE = 64  # calls of distinct shapes, masks or packs kept
 def call_key(group, q, k, v, call: BurstCall, world: int, sinks=None) -> tuple:
     """Everything a prepared call depends on, by value: the group's name, the call, the
     tensors' shapes, strides, dtype, device and autograd state, and, where 'auto' is to be
-    settled over more than one rank, the profile's identity and what ranks per node are
-    read from."""
+    settled over more than one rank, the profile named and the settings 'auto' reads
+    (``cluster.view_key``: read once per process, no file stat per call)."""
     tensors = (q.shape, q.stride(), q.dtype, q.device, q.requires_grad,
                k.shape, k.stride(), k.dtype, k.device, k.requires_grad,
                v.shape, v.stride(), v.dtype, v.device, v.requires_grad)
     if sinks is not None:
         tensors += (sinks.shape, sinks.dtype, sinks.device, sinks.requires_grad)
-    cluster_state = (profile_key(call.options.profile), cluster.view_key()) \
+    cluster_state = (call.options.profile, cluster.view_key()) \
         if world > 1 and call.needs_cluster else None
     return (group_name(group), world, call, tensors, torch.is_grad_enabled(), cluster_state)
 

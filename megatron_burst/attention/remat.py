@@ -42,9 +42,8 @@ import collections
 import os
 
 import torch
-import torch.distributed as dist
 
-from ..comm.waits import wait_bounded
+from ..comm import consensus
 
 P = 2 ** 31 - 1  # the hash's prime field: products of a residue and a byte sum fit int64
 PROJECTIONS = 8  # independent projections per tensor: (1/256 + 1/P)^8 < 6e-20
@@ -154,17 +153,10 @@ class AttentionKeep:
 
 def _all_ranks_have(found: torch.Tensor, group) -> torch.Tensor:
     """``found`` with its last entry replaced by its minimum over the group's ranks."""
-    if not dist.is_initialized() or dist.get_world_size(group) < 2:
+    if not consensus.shared(group):
         return found
-    backend = str(dist.get_backend(group))
-    flag = found[-1:].clone()
-    if "nccl" in backend and "gloo" not in backend:
-        flag = flag.cuda()
-    elif flag.is_cuda:
-        flag = flag.cpu()
-    work = dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group, async_op=True)
-    wait_bounded(work, flag.device, "for the other ranks to decide on a kept attention output",
-                 why="a rank failed or makes other attention calls than its peers")
     found = found.clone()
-    found[-1] = flag.to(found.device)[0]
+    found[-1] = consensus.minimum(
+        group, found[-1:], "for the other ranks to decide on a kept attention output",
+        why="a rank failed or makes other attention calls than its peers")[0]
     return found

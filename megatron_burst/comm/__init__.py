@@ -8,7 +8,11 @@ byte it sends so that ``count_comm()`` can show what each pass of an algorithm c
 One module per job:
 
 - ``accounting``: the bytes each pass sends (``count_comm``, ``CommStats``, ``record_sent``);
+- ``settings``: every ``MEGATRON_BURST_*`` setting, read from the environment once into one
+  validated value (``BurstSettings``, ``current()``), for this layer and those above;
 - ``waits``: host-blocking waits that give up, naming the peer (``wait_bounded``);
+- ``consensus``: how the ranks of a group learn what the others hold: the device a group's
+  collectives take, bounded gathers, checks deferred until the GPU's result is home;
 - ``headers``: the header every message starts with, checked by its receiver;
 - ``messages``: one buffer per hop (``Packed``), posted one batch per step (``PeerComm``);
 - ``ring_positions``: who holds what at each step of a flat or double ring (``RingTopology``),
@@ -37,8 +41,8 @@ _LAZY = {
     "Rows": ".ring_positions", "payload_hops": ".ring_positions", "Hop": ".ring_positions",
     "AccumulatorStep": ".ring_positions", "route_hops": ".ring_positions",
     "accumulator_steps": ".ring_positions", "next_kind": ".ring_positions",
-    "DEFAULT_TIMEOUT_S": ".waits", "TIMEOUT_ENV": ".waits", "timeout_s": ".waits",
-    "wait_bounded": ".waits",
+    "DEFAULT_TIMEOUT_S": ".settings", "TIMEOUT_ENV": ".settings", "timeout_s": ".waits",
+    "wait_bounded": ".waits", "BurstSettings": ".settings",
 }
 __all__ = sorted(_LAZY)
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)

@@ -1,15 +1,15 @@
-"""The link emulator's virtual nodes: ``$MEGATRON_BURST_EMULATE`` read in one place.
+"""The link emulator's virtual nodes: what ``$MEGATRON_BURST_EMULATE`` describes.
 
 The emulator (`comm.emulator`) slows the messages between virtual nodes so that one NVLink
-host measures like a multi-node cluster. What the variable describes is read here, apart
+host measures like a multi-node cluster. What the variable describes is parsed here, apart
 from the emulator, because the cluster view (`decide.cluster`) must know the emulated
-GPUs per node to plan a double ring, without installing anything. Unset (the default),
+GPUs per node to plan a double ring, without installing anything; the variable is read
+with the package's other settings (``settings.current().emulate``). Unset (the default),
 nothing is emulated.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Sequence
 
 ENV = "MEGATRON_BURST_EMULATE"  # e.g. "gpus_per_node=2,gbps=25,latency_us=5"
@@ -56,9 +56,3 @@ class VirtualNodes:
         prev = ranks[pos - 1]
         return piece * (len(ranks) - 1) if self.crosses(me, prev) else 0
 
-
-def virtual_nodes() -> "VirtualNodes | None":
-    """The virtual nodes ``$MEGATRON_BURST_EMULATE`` describes, or None when it is unset:
-    what the resolver counts ranks per node by while the emulator is on (``cluster``)."""
-    text = os.environ.get(ENV)
-    return VirtualNodes.parse(text) if text else None

@@ -23,7 +23,6 @@ its cross-node traffic is not slowed, so benchmarks leave it out under emulation
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Callable
@@ -31,6 +30,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import settings
 from .emulated_nodes import ENV, VirtualNodes
 
 _ACTIVE: Emulation | None = None  # what install_from_env installed in this process
@@ -186,16 +186,19 @@ def install_from_env() -> Emulation | None:
 
     Installs once per process (a second call returns the first emulation: wrapping twice
     would slow every message twice); rank 0 prints one line. None when the variable is unset.
+    An entry point calls it as its run starts: the package's settings are read afresh here.
     """
     global _ACTIVE
-    text = os.environ.get(ENV)
-    if not text or _ACTIVE is not None:
+    if _ACTIVE is not None:
         return _ACTIVE
-    nodes = VirtualNodes.parse(text)
+    found = settings.reload()
+    nodes, text = found.emulate, found.emulate_text
+    if nodes is None:
+        return None
     emulation = Emulation(nodes)
     emulation.install()
     _ACTIVE = emulation
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    rank = dist.get_rank() if dist.is_initialized() else found.launcher_rank
     if rank == 0:
         ranks = f"{nodes.gpus_per_node} rank{'s' if nodes.gpus_per_node > 1 else ''}"
         print(f"!! {ENV}={text}: links across emulated nodes of {ranks} slowed to "

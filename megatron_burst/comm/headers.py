@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
+from . import consensus
+from .settings import AGREE_ENV
+
 BYTES = 32  # the header's room at the start of a message (int64 words, 16-byte aligned)
 PASSES = {"forward": 0, "backward": 1}
-
-_PENDING: list["_Finished"] = []  # CUDA passes whose comparison is still on its way
 
 
 def digest(value: Any) -> int:
@@ -102,44 +103,27 @@ class HeaderCheck:
         if row >= self._host.shape[0]:  # more messages than expected: another buffer
             self._host = torch.empty((row + 4, 4), dtype=torch.int64, pin_memory=True)
         slot = self._host[row]
-        slot.copy_(header, non_blocking=True)  # waits for nothing: read in ``poll``
+        slot.copy_(header, non_blocking=True)  # waits for nothing: read in ``consensus.poll``
         self._got.append(slot)
         self._senders.append(sender)
 
     def finish(self) -> None:
         """CUDA: every header this pass received is on its way to the host; mark where the
-        copies end (``poll`` compares them once they are there, without waiting)."""
+        copies end (``consensus.poll`` compares them once they are there, without waiting)."""
         if not self._got:
             return
-        event = torch.cuda.Event()
-        event.record()
-        _PENDING.append(_Finished(event, self._got, self._senders, self._words, self.rank))
+        got, senders, words, rank = self._got, self._senders, self._words, self.rank
+        consensus.defer(lambda: _compare(rank, senders, got, words))
         self._got, self._senders = [], []
 
 
-@dataclasses.dataclass
-class _Finished:
-    event: Any
-    host: list[torch.Tensor]  # one pinned row per header received
-    senders: list[int]
-    expected: tuple[int, ...]
-    rank: int
-
-
-def poll() -> None:
-    """Raise for the first finished CUDA pass that received a message of another call.
-
-    Cheap when nothing is pending; never waits for the GPU (nor runs inside a graph
-    capture, where querying an event is not allowed)."""
-    if not _PENDING or torch.cuda.is_current_stream_capturing():
-        return
-    while _PENDING and _PENDING[0].event.query():
-        done = _PENDING.pop(0)
-        for sender, row in zip(done.senders, done.host):
-            row = tuple(row.tolist())
-            if row != done.expected:
-                _PENDING.clear()
-                raise ValueError(mismatch(done.rank, sender, tuple(row), done.expected))
+def _compare(rank: int, senders: list[int], rows: list[torch.Tensor],
+             expected: tuple[int, ...]) -> None:
+    """Raise for the first header (a pinned host row) of another call than ``expected``."""
+    for sender, row in zip(senders, rows):
+        got = tuple(row.tolist())
+        if got != expected:
+            raise ValueError(mismatch(rank, sender, got, expected))
 
 
 def mismatch(rank: int, sender: int, got: tuple[int, ...], want: tuple[int, ...]) -> str:
@@ -153,4 +137,4 @@ def mismatch(rank: int, sender: int, got: tuple[int, ...], want: tuple[int, ...]
     return (f"burst_attn: rank {rank} received from rank {sender} a message of {what(got)} "
             f"while running {what(want)}: the ranks' calls pair up wrongly (a rank made a "
             f"call its peers did not, in another order, or with other arguments; set "
-            f"MEGATRON_BURST_AGREE=always to compare every call's arguments)")
+            f"{AGREE_ENV}=always to compare every call's arguments)")

@@ -1,41 +1,26 @@
 """Bounded waits: a peer that fails or hangs mid-ring must not leave the others waiting.
 
 On CPU (gloo) every host-blocking wait gives up after ``MEGATRON_BURST_TIMEOUT_S`` seconds
-(default 600) with an error naming the peer (``wait_bounded``). On CUDA the host never
+(default 600; ``settings``) with an error naming the peer (``wait_bounded``). On CUDA the host never
 blocks here; the process group's own timeout ends a dead peer's transfers.
 """
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-TIMEOUT_ENV = "MEGATRON_BURST_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 600.0
-
-
-MAX_TIMEOUT_S = 1e9  # about 31 years: beyond it the wait's timedelta cannot be made
+from .settings import TIMEOUT_ENV, current  # noqa: F401  (TIMEOUT_ENV: named here too)
 
 
 def timeout_s() -> float:
-    """The bound on one host-blocking wait, in seconds (read per wait, so tests can set it).
-    A value that is not a finite number of seconds in (0, 1e9] raises ValueError naming the
-    variable, where it is read, before any wait."""
-    raw = os.environ.get(TIMEOUT_ENV)
-    if raw is None:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= MAX_TIMEOUT_S:  # also rejects nan and inf
-        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds above 0 and at most "
-                         f"{MAX_TIMEOUT_S:g}, got {raw!r}")
-    return value
+    """The bound on one host-blocking wait, in seconds (``settings``: read once, checked
+    there; a value that is not a finite number of seconds in (0, 1e9] raises ValueError
+    naming the variable, before any wait)."""
+    return current().timeout_s
 
 
 def wait_bounded(work: dist.Work, device: torch.device, waiting_for: "str | Callable",

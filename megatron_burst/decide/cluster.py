@@ -18,10 +18,9 @@ of the group per node.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Sequence
 
-from ..comm.emulated_nodes import ENV as EMULATE_ENV, virtual_nodes
+from ..comm.settings import current
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +35,11 @@ def gpus_per_node(explicit: int | None = None, profile_gpus: int | None = None) 
     """GPUs (ranks) per node, by the priority order of the module docstring."""
     if explicit is not None:
         return GpusPerNode(explicit, "explicit")
-    nodes = virtual_nodes()
-    if nodes is not None:
-        return GpusPerNode(nodes.gpus_per_node, "emulated nodes ($MEGATRON_BURST_EMULATE)")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
-    if local > 0:
-        return GpusPerNode(local, "LOCAL_WORLD_SIZE")
+    found = current()
+    if found.emulate is not None:
+        return GpusPerNode(found.emulate.gpus_per_node, "emulated nodes ($MEGATRON_BURST_EMULATE)")
+    if found.local_world_size:
+        return GpusPerNode(found.local_world_size, "LOCAL_WORLD_SIZE")
     if profile_gpus:
         return GpusPerNode(profile_gpus, "the cluster profile")
     return GpusPerNode(None, "unknown")
@@ -64,5 +62,7 @@ def max_intra_node_size(cp: int, gpus: GpusPerNode, *, tp: int = 1,
 
 
 def view_key() -> tuple:
-    """What ``gpus_per_node`` reads from the environment, for caches of decisions it shapes."""
-    return os.environ.get(EMULATE_ENV), os.environ.get("LOCAL_WORLD_SIZE")
+    """What 'auto''s decisions read of the process's settings (``comm.settings``, read once):
+    the emulated nodes, ranks per node and the profile named, for caches of decisions."""
+    found = current()
+    return found.emulate_text, found.local_world_size, found.profile

@@ -27,13 +27,11 @@ import re
 from pathlib import Path
 
 from ..comm.emulated_nodes import VirtualNodes
+from ..comm.settings import CACHE_ENV, MEASURE_ENV, current  # noqa: F401  (named here too)
 from .timing import PROFILES_DIR, Link, Profile, load_profile
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "MEGATRON_BURST_PROFILE_CACHE"
-MEASURE_ENV = "MEGATRON_BURST_AUTO_MEASURE"
-MEASURE_VALUES = ("on", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,27 +74,13 @@ def emulated_links(nodes: VirtualNodes | None) -> str | None:
 
 
 def measure_on() -> bool:
-    """``$MEGATRON_BURST_AUTO_MEASURE``, validated (ValueError naming it)."""
-    value = os.environ.get(MEASURE_ENV, "on").strip().lower() or "on"
-    if value not in MEASURE_VALUES:
-        raise ValueError(f"{MEASURE_ENV}={os.environ[MEASURE_ENV]!r}: must be one of "
-                         f"{MEASURE_VALUES}")
-    return value == "on"
+    """``$MEGATRON_BURST_AUTO_MEASURE`` (``comm.settings``: read once, validated there)."""
+    return current().auto_measure
 
 
 def cache_dir() -> Path:
-    """Where measured profiles are cached (``$MEGATRON_BURST_PROFILE_CACHE``, validated)."""
-    text = os.environ.get(CACHE_ENV)
-    if text is not None:
-        if not text.strip():
-            raise ValueError(f"{CACHE_ENV} is set but empty: name a directory, or unset it "
-                             f"for the default (~/.cache/megatron-burst/profiles)")
-        path = Path(text).expanduser()
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{CACHE_ENV}={text!r} is not a directory")
-        return path
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "megatron-burst" / "profiles"
+    """Where measured profiles are cached (``$MEGATRON_BURST_PROFILE_CACHE``, ``settings``)."""
+    return current().profile_cache
 
 
 def cache_path(key: MachineKey) -> Path:

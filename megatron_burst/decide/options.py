@@ -24,15 +24,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import re
 from typing import Any, Mapping, Sequence
 
 from .topology import BACKWARD_MODES, CPTopology, HeadShape
 from ..plan.layouts import DOCUMENT_LAYOUTS
-from ..comm.emulated_nodes import virtual_nodes
+from ..comm.settings import current
 from .machine import measured_when, with_emulated_links
-from .timing import PROFILE_ENV, Profile, choose, load_profile
+from .timing import Profile, choose, load_profile
 
 logger = logging.getLogger(__name__)
 
@@ -248,9 +247,10 @@ def decide(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
     emulated one (``machine.with_emulated_links``)."""
     if cp == 1 or not options.has_auto:  # nothing for the time model to say
         return Decision(fixed_topology(options, cp=cp, heads=heads))
-    named = options.profile or os.environ.get(PROFILE_ENV)
+    found = current()
+    named = options.profile or found.profile
     prof = machine if machine is not None and not named else load_profile(named)
-    prof = with_emulated_links(prof, virtual_nodes())
+    prof = with_emulated_links(prof, found.emulate)
     key = (cp, heads, tokens, max_intra_node_size, bool(causal), options.backward,
            options.ulysses_size, options.intra_node_size, prof)
     ranked = _ranked(*key)

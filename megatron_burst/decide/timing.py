@@ -29,14 +29,12 @@ import dataclasses
 import functools
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from . import cost
 from .topology import CPTopology, HeadShape, TopologyError, heads_split
-
-PROFILE_ENV = "MEGATRON_BURST_PROFILE"
+from ..comm.settings import PROFILE_ENV, current  # noqa: F401  (PROFILE_ENV: named here too)
 DEFAULT_PROFILE = "h200-nvlink"
 PROFILES_DIR = Path(__file__).parents[1] / "profiles"  # megatron_burst/profiles
 # A fwd+bwd attention call as forward passes: the forward, and a backward of 2.5 (it
@@ -178,7 +176,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
 def profile_key(name_or_path: str | None = None) -> tuple[str, int | None, int | None]:
     """What a profile's content is known by: its name or path with the file's modification
     time and size, so a profile rewritten by ``tune`` is never served from a cache."""
-    name = name_or_path or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+    name = name_or_path or current().profile or DEFAULT_PROFILE
     try:
         st = _profile_path(name).stat()
     except OSError:

@@ -9,8 +9,9 @@ the CP group, and every rank goes on, stops, or raises the same error.
 
 Cost: one all-gather of one int64 per batch. On gloo it completes at once. On NCCL it is
 started a micro-batch before its batch is used and comes home by an asynchronous copy, so
-reading it waits at most for GPU work queued before the previous micro-batch (as
-``megatron_burst.attention.call_count`` does), never for the step in flight. The errors' text travels
+reading it waits at most for GPU work queued before the previous micro-batch
+(``comm.consensus.Gathered``, as ``attention.call_count`` uses it), never for the step in
+flight. The errors' text travels
 only when some rank failed, through ``agree.check_outcome``: every rank raises the same
 ValueError naming the failed ranks and their errors (the failed rank's chained to its own).
 """
@@ -18,55 +19,23 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-import torch
-import torch.distributed as dist
-
 from megatron_burst.attention.agree import check_outcome
-from megatron_burst.comm.waits import wait_bounded
+from megatron_burst.comm.consensus import Gathered
 
 OK, EXHAUSTED, FAILED = 0, 1, 2
 
 
-def shared(group: Any) -> bool:
-    """Whether ``group`` has peers to tell (torch.distributed up, more than one rank)."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-
-
-def _device(group: Any) -> torch.device:
-    """Where the codes must live for the group's backend: CPU unless NCCL only."""
-    backend = str(dist.get_backend(group))
-    if "nccl" in backend and "gloo" not in backend:
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 class Verdict:
     """Every rank's outcome code of one batch (call on every rank of ``group``, in the same
-    order: it is a collective)."""
+    order: it is a collective; ``consensus.Gathered``)."""
 
     def __init__(self, group: Any, code: int) -> None:
-        device = _device(group)
-        # Filled on the device: torch.tensor([code], device="cuda") would copy from pageable
-        # memory, which makes the host wait for the stream's queued work.
-        mine = torch.full((1,), code, dtype=torch.int64, device=device)
-        table = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
-        work = dist.all_gather_into_tensor(table, mine, group=group, async_op=True)
-        self._event = None
-        if device.type == "cpu":
-            wait_bounded(work, device, "for the other ranks to report their document batch")
-            self._host = table
-            return
-        work.wait()  # the current stream waits for the gather; the host does not
-        self._host = torch.empty(table.shape, dtype=torch.int64, pin_memory=True)
-        self._host.copy_(table, non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record()
+        self._gathered = Gathered(group, code, "for the other ranks to report their document "
+                                               "batch")
 
     def codes(self) -> List[int]:
         """The gathered codes, in group rank order (waits only for the copy home)."""
-        if self._event is not None:
-            self._event.synchronize()
-        return self._host.tolist()
+        return self._gathered.values()
 
 
 def settle(codes: List[int], error: Optional[BaseException], group: Any) -> None:

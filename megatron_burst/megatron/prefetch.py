@@ -26,7 +26,6 @@ import atexit
 import collections
 import dataclasses
 import itertools
-import os
 import queue
 import threading
 import weakref
@@ -36,28 +35,18 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.profiler import record_function
 
-from megatron_burst.megatron.batch_verdict import (
-    EXHAUSTED,
-    FAILED,
-    OK,
-    Verdict,
-    settle,
-    shared,
-)
+from megatron_burst.comm.consensus import shared
+from megatron_burst.comm.settings import PREFETCH_ENV, current
+from megatron_burst.megatron.batch_verdict import EXHAUSTED, FAILED, OK, Verdict, settle
 
 THREAD_PREFIX = "megatron-burst-prefetch"
-ENV = "MEGATRON_BURST_PREFETCH"  # 1 (default): make batches ahead; 0: on the step
+ENV = PREFETCH_ENV  # 1 (default): make batches ahead; 0: on the step
 
 
 def enabled() -> bool:
     """Whether the data path makes batches ahead ($MEGATRON_BURST_PREFETCH, the same on
-    every rank: the outcome gathers are collectives)."""
-    raw = os.environ.get(ENV, "1").strip().lower()
-    if raw in ("1", "on", "true"):
-        return True
-    if raw in ("0", "off", "false"):
-        return False
-    raise ValueError(f"{ENV} must be 1 or 0, got {raw!r}")
+    every rank: the outcome gathers are collectives; ``comm.settings``, read once)."""
+    return current().prefetch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,13 +6,13 @@ rank, and also before torch.distributed is initialised (torchrun's RANK says who
 """
 from __future__ import annotations
 
-import os
-
 import torch.distributed as dist
+
+from megatron_burst.comm.settings import current
 
 
 def say(message: str) -> None:
     """Print on global rank 0 (torchrun's RANK before torch.distributed is initialised)."""
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    rank = dist.get_rank() if dist.is_initialized() else current().launcher_rank
     if rank == 0:
         print(message, flush=True)

@@ -9,9 +9,9 @@ run with BurstAttention; `check_own_entry` what this package's own entry point
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
+from megatron_burst.comm.settings import AGREE_ENV, current
 from megatron_burst.megatron.arguments import refuse_dense_mask_flags
 
 # Megatron options whose batches the document path cannot build: each would be dropped.
@@ -73,8 +73,8 @@ def check_cuda_graphs(args: Any, documents: Optional[str]) -> None:
     if impl != "local":
         raise ValueError(f"--cuda-graph-impl {impl}: BurstAttention layers are captured and "
                          f"checked with --cuda-graph-impl local only")
-    if os.environ.get("MEGATRON_BURST_AGREE", "first").strip().lower() == "always":
-        raise ValueError("MEGATRON_BURST_AGREE=always checks every call with a collective, "
+    if current().agree == "always":
+        raise ValueError(f"{AGREE_ENV}=always checks every call with a collective, "
                          "which a CUDA graph cannot capture; use first (the default)")
 
 

@@ -15,20 +15,9 @@ from typing import Optional
 
 import torch
 
-ENV = "MEGATRON_BURST_TRACE"
+from megatron_burst.comm.settings import TRACE_ENV, current, parse_trace
 
-
-def _config(raw: str) -> tuple[str, int, int]:
-    """(folder, first micro-batch, count) from ``DIR[:FIRST:COUNT]``; ValueError naming the
-    variable otherwise."""
-    parts = raw.rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-        folder, first, count = parts[0], int(parts[1]), int(parts[2])
-    else:
-        folder, first, count = raw, 4, 3
-    if not folder or count < 1:
-        raise ValueError(f"{ENV} must be DIR or DIR:FIRST:COUNT (COUNT >= 1), got {raw!r}")
-    return folder, first, count
+ENV = TRACE_ENV
 
 
 def _profiler() -> tuple[torch.profiler.profile, bool]:
@@ -47,8 +36,9 @@ def _profiler() -> tuple[torch.profiler.profile, bool]:
 class StepTrace:
     """Counts the micro-batches taken and profiles the chosen ones (``step`` at each take)."""
 
-    def __init__(self, raw: Optional[str], rank: int) -> None:
-        self.config = _config(raw) if raw else None
+    def __init__(self, raw: Optional[str], rank: int,
+                 config: Optional[tuple[str, int, int]] = None) -> None:
+        self.config = parse_trace(raw) if raw else config
         self.rank = rank
         self.seen = 0
         self.prof: Optional[torch.profiler.profile] = None
@@ -57,7 +47,7 @@ class StepTrace:
 
     @staticmethod
     def from_env(rank: int) -> "StepTrace":
-        return StepTrace(os.environ.get(ENV) or None, rank)
+        return StepTrace(None, rank, current().trace)
 
     def step(self) -> None:
         """Called as each micro-batch is taken: starts the profiler before the first chosen

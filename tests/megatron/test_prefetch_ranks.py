@@ -171,6 +171,7 @@ def _cases(rank: int, world: int) -> dict:
 
     warnings.filterwarnings("ignore")
     _tokenizer_stub()
+    from megatron_burst.comm import settings
     from megatron_burst.megatron import prefetch
 
     weights = {k: v.detach().clone() for k, v in harness.reference_model().state_dict().items()
@@ -182,9 +183,11 @@ def _cases(rank: int, world: int) -> dict:
     out["planned_ahead"] = _planned_on_this_thread(model, args, samples)
     out["planned_during_steps"] = _planned_during_steps(model, args, samples)
     os.environ[prefetch.ENV] = "0"
+    settings.reload()  # the package reads its settings once; this rank changes one
     out["on_step"] = _steps(model, args, samples)
     out["planned_on_step"] = _planned_on_this_thread(model, args, samples)
     os.environ[prefetch.ENV] = "1"
+    settings.reload()
     out["failing"] = _failing_cases(rank, model, args)
     prefetch.close_all()
     out["threads_left"] = [t.name for t in threading.enumerate()

@@ -1,0 +1,158 @@
+"""How the ranks of a group learn what the others hold: the one mechanism every agreement uses.
+
+The ranks must agree on a call's arguments and their agreement mode (``attention.agree``),
+on how many attention calls they made (``attention.call_count``), on which ring message
+belongs to which call (``headers``), on whether each made its document batch
+(``megatron.batch_verdict``), on whether each holds a kept output (``attention.remat``), and
+on the figures 'auto' decides from (``attention.first_use``, ``attention.decision_check``).
+Each of those states what it compares; how the numbers travel is stated here, once:
+
+- ``device``: where a collective's tensors live for a group's backend (the GPU where the
+  group is NCCL only, else the CPU);
+- ``shared``: whether a group has peers to agree with at all;
+- ``gather``: every rank's few int64s, one all-gather; on CPU the wait is bounded
+  (``waits``) and its error says who was waited for and why;
+- ``minimum``: an elementwise minimum over the ranks (every rank has it only if all do);
+- ``Gathered``: every rank's one int64 without making the host wait for the GPU: on CUDA
+  gathered on the device and copied home into pinned memory behind an event;
+- ``defer`` and ``poll``: checks whose data is still on its way home from the GPU, run in
+  order once it is there, never waiting for it (one queue per process: ``poll`` raises for
+  the first check that failed, at the next call);
+- ``root`` and ``from_root``: the group's first rank, and its value on every rank (rank 0's
+  measurements);
+- ``error_text``: how an error travels as text to the peers that raise it too.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .waits import wait_bounded
+
+WHY = "that rank failed or is stuck"
+
+
+def device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where ``group``'s collectives take their tensors: the current GPU where its backend is
+    NCCL only, else the CPU (gloo, and mixed groups, take CPU tensors)."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and "gloo" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def shared(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` has peers (torch.distributed is up and the group has 2+ ranks)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (where no collective may run)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def error_text(error: BaseException) -> str:
+    """An error as the peers say it: a ValueError's message, else its type and message."""
+    return str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+
+
+def gather(group: dist.ProcessGroup | None, values: Sequence[int], waiting_for: str,
+           why: str = WHY) -> list[list[int]]:
+    """Every rank's ``values`` (int64s, as many on every rank), in group rank order: one
+    all-gather, bounded on CPU (``waiting_for`` and ``why`` word the timeout's error)."""
+    where = device(group)
+    mine = torch.tensor(list(values), dtype=torch.int64, device=where)
+    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    work = dist.all_gather(rows, mine, group=group, async_op=True)
+    wait_bounded(work, where, waiting_for, why=why)
+    return torch.stack(rows).tolist()
+
+
+def minimum(group: dist.ProcessGroup | None, values: torch.Tensor, waiting_for: str,
+            why: str = WHY) -> torch.Tensor:
+    """``values``' elementwise minimum over the ranks of ``group``, on ``values``' device
+    (``values`` itself where the group has no peers)."""
+    if not shared(group):
+        return values
+    mine = values.to(device(group), copy=True)
+    work = dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=group, async_op=True)
+    wait_bounded(work, mine.device, waiting_for, why=why)
+    return mine.to(values.device)
+
+
+class Gathered:
+    """Every rank's one int64, gathered over ``group`` (a collective: call on every rank, in
+    the same order). On CPU it is here at once (a bounded wait). On CUDA the host does not
+    wait: the gather runs on the current stream and its result comes home by an
+    asynchronous copy; ``event`` marks its arrival (``defer`` a check on it, or ``values``
+    waits for it)."""
+
+    def __init__(self, group: dist.ProcessGroup | None, value: int, waiting_for: str) -> None:
+        where = device(group)
+        # Filled on the device: torch.tensor([value], device="cuda") would copy from
+        # pageable memory, which makes the host wait for the stream's queued work.
+        mine = torch.full((1,), value, dtype=torch.int64, device=where)
+        table = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=where)
+        work = dist.all_gather_into_tensor(table, mine, group=group, async_op=True)
+        self.event: Any = None
+        if where.type == "cpu":
+            wait_bounded(work, where, waiting_for)
+            self._host = table
+            return
+        work.wait()  # the current stream waits for the gather; the host does not
+        self._host = torch.empty(table.shape, dtype=torch.int64, pin_memory=True)
+        self._host.copy_(table, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def values(self) -> list[int]:
+        """The gathered values, in group rank order (waits only for the copy home)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self._host.tolist()
+
+
+_PENDING: list[tuple[Any, Callable[[], None]]] = []  # (event, check), oldest first
+
+
+def defer(check: Callable[[], None], event: Any = None) -> None:
+    """Run ``check`` (it raises ValueError if the ranks disagree) once ``event`` (default:
+    one recorded now on the current stream, after the copies home already queued) has
+    passed: at a later ``poll``, never waiting for the GPU."""
+    if event is None:
+        event = torch.cuda.Event()
+        event.record()
+    _PENDING.append((event, check))
+
+
+def poll() -> None:
+    """Run the deferred checks whose data has arrived, oldest first; the first that raises
+    drops the rest (the group is broken) and its error is raised here. Cheap when nothing is
+    pending; never waits (nor runs inside a graph capture, where an event cannot be
+    queried)."""
+    if not _PENDING or capturing():
+        return
+    while _PENDING and _PENDING[0][0].query():
+        _, check = _PENDING.pop(0)
+        try:
+            check()
+        except ValueError:
+            _PENDING.clear()
+            raise
+
+
+def root(group: dist.ProcessGroup | None) -> int:
+    """The global rank of ``group``'s first rank: the one whose figures every rank takes."""
+    if group is None or group == dist.group.WORLD:
+        return 0
+    return dist.get_process_group_ranks(group)[0]
+
+
+def from_root(group: dist.ProcessGroup | None, value: Any) -> Any:
+    """The value the group's first rank (``root``) passed, on every rank of ``group`` (a
+    collective; the value is pickled)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=root(group), group=group)
+    return box[0]
