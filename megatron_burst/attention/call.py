@@ -21,7 +21,7 @@ from ..decide.topology import CPTopology
 from ..kernels.selection import KERNEL_NAMES
 from ..decide.options import NOT_GIVEN, BurstOptions, is_given
 from ..plan.packs import DocumentPack, pack_documents
-from ..plan.layouts import LAYOUTS, MASK_LAYOUTS
+from ..plan.layouts import AREA, MASK, layout_named
 from ..plan.slices import SliceMask
 from .remat import AttentionKeep
 
@@ -69,10 +69,8 @@ class BurstCall:
                              f"{window!r}")
         if self.mask is not None:
             self._check_mask()
-        elif self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}"
-                             + (" (layout 'area' places a mask: it needs mask=)"
-                                if self.layout == "area" else ""))
+        else:
+            layout_named(self.layout)  # ValueError for a layout that places no sequence
         if self.qkv_format not in QKV_FORMATS:
             raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got "
                              f"{self.qkv_format!r}")
@@ -109,9 +107,7 @@ class BurstCall:
                 raise ValueError(f"{name} cannot be combined with mask= (the mask says which "
                                  f"pairs are visible: put it in the slices), got "
                                  f"{name}={value!r}")
-        if self.layout not in MASK_LAYOUTS:
-            raise ValueError(f"layout must be one of {MASK_LAYOUTS} with a mask, got "
-                             f"{self.layout!r}")
+        layout_named(self.layout, MASK)  # ValueError for a layout that places no mask
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> "BurstCall":
@@ -119,7 +115,7 @@ class BurstCall:
         are NOT_GIVEN; a layout left out is 'area' with a mask, else 'zigzag')."""
         layout, mask = arguments["layout"], arguments.get("mask")
         if not is_given(layout):
-            layout = "area" if mask is not None else layout.default
+            layout = AREA.name if mask is not None else layout.default
         keep, cu_seqlens = arguments.get("keep"), arguments.get("cu_seqlens")
         if keep is not None and not isinstance(keep, AttentionKeep):
             raise ValueError(f"keep must be a megatron_burst.attention.remat.AttentionKeep or "

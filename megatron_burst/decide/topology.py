@@ -22,6 +22,7 @@ import functools
 from typing import Any
 
 from . import cost
+from ..plan.layouts import ZIGZAG
 
 BACKWARD_MODES = ("auto", "burst", "ring")
 RESOLVED_BACKWARD = ("burst", "ring")
@@ -99,9 +100,9 @@ class CPTopology:
 
     @staticmethod
     def seq_len_divisor(cp: int) -> int:
-        """What a sequence's length over ``cp`` CP ranks must be a multiple of: the zigzag
-        layout cuts it into 2 x cp chunks, two per rank."""
-        return 2 * cp
+        """What a sequence's length over ``cp`` CP ranks must be a multiple of: Megatron's
+        split is the zigzag layout's (``plan.layouts``, which owns the rule)."""
+        return ZIGZAG.divisor(cp)
 
     # ------------------------------------------------------------------ topology
 

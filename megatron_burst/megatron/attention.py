@@ -39,11 +39,8 @@ from megatron_burst.megatron.softmax_offset import make_softmax_offset, sharded_
 from megatron_burst.attention.api import burst_attn, calls_made
 from megatron_burst.decide.topology import CPTopology, HeadShape
 from megatron_burst.kernels.selection import default_scale
-from megatron_burst.megatron.resolve import (
-    layer_heads,
-    layer_topology,
-    options_from_megatron,
-)
+from megatron_burst.plan.layouts import ZIGZAG
+from megatron_burst.megatron.resolve import layer_heads, layer_topology, options_from_megatron
 from megatron_burst.decide.options import (AUTO, BurstOptions, check_decided, fixed_topology,
                                            remat_problem)
 from megatron_burst.attention.remat import AttentionKeep, in_backward
@@ -283,16 +280,15 @@ class BurstDotProductAttention(MegatronModule):
         s_local = query.size(0)  # [t, h, d] and [s, b, h, d] both lead with the sequence
         masks.check_attention_mask(attention_mask, mask_type, docs, s_local, self.cp_group)
         cp = self.cp_group.size()
-        if docs is None and s_local % 2:
-            raise ValueError(
-                f"sequence length {s_local * cp} is not divisible by 2*cp = {2 * cp} (zigzag "
-                f"layout)"
-            )
+        divisor = ZIGZAG.divisor(cp)
+        if docs is None and (s_local * cp) % divisor:  # Megatron's split: zigzag
+            raise ValueError(f"sequence length {s_local * cp} is not divisible by 2*cp = "
+                             f"{divisor} (zigzag layout)")
         return thd, dict(
             self._layer_arguments(s_local * (query.size(1) if not thd else 1)),
             causal=causal,
             window_size=self.window_size,
-            layout="zigzag" if docs is None else docs.layout,
+            layout=ZIGZAG.name if docs is None else docs.layout,
             qkv_format="bshd" if thd else "sbhd",
             cu_seqlens=None if docs is None else docs.cu_seqlens,
         )
