@@ -179,7 +179,7 @@ class CPTopology:
                    ) -> tuple[int, int]:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
         sends them: only the rows each hop's receiver uses (``RingSchedule.needed_rows``)."""
-        from ..comm.ring_positions import RingTopology
+        from ..comm.ring_positions import RingPositions
         from ..plan.schedule import Mask, RingSchedule
 
         h = self._need_heads()
@@ -190,7 +190,7 @@ class CPTopology:
                                 self.ulysses)
         fwd = bwd = 0
         if self.ring_size > 1:
-            topo = RingTopology(list(range(self.ring_size)), rank // self.ulysses,
+            topo = RingPositions(list(range(self.ring_size)), rank // self.ulysses,
                                 self.positions_per_node)
             kv_row = batch * cost.kv_row_bytes(hkv, d, e, dv)
             k_rows = sched.needed_rows(topo.source, "k")
