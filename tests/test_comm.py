@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron_burst.comm import Packed, PayloadRing, PeerComm, RingTopology, RowShape, count_comm
+from megatron_burst.comm import Packed, PayloadRing, PeerComm, RingPositions, RowShape, count_comm
 from megatron_burst.comm.ring_positions import next_kind, route_hops
 from tests.distributed import run_ranks
 
@@ -46,7 +46,7 @@ def _ring_hops(rank: int, world: int, keep: dict) -> dict:
     payload = (torch.arange(3 * 4, dtype=torch.bfloat16).view(3, 4) + 100 * rank,
                torch.arange(2 * 3, dtype=torch.float32).view(2, 3) + 100 * rank)
     rows = lambda origin, step: keep[step]  # noqa: E731
-    topo = RingTopology(ranks, rank)
+    topo = RingPositions(ranks, rank)
     hops = route_hops(topo, world - 1, rows)
     ring = PayloadRing(PeerComm(None), RowShape.of(payload, (0, 1)))
     seen, held = [], payload

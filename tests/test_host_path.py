@@ -74,7 +74,7 @@ def test_a_new_cp1_pack_is_planned_without_python_per_document():
         kw = dict(causal=True, softmax_scale=None, window_size=(-1, -1), layout="whole_docs",
                   backward="auto", qkv_format="bshd", intra_node_size=None, ulysses_size=1,
                   cu_seqlens=cu, kernel=None, keep=None, call_label=None, topology=None)
-        seen = _package_calls(lambda: prepare.lookup(None, q, k, v, BurstCall.of(**kw), 1))
+        seen = _package_calls(lambda: prepare.lookup(None, q, k, v, BurstCall.of(kw), 1))
         counts[docs] = sum(seen.values())
         # One rank has nothing for 'auto' to decide: no profile read (a file stat each
         # time), no cluster asked.

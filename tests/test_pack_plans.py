@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst.comm import RingTopology
+from megatron_burst.comm import RingPositions
 from megatron_burst.plan.placement import local_length, placement
 from megatron_burst.attention.call_plan import PairCalls, PlanKey
 from megatron_burst.plan.schedule import Block, Mask, RingSchedule, blocks_between
@@ -79,7 +79,7 @@ def test_thousands_of_tiny_documents_stay_whole_so_nothing_travels():
         assert not any(s.split for s in shards)
         for mask in (Mask(True), Mask(False)):
             sched = RingSchedule("whole_docs", world, lens, mask)
-            assert sched.last_step(RingTopology(list(range(world)), 0).source) == 0
+            assert sched.last_step(RingPositions(list(range(world)), 0).source) == 0
 
 
 # ------------------------------------------------------------------------- blocks, calls
@@ -143,7 +143,7 @@ def truth(q_segs, k_segs, mask: Mask, width: int) -> np.ndarray:
 
 def pack_spec(sched: RingSchedule) -> PairCalls:
     """The kernel calls of any pair of members of ``sched``'s pack, as a plan makes them."""
-    topo = RingTopology(list(range(sched.ring_size)), 0) if sched.ring_size > 1 else None
+    topo = RingPositions(list(range(sched.ring_size)), 0) if sched.ring_size > 1 else None
     key = PlanKey(sched.layout, sched.world, mb.pack_documents(
         torch.tensor([0, *np.cumsum(sched.doc_lens)], dtype=torch.int64)), sched.mask,
         sched.ulysses, None, "burst", True, None)
@@ -191,7 +191,7 @@ def test_large_packs_of_tiny_documents_plan_exactly():
 def test_whole_documents_never_travel(world):
     """What a hop carries (``needed_rows`` from step 1) covers every key row another member
     uses, and stops before the rows of documents held whole."""
-    topo = RingTopology(list(range(world)), 0)
+    topo = RingPositions(list(range(world)), 0)
     for _, lens in packs(16, worlds=(world,)):
         for mask in MASKS:
             sched = RingSchedule("whole_docs", world, lens, mask)

@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from megatron_burst.comm import RingTopology
+from megatron_burst.comm import RingPositions
 from megatron_burst.plan.schedule import Mask, RingSchedule
 
 from .reference import allowed_mask
@@ -60,7 +60,7 @@ def test_schedule_computes_exactly_the_visible_pairs(case, layout, world, ulysse
     n = sum(docs) if docs else 8 * world * (2 if layout == "zigzag" else 1)
     sched = RingSchedule(layout, world, docs or (n,), Mask(case["causal"], window), ulysses)
     ring = world // ulysses
-    topo = RingTopology(list(range(ring)), 0, intra // ulysses if intra else None)
+    topo = RingPositions(list(range(ring)), 0, intra // ulysses if intra else None)
     doc_ids = (torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(docs))
                if docs else None)
     expected = int(allowed_mask(n, causal=case["causal"], window=window,
@@ -71,7 +71,7 @@ def test_schedule_computes_exactly_the_visible_pairs(case, layout, world, ulysse
 def test_double_ring_visits_every_source_once():
     for nodes, positions_per_node in itertools.product([1, 2, 3], [1, 2, 4]):
         size = nodes * positions_per_node
-        topo = RingTopology(list(range(size)), 0, positions_per_node)
+        topo = RingPositions(list(range(size)), 0, positions_per_node)
         for p in range(size):
             seen = [topo.source(p, s) for s in range(size)]
             assert sorted(seen) == list(range(size)) and seen[0] == p

@@ -16,7 +16,8 @@ import torch
 
 import megatron_burst as mb
 from megatron_burst.decide.topology import CPTopology, HeadShape
-from megatron_burst.decide.scheduled_time import predict_scheduled, scheduled_bytes
+from megatron_burst.decide.scheduled_time import _HopPlan, predict_scheduled
+from megatron_burst.plan.schedule import Mask, RingSchedule
 from megatron_burst.decide.timing import (Kernel, Link, Profile, choose,
                                           load_profile, predict)
 
@@ -26,6 +27,21 @@ NVLINK = Link(5.0, 300.0)
 FAST = Profile(name="synthetic", intra=NVLINK, inter=Link(5.0, 300.0), alltoall=Link(10.0, 300.0),
                dense=Kernel(500.0, 1000.0), varlen=Kernel(300.0, 1000.0), memory_gbps=3000.0,
                step_overhead_us=30.0, call_overhead_us=100.0)
+
+
+def scheduled_bytes(topology: CPTopology, *, batch: int, s_local: int,
+                    window: tuple[int, int], member: int, causal: bool = True
+                    ) -> tuple[int, int]:
+    """(forward, backward) ring bytes ring member ``member`` sends in the hops this model
+    times (no all-to-all): what ``CPTopology.rank_bytes`` counts, by another road
+    (the time model's own hops, ``scheduled_time._HopPlan``)."""
+    sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
+                            Mask(causal, tuple(window)), topology.ulysses)
+    out = []
+    for backward in (False, True):
+        plan = _HopPlan(topology, sched, batch, backward)
+        out.append(sum(n for s in range(topology.ring_size) for _, n in plan.hops(member, s)))
+    return out[0], out[1]
 
 
 def test_shipped_profiles_load_and_say_where_they_come_from():

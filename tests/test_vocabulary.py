@@ -34,6 +34,7 @@ RETIRED = {
     "layout_rows": "topology_rows",
     "layout_candidates": "topology_candidates",
     "cp_topology": "topology (the module defining CPTopology)",
+    "RingTopology": "RingPositions (comm: the ring's positions; the CP group's is CPTopology)",
 }
 PATTERN = re.compile(r"\b(" + "|".join(sorted(RETIRED, key=len, reverse=True)) + r")\b")
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from . import agree, decision_check, first_use, prepare
 from .burst import BurstAttentionFunction
-from .call import call_of, failed_signature
+from .call import ARGUMENTS, call_of, failed_signature
 from ..comm import consensus, headers
 from ..decide.topology import CPTopology
 from ..decide.options import NotGiven
@@ -72,13 +72,9 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     consensus.poll()  # an earlier pass got another call's message, or the ranks' counts differ
     agree.require_member(group)  # first: a non-member's group size reads -1
+    given = locals()  # the arguments, by name: the call is made of them (``call.ARGUMENTS``)
     world, _ = group_size_rank(group)
-    prepared = _agreed(group, q, k, v, world, dict(
-        causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout,
-        backward=backward, qkv_format=qkv_format, intra_node_size=intra_node_size,
-        ulysses_size=ulysses_size, cu_seqlens=cu_seqlens, kernel=kernel, keep=keep,
-        call_label=call_label, topology=topology, sinks=sinks, return_lse=return_lse,
-        mask=mask))
+    prepared = _agreed(group, q, k, v, world, {name: given[name] for name in ARGUMENTS})
     if prepared.native and not return_lse and sinks is None and keep is None:
         return _native(q, k, v, prepared.spec)  # one aten op, its own autograd: nothing more
     tag = _numbered(prepared, group, q, world)
@@ -87,7 +83,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _agreed(group, q, k, v, world: int, arguments: dict):
-    """The call (``BurstCall.of(**arguments)``) prepared, and compared with the group's
+    """The call (``BurstCall.of(arguments)``) prepared, and compared with the group's
     other ranks; whatever fails, the peers learn of it instead of waiting."""
     try:
         call = call_of(arguments)

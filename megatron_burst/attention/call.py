@@ -4,14 +4,16 @@ Everything about a call besides its tensors and its group is a ``BurstCall``: ma
 checked in ``burst_attn`` (a bad argument raises ValueError naming it, before any
 communication), frozen, compared and hashed by value. The prepared-call cache key, the
 ranks' agreement signature and the preparation all derive from it (``prepare``), so they
-can never read the arguments differently, and a new argument is one new field here.
+can never read the arguments differently. Its fields are the one list of the arguments
+(``ARGUMENTS``, which ``burst_attn``'s keywords must match): a new argument is one new
+field here and one keyword there.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -19,7 +21,7 @@ from ..decide.topology import CPTopology
 from ..kernels.selection import KERNEL_NAMES
 from ..decide.options import NOT_GIVEN, BurstOptions, is_given
 from ..plan.packs import DocumentPack, pack_documents
-from ..plan.layouts import LAYOUTS, MASK_LAYOUTS
+from ..plan.layouts import AREA, MASK, layout_named
 from ..plan.slices import SliceMask
 from .remat import AttentionKeep
 
@@ -27,7 +29,7 @@ QKV_FORMATS = ("bshd", "sbhd")
 _DEFAULT_OPTIONS = BurstOptions()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BurstCall:
     """The non-tensor arguments of one call (see the module docstring), each field named as
     ``burst_attn``'s argument it holds (so an error can name it)."""
@@ -67,10 +69,8 @@ class BurstCall:
                              f"{window!r}")
         if self.mask is not None:
             self._check_mask()
-        elif self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}"
-                             + (" (layout 'area' places a mask: it needs mask=)"
-                                if self.layout == "area" else ""))
+        else:
+            layout_named(self.layout)  # ValueError for a layout that places no sequence
         if self.qkv_format not in QKV_FORMATS:
             raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got "
                              f"{self.qkv_format!r}")
@@ -107,32 +107,27 @@ class BurstCall:
                 raise ValueError(f"{name} cannot be combined with mask= (the mask says which "
                                  f"pairs are visible: put it in the slices), got "
                                  f"{name}={value!r}")
-        if self.layout not in MASK_LAYOUTS:
-            raise ValueError(f"layout must be one of {MASK_LAYOUTS} with a mask, got "
-                             f"{self.layout!r}")
+        layout_named(self.layout, MASK)  # ValueError for a layout that places no mask
 
-    @staticmethod
-    def of(*, causal: Any, softmax_scale: Any, window_size: Any, layout: Any,
-           backward: Any, qkv_format: Any, intra_node_size: Any, ulysses_size: Any,
-           cu_seqlens: Any, kernel: Any, keep: Any, call_label: Any,
-           topology: Any, sinks: Any = None, return_lse: Any = False,
-           mask: Any = None) -> "BurstCall":
-        """The call of ``burst_attn``'s keyword arguments (options left out are NOT_GIVEN;
-        a layout left out is 'area' with a mask, else 'zigzag')."""
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> "BurstCall":
+        """The call of ``burst_attn``'s arguments, by name (``ARGUMENTS``; options left out
+        are NOT_GIVEN; a layout left out is 'area' with a mask, else 'zigzag')."""
+        layout, mask = arguments["layout"], arguments.get("mask")
         if not is_given(layout):
-            layout = "area" if mask is not None else layout.default
+            layout = AREA.name if mask is not None else layout.default
+        keep, cu_seqlens = arguments.get("keep"), arguments.get("cu_seqlens")
         if keep is not None and not isinstance(keep, AttentionKeep):
-            raise ValueError(f"keep must be a megatron_burst.attention.remat.AttentionKeep or None, got "
-                             f"{type(keep).__name__}")
-        if is_given(backward) or is_given(ulysses_size) or is_given(intra_node_size):
-            options = BurstOptions(backward=backward, ulysses_size=ulysses_size,
-                                   intra_node_size=intra_node_size)
-        else:
-            options = _DEFAULT_OPTIONS  # most calls: one value, made once
-        return BurstCall(causal, softmax_scale, window_size, layout, qkv_format, kernel,
-                         call_label, options, topology,
-                         None if cu_seqlens is None else pack_documents(cu_seqlens),
-                         keep is not None, sinks is not None, return_lse, mask)
+            raise ValueError(f"keep must be a megatron_burst.attention.remat.AttentionKeep or "
+                             f"None, got {type(keep).__name__}")
+        given = {name: arguments[name] for name in TOPOLOGY_FIELDS
+                 if is_given(arguments.get(name, NOT_GIVEN))}
+        # most calls give none: one value, made once
+        options = BurstOptions(**given) if given else _DEFAULT_OPTIONS
+        return cls(**{name: arguments[name] for name in _AS_GIVEN if name in arguments},
+                   layout=layout, options=options, keep=keep is not None,
+                   sinks=arguments.get("sinks") is not None,
+                   cu_seqlens=None if cu_seqlens is None else pack_documents(cu_seqlens))
 
     @property
     def needs_cluster(self) -> bool:
@@ -149,12 +144,22 @@ _SIGNED = tuple(f.name for f in dataclasses.fields(BurstCall)
 SIGNATURE_FIELDS = (*TENSOR_FIELDS, *_SIGNED, *TOPOLOGY_FIELDS, "error")
 
 
+# ``burst_attn``'s arguments besides its tensors and group, each a field of the call (named
+# as the argument it holds) but the three that make its ``options``: the one list of them.
+_AS_GIVEN = tuple(f.name for f in dataclasses.fields(BurstCall)
+                  if f.name not in ("options", "layout", "cu_seqlens", "keep", "sinks"))
+ARGUMENTS = (*(f.name for f in dataclasses.fields(BurstCall) if f.name != "options"),
+             *TOPOLOGY_FIELDS)
+# Keyed by value and type; ``keep`` and ``sinks`` by their kind only (a call holds whether
+# they were passed: their objects are the caller's, never kept here).
+_VALUED = tuple(name for name in ARGUMENTS if name not in ("keep", "sinks"))
+
 _CALLS: "collections.OrderedDict[tuple, BurstCall]" = collections.OrderedDict()
 CALLS_KEPT = 256  # distinct argument sets remembered (layers x masks x packs in flight)
 
 
-def call_of(arguments: dict[str, Any]) -> BurstCall:
-    """``BurstCall.of(**arguments)``, validated once per distinct set of arguments.
+def call_of(arguments: Mapping[str, Any]) -> BurstCall:
+    """``BurstCall.of(arguments)``, validated once per distinct set of arguments.
 
     Remembered by value and type (``True`` and ``1``, ``1`` and ``1.0``, a tuple and a list
     are told apart, as validation tells them apart), so a repeated call skips the checks it
@@ -165,7 +170,7 @@ def call_of(arguments: dict[str, Any]) -> BurstCall:
     except TypeError:  # an unhashable argument (a list, say): validated every time
         found = key = None
     if found is None:
-        found = BurstCall.of(**arguments)
+        found = BurstCall.of(arguments)
         if key is not None:
             _CALLS[key] = found
             if len(_CALLS) > CALLS_KEPT:
@@ -173,26 +178,18 @@ def call_of(arguments: dict[str, Any]) -> BurstCall:
     return found
 
 
-def _typed(a: dict[str, Any]) -> tuple | None:
+def _typed(a: Mapping[str, Any]) -> tuple | None:
     """The arguments as a value that keeps each one's type (``window_size``'s elements'
     too); None for boundaries given as a tensor, which are read at every call."""
-    w, cu, keep = a["window_size"], a["cu_seqlens"], a["keep"]
+    w, cu, keep, sinks = a["window_size"], a["cu_seqlens"], a["keep"], a["sinks"]
     if cu is not None and not isinstance(cu, DocumentPack):
         return None
-    window = (w[0].__class__, w[1].__class__) if w.__class__ is tuple and len(w) == 2 else None
-    if window is None:
+    if w.__class__ is not tuple or len(w) != 2:
         return None  # not a pair: BurstCall says what is wrong with it
-    b, u, i = a["backward"], a["ulysses_size"], a["intra_node_size"]
-    return (a["causal"], a["causal"].__class__, a["softmax_scale"],
-            a["softmax_scale"].__class__, w, window, a["layout"], a["layout"].__class__,
-            a["qkv_format"], a["qkv_format"].__class__, a["kernel"], a["kernel"].__class__,
-            a["call_label"], a["call_label"].__class__, a["topology"], cu,
-            keep is None or keep.__class__, a["sinks"] is None,
-            a["return_lse"], a["return_lse"].__class__, a["mask"], a["mask"].__class__,
-            # A default is its own kind of value (``NotGiven``): told from the same given.
-            b.default if b.__class__ is _NOT_GIVEN else b, b.__class__,
-            u.default if u.__class__ is _NOT_GIVEN else u, u.__class__,
-            i.default if i.__class__ is _NOT_GIVEN else i, i.__class__)
+    # A default is its own kind of value (``NotGiven``): told from the same value given.
+    return (*[(v.default if v.__class__ is _NOT_GIVEN else v, v.__class__)
+              for v in map(a.__getitem__, _VALUED)],
+            w[0].__class__, w[1].__class__, keep.__class__, sinks is None)
 
 
 _NOT_GIVEN = NOT_GIVEN.__class__
@@ -227,5 +224,5 @@ def failed_signature(error: str) -> dict[str, object]:
     return {**{name: None for name in SIGNATURE_FIELDS}, "error": error}
 
 
-__all__ = ["BurstCall", "NOT_GIVEN", "QKV_FORMATS", "SIGNATURE_FIELDS", "failed_signature",
+__all__ = ["ARGUMENTS", "BurstCall", "NOT_GIVEN", "QKV_FORMATS", "SIGNATURE_FIELDS", "failed_signature",
            "signature"]

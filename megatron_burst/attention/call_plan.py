@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from ..comm.ring_positions import (AccumulatorStep, Hop, RingTopology, accumulator_steps,
+from ..comm.ring_positions import (AccumulatorStep, Hop, RingPositions, accumulator_steps,
                                    next_kind, route_hops)
 from ..kernels.pack_calls import with_whole
 from ..kernels.varlen import KernelCall, covers, plan_alone, plan_calls, upload_boundaries
@@ -43,8 +43,8 @@ class RingKey:
     me: int
     positions_per_node: int | None
 
-    def topology(self) -> RingTopology:
-        return RingTopology(self.ranks, self.me, self.positions_per_node)
+    def topology(self) -> RingPositions:
+        return RingPositions(self.ranks, self.me, self.positions_per_node)
 
 
 def ring_key(group: dist.ProcessGroup | None, world: int, ulysses: int,
@@ -138,7 +138,7 @@ class CallPlan:
 
     key: PlanKey
     sched: RingSchedule
-    topo: RingTopology | None
+    topo: RingPositions | None
     rows: int  # this member's rows (a rank's, or a Ulysses group's)
     forward: PassPlan
     backward: PassPlan
@@ -187,7 +187,7 @@ def build_plan(key: PlanKey) -> CallPlan:
 class PairCalls:
     """The kernel calls of a pair of members, each pair planned once per build."""
 
-    def __init__(self, key: PlanKey, sched: RingSchedule, topo: RingTopology | None):
+    def __init__(self, key: PlanKey, sched: RingSchedule, topo: RingPositions | None):
         self.key, self.sched = key, sched
         self.alone = (topo is None and key.pack and key.ulysses == 1
                       and local_length(key.layout, key.world, key.lens) == sum(key.lens))
@@ -214,7 +214,7 @@ class PairCalls:
         return calls
 
 
-def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingTopology,
+def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
                  calls: PairCalls) -> tuple[PassPlan, PassPlan]:
     """(forward, backward) of a ring of several members.
 
@@ -241,7 +241,7 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingTopology,
     return forward, dataclasses.replace(backward, uses=uses)
 
 
-def _pass(topo: RingTopology, last: int, table: tuple[tuple[int, ...], ...],
+def _pass(topo: RingPositions, last: int, table: tuple[tuple[int, ...], ...],
           calls_with: Callable[[int], tuple[KernelCall, ...]], fresh: tuple[bool, bool],
           accumulate: str | None) -> PassPlan:
     """The steps of one pass round ``topo`` (``table``: its payload's row table);
@@ -300,7 +300,7 @@ def _runs(call: KernelCall, side: str):
     return ((blk.q_start, blk.q_stop),) if side == "q" else ((blk.k_start, blk.k_stop),)
 
 
-def _whole(key: PlanKey, sched: RingSchedule, topo: RingTopology | None, calls: PairCalls,
+def _whole(key: PlanKey, sched: RingSchedule, topo: RingPositions | None, calls: PairCalls,
            rows: int) -> Block | KernelCall | None:
     """A single member's whole attention when it is one kernel call over all its rows and
     keys: a plain sequence's one dense block (no fp32 accumulators, merges or casts: the

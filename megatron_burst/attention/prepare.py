@@ -26,7 +26,8 @@ from ..decide.topology import CPTopology, HeadShape
 from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
 from ..decide.options import Decision, check_decided, decide, fixed_topology, resolve
 from . import decision_check, first_use
-from ..plan.placement import chunks_per_rank, local_length
+from ..plan.layouts import MASK, Layout, layout_named
+from ..plan.placement import local_length
 from .call_plan import plan_for, plan_key, ring_key
 from .ring_spec import RingSpec
 from ..plan.schedule import Block, Mask
@@ -71,12 +72,8 @@ def _validate(q, k, v, world: int, call: BurstCall) -> None:
     if call.mask is not None:
         _validate_mask(call, s_local, world)
         return
-    per_rank = chunks_per_rank(call.layout)
     if call.cu_seqlens is None:
-        if s_local == 0 or (call.layout != "whole_docs" and s_local % per_rank):
-            raise ValueError(
-                f"sequence length {s_local * world} (local {s_local} x {world} ranks) must "
-                f"be divisible by {per_rank * world} for layout {call.layout!r}")
+        _check_length(layout_named(call.layout), s_local, world)
         return
     if (q.shape[0] if fmt == "bshd" else q.shape[1]) != 1:
         raise ValueError("cu_seqlens needs batch size 1 (one packed sequence), got "
@@ -95,10 +92,15 @@ def _validate_mask(call: BurstCall, s_local: int, world: int) -> None:
     if call.mask.extent > total:
         raise ValueError(f"mask names positions up to {call.mask.extent} but the sequence has "
                          f"{total} tokens (local {s_local} x {world} ranks)")
-    per_rank = 1 if call.layout == "area" else chunks_per_rank(call.layout)
-    if s_local == 0 or s_local % per_rank:
-        raise ValueError(f"sequence length {total} (local {s_local} x {world} ranks) must be "
-                         f"divisible by {per_rank * world} for layout {call.layout!r}")
+    _check_length(layout_named(call.layout, MASK), s_local, world)
+
+
+def _check_length(layout: Layout, s_local: int, world: int) -> None:
+    """A sequence of ``s_local`` tokens per rank must fill the layout's chunks."""
+    divisor = layout.divisor(world)
+    if s_local == 0 or (s_local * world) % divisor:
+        raise ValueError(f"sequence length {s_local * world} (local {s_local} x {world} ranks) "
+                         f"must be divisible by {divisor} for layout {layout.name!r}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..comm.headers import CallTag, HeaderCheck
 from ..comm.messages import PeerComm
 from ..comm.rings import AccumulatorRoute, PayloadRing, RowShape
-from ..comm.ring_positions import RingTopology
+from ..comm.ring_positions import RingPositions
 from ..kernels.protocol import LocalAttention
 from ..kernels.varlen import KernelCall
 from ..plan.schedule import Block
@@ -35,7 +35,7 @@ class RingSpec:
     kernel: LocalAttention  # chosen and checked by ``prepare``
 
     @property
-    def topo(self) -> RingTopology | None:
+    def topo(self) -> RingPositions | None:
         """This rank's ring (None: a single member, nothing to send)."""
         return self.plan.topo
 

@@ -19,9 +19,10 @@ import torch
 import torch.distributed as dist
 
 from ..decide.options import NotGiven, is_given
-from ..plan.mask_placement import check_mask_layout, mask_placement
+from ..plan.mask_placement import mask_placement
 from ..plan.packs import doc_lengths
-from ..plan.placement import check_layout, chunks_of, chunks_per_rank, local_length, placement
+from ..plan.layouts import AREA, MASK, PLAIN, Chunked, layout_named
+from ..plan.placement import chunks_of, local_length, placement
 from ..plan.segments import Shard
 from ..plan.slices import SliceMask
 
@@ -54,9 +55,9 @@ def group_name(group: dist.ProcessGroup | None) -> str | None:
     return (group if group is not None else dist.group.WORLD).group_name
 
 
-def _chunk(layout: str, length: int, world: int) -> int:
-    """Chunk length of a plain sequence in ``layout`` (zigzag or contiguous)."""
-    parts = world * chunks_per_rank(layout)
+def _chunk(layout: str, length: int, world: int, role: str = PLAIN) -> int:
+    """Chunk length of a sequence in ``layout`` (ValueError where its divisor fails it)."""
+    parts = layout_named(layout, role).divisor(world)
     if length % parts:
         raise ValueError(f"sequence length ({length}) must be divisible by {parts} for layout "
                          f"{layout!r} with {world} ranks")
@@ -65,9 +66,9 @@ def _chunk(layout: str, length: int, world: int) -> int:
 
 def _documents(layout: str, cu_seqlens: torch.Tensor | None, length: int) -> tuple[int, ...] | None:
     """Document lengths to shard by, or None for the plain chunked fast path."""
-    check_layout(layout)
+    chunked = isinstance(layout_named(layout), Chunked)
     if cu_seqlens is None:
-        return (length,) if layout == "whole_docs" else None
+        return None if chunked else (length,)
     return doc_lengths(cu_seqlens)
 
 
@@ -83,13 +84,12 @@ def _masked(layout, cu_seqlens, mask, total: int, world: int) -> tuple[Shard, ..
     if cu_seqlens is not None:
         raise ValueError("cu_seqlens cannot be combined with mask= (documents are slices of "
                          "the mask: put them in it)")
-    layout = layout if is_given(layout) else "area"
-    check_mask_layout(layout)
+    layout = layout if is_given(layout) else AREA.name
+    layout_named(layout, MASK)  # a layout that places no mask raises first
     if mask.extent > total:
         raise ValueError(f"mask names positions up to {mask.extent} but the sequence has "
                          f"{total} tokens")
-    if layout != "area":
-        _chunk(layout, total, world)
+    _chunk(layout, total, world, MASK)
     return mask_placement(layout, world, total, mask)
 
 
@@ -173,10 +173,9 @@ def unshard_seq(x_local: torch.Tensor, group: dist.ProcessGroup | None = None, *
         return unshard_documents(stacked, lens, world, seq_dim, layout)
     if world == 1:
         return x_local
-    n_chunks = chunks_per_rank(layout)
     chunk = _chunk(layout, x_local.shape[seq_dim] * world, world)
     stacked = _GatherSeq.apply(x_local, group, world)  # [world, ...]
-    pieces: list[torch.Tensor | None] = [None] * (world * n_chunks)
+    pieces: list[torch.Tensor | None] = [None] * layout_named(layout).divisor(world)
     for r in range(world):
         for i, c in enumerate(chunks_of(layout, world, r)):
             pieces[c] = stacked[r].narrow(seq_dim, i * chunk, chunk)

@@ -15,7 +15,7 @@ One module per job:
   collectives take, bounded gathers, checks deferred until the GPU's result is home;
 - ``headers``: the header every message starts with, checked by its receiver;
 - ``messages``: one buffer per hop (``Packed``), posted one batch per step (``PeerComm``);
-- ``ring_positions``: who holds what at each step of a flat or double ring (``RingTopology``),
+- ``ring_positions``: who holds what at each step of a flat or double ring (``RingPositions``),
   and the hops and accumulator routes that follow, as data (``route_hops``,
   ``accumulator_steps``);
 - ``rings``: payloads and gradient accumulators moved round it by those routes
@@ -37,7 +37,7 @@ _LAZY = {
     "CommStats": ".accounting", "count_comm": ".accounting", "record_sent": ".accounting",
     "exchange": ".exchange", "Batch": ".messages", "Packed": ".messages",
     "Pending": ".messages", "PeerComm": ".messages", "AccumulatorRoute": ".rings",
-    "PayloadRing": ".rings", "RowShape": ".rings", "RingTopology": ".ring_positions",
+    "PayloadRing": ".rings", "RowShape": ".rings", "RingPositions": ".ring_positions",
     "Rows": ".ring_positions", "payload_hops": ".ring_positions", "Hop": ".ring_positions",
     "AccumulatorStep": ".ring_positions", "route_hops": ".ring_positions",
     "accumulator_steps": ".ring_positions", "next_kind": ".ring_positions",

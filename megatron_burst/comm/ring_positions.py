@@ -1,7 +1,7 @@
 """Ring positions: who holds which payload at each step, and which hops bring it there.
 
 Why apart: the ring can be flat or a double ring (K/V go round the ranks of a node every
-step and cross to the next node once every L steps). ``RingTopology`` answers who holds
+step and cross to the next node once every L steps). ``RingPositions`` answers who holds
 what at each step and ``payload_hops`` which hops a position posts, as plain arithmetic on
 positions. A call's plan turns it into data once (``route_hops``, ``accumulator_steps``),
 which the rings (``rings.py``) follow step by step; the cost model (``cost.py``) counts
@@ -13,7 +13,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 
-class RingTopology:
+class RingPositions:
     """Ring positions 0..R-1 over global ``ranks``, as M nodes of L positions each.
 
     K/V (or any payload) move one position round the node's ring every step, and cross to
@@ -36,8 +36,8 @@ class RingTopology:
         self.nodes = self.size // self.intra
         self.direction = direction
 
-    def reversed(self) -> "RingTopology":
-        return RingTopology(self.ranks, self.ranks[self.index], self.intra, -self.direction)
+    def reversed(self) -> "RingPositions":
+        return RingPositions(self.ranks, self.ranks[self.index], self.intra, -self.direction)
 
     def _split(self, p: int, step: int) -> tuple[int, int, int, int]:
         t, u = divmod(step, self.intra)
@@ -59,7 +59,7 @@ class RingTopology:
 Rows = Callable[[int, int], int]  # (origin position, step) -> rows used from that step on
 
 
-def payload_hops(topo: RingTopology, step: int, rows: Rows
+def payload_hops(topo: RingPositions, step: int, rows: Rows
                  ) -> list[tuple[str, int, int, int, int]]:
     """The hops position ``topo.index`` posts at ``step``: (kind, to, rows sent, from,
     rows received), positions not ranks.
@@ -119,7 +119,7 @@ class AccumulatorStep:
     recv_home: tuple[int, int] | None = None
 
 
-def route_hops(topo: RingTopology, last: int, rows: Rows) -> tuple[tuple[Hop, ...], ...]:
+def route_hops(topo: RingPositions, last: int, rows: Rows) -> tuple[tuple[Hop, ...], ...]:
     """The hops of steps 0..last (``payload_hops``, ranks global, empty hops left out)."""
     return tuple(tuple(Hop(kind, topo.rank(to), n_send, topo.rank(frm), n_recv)
                        for kind, to, n_send, frm, n_recv in payload_hops(topo, step, rows)
@@ -127,13 +127,13 @@ def route_hops(topo: RingTopology, last: int, rows: Rows) -> tuple[tuple[Hop, ..
                  for step in range(last + 1))
 
 
-def next_kind(topo: RingTopology, step: int) -> str:
+def next_kind(topo: RingPositions, step: int) -> str:
     """Which hop brings the payload of ``step + 1``: the intra-node one, except at the last
     step of a round, where it comes from the previous node."""
     return "intra" if step % topo.intra + 1 < topo.intra else "inter"
 
 
-def accumulator_steps(topo: RingTopology, last: int, rows: Rows
+def accumulator_steps(topo: RingPositions, last: int, rows: Rows
                       ) -> tuple[AccumulatorStep, ...]:
     """Each step's accumulator traffic (step 0's gradients stay home: an empty step).
 

@@ -102,7 +102,7 @@ def _dv(head_dim: int, v_head_dim: int | None) -> int:
 
 def ring_pass_bytes(topo, rows: Sequence[Sequence[int]], payload_row: int,
                     acc_row: int = 0) -> int:
-    """Bytes position ``topo.index`` of ``topo`` (a ``comm.RingTopology``) sends in one pass.
+    """Bytes position ``topo.index`` of ``topo`` (a ``comm.RingPositions``) sends in one pass.
 
     ``rows[o][s]``: rows of origin o's payload used from step s on (the schedule's
     ``needed_rows``). Each hop carries what its receiver uses (``comm.payload_hops``); from

@@ -28,7 +28,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from .topology import BACKWARD_MODES, CPTopology, HeadShape
-from ..plan.layouts import DOCUMENT_LAYOUTS
+from ..plan.layouts import DOCUMENT_LAYOUTS, layout_named
 from ..comm.settings import current
 from .machine import measured_when, with_emulated_links
 from .timing import Profile, choose, load_profile
@@ -170,8 +170,9 @@ class BurstOptions:
             return OptionError("document_mask", f"packs documents into one sequence per "
                                f"micro batch: it needs micro batch size 1, got "
                                f"{micro_batch_size}")
-        if self.document_layout == "zigzag" and (pipeline > 1 or sequence_parallel):
-            # Zigzag pads each document to a multiple of 2*cp, so a rank's length changes
+        if (self.document_layout is not None and layout_named(self.document_layout).pads
+                and (pipeline > 1 or sequence_parallel)):
+            # Zigzag pads each document to its divisor, so a rank's length changes
             # from batch to batch; pipeline sends and sequence-parallel splits need s/cp.
             return OptionError("document_layout", "zigzag needs pipeline parallel size 1 "
                                "and no sequence parallelism; use whole_docs (every rank "

@@ -87,12 +87,12 @@ class _HopPlan:
 
     def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):
         # The comm package imports torch: not for plan.
-        from ..comm.ring_positions import RingTopology
+        from ..comm.ring_positions import RingPositions
 
         self.ring = topology.ring_size
         self.inner = topology.positions_per_node if topology.double else self.ring
         self.burst = backward and topology.backward == "burst"
-        topo = RingTopology(range(self.ring), 0, self.inner)
+        topo = RingPositions(range(self.ring), 0, self.inner)
         self.topo = topo.reversed() if self.burst else topo
         self.rows = sched.needed_rows(self.topo.source, "q" if self.burst else "k")
         payload, acc = _row_bytes(topology, backward)
@@ -102,9 +102,9 @@ class _HopPlan:
         """(kind, bytes) of each hop ``member`` posts at ``step``: 'intra' and 'inter'
         payload hops, and 'acc', the gradient accumulator it passes on (from step 1, as
         ``cost.ring_pass_bytes`` counts it)."""
-        from ..comm.ring_positions import RingTopology, payload_hops  # as in __init__
+        from ..comm.ring_positions import RingPositions, payload_hops  # as in __init__
 
-        mine = RingTopology(range(self.ring), member, self.inner, self.topo.direction)
+        mine = RingPositions(range(self.ring), member, self.inner, self.topo.direction)
         origin = mine.source(member, step)
         out = []
         out = [(kind, sent * self.payload) for kind, _, sent, _, _ in
@@ -112,22 +112,6 @@ class _HopPlan:
         if self.acc and step and self.rows[origin][step]:
             out.append(("acc", self.rows[origin][1] * self.acc))
         return out
-
-
-def scheduled_bytes(topology: CPTopology, *, batch: int, s_local: int,
-                    window: tuple[int, int], member: int, causal: bool = True
-                    ) -> tuple[int, int]:
-    """(forward, backward) ring bytes ring member ``member`` sends in the hops this model
-    times (no all-to-all): what ``CPTopology.rank_bytes`` counts, by another road."""
-    from ..plan.schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
-
-    sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
-                            Mask(causal, tuple(window)), topology.ulysses)
-    out = []
-    for backward in (False, True):
-        plan = _HopPlan(topology, sched, batch, backward)
-        out.append(sum(n for s in range(topology.ring_size) for _, n in plan.hops(member, s)))
-    return out[0], out[1]
 
 
 def _row_bytes(topology: CPTopology, backward: bool) -> tuple[int, int]:

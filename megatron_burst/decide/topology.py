@@ -22,6 +22,7 @@ import functools
 from typing import Any
 
 from . import cost
+from ..plan.layouts import ZIGZAG
 
 BACKWARD_MODES = ("auto", "burst", "ring")
 RESOLVED_BACKWARD = ("burst", "ring")
@@ -99,9 +100,9 @@ class CPTopology:
 
     @staticmethod
     def seq_len_divisor(cp: int) -> int:
-        """What a sequence's length over ``cp`` CP ranks must be a multiple of: the zigzag
-        layout cuts it into 2 x cp chunks, two per rank."""
-        return 2 * cp
+        """What a sequence's length over ``cp`` CP ranks must be a multiple of: Megatron's
+        split is the zigzag layout's (``plan.layouts``, which owns the rule)."""
+        return ZIGZAG.divisor(cp)
 
     # ------------------------------------------------------------------ topology
 
@@ -178,7 +179,7 @@ class CPTopology:
                    ) -> tuple[int, int]:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
         sends them: only the rows each hop's receiver uses (``RingSchedule.needed_rows``)."""
-        from ..comm.ring_positions import RingTopology
+        from ..comm.ring_positions import RingPositions
         from ..plan.schedule import Mask, RingSchedule
 
         h = self._need_heads()
@@ -189,7 +190,7 @@ class CPTopology:
                                 self.ulysses)
         fwd = bwd = 0
         if self.ring_size > 1:
-            topo = RingTopology(list(range(self.ring_size)), rank // self.ulysses,
+            topo = RingPositions(list(range(self.ring_size)), rank // self.ulysses,
                                 self.positions_per_node)
             kv_row = batch * cost.kv_row_bytes(hkv, d, e, dv)
             k_rows = sched.needed_rows(topo.source, "k")

@@ -18,19 +18,36 @@ flash, which takes windows), the CPU flash kernel, and a plain PyTorch reference
 the tests and as the last resort.
 
 The names below are re-exported so that ``from megatron_burst.kernels import X`` and
-``kernels.X`` keep working.
+``kernels.X`` keep working; each is imported when first asked for (``limits`` needs no torch).
 """
 from __future__ import annotations
 
-from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention
-from .protocol import Capabilities, LocalAttention, VarlenByLoop, surrogate_out, working_dtype
-from .reference import CpuFlashAttention, ReferenceAttention, visible
-from .selection import (KERNEL_NAMES, KERNELS, VARLEN_DENSE_MIN_AREA, BandDispatch,
-                        default_scale, select_kernel)
+import importlib
+from typing import Any
 
-__all__ = [
-    "BandDispatch", "Capabilities", "CpuFlashAttention", "CudnnAttention", "FlashAttnPackage",
-    "KERNELS", "KERNEL_NAMES", "LocalAttention", "ReferenceAttention", "TorchFlashAttention",
-    "VARLEN_DENSE_MIN_AREA", "VarlenByLoop", "default_scale", "select_kernel",
-    "surrogate_out", "visible", "working_dtype",
-]
+# Where each re-exported name lives: imported on first use (PEP 562), so that importing a
+# torch-free module of this package (``kernels.limits``) loads no torch.
+_HOMES = {
+    "CudnnAttention": "cuda", "FlashAttnPackage": "cuda", "TorchFlashAttention": "cuda",
+    "Capabilities": "protocol", "LocalAttention": "protocol", "VarlenByLoop": "protocol",
+    "surrogate_out": "protocol", "working_dtype": "protocol",
+    "CpuFlashAttention": "reference", "ReferenceAttention": "reference", "visible": "reference",
+    "KERNEL_NAMES": "selection", "KERNELS": "selection", "VARLEN_DENSE_MIN_AREA": "selection",
+    "BandDispatch": "selection", "default_scale": "selection", "select_kernel": "selection",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    try:  # a submodule read as an attribute (``kernels.selection``)
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from .limits import FUSED_HEAD_DIM_MULTIPLE, FUSED_MAX_HEAD_DIM
 from .protocol import HALF, Capabilities, VarlenByLoop, _heads
 
 # What PyTorch's and flash-attn's fused kernels take (the probe in selection.py checks the
 # rest on the GPU at hand).
-_FUSED = dict(devices=frozenset({"cuda"}), dtypes=HALF, max_head_dim=256, head_dim_multiple=8)
+_FUSED = dict(devices=frozenset({"cuda"}), dtypes=HALF, max_head_dim=FUSED_MAX_HEAD_DIM,
+              head_dim_multiple=FUSED_HEAD_DIM_MULTIPLE)
 
 
 class CudnnAttention(VarlenByLoop):

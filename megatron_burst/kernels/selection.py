@@ -31,9 +31,8 @@ from .padded import PaddedHeads
 from .protocol import Capabilities, LocalAttention, VarlenByLoop
 from .reference import CpuFlashAttention, ReferenceAttention
 
-KERNELS = {"reference": ReferenceAttention, "cpu-flash": CpuFlashAttention,
-           "cudnn": CudnnAttention, "torch-flash": TorchFlashAttention,
-           "flash-attn": FlashAttnPackage}
+KERNELS = {kernel.name: kernel for kernel in (  # each kernel class says its own name
+    ReferenceAttention, CpuFlashAttention, CudnnAttention, TorchFlashAttention, FlashAttnPackage)}
 KERNEL_NAMES = tuple(sorted(KERNELS))  # what ``kernel=`` may force
 
 
@@ -305,7 +304,7 @@ def check_kernel(kernel: LocalAttention, name: str | None, dtype: torch.dtype, h
             raise ValueError(f"kernel={name or kernel.name!r} {refusal}: it would compute "
                              f"another mask; leave kernel=None to choose one that runs it")
         kinds.add(blk.kind)
-    if name is not None and name != "reference":  # the reference is the yardstick itself
+    if name is not None and name != ReferenceAttention.name:  # the yardstick itself
         for kind in sorted(kinds):
             if not _once((name, *shape, kind),
                          lambda kind=kind: _probe(kernel, dtype, hq, hkv, d, device, kind, dv)):

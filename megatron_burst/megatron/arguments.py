@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from megatron_burst.decide.topology import COMM_TYPE_ALIASES
+from megatron_burst.decide.topology import COMM_TYPE_ALIASES, CPTopology
 from megatron_burst.megatron.resolve import comm_types
 from megatron_burst.decide.options import AUTO, OPTION_FIELDS, BurstOptions, OptionError
-from megatron_burst.plan.placement import DOCUMENT_LAYOUTS
+from megatron_burst.plan.layouts import DOCUMENT_LAYOUTS
 from megatron_burst.megatron.mask_batches import FLAG as MASK_BUILDER_FLAG, load_builder
 
 # What a user writes to ask for BurstAttention (the aliases p2p / a2a+p2p also run it when
@@ -133,8 +133,9 @@ def burst_checks(args: argparse.Namespace) -> None:
     cp = args.context_parallel_size
     if cp < 1:
         raise ValueError("--cp-comm-type burst needs --context-parallel-size >= 1")
-    if args.seq_length % (2 * cp):
-        raise ValueError(f"--seq-length {args.seq_length} is not divisible by 2*cp = {2 * cp}")
+    divisor = CPTopology.seq_len_divisor(cp)
+    if args.seq_length % divisor:
+        raise ValueError(f"--seq-length {args.seq_length} is not divisible by 2*cp = {divisor}")
     if args.attention_dropout:
         raise ValueError(f"BurstAttention has no attention dropout; pass --attention-dropout 0 "
                          f"(got {args.attention_dropout})")

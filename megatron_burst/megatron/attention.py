@@ -39,11 +39,8 @@ from megatron_burst.megatron.softmax_offset import make_softmax_offset, sharded_
 from megatron_burst.attention.api import burst_attn, calls_made
 from megatron_burst.decide.topology import CPTopology, HeadShape
 from megatron_burst.kernels.selection import default_scale
-from megatron_burst.megatron.resolve import (
-    layer_heads,
-    layer_topology,
-    options_from_megatron,
-)
+from megatron_burst.plan.layouts import ZIGZAG
+from megatron_burst.megatron.resolve import layer_heads, layer_topology, options_from_megatron
 from megatron_burst.decide.options import (AUTO, BurstOptions, check_decided, fixed_topology,
                                            remat_problem)
 from megatron_burst.attention.remat import AttentionKeep, in_backward
@@ -283,29 +280,35 @@ class BurstDotProductAttention(MegatronModule):
         s_local = query.size(0)  # [t, h, d] and [s, b, h, d] both lead with the sequence
         masks.check_attention_mask(attention_mask, mask_type, docs, s_local, self.cp_group)
         cp = self.cp_group.size()
-        if docs is None and s_local % 2:
-            raise ValueError(
-                f"sequence length {s_local * cp} is not divisible by 2*cp = {2 * cp} (zigzag "
-                f"layout)"
-            )
-        if self.topology is None:  # options with 'auto': decided now that the tokens are known
-            tokens = s_local * (query.size(1) if not thd else 1)
-            self.topology = layer_topology(self.options, cp, self.heads, tokens, self.tp_size)
+        divisor = ZIGZAG.divisor(cp)
+        if docs is None and (s_local * cp) % divisor:  # Megatron's split: zigzag
+            raise ValueError(f"sequence length {s_local * cp} is not divisible by 2*cp = "
+                             f"{divisor} (zigzag layout)")
         return thd, dict(
+            self._layer_arguments(s_local * (query.size(1) if not thd else 1)),
             causal=causal,
-            softmax_scale=self.softmax_scale,
             window_size=self.window_size,
-            layout="zigzag" if docs is None else docs.layout,
+            layout=ZIGZAG.name if docs is None else docs.layout,
             qkv_format="bshd" if thd else "sbhd",
-            topology=self.topology,
             cu_seqlens=None if docs is None else docs.cu_seqlens,
+        )
+
+    def _layer_arguments(self, tokens: int) -> dict:
+        """burst_attn's arguments that are the layer's own, whatever the batch: its scale,
+        topology ('auto' decided now that the ``tokens`` per rank are known), kept outputs,
+        label and sinks."""
+        if self.topology is None:
+            self.topology = layer_topology(self.options, self.cp_group.size(), self.heads,
+                                           tokens, self.tp_size)
+        return dict(
+            softmax_scale=self.softmax_scale,
+            topology=self.topology,
             # Remat-aware recompute: the checkpoint's first forward keeps the output, the
             # recompute takes it (never outside training, so evaluation keeps nothing).
             keep=self.keep if self.training else None,
             call_label=self.layer_number,  # a peer in another layer's call is caught
             sinks=self.softmax_offset,
         )
-
 
     def _mask_arguments(self, params: MaskParams, attention_mask: Optional[Tensor],
                         query: Tensor) -> dict:
@@ -317,13 +320,8 @@ class BurstDotProductAttention(MegatronModule):
         if self.window_size != (-1, -1) or attention_mask is not None:
             raise ValueError("a slice mask (MaskParams) says the whole mask: a layer window "
                              "or an attention_mask beside it is refused")
-        if self.topology is None:  # options with 'auto': decided now that the tokens are known
-            self.topology = layer_topology(self.options, self.cp_group.size(), self.heads,
-                                           query.size(0) * query.size(1), self.tp_size)
-        return dict(mask=params.mask, layout=params.layout, softmax_scale=self.softmax_scale,
-                    qkv_format="sbhd", topology=self.topology,
-                    keep=self.keep if self.training else None,
-                    call_label=self.layer_number, sinks=self.softmax_offset)
+        return dict(self._layer_arguments(query.size(0) * query.size(1)), mask=params.mask,
+                    layout=params.layout, qkv_format="sbhd")
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (),
                            metadata: Optional[dict] = None) -> dict:

@@ -27,7 +27,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from megatron_burst.attention.sharding import shard_seq
 from megatron_burst.plan.packs import DocumentPack, pack_documents
-from megatron_burst.plan.placement import LAYOUTS
+from megatron_burst.plan.layouts import LAYOUTS
 
 # What a document batch holds, in the order forward_step unpacks it.
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
@@ -39,7 +39,7 @@ class DocumentParams(PackedSeqParams):
 
     `cu_seqlens_q` (= `cu_seqlens_kv`) are the boundaries of the whole packed sequence
     [0, n0, n0+n1, ..., s], the same on every CP rank; `layout` is how the batch was
-    sharded over the CP group (`megatron_burst.plan.placement.LAYOUTS`). `max_seqlen_q/kv` hold
+    sharded over the CP group (`megatron_burst.plan.layouts.LAYOUTS`). `max_seqlen_q/kv` hold
     the packed sequence's length, not the longest document's: GPTModel sizes its RoPE
     table from them, and a table that long holds every position of every document.
     Megatron's THD-only fields (padded boundaries, per-batch CP groups) must stay unset.

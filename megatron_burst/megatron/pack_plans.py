@@ -22,8 +22,6 @@ import torch
 from megatron_burst.attention.call_plan import (CallPlan, PlanKey, RingKey, plan_for,
                                                  plan_key, ring_key)
 from megatron_burst.decide.topology import CPTopology
-from megatron_burst.megatron import masks
-from megatron_burst.megatron.attention import BurstDotProductAttention
 from megatron_burst.plan.packs import DocumentPack
 from megatron_burst.plan.schedule import Mask
 from megatron_burst.kernels.varlen import KernelCall, upload_boundaries
@@ -64,15 +62,6 @@ def targets_from_args(layout: str, windows: Sequence[Tuple[int, int]],
         return ()
     return tuple(PlanTarget.of(layout, Mask(True, tuple(w)), topology, group)
                  for w in sorted(set(windows)))
-
-
-def targets_of_model(model: torch.nn.Module, layout: str) -> Tuple[PlanTarget, ...]:
-    """The targets a built model's BurstAttention layers call with (to check the above)."""
-    found = {PlanTarget.of(layout, Mask(masks.is_causal(m.attn_mask_type), m.window_size),
-                           m.topology, m.cp_group)
-             for m in model.modules()
-             if isinstance(m, BurstDotProductAttention) and m.topology is not None}
-    return tuple(sorted(found, key=lambda t: t.mask.window))
 
 
 def plan_pack(pack: DocumentPack, target: PlanTarget, ring: Optional[RingKey]) -> CallPlan:

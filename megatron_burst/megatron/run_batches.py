@@ -23,7 +23,7 @@ from megatron_burst.megatron.pack_plans import targets_from_args
 from megatron_burst.megatron.printer import say
 from megatron_burst.megatron.run_flops import FlopsCounter, layer_windows
 from megatron_burst.megatron.trace import StepTrace
-from megatron_burst.plan.placement import DOCUMENT_LAYOUTS
+from megatron_burst.plan.layouts import DOCUMENT_LAYOUTS
 
 
 def dataset_on_every_rank(args: Any) -> bool:

@@ -67,8 +67,9 @@ class BurstSpecProvider(BackendSpecProvider):
         if unknown:
             raise ValueError(f"BurstSpecProvider: unknown option(s) {unknown}; the options are "
                              f"{list(TOPOLOGY_OPTIONS)}")
-        given = {k: v for k, v in options.items() if v is not None}
-        BurstOptions.of(given)  # a bad value is named when the spec is made
+        # A bad value is named when the spec is made; the layers get the options as checked.
+        checked = BurstOptions.of(options)
+        given = {name: getattr(checked, name) for name in sorted(checked.given)}
         if topology is not None and given:
             raise ValueError(f"BurstSpecProvider: give a decided topology or options, not both "
                              f"(got topology and {sorted(given)})")

@@ -20,6 +20,9 @@ holds whole also as arrays, so per-pack planning never loops over them. Three la
   pieces, then whole documents: rows that other ranks need come first, so what a ring hop
   must carry is a prefix. Placed with array operations over the lengths (``whole_docs``).
 
+Each layout is a value that places its own tokens (``layouts``); these functions take its
+name.
+
 Everything here is a pure function of (layout, world size, document lengths): every rank
 computes every rank's shard, without communication.
 """
@@ -27,50 +30,19 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
-from . import whole_docs
-from .segments import Segment, Shard
-
-from .layouts import DOCUMENT_LAYOUTS, LAYOUTS  # noqa: F401  (re-exported)
-
-
-def check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+from .layouts import LAYOUTS, layout_named, local_rows  # noqa: F401  (LAYOUTS re-exported)
+from .segments import Shard
 
 
 def chunks_of(layout: str, world: int, rank: int) -> tuple[int, ...]:
-    """Chunk indices (of ``world * chunks_per_rank``) a rank holds, in local order.
-
-    ``whole_docs`` places a single sequence (one document) like ``zigzag``.
-    """
-    check_layout(layout)
-    if layout == "contiguous":
-        return (rank,)
-    return (rank, 2 * world - 1 - rank)
-
-
-def chunks_per_rank(layout: str) -> int:
-    return len(chunks_of(layout, 1, 0))
-
-
-def padded_doc_lens(doc_lens: tuple[int, ...], world: int, layout: str) -> tuple[int, ...]:
-    """Each document's length as the layout stores it (padded for zigzag and contiguous)."""
-    if layout == "whole_docs":
-        return doc_lens
-    parts = world * chunks_per_rank(layout)
-    return tuple(-(-n // parts) * parts for n in doc_lens)
+    """Chunk indices (of ``divisor(world)``) a chunked layout's rank holds, in local order."""
+    return layout_named(layout).chunks(world, rank)
 
 
 @functools.lru_cache(maxsize=32)  # every call of a pack asks, in validation and planning
 def local_length(layout: str, world: int, doc_lens: tuple[int, ...]) -> int:
     """Rows every rank holds; raises ValueError where the layout cannot place the tokens."""
-    total = sum(padded_doc_lens(doc_lens, world, layout))
-    if layout == "whole_docs" and total % world:
-        raise ValueError(f"layout 'whole_docs' gives every rank the same number of tokens: "
-                         f"the {total} tokens of cu_seqlens must be divisible by {world} ranks")
-    return total // world
+    return local_rows(layout_named(layout), world, doc_lens)
 
 
 def rank_segments(layout: str, world: int, rank: int, doc_lens: tuple[int, ...]) -> Shard:
@@ -81,25 +53,5 @@ def rank_segments(layout: str, world: int, rank: int, doc_lens: tuple[int, ...])
 
 @functools.lru_cache(maxsize=16)  # boundaries change every batch: keep only recent ones
 def placement(layout: str, world: int, doc_lens: tuple[int, ...]) -> tuple[Shard, ...]:
-    """Every rank's shard."""
-    check_layout(layout)
-    if layout == "whole_docs":
-        return _whole_docs(world, doc_lens)
-    shards = []
-    for rank in range(world):
-        segs, row = [], 0
-        for doc, (n, padded) in enumerate(zip(doc_lens, padded_doc_lens(doc_lens, world,
-                                                                         layout))):
-            c = padded // (world * chunks_per_rank(layout))
-            for chunk in chunks_of(layout, world, rank):
-                if c:
-                    segs.append(Segment(row, doc, chunk * c, c, n))
-                    row += c
-        shards.append(Shard.of(segs))
-    return tuple(shards)
-
-
-def _whole_docs(world: int, doc_lens: tuple[int, ...]) -> tuple[Shard, ...]:
-    """The ``whole_docs`` layout (``whole_docs.place``: array operations over the lengths)."""
-    cap = local_length("whole_docs", world, doc_lens)
-    return whole_docs.place(world, np.asarray(doc_lens, dtype=np.int64), cap)
+    """Every rank's shard: the layout places them (``layouts``)."""
+    return layout_named(layout).place(world, doc_lens)

@@ -179,7 +179,7 @@ def counting_plans(seen: dict, counts=lambda: True):
     from unittest import mock
 
     import megatron_burst.attention.call_plan as call_plan
-    import megatron_burst.plan.placement as placement
+    import megatron_burst.plan.whole_docs as whole_docs
     import megatron_burst.plan.schedule as schedule
 
     def counting(name, fn):
@@ -189,7 +189,7 @@ def counting_plans(seen: dict, counts=lambda: True):
         return wrapped
 
     stack = contextlib.ExitStack()
-    for module, attr, name in ((placement, "_whole_docs", "placements"),
+    for module, attr, name in ((whole_docs, "place", "placements"),
                                (schedule, "blocks_between", "pair_blocks"),
                                (call_plan, "plan_calls", "call_plans")):
         stack.enter_context(mock.patch.object(module, attr, counting(name,

@@ -25,6 +25,20 @@ from tests.megatron.harness import EOD, packed_batch  # noqa: E402
 PACKS = (((5, 40, 11, 8), 3), ((9, 30, 6, 19), 4), ((1, 2, 50, 11), 5), ((64,), 6))
 
 
+def targets_of_model(model, layout: str):
+    """The targets a built model's BurstAttention layers call with (to check ``pack_plans.targets_from_args``)."""
+    from megatron_burst.megatron import masks
+    from megatron_burst.megatron.attention import BurstDotProductAttention
+    from megatron_burst.megatron.pack_plans import PlanTarget
+    from megatron_burst.plan.schedule import Mask
+
+    found = {PlanTarget.of(layout, Mask(masks.is_causal(m.attn_mask_type), m.window_size),
+                           m.topology, m.cp_group)
+             for m in model.modules()
+             if isinstance(m, BurstDotProductAttention) and m.topology is not None}
+    return tuple(sorted(found, key=lambda t: t.mask.window))
+
+
 def _tokenizer_stub() -> None:
     """megatron.training's get_tokenizer, for entry.document_batch (the 0.16 wheel has no
     megatron.training; a test rank needs only the EOD token)."""
@@ -53,7 +67,7 @@ def _setup(weights):
     from megatron_burst.decide.topology import CPTopology
     from megatron_burst.megatron import burst_run, entry
     from megatron_burst.megatron.document_model import as_document_model
-    from megatron_burst.megatron.pack_plans import targets_from_args, targets_of_model
+    from megatron_burst.megatron.pack_plans import targets_from_args
     from megatron_burst.megatron.run_flops import layer_windows
 
     from tests.megatron import cpu_llama as cm

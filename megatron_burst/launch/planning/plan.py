@@ -13,6 +13,7 @@ from __future__ import annotations
 from ...decide.topology import CPTopology, TopologyError
 from ...decide.options import AUTO
 from ...decide.timing import load_profile
+from ...kernels.limits import FUSED_HEAD_DIM_MULTIPLE, FUSED_MAX_HEAD_DIM, fused_head_dim_ok
 from ..config.schema import Config, ConfigError
 from .topology_candidates import chosen_prediction
 from ..config.burst import config_key, max_intra_node_size_of, run_problem, topology_of
@@ -23,12 +24,9 @@ from .report import report
 EXPOSED_WARNING = 0.05
 
 
-# Head dims PyTorch's flash and cuDNN SDPA kernels (the GPU local kernels) run: a multiple
-# of 8, at most 256. Anything else would fail at the first attention call, after queueing.
-# The kernels' capabilities own them (kernels/cuda.py); `plan` runs without torch, which
-# importing a kernel would load, so it copies them and a test holds the copy to the owner.
-HEAD_DIM_MULTIPLE = 8
-MAX_HEAD_DIM = 256
+# Head dims the GPU local kernels run (their own numbers, read without torch): anything
+# else would fail at the first attention call, after queueing.
+HEAD_DIM_MULTIPLE, MAX_HEAD_DIM = FUSED_HEAD_DIM_MULTIPLE, FUSED_MAX_HEAD_DIM
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -47,7 +45,7 @@ def _check_head_dims(cfg: Config) -> None:
         dims = [("model.num_attention_heads", m.head_dim, f"head dim hidden_size / "
                  f"num_attention_heads = {m.hidden_size} / {m.num_attention_heads}")]
     for key, d, what in dims:
-        _require(d % HEAD_DIM_MULTIPLE == 0 and d <= MAX_HEAD_DIM, key,
+        _require(fused_head_dim_ok(d), key,
                  f"{what} = {d}: PyTorch's flash and cuDNN attention kernels take a multiple "
                  f"of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}")
 

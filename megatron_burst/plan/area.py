@@ -1,0 +1,97 @@
+"""The ``area`` layout: where a slice mask's tokens go so every rank does the same work.
+
+A slice mask's work is its visible area, and where it lies depends on the mask: a prefix-LM
+mask puts most of it in the last rows, a shared-question mask in the question's keys. The
+``area`` layout (the default for a mask) cuts the sequence into chunks, k per rank, and
+deals them out so that the largest rank's share of the area is as small as a greedy can make
+it (MagiAttention's dispatch: largest chunk first, onto the least loaded rank), while every
+rank keeps exactly N/G tokens (Megatron's [s/cp, b, h] shapes): chunks differ in length by
+at most one token, and each rank takes the same number of the longer ones. k grows (1, 2,
+4, ... up to ``MAX_CHUNKS``, chunks no shorter than ``MIN_CHUNK`` unless the shard is tiny)
+until the largest share is within ``BALANCE`` of an even split (finer chunks mean smaller
+blocks and more of them); else the best k found wins.
+A rank's chunks are its rows in sequence order (touching ones joined), so its shard is a
+few segments of one document, the sequence (``segments.Shard``), and the schedule pairs
+them as it pairs any segments.
+
+Everything is a pure function of (world, length, mask): every rank computes every rank's
+shard, without communication.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .segments import Segment, Shard
+from .slices import SliceMask, rows_area
+
+MAX_CHUNKS = 64  # chunks per rank, at most
+MIN_CHUNK = 64  # tokens a chunk keeps (a shard of few tokens may cut up to 4 chunks)
+BALANCE = 1.03  # within 3% of an even split is good enough: finer chunks cost calls
+
+
+def place(world: int, total: int, mask: SliceMask) -> tuple[Shard, ...]:
+    """Every rank's shard of a ``total``-token sequence, dealt by ``mask``'s area."""
+    return tuple(_shard(total, chunks) for chunks in _dealt(world, total, mask)[1])
+
+
+def _candidates(n: int) -> list[int]:
+    """Chunks per rank to try: powers of two up to the cap for a shard of ``n`` tokens."""
+    top = min(MAX_CHUNKS, max(min(4, n), n // MIN_CHUNK))
+    out, k = [], 1
+    while k <= top:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def _dealt(world: int, total: int, mask: SliceMask):
+    """(largest share, each rank's chunks as (start, length)) of the best k tried."""
+    if total % world:
+        raise ValueError(f"layout 'area' gives every rank the same number of tokens: the "
+                         f"sequence's {total} tokens must be divisible by {world} ranks")
+    n, best = total // world, None
+    even = mask.area / world
+    for k in _candidates(n):
+        got = _deal(world, n, k, mask)
+        if best is None or got[0] < best[0]:
+            best = got
+        if got[0] <= BALANCE * even:
+            break
+    return best
+
+
+def _deal(world: int, n: int, k: int, mask: SliceMask):
+    """k chunks per rank of a sequence of ``world * n`` tokens, dealt largest area first
+    onto the least loaded rank with room for a chunk of its length. The first
+    ``world * (n % k)`` chunks are one token longer; each rank takes n % k of them."""
+    base, extra = divmod(n, k)
+    sizes = np.full(world * k, base, dtype=np.int64)
+    sizes[:world * extra] += 1
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    areas = [rows_area(mask.cells, int(s), int(s + z)) for s, z in zip(starts, sizes)]
+    room = [[extra, k - extra] for _ in range(world)]  # longer, shorter chunks left
+    load = [0] * world
+    chunks: list[list[tuple[int, int]]] = [[] for _ in range(world)]
+    for c in sorted(range(len(sizes)), key=lambda c: (-areas[c], c)):
+        kind = 0 if sizes[c] > base else 1
+        r = min((r for r in range(world) if room[r][kind]), key=lambda r: (load[r], r))
+        room[r][kind] -= 1
+        load[r] += areas[c]
+        chunks[r].append((int(starts[c]), int(sizes[c])))
+    return max(load), [sorted(c) for c in chunks]
+
+
+def _shard(total: int, chunks: list[tuple[int, int]]) -> Shard:
+    """A rank's chunks as segments of the sequence in position order, touching ones
+    joined."""
+    runs: list[list[int]] = []
+    for start, length in chunks:
+        if runs and runs[-1][0] + runs[-1][1] == start:
+            runs[-1][1] += length
+        else:
+            runs.append([start, length])
+    segs, row = [], 0
+    for start, length in runs:
+        segs.append(Segment(row, 0, start, length, total))
+        row += length
+    return Shard.of(segs)
