@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 import pytest
 import torch
@@ -151,17 +150,10 @@ def _first_use(rank, world, cache):
 
 
 def _package_calls(fn) -> set:
-    seen = set()
+    """The package's files that ``fn()`` calls into."""
+    from .test_host_path import package_calls
 
-    def profile(frame, event, _arg):
-        if event == "call" and "/megatron_burst/" in frame.f_code.co_filename:
-            seen.add(frame.f_code.co_filename.rsplit("/", 1)[-1])
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return seen
+    return {path.rsplit("/", 1)[-1] for path, _ in package_calls(fn)}
 
 
 def test_first_use_measures_once_caches_and_a_later_run_reads_the_cache(tmp_path):

@@ -22,7 +22,16 @@ PLANNING = {"prepare", "_validate", "_topology", "_ring_spec", "choose_kernel", 
             "placement", "resolve"}
 
 
-def _package_calls(fn) -> collections.Counter:
+def profiled(fn, hook) -> None:
+    """``fn()`` with ``hook(frame, event, arg)`` seeing every call (``sys.setprofile``)."""
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+
+
+def package_calls(fn) -> collections.Counter:
     """(file, function) of every Python call into the package while ``fn()`` runs."""
     seen: collections.Counter = collections.Counter()
 
@@ -30,11 +39,7 @@ def _package_calls(fn) -> collections.Counter:
         if event == "call" and PACKAGE in frame.f_code.co_filename:
             seen[(frame.f_code.co_filename.split(PACKAGE)[-1], frame.f_code.co_name)] += 1
 
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
+    profiled(fn, profile)
     return seen
 
 
@@ -52,7 +57,7 @@ def test_a_prepared_cp1_call_is_the_kernel_and_a_few_lookups():
         step = lambda: mb.burst_attn(q, k, v, causal=True, return_lse=return_lse)  # noqa
         loss = lambda: (step()[0] if return_lse else step()).backward(do)  # noqa: E731
         loss()  # prepares
-        seen = _package_calls(loss)
+        seen = package_calls(loss)
         assert not {name for _, name in seen} & PLANNING, seen
         assert sum(seen.values()) <= budget, (sum(seen.values()), seen.most_common(12))
         ran = {name: c for (f, name), c in seen.items() if f.startswith("kernels/")
@@ -74,7 +79,7 @@ def test_a_new_cp1_pack_is_planned_without_python_per_document():
         kw = dict(causal=True, softmax_scale=None, window_size=(-1, -1), layout="whole_docs",
                   backward="auto", qkv_format="bshd", intra_node_size=None, ulysses_size=1,
                   cu_seqlens=cu, kernel=None, keep=None, call_label=None, topology=None)
-        seen = _package_calls(lambda: prepare.lookup(None, q, k, v, BurstCall.of(kw), 1))
+        seen = package_calls(lambda: prepare.lookup(None, q, k, v, BurstCall.of(kw), 1))
         counts[docs] = sum(seen.values())
         # One rank has nothing for 'auto' to decide: no profile read (a file stat each
         # time), no cluster asked.
@@ -102,11 +107,7 @@ def _all_calls(fn) -> int:
         if event in ("call", "c_call"):
             count[0] += 1
 
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
+    profiled(fn, profile)
     return count[0]
 
 
@@ -122,11 +123,7 @@ def _environment_reads(fn) -> list:
         elif event == "c_call" and getattr(arg, "__name__", "") in ("stat", "getenv"):
             seen.append(arg.__name__)
 
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
+    profiled(fn, profile)
     return seen
 
 
