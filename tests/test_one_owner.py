@@ -4,7 +4,8 @@
   keywords match;
 - the layouts (their names, divisors and placing): ``plan/layouts.py``'s values;
 - the kernels' names: each kernel class's ``name``; the GPU head-dim limits:
-  ``kernels/limits.py``.
+  ``kernels/limits.py``;
+- a call's head shape: ``HeadShape.of_tensors`` (and a model's: ``HeadShape.of_tp_rank``).
 """
 from __future__ import annotations
 
@@ -73,3 +74,9 @@ def test_gpu_head_dim_limits_have_one_owner():
     """kernels/limits.py, torch-free, which cuda.py's capabilities and launch's plan read."""
     assert _restated(r"(max_head_dim|head_dim_multiple)\s*=\s*\d|HEAD_DIM\w*\s*=\s*\d",
                      ("kernels/limits.py",)) == []
+
+
+def test_a_head_shape_is_made_in_one_place():
+    """The heads of a call's tensors come from ``HeadShape.of_tensors``, a model's from
+    ``HeadShape.of_tp_rank``: no other module builds one field by field."""
+    assert _restated(r"HeadShape\(\s*q\.shape", ("decide/topology.py",)) == []

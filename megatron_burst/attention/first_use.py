@@ -122,7 +122,7 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
              attend) -> Profile:
     """Every measurement the decision needs, at the call's sizes (this rank's figures)."""
     device, cpu = q.device, q.device.type == "cpu"
-    heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size(), v.shape[3])
+    heads = HeadShape.of_tensors(q, k, v)
     tokens = max(q.shape[0] * q.shape[1], 1)
     per = key.gpus_per_node
     # Every topology the group allows (whatever this call fixes: the cache serves them all).

@@ -232,7 +232,7 @@ def _topology(group, world: int, q, k, v, call: BurstCall
     caller's decided topology (checked against what the call's options fix), else the one
     resolver's for these options, this shape and this machine's profile (``first_use``),
     or the verdict of a check of that decision (``decision_check``)."""
-    heads = HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size(), v.shape[3])
+    heads = HeadShape.of_tensors(q, k, v)
     if call.topology is not None:
         return check_decided(call.topology, call.options, cp=world, heads=heads), None, None
     options = call.options

@@ -66,6 +66,11 @@ class HeadShape:
             object.__setattr__(self, "v_head_dim", self.head_dim)
 
     @staticmethod
+    def of_tensors(q, k, v) -> "HeadShape":
+        """The heads of a call's local q, k, v ([.., h, d]: bshd and sbhd alike)."""
+        return HeadShape(q.shape[2], k.shape[2], q.shape[3], q.element_size(), v.shape[3])
+
+    @staticmethod
     def of_tp_rank(heads: int, groups: int, head_dim: int, *, tp: int,
                    half: bool, v_head_dim: int | None = None) -> "HeadShape":
         """The heads one of ``tp`` tensor-parallel ranks holds (``half``: 16-bit)."""
