@@ -64,6 +64,10 @@ def check_cpu_config(cfg: Config) -> Any:
         raise ConfigError("'data.document_mask': the CPU run trains on whole windows of text; "
                           "document masks run on GPUs with python -m "
                           "megatron_burst.megatron.pretrain_gpt (the CPU tests cover them)")
+    if cfg.data.mask_builder is not None:
+        raise ConfigError("'data.mask_builder': the CPU run trains on whole windows of text; "
+                          "slice masks run on GPUs with python -m "
+                          "megatron_burst.megatron.pretrain_gpt (the CPU tests cover them)")
     problem = megatron_core_problem("the CPU run (megatron-core's GPTModel)")
     if problem:
         raise ConfigError(problem)

@@ -119,3 +119,33 @@ def test_newer_megatron_parser_accepts_the_document_flag(tiny_raw, write_config)
                            str(path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("ok ") == 1
+
+
+def test_the_mask_builder_key_becomes_the_builder_flag(tiny_raw, write_config):
+    """data.mask_builder -> --burst-mask-builder, which the adapter's parser reads back; the
+    flag in megatron_args is refused naming the key (which exists)."""
+    spec = "megatron_burst.megatron.mask_batches:prefix_lm"
+    flags = megatron_flags(_config(tiny_raw, write_config, mask_builder=spec))
+    assert flags[flags.index("--burst-mask-builder") + 1] == spec
+    assert "--burst-document-mask" not in flags
+    assert arguments.mask_builder_from_args(_args(flags)) == spec
+    raw = _one_sequence(tiny_raw)
+    raw["megatron_args"] = ["--burst-mask-builder", spec]
+    with pytest.raises(ConfigError, match="set data.mask_builder instead"):
+        megatron_flags(load_config(write_config(raw)))
+
+
+@pytest.mark.parametrize("data, training, match", [
+    (dict(mask_builder="no_colon"), {}, "must be module:function"),
+    (dict(mask_builder="a.b:c", document_mask=True), {}, "cannot be combined with"),
+    (dict(mask_builder="a.b:c"), dict(micro_batch_size=2, global_batch_size=2),
+     "micro_batch_size 1"),
+])
+def test_a_mask_builder_the_run_cannot_take_is_refused_at_plan_time(tiny_raw, write_config,
+                                                                    data, training, match):
+    raw = _one_sequence(tiny_raw, **data)
+    raw["training"].update(training)
+    from megatron_burst.launch.planning.plan import validate
+
+    with pytest.raises(ConfigError, match=f"'data.mask_builder': .*{match}"):
+        validate(load_config(write_config(raw)))

@@ -122,7 +122,9 @@ class TrainingConfig:
 class DataConfig:
     """Dataset and tokenizer. mock: synthetic tokens (no files needed). document_mask: each
     sample is a pack of documents ending at EOD tokens (--burst-document-mask), sharded
-    over the CP group as document_layout says (--burst-document-layout; unset: whole_docs)."""
+    over the CP group as document_layout says (--burst-document-layout; unset: whole_docs).
+    mask_builder: 'module:function' making each micro-batch's slice mask
+    (--burst-mask-builder; README, Slice masks)."""
 
     mock: bool = False
     data_path: str | None = None
@@ -131,6 +133,7 @@ class DataConfig:
     tokenizer_model: str | None = None
     document_mask: bool = False
     document_layout: str | None = None
+    mask_builder: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,8 @@ and the step and job time (``step_time``), all from one time model (``megatron_b
 """
 from __future__ import annotations
 
+import re
+
 from ...decide.topology import CPTopology, TopologyError
 from ...decide.options import AUTO
 from ...decide.timing import load_profile
@@ -188,8 +190,11 @@ def _check_training(cfg: Config) -> None:
 
 
 def _check_data(cfg: Config) -> None:
-    """Real data needs a path, and a tokenizer model unless it is the NullTokenizer."""
+    """Real data needs a path, and a tokenizer model unless it is the NullTokenizer; a mask
+    builder is named as module:function, alone, with one sequence per micro batch."""
     d = cfg.data
+    if d.mask_builder is not None:
+        _check_mask_builder(cfg)
     if d.mock:
         return
     _require(bool(d.data_path), "data.data_path",
@@ -197,6 +202,27 @@ def _check_data(cfg: Config) -> None:
     if d.tokenizer_type != "NullTokenizer":
         _require(bool(d.tokenizer_model), "data.tokenizer_model",
                  f"tokenizer_type {d.tokenizer_type} needs a tokenizer model")
+
+
+def _check_mask_builder(cfg: Config) -> None:
+    """--burst-mask-builder's rules, checked here so a job is not queued to fail at start-up
+    (the run imports the function: `run --dry-run` imports its module by name)."""
+    d = cfg.data
+    module, _, function = d.mask_builder.partition(":")
+    _require(bool(re.fullmatch(r"[A-Za-z_][\w.]*", module))
+             and function.isidentifier(), "data.mask_builder",
+             f"must be module:function (e.g. megatron_burst.megatron.mask_batches:prefix_lm), "
+             f"got {d.mask_builder!r}")
+    _require(not d.document_mask, "data.mask_builder",
+             "cannot be combined with data.document_mask (the builder "
+             "megatron_burst.megatron.mask_batches:documents is document masks as a slice "
+             "mask)")
+    _require(cfg.training.micro_batch_size == 1, "data.mask_builder",
+             f"makes one mask per sequence: it needs training.micro_batch_size 1, got "
+             f"{cfg.training.micro_batch_size}")
+    _require(not cfg.model.multi_latent_attention, "data.mask_builder",
+             "slice masks do not support multi-latent attention (its RoPE is applied inside "
+             "the attention, at positions 0..s-1)")
 
 
 def _check_memory(cfg: Config) -> None:

@@ -199,8 +199,11 @@ def data_flags(cfg: Config, path: typing.Callable[[str, str], str], expand: bool
 
 
 def document_flags(cfg: Config) -> list[str]:
-    """Document masks and how their batches are placed on the CP ranks."""
+    """Document masks and how their batches are placed on the CP ranks, or the slice masks'
+    builder."""
     d = cfg.data
+    if d.mask_builder is not None:
+        return ["--burst-mask-builder", d.mask_builder]
     if not d.document_mask:
         return []
     f = ["--burst-document-mask"]
