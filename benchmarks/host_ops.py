@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 import megatron_burst as mb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import start_ranks  # noqa: E402
+from ranks import host_and_wall_ms, start_ranks  # noqa: E402
 
 
 def per_call_us(fn, n: int = 300) -> float:
@@ -168,21 +168,6 @@ def posting_breakdown(fn, iters: int) -> dict:
         messages._process_group = real_process_group
     return {k: dict(median_us=statistics.median(v), calls=len(v) / iters)
             for k, v in times.items()}
-
-
-def host_and_wall_ms(fn, iters: int) -> tuple[float, float]:
-    """Median ms until ``fn()`` returned (the host) and until the GPU finished (the wall),
-    the ranks aligned before each call."""
-    host, wall = [], []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
-        wall.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(host), statistics.median(wall)
 
 
 def profile_call(name: str, fn, rank: int, iters: int) -> dict:

@@ -32,22 +32,13 @@ import torch.nn.functional as F
 import megatron_burst as mb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import EMULATE_ENV, start_ranks  # noqa: E402
+from ranks import EMULATE_ENV, host_and_wall_ms, start_ranks  # noqa: E402
 
 
 def timed(fn, iters: int) -> dict:
     """Median host and wall milliseconds of ``fn()`` (the ranks aligned before each)."""
-    host, wall = [], []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        host.append((t1 - t0) * 1e3)
-        wall.append((time.perf_counter() - t0) * 1e3)
-    return dict(host_ms=statistics.median(host), wall_ms=statistics.median(wall))
+    host_ms, wall_ms = host_and_wall_ms(fn, iters)
+    return dict(host_ms=host_ms, wall_ms=wall_ms)
 
 
 class Case:

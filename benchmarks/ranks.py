@@ -7,11 +7,14 @@ rank 0 prints one line saying so; unset (the default), nothing is emulated. `emu
 says which, so that methods whose traffic the emulator cannot slow (PyTorch's native CP)
 stay out, and `EMULATE_ENV` is the variable a result file records. The Megatron benchmarks
 (megatron_e2e.py and those built on it) need nothing here: their ranks run the package's
-entry point, whose `configure_run` reads the same variable.
+entry point, whose `configure_run` reads the same variable. `host_and_wall_ms` is the
+host-time benchmarks' clock: the ranks aligned, the host's share and the GPU's wall.
 """
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -19,7 +22,7 @@ import torch.distributed as dist
 from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV
 from megatron_burst.comm.emulator import active, install_from_env
 
-__all__ = ["EMULATE_ENV", "emulated", "start_ranks"]
+__all__ = ["EMULATE_ENV", "emulated", "host_and_wall_ms", "start_ranks"]
 
 
 def start_ranks(backend: str = "nccl") -> tuple[int, int]:
@@ -37,3 +40,18 @@ def start_ranks(backend: str = "nccl") -> tuple[int, int]:
 def emulated() -> bool:
     """Whether this process's links between virtual nodes are emulated."""
     return active() is not None
+
+
+def host_and_wall_ms(fn, iters: int) -> tuple[float, float]:
+    """Median ms until ``fn()`` returned (the host) and until the GPU finished (the wall),
+    the ranks aligned before each call."""
+    host, wall = [], []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(host), statistics.median(wall)
