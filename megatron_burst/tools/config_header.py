@@ -21,9 +21,9 @@ from pathlib import Path
 from ..launch.config.schema import Config, load_config
 from ..launch.config.hardware import HARDWARE
 from ..launch.planning.job_plan import job_plan
-from ..launch.planning.topology_candidates import chosen_prediction, window_prediction
+from ..launch.planning.topology_candidates import chosen_prediction
 from ..launch.planning.memory import GIB, estimate_memory
-from ..launch.planning.report import ring_traffic, window_ring_bytes
+from ..launch.planning.report import ring_traffic, window_figures
 from ..launch.planning.step_time import format_duration, predict_step
 from ..launch.planning.units import format_bytes
 
@@ -78,10 +78,10 @@ def _sentences(cfg: Config) -> list[str]:
 def _window_sentence(cfg: Config) -> list[str]:
     """The sliding-window layers' bytes and time, where the model has them."""
     m = cfg.model
-    pred = window_prediction(cfg)
-    if pred is None:
+    figures = window_figures(cfg)
+    if figures is None:
         return []
-    fwd, bwd = window_ring_bytes(cfg)
+    pred, fwd, bwd = figures
     line = (f"Sliding-window layers ({m.window_layers(1, m.num_layers)} of {m.num_layers}): "
             f"the busiest rank sends {format_bytes(fwd)} forward and {format_bytes(bwd)} "
             f"backward")

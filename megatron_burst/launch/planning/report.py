@@ -158,11 +158,18 @@ def window_ring_bytes(cfg: Config) -> tuple[int, int]:
     return max(per_rank, key=sum)
 
 
-def _window_lines(cfg: Config) -> list[str]:
+def window_figures(cfg: Config):
+    """(time-model prediction, forward bytes, backward bytes) of one sliding-window layer
+    on the busiest rank, or None without sliding-window layers."""
     pred = window_prediction(cfg)
-    if pred is None:
+    return None if pred is None else (pred, *window_ring_bytes(cfg))
+
+
+def _window_lines(cfg: Config) -> list[str]:
+    figures = window_figures(cfg)
+    if figures is None:
         return []
-    fwd, bwd = window_ring_bytes(cfg)
+    pred, fwd, bwd = figures
     line = (f"  sliding-window layers: the busiest rank sends {format_bytes(fwd)} forward and "
             f"{format_bytes(bwd)} backward (zigzag hops carry the leading rows a receiver "
             f"uses, so most of each payload still travels)")
