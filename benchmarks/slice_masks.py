@@ -15,6 +15,10 @@ Methods, in one run, on the same mask and inputs:
 - ``1 GPU FlexAttention``: ``flex_attention`` with the block mask of the same mask (built
   from a dense [N, N] bool here, in the benchmark only), compiled once, on rank 0.
 
+Training feeds a new document pack every micro-batch, so for the families whose mask follows
+the documents, ``burst fwd+bwd, new pack`` times burst_attn's forward + backward with a new
+pack (a new mask, planned at its call) every call, beside the same-mask figure.
+
 Efficiency is burst's TFLOP/s per GPU over the faster single-GPU method's, forward and
 backward apart. Each row also states the area balance: the largest rank's share of the
 visible area over an even share (1.00 = perfect), for 'area' and for zigzag.
@@ -131,6 +135,30 @@ class Flex:
         return out.transpose(1, 2)
 
 
+def fresh_packs(name, args, world, dev, full) -> dict | None:
+    """burst_attn fwd+bwd with a new document pack (so a new mask) every call, as training
+    feeds them: mean ms and TFLOP/s per GPU over the timed calls, or None for a family whose
+    mask does not follow the documents."""
+    total, base = args.tokens * world, zlib.crc32(name.encode())
+    masks = [mf.family(name, pile_like(total, seed=base + 1 + i, scale=args.scale),
+                       **knobs(total, args.scale)) for i in range(args.warmup + args.iters)]
+    if len(set(masks)) == 1:
+        return None
+    times, flops = [], 0.0
+    for i, mask in enumerate(masks):
+        local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
+        q, k, v = (t.requires_grad_() for t in local[:3])
+        sync(dev)
+        dist.barrier()
+        t0 = time.perf_counter()
+        mb.burst_attn(q, k, v, mask=mask).backward(local[3])
+        sync(dev)
+        if i >= args.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+            flops += 3.5 * 4.0 * mask.area * args.hq * args.d
+    return dict(ms=sum(times) / len(times), tflops=flops / world / sum(times) / 1e9)
+
+
 def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
     total = args.tokens * world
     lens = pile_like(total, seed=zlib.crc32(name.encode()), scale=args.scale)  # same everywhere
@@ -148,7 +176,8 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
     row = dict(family=name, slices=len(mask.kinds), documents=len(lens), area=mask.area,
                balance_area=max(areas) / (sum(areas) / world) if sum(areas) else 1.0,
                balance_zigzag=max(zig) / (sum(zig) / world) if sum(zig) else 1.0,
-               burst=_speed(fwd, both, flops, world))
+               burst=_speed(fwd, both, flops, world),
+               burst_fresh=fresh_packs(name, args, world, dev, full))
     fq, fk, fv = (t.detach().clone().requires_grad_() for t in full[:3])
     with torch.no_grad():  # exactness on the GPUs: burst's output against one GPU's
         got = mb.unshard_seq(mb.burst_attn(*(t.detach() for t in local[:3]), mask=mask),
@@ -191,18 +220,25 @@ def table(meta: dict, rows: list[dict]) -> str:
              f"{meta['tokens_per_gpu']} tokens/GPU, GQA {meta['heads']}, d {meta['head_dim']}, "
              f"{meta['dtype']}", f"command: `{meta['command']}`", "",
              "| family | slices | balance area / zigzag | burst fwd / bwd TFLOP/s/GPU | "
-             "1 GPU plan fwd / bwd | 1 GPU Flex fwd / bwd | efficiency fwd / bwd | rel err |",
-             "|" + "---|" * 8]
+             "burst fwd+bwd same mask / new pack | 1 GPU plan fwd / bwd | "
+             "1 GPU Flex fwd / bwd | efficiency fwd / bwd | rel err |",
+             "|" + "---|" * 9]
     pair = lambda s: (f"{s['fwd_tflops']:.3g} / {s['bwd_tflops']:.3g}"  # noqa: E731
                       if s and "fwd_tflops" in s else (s or {}).get("error", "-")[:40])
     for r in rows:
         eff = (f"{r['efficiency_fwd']:.2f} / {r['efficiency_bwd']:.2f}"
                if "efficiency_fwd" in r else "-")
         lines.append(f"| {r['family']} | {r['slices']} | {r['balance_area']:.3f} / "
-                     f"{r['balance_zigzag']:.3f} | {pair(r['burst'])} | "
+                     f"{r['balance_zigzag']:.3f} | {pair(r['burst'])} | {_fresh(r)} | "
                      f"{pair(r.get('one_gpu_plan'))} | {pair(r.get('one_gpu_flex'))} | {eff} | "
                      f"{r.get('rel_err_vs_one_gpu', float('nan')):.1e} |")
     return "\n".join(lines)
+
+
+def _fresh(row: dict) -> str:
+    """'same / new' fwd+bwd TFLOP/s per GPU ('-' where the mask does not follow documents)."""
+    new = row.get("burst_fresh")
+    return "-" if not new else f"{row['burst']['fwd_bwd_tflops']:.3g} / {new['tflops']:.3g}"
 
 
 def main() -> None:

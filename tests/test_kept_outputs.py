@@ -93,3 +93,6 @@ def test_the_stated_bound_is_the_arithmetic():
     """(1/256 + 1/P)^8: what remat's docstring and the README promise."""
     assert (1 / 256 + 1 / remat.P) ** remat.PROJECTIONS < 6e-20
     assert "6e-20" in remat.__doc__
+    from .readme import says
+
+    says("collide with probability below 6e-20 per check")
