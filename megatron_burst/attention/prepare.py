@@ -23,6 +23,7 @@ from ..decide import cluster
 from .call import BurstCall, signature
 from ..comm import headers
 from ..decide.topology import CPTopology, HeadShape
+from ..kernels.merge import compile_variants, fuses
 from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
 from ..decide.options import Decision, check_decided, decide, fixed_topology, resolve
 from . import decision_check, first_use
@@ -222,6 +223,8 @@ def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     check_kernel(kernel, call.kernel, *heads, blocks=plan.blocks, varlen=batch == 1,
                  dv=v.shape[3])
     plan.upload(q.device)  # a pack planned ahead on the host gets its boundaries here
+    if world > 1 and fuses(q.device, q.dtype, v.shape[3]) and not capturing(q):
+        compile_variants(q.device, q.dtype, v.shape[3])  # not at a later pack's first merge
     scale = call.softmax_scale if call.softmax_scale is not None else default_scale(q.shape[3])
     return RingSpec(group, plan, scale, seq_first and u == 1, kernel)
 

@@ -120,7 +120,7 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
                              f"fused kernel (CUDA, Triton, power-of-two head dim)")
         merge_partial_torch(out, lse, block_out, block_lse)
         return
-    _compile_variants(out.device, block_out.dtype, out.shape[-1])
+    compile_variants(out.device, block_out.dtype, out.shape[-1])
     _launch(out, lse, block_out, block_lse)
 
 
@@ -128,12 +128,15 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
 _COMPILED: set[tuple] = set()
 
 
-def _compile_variants(device: torch.device, dtype: torch.dtype, head_dim: int) -> None:
-    """Both accumulator variants of the merge for these partials, compiled at the first
-    merge: a pack whose rows take at most two partials merges into half-precision homes,
-    others into fp32 (``burst._home_dtype``), so which one a new pack needs depends on the
-    pack; compiled on demand, the other one cost a Triton compile (~0.3 s) in the middle of
-    a run, at its first pack of the other kind (issue 39's 32K new-pack figure)."""
+def compile_variants(device: torch.device, dtype: torch.dtype, head_dim: int) -> None:
+    """Both accumulator variants of the merge for these partials, compiled before the first
+    call that may merge runs (``prepare`` asks when it plans a ring call on CUDA): a pack
+    whose rows take at most two partials merges into half-precision homes, others into fp32
+    (``burst._home_dtype``), so which one a new pack needs, and whether it merges at all
+    (documents held whole on one rank need no merge), depends on the pack. Compiled on
+    demand, the first merge of a run cost a Triton compile (0.35-0.6 s, most of it Triton
+    hashing its own sources) at whichever pack first needed one, inside a timed step
+    (issue 39's 32K new-pack figure: one 626 ms call among 6)."""
     key = (device, dtype, head_dim)
     if key in _COMPILED:
         return
