@@ -13,8 +13,8 @@ OUT/profile-cache unless --cache names another folder; a second run with the sam
 measures nothing) and its first call of each decision is checked against a timed call
 (``attention.decision_check``). Each row prints its median time, the time model's prediction
 from the profile `auto` decided with (the emulated links included), and their ratio; each
-cell prints auto / best forced. Documents are predicted as a causal sequence of the same
-length (the model has no document term): their predictions say so. Rank 0 writes
+cell prints auto / best forced. Documents are predicted from the pack's own ring schedule
+(``decide.scheduled_time.predict_pack``). Rank 0 writes
 OUT/auto_check[_emulated].json with the command, device, settings, the first-use log and
 every check.
 """
@@ -107,10 +107,16 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
     every row with the model's prediction from the profile auto decided with."""
     import megatron_burst as mb
     from megatron_burst.attention import decision_check, prepare
+    from megatron_burst.decide.scheduled_time import predict_pack
     from megatron_burst.decide.timing import predict
     from megatron_burst.decide.topology import CPTopology
 
+    from megatron_burst.decide.pack_load import PackLoad
+
     local, do, kw = _inputs(per_gpu, hq, hkv, args.head_dim, docs, world, device, dtype)
+    cu = kw.get("cu_seqlens")  # the cell's pack: its own load predicts its rows
+    pack = None if cu is None else PackLoad.of_pack(tuple(torch.diff(cu).tolist()),
+                                                    kw["layout"], world)
     params = [t.clone().requires_grad_() for t in local]
     outs = {}
 
@@ -152,8 +158,10 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
                                             / outs["auto"].float().norm())
     for r in rows:  # the model's time for every row, from auto's own profile
         if r["method"] in tops:
-            pred = predict(tops[r["method"]], decision.profile, tokens=per_gpu, causal=True,
-                           max_intra_node_size=decision.key[3]).total_s * 1e3
+            pred = (predict(tops[r["method"]], decision.profile, tokens=per_gpu, causal=True,
+                            max_intra_node_size=decision.key[3]) if pack is None else
+                    predict_pack(tops[r["method"]], decision.profile, pack,
+                                 max_intra_node_size=decision.key[3])).total_s * 1e3
             r.update(predicted_ms=pred, measured_over_predicted=r["ms"] / pred)
     return _label(rows, per_gpu, hq, hkv, docs, world)
 
@@ -168,7 +176,7 @@ def _check_json(check) -> dict:
 def _label(rows, per_gpu, hq, hkv, docs, world) -> list[dict]:
     for r in rows:
         r.update(per_gpu=per_gpu, heads=f"{hq}:{hkv}", mask="documents" if docs else "causal",
-                 world=world, model_note="documents predicted as one causal sequence"
+                 world=world, model_note="documents: the pack's own schedule (predict_pack)"
                  if docs else "")
     return rows
 

@@ -285,3 +285,29 @@ def test_a_near_tie_is_settled_by_timing_both(gap, timed, kept):
     runner-up is timed too, and the faster kept on every rank; a clear lead is not."""
     for got_timed, got_kept in run_ranks(2, _near_tie, gap, timeout=120):
         assert (got_timed, got_kept) == (timed, kept)
+
+
+def _new_packs(rank, world, cache):
+    from megatron_burst.attention import decision_check
+
+    _on(cache)
+    timed: list = []
+
+    def fake_clock(topology, run, device, group):
+        run()
+        timed.append(topology)
+        return 0.001
+
+    decision_check.TIMER = fake_clock
+    for cut in (40, 77, 100, 13):  # a new pack every call, as training feeds them
+        cu = torch.tensor([0, cut, 128], dtype=torch.int32)
+        _call(layout="whole_docs", cu_seqlens=cu)
+    return len(timed), len(decision_check.CHECKS), _decided()
+
+
+def test_new_document_packs_share_one_decision_and_one_check(tmp_path):
+    """A decision per pack timed a check every call (89 ms a new 8K pack on 2x H200): a
+    document decision is made and checked once per shape, from the first pack's load."""
+    for timed, checks, decided in run_ranks(2, _new_packs, str(tmp_path), timeout=120):
+        assert checks == 1 and 1 <= timed <= 2, (timed, checks)
+        assert len({t for t, _ in decided}) == 1

@@ -12,8 +12,9 @@ burst and the ring backward alike at 8K tokens, and the ring one ran 8% faster),
 is timed likewise, once, and the faster of the two becomes the decision's verdict, on every
 rank; what changed is logged. A
 verdict holds for the decision's inputs (``options.Decision.key``: shape, tokens, mask,
-options, profile) and the call's layout, window and whether it packs documents: every later
-call of them, any layer, any document pack, reads it at preparation and times nothing.
+options, profile, whether documents are packed) and the call's layout, window and whether
+it packs documents: every later call of them, any layer, any document pack (decided from
+the first one's load, ``options.decide``), reads it at preparation and times nothing.
 
 ``TIMER(topology, run, device, group) -> seconds`` is the clock; tests inject a fake one.
 """

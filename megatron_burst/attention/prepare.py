@@ -34,6 +34,7 @@ from .ring_spec import RingSpec
 from ..plan.schedule import Block, Mask
 from .sinks import check_sinks
 from .sharding import group_name, group_ranks
+from ..decide.pack_load import PackLoad
 from ..decide.timing import load_profile
 
 
@@ -256,9 +257,11 @@ def _topology(group, world: int, q, k, v, call: BurstCall
             measured or load_profile(options.profile)).gpus_per_node)
         max_intra_node_size = cluster.max_intra_node_size(
             world, gpus, group_ranks=group_ranks(group, world), rank=dist.get_rank())
+    pack = None if call.cu_seqlens is None else lambda: PackLoad.of_pack(
+        call.cu_seqlens.lens, call.layout, world, call.causal)
     decision = decide(options, cp=world, heads=heads, tokens=tokens,
                       max_intra_node_size=max_intra_node_size, causal=call.causal,
-                      machine=measured)
+                      machine=measured, pack=pack)
     kept = decision_check.verdict(group, decision, call)
     if kept is not None:
         return kept, decision, None

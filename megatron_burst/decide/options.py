@@ -25,13 +25,17 @@ import dataclasses
 import functools
 import logging
 import re
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .topology import BACKWARD_MODES, CPTopology, HeadShape
 from ..plan.layouts import DOCUMENT_LAYOUTS, layout_named
 from ..comm.settings import current
 from .machine import measured_when, with_emulated_links
+from .scheduled_time import predict_pack
 from .timing import Profile, choose, load_profile
+
+if TYPE_CHECKING:  # numpy and the planner: not for the launcher's light imports
+    from .pack_load import PackLoad
 
 logger = logging.getLogger(__name__)
 
@@ -241,11 +245,13 @@ class Decision:
 
 def decide(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
            max_intra_node_size: int | None, causal: bool = True,
-           machine: Profile | None = None) -> Decision:
+           machine: Profile | None = None,
+           pack: Callable[[], PackLoad | None] | None = None) -> Decision:
     """``resolve``'s decision with its ranking (see ``resolve``). The profile: the one
     named (``options.profile``, else ``$MEGATRON_BURST_PROFILE``), else ``machine``, else the
     shipped default; with ``$MEGATRON_BURST_EMULATE`` set its inter-node link is the
-    emulated one (``machine.with_emulated_links``)."""
+    emulated one (``machine.with_emulated_links``). ``pack``: makes a document pack's load
+    (``pack_load``), called for the first pack of a decision's key only (``_first_pack``)."""
     if cp == 1 or not options.has_auto:  # nothing for the time model to say
         return Decision(fixed_topology(options, cp=cp, heads=heads))
     found = current()
@@ -253,9 +259,27 @@ def decide(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
     prof = machine if machine is not None and not named else load_profile(named)
     prof = with_emulated_links(prof, found.emulate)
     key = (cp, heads, tokens, max_intra_node_size, bool(causal), options.backward,
-           options.ulysses_size, options.intra_node_size, prof)
-    ranked = _ranked(*key)
+           options.ulysses_size, options.intra_node_size, prof, pack is not None)
+    ranked = _ranked(*key[:-1], _first_pack(key, pack))
     return Decision(ranked[0].topology, ranked, prof, key)
+
+
+_FIRST_PACKS: dict[tuple, PackLoad] = {}  # decision key -> the first pack's load seen for it
+
+
+def _first_pack(key: tuple, pack: Callable[[], PackLoad | None] | None) -> PackLoad | None:
+    """The load a document decision is made from: its first pack's, for every later pack of
+    the same key. Training feeds a new pack every micro-batch from one mix; deciding (and
+    checking, ``attention.decision_check``) per pack cost a timed check every call (issue
+    41, 2x H200: 89 ms a new 8K pack). Every rank sees the same packs in the same order, so
+    every rank keeps the same one."""
+    if pack is None:
+        return None
+    if key not in _FIRST_PACKS:
+        if len(_FIRST_PACKS) >= 256:
+            _FIRST_PACKS.pop(next(iter(_FIRST_PACKS)))  # the oldest: the same on every rank
+        _FIRST_PACKS[key] = pack()
+    return _FIRST_PACKS[key]
 
 
 def fixed_topology(options: BurstOptions, *, cp: int, heads: HeadShape) -> CPTopology:
@@ -296,15 +320,18 @@ def check_decided(topology: CPTopology, options: BurstOptions, *, cp: int,
 @functools.lru_cache(maxsize=256)  # every layer of a model, and every call, asks alike
 def _ranked(cp: int, heads: HeadShape, tokens: int, max_intra_node_size: int | None,
             causal: bool, backward: str, ulysses: int | str, intra_node_size: int | str | None,
-            prof: Profile) -> tuple:
+            prof: Profile, pack: PackLoad | None) -> tuple:
     fixed = fixed_topology(BurstOptions(backward=backward, ulysses_size=ulysses,
                                         intra_node_size=intra_node_size), cp=cp, heads=heads)
+    price = None if pack is None else (  # a pack: its own schedule, step by step
+        lambda t: predict_pack(t, prof, pack, max_intra_node_size=max_intra_node_size))
     ranked = choose(cp, heads, tokens=tokens, causal=causal, prof=prof,
-                    max_intra_node_size=max_intra_node_size,
+                    max_intra_node_size=max_intra_node_size, price=price,
                     ulysses=AUTO if ulysses == AUTO else fixed.ulysses,
                     intra_node_size=AUTO if intra_node_size == AUTO else fixed.intra_node_size,
                     backward=backward)
     logger.info("burst auto (%d tokens per rank, %s): profile %s (%s) decides: %s", tokens,
-                "causal" if causal else "full", prof.name, measured_when(prof),
+                pack.describe() if pack else "causal" if causal else "full", prof.name,
+                measured_when(prof),
                 ranked[0].describe())
     return tuple(ranked)

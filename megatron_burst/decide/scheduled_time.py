@@ -1,4 +1,5 @@
-"""The time model for layers whose ring steps differ (sliding windows), step by step.
+"""The time model for calls whose ring steps differ (sliding windows, document packs), step
+by step.
 
 ``timing.predict`` prices a causal or full layer from one step's work: under the zigzag
 layout every step of every rank does the same. A sliding window breaks that. Step 0 holds
@@ -7,7 +8,10 @@ hops may still carry whole payloads: a hop carries the leading rows its receiver
 rank that needs only the last W keys of a payload's second zigzag chunk receives the rows
 before them too. So here the schedule the ring runs (``schedule.RingSchedule``) gives, for
 every ring member and step, the visible (query, key) pairs it computes, and the hop plan the
-ring follows (``comm.ring_positions.payload_hops``) the rows each hop carries. A step then takes
+ring follows (``comm.ring_positions.payload_hops``) the rows each hop carries. A document
+pack (``predict_pack``) is the same walk over the schedule its layout places: every member's
+blocks at each step (documents held whole load their rank), hops of the rows a later step
+needs (none where every document is held whole). A step then takes
 the slowest member's larger of its compute and its hop; an inter-node hop of the double ring
 overlaps its whole round, as in ``timing``. The profile, the kernel law, the host's and the
 all-to-all's terms are ``timing``'s.
@@ -27,6 +31,7 @@ from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, atte
 
 if TYPE_CHECKING:
     from ..plan.schedule import RingSchedule
+    from .pack_load import PackLoad
 
 
 def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_local: int,
@@ -38,29 +43,50 @@ def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_loca
 
     sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
                             Mask(causal, tuple(window)), topology.ulysses)
+    return _predict(topology, prof, sched, batch, batch * s_local, max_intra_node_size,
+                    lambda pairs, rows: prof.dense.tflops(pairs / rows))
+
+
+def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
+                 max_intra_node_size: int | None = None) -> Prediction:
+    """Seconds of one call on a document pack (``pack_load``): the schedule its layout
+    places, each block at the varlen kernel's rate for its documents (a causal document of n
+    tokens is the measured point n: its rows see n/2 keys on average)."""
+    from ..plan.schedule import Mask, RingSchedule  # as above
+
+    sched = RingSchedule.of(pack.layout, topology.cp, pack.lens, Mask(pack.causal, (-1, -1)),
+                            topology.ulysses)
+    per_row = 2 if pack.causal else 1
+    return _predict(topology, prof, sched, 1, sum(pack.lens) // topology.cp,
+                    max_intra_node_size,
+                    lambda pairs, rows: prof.varlen.tflops(per_row * pairs / rows))
+
+
+def _predict(topology: CPTopology, prof: Profile, sched: "RingSchedule", batch: int,
+             tokens: int, max_intra_node_size: int | None, rate) -> Prediction:
+    """The prediction from a schedule; ``rate(pairs, rows)``: TFLOP/s of a step's blocks."""
     max_intra_node_size = max_intra_node_size or topology.cp
-    forward = _pass(topology, prof, sched, batch, max_intra_node_size, backward=False)
-    backward = _pass(topology, prof, sched, batch, max_intra_node_size, backward=True)
+    forward = _pass(topology, prof, sched, batch, max_intra_node_size, rate, backward=False)
+    backward = _pass(topology, prof, sched, batch, max_intra_node_size, rate, backward=True)
     compute = forward[0] + backward[0]
     exposed = forward[1] + backward[1]
     steps = forward[2] + backward[2]
     host = prof.call_overhead_us * 1e-6 + steps * prof.step_overhead_us * 1e-6
-    tokens = batch * s_local
-    a2a, elementwise = (alltoall_seconds(topology, prof, tokens),
+    a2a, elementwise = (alltoall_seconds(topology, prof, tokens, max_intra_node_size),
                         elementwise_seconds(topology, prof, tokens))
     total = compute + elementwise + exposed + a2a + host
     return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 
 
 def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
-          max_intra_node_size: int, *, backward: bool) -> tuple[float, float, int]:
+          max_intra_node_size: int, rate, *, backward: bool) -> tuple[float, float, int]:
     """(compute, exposed ring, steps run) of one pass: the forward (K/V travel), or the
     backward of the topology's mode ('ring': K/V again, with dK/dV; 'burst': the queries, the
     other way round, with dQ)."""
     ring = topology.ring_size
     plan = _HopPlan(topology, sched, batch, backward)
     passes = FWD_BWD_PASSES - 1 if backward else 1.0
-    compute = [[_step_compute(topology, prof, sched, batch, p, plan.topo.source(p, s),
+    compute = [[_step_compute(topology, rate, sched, batch, p, plan.topo.source(p, s),
                               plan.burst, passes) for s in range(ring)] for p in range(ring)]
     last = max((s for p in range(ring) for s in range(ring) if compute[p][s]), default=0)
     # A flat ring over nodes waits on IB.
@@ -124,7 +150,7 @@ def _row_bytes(topology: CPTopology, backward: bool) -> tuple[int, int]:
     return kv, (cost.kv_row_bytes(hkv, h.head_dim, 4, h.v_head_dim) if backward else 0)
 
 
-def _step_compute(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
+def _step_compute(topology: CPTopology, rate, sched: RingSchedule, batch: int,
                   member: int, other: int, burst: bool, passes: float) -> float:
     """Seconds ``member`` computes at a step with ``other``'s payload: the blocks of its
     queries against other's keys, or (the burst backward) other's queries against its keys."""
@@ -136,4 +162,4 @@ def _step_compute(topology: CPTopology, prof: Profile, sched: RingSchedule, batc
     h = topology.heads
     flops = attention_flops(batch * pairs, topology.ring_heads[0], h.head_dim, h.v_head_dim,
                             passes=passes)
-    return flops / (prof.dense.tflops(pairs / rows) * 1e12)
+    return flops / (rate(pairs, rows) * 1e12)

@@ -16,12 +16,10 @@ on the kernel. A ``Profile`` holds what ``megatron-burst tune`` measures on a cl
 step by step: a step costs the larger of its compute and its hop, plus the host's share.
 Its FLOPs count QK^T at Q/K's head dim and PV at V's (MLA: 192 and 128), its bytes each
 tensor at its own dim (``cost``); attention sinks add no byte and one logit per row.
-Every step of a causal or full layer does the same work; a sliding window's do not, and
-``scheduled_time`` predicts those layers step by step from the schedule itself.
-``choose`` ranks every topology a group allows (Ulysses sizes, flat or double ring, backward
-mode), fastest first; ``options.resolve``, the one place 'auto' is decided, takes its first. Shipped profiles: ``h200-nvlink`` (measured on this
-project's 4x H200 machine) and ``a100-ib`` (8x A100-80GB nodes with NVLink and 200 Gb/s
-InfiniBand per GPU, from published figures, not measured here: marked so in the file).
+Every step of a causal or full layer does the same work (a document pack: ``pack_load``);
+a sliding window's do not: ``scheduled_time`` predicts those step by step. ``choose`` ranks
+every topology a group allows, fastest first; ``options.resolve`` takes its first. Shipped
+profiles: ``h200-nvlink`` (this project's 4x H200) and ``a100-ib`` (published figures).
 """
 from __future__ import annotations
 
@@ -30,11 +28,12 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from . import cost
 from .topology import CPTopology, HeadShape, TopologyError, heads_split
 from ..comm.settings import PROFILE_ENV, current  # noqa: F401  (PROFILE_ENV: named here too)
+
 DEFAULT_PROFILE = "h200-nvlink"
 PROFILES_DIR = Path(__file__).parents[1] / "profiles"  # megatron_burst/profiles
 # A fwd+bwd attention call as forward passes: the forward, and a backward of 2.5 (it
@@ -46,11 +45,9 @@ FWD_BWD_PASSES = 3.5
 class Link:
     """One message of b bytes takes ``latency_us`` + b / bandwidth(b), per direction.
 
-    NCCL's bandwidth grows with the message size (on H200 NVLink from 74 GB/s at 16 MB to
-    272 at 256 MB: the ``intra`` points of benchmarks/results/tune_h200x4.json, shipped as
-    the h200-nvlink profile), so a measured link carries ``points`` [[bytes, GB/s], ...] and the
-    bandwidth between them is interpolated on log(bytes); outside them, and for links
-    given by published figures, it is ``gbps``.
+    NCCL's bandwidth grows with the message size (H200 NVLink: 74 GB/s at 16 MB, 272 at 256
+    MB, ``tune_h200x4.json``), so a measured link carries ``points`` [[bytes, GB/s], ...],
+    interpolated on log(bytes); outside them, and for published figures, it is ``gbps``.
     """
 
     latency_us: float
@@ -165,11 +162,9 @@ def check_profile_numbers(raw: Any) -> None:
 
 
 def load_profile(name_or_path: str | None = None) -> Profile:
-    """A shipped profile by name, or a JSON file ``megatron-burst tune`` wrote.
-
-    None: ``$MEGATRON_BURST_PROFILE`` if set, else the default (``h200-nvlink``). Read again
-    whenever the file changes (the cache is keyed by ``profile_key``).
-    """
+    """A shipped profile by name, or a JSON file ``megatron-burst tune`` wrote. None:
+    ``$MEGATRON_BURST_PROFILE`` if set, else ``h200-nvlink``. Read again whenever the file
+    changes (the cache is keyed by ``profile_key``)."""
     return _load_profile(*profile_key(name_or_path))
 
 
@@ -185,8 +180,7 @@ def profile_key(name_or_path: str | None = None) -> tuple[str, int | None, int |
 
 
 def _profile_path(name: str) -> Path:
-    path = Path(name)
-    return PROFILES_DIR / f"{name}.json" if not path.suffix else path
+    return PROFILES_DIR / f"{name}.json" if not Path(name).suffix else Path(name)
 
 
 @functools.lru_cache(maxsize=8)
@@ -226,10 +220,8 @@ class Prediction:
 def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = True,
             max_intra_node_size: int | None = None) -> Prediction:
     """Seconds per call for ``tokens`` tokens per rank (batch x local sequence).
-
-    ``max_intra_node_size``: how many ranks of the group share a node (None: all of them);
-    with fewer, ring hops that cross nodes use the inter-node link.
-    """
+    ``max_intra_node_size``: ranks of the group per node (None: all); hops that cross nodes
+    use the inter-node link. A document pack: ``scheduled_time.predict_pack``."""
     h = topology.heads
     hq, hkv = topology.ring_heads
     ring, member = topology.ring_size, tokens * topology.ulysses
@@ -257,9 +249,8 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
 
 def attention_flops(pairs: float, hq: int, head_dim: int, v_head_dim: int | None = None, *,
                     passes: float = FWD_BWD_PASSES) -> float:
-    """FLOPs of attention over ``pairs`` visible (query, key) pairs per head: QK^T at Q/K's
-    head dim and PV at V's (MLA: 192 and 128), 2 FLOPs a multiply-add, ``passes`` forward
-    passes' worth (fwd+bwd by default). Sinks add one logit per row: nothing next to these."""
+    """FLOPs over ``pairs`` visible (query, key) pairs per head: QK^T at Q/K's head dim, PV
+    at V's (MLA: 192, 128), ``passes`` forward passes' worth (sinks: one logit a row)."""
     dv = head_dim if v_head_dim is None else v_head_dim
     return passes * 2 * (head_dim + dv) * pairs * hq
 
@@ -275,7 +266,7 @@ def elementwise_seconds(topology: CPTopology, prof: Profile, tokens: int) -> flo
 def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int,
                      max_intra_node_size: int | None = None) -> float:
     """Seconds of the Ulysses all-to-alls of one call (0 without Ulysses); over the
-    inter-node link where a Ulysses group spans nodes (forced so: 'auto' never does)."""
+    inter-node link where a Ulysses group spans nodes."""
     h = topology.heads
     if topology.ulysses == 1:
         return 0.0
@@ -316,15 +307,19 @@ def candidates(cp: int, heads: HeadShape, *, max_intra_node_size: int | None = N
     for u in sizes:
         if not heads_split(heads, u):
             continue
-        if u > max_intra_node_size:  # the all-to-all stays inside a node
-            continue
+        # A Ulysses group may span nodes: its all-to-all then runs on the inter-node link
+        # (``alltoall_seconds``), and the model weighs it like any other. Ruled out by hand,
+        # it cost 1.23x on two GPUs with emulated 25 GB/s links (issue 41: Ulysses 2 ran 8K
+        # MHA causal in 14.7 ms, the best ring in 17.9).
         if intra_node_size == "auto":  # the flat ring, and the double ring that fills a node
             double = max_intra_node_size < cp and max_intra_node_size % u == 0
             rings: Iterable = {None, max_intra_node_size if double else None}
+        elif intra_node_size is not None and intra_node_size % u:
+            continue  # a double ring's node holds whole Ulysses groups
         else:
             rings = [intra_node_size]
-        for r in rings:
-            for mode in modes:
+        for r in rings:  # one member (Ulysses over the group): no backward to choose
+            for mode in modes if cp // u > 1 else modes[-1:]:
                 out.append(CPTopology.build(cp, ulysses=u, intra_node_size=r, backward=mode,
                                           heads=heads))
     return list(dict.fromkeys(out))
@@ -332,15 +327,16 @@ def candidates(cp: int, heads: HeadShape, *, max_intra_node_size: int | None = N
 
 def choose(cp: int, heads: HeadShape, *, tokens: int, causal: bool = True,
            prof: Profile | None = None, max_intra_node_size: int | None = None,
+           price: Callable[[CPTopology], Prediction] | None = None,
            **fixed: Any) -> list[Prediction]:
-    """All candidates ranked fastest first (ties: fewer bytes, then the plain ring)."""
+    """All candidates ranked fastest first (ties: fewer bytes, then the plain ring).
+    ``price``: a candidate's prediction where ``predict`` is not it (a document pack)."""
     prof = prof or load_profile()
-    preds = [predict(c, prof, tokens=tokens, causal=causal,
-                     max_intra_node_size=max_intra_node_size)
+    preds = [price(c) if price else predict(c, prof, tokens=tokens, causal=causal,
+                                           max_intra_node_size=max_intra_node_size)
              for c in candidates(cp, heads, max_intra_node_size=max_intra_node_size, **fixed)]
     if not preds:
-        # A fixed Ulysses size leaves none where its all-to-all would cross nodes; 'auto'
-        # always has Ulysses 1, unless the heads themselves do not split.
+        # Only heads that do not split leave none ('auto' always has Ulysses 1).
         setting = "num_query_groups" if fixed.get("ulysses", "auto") == "auto" else "ulysses_size"
         raise TopologyError(setting, f"no context-parallel topology fits cp={cp} with heads "
                             f"{heads} and {fixed}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ...decide.topology import CPTopology, HeadShape, check_heads
+from ...decide.topology import CPTopology, HeadShape, TopologyError, check_heads
 from ...decide.scheduled_time import predict_scheduled
 from ...decide.timing import Prediction, candidates, load_profile, predict
 from ..config.schema import Config
@@ -77,9 +77,13 @@ def _why_excluded(topology: CPTopology, cfg: Config, fixed: dict[str, Any]) -> s
     if "ulysses" in fixed and topology.ulysses != fixed["ulysses"]:
         reasons.append(f"burst.ulysses_size is {b.ulysses_size} (auto would consider it)")
     if "intra_node_size" in fixed:
-        ring = CPTopology.build(topology.cp, ulysses=topology.ulysses, backward=topology.backward,
-                                intra_node_size=fixed["intra_node_size"], heads=topology.heads)
-        if ring.intra_node_size != topology.intra_node_size:
+        try:
+            ring = CPTopology.build(topology.cp, ulysses=topology.ulysses,
+                                    backward=topology.backward, heads=topology.heads,
+                                    intra_node_size=fixed["intra_node_size"])
+        except TopologyError:  # e.g. a node that cannot hold whole Ulysses groups
+            ring = None
+        if ring is None or ring.intra_node_size != topology.intra_node_size:
             reasons.append(f"burst.intra_node_size is {b.intra_node_size}")
     if "backward" in fixed and topology.backward != fixed["backward"]:
         reasons.append(f"burst.backward is {b.backward}")
@@ -92,8 +96,7 @@ def _why_no_ulysses(u: int, heads: HeadShape, max_intra_node_size: int) -> str:
         check_heads(heads, u)
     except ValueError as e:
         return str(e)
-    return (f"its all-to-all would leave the node ({max_intra_node_size} rank(s) of the CP "
-            f"group share one)")
+    return "not a candidate of the time model"
 
 
 def topology_rows(cfg: Config) -> list[TopologyRow]:
