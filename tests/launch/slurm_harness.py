@@ -184,8 +184,8 @@ def wait_for_iteration(tmp_path: Path, iteration: int, timeout: float = 60) -> N
     """Return once the stand-in training has finished step ``iteration``."""
     progress, end = tmp_path / "progress", time.monotonic() + timeout
     while time.monotonic() < end:
-        if progress.is_file() and progress.read_text().isdigit() and int(
-                progress.read_text()) >= iteration:
+        text = progress.read_text() if progress.is_file() else ""  # read once: the job
+        if text.isdigit() and int(text) >= iteration:  # may rewrite it between two reads
             return
         time.sleep(0.02)
     raise AssertionError(f"training did not reach iteration {iteration}")
