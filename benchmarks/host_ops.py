@@ -52,7 +52,7 @@ def per_call_us(fn, n: int = 300) -> float:
 
 def building_blocks(dev, rank: int) -> dict:
     from megatron_burst.kernels.merge import merge_partial
-    from megatron_burst.kernels.varlen import KernelCall
+    from megatron_burst.kernels.varlen import KernelLaunch
     from megatron_burst.kernels.cuda import CudnnAttention, TorchFlashAttention
     from megatron_burst.plan.blocks import Block
     bf = dict(device=dev, dtype=torch.bfloat16)
@@ -65,7 +65,7 @@ def building_blocks(dev, rank: int) -> dict:
     o, o_lse = flash.forward(q, k, k, blk, 0.125)
     import numpy as np
     cu = np.array([0, 100, 256])
-    call = KernelCall((), True, ((0, 256),), ((0, 256),), cu, cu, (-1, 0), True)
+    call = KernelLaunch((), True, ((0, 256),), ((0, 256),), cu, cu, (-1, 0), True)
     call.cu_tensors(dev)
     host = torch.tensor([1, 2, 3, 4], dtype=torch.int64)
     res = {

@@ -114,7 +114,7 @@ def test_the_data_path_plans_under_the_call_s_key():
         call_plan.build_plan = real
     assert built == []
     (prepared,) = prepare.PREPARED.values()
-    assert prepared.spec.plan is ahead
+    assert prepared.bound.plan is ahead
 
 
 def test_half_precision_accumulators_at_cp2_take_at_most_two_partials():

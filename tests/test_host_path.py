@@ -17,7 +17,7 @@ import megatron_burst as mb
 
 PACKAGE = "/megatron_burst/"
 # What a steady-state CP=1 call may reach: the call path only.
-PLANNING = {"prepare", "_validate", "_topology", "_ring_spec", "choose_kernel", "signature",
+PLANNING = {"prepare", "_validate", "_topology", "_bind_plan", "choose_kernel", "signature",
             "check_agreement", "blocks", "blocks_between", "plan_calls", "plan_alone",
             "placement", "resolve"}
 

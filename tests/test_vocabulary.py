@@ -35,6 +35,10 @@ RETIRED = {
     "layout_candidates": "topology_candidates",
     "cp_topology": "topology (the module defining CPTopology)",
     "RingTopology": "RingPositions (comm: the ring's positions; the CP group's is CPTopology)",
+    # Issue 44: 'call' is a burst_attn call, 'spec' Megatron's ModuleSpec.
+    "KernelCall": "KernelLaunch (one local kernel invocation; a call is a burst_attn call)",
+    "RingSpec": "BoundPlan (a spec is Megatron's ModuleSpec)",
+    "ring_spec": "bound_plan",
 }
 PATTERN = re.compile(r"\b(" + "|".join(sorted(RETIRED, key=len, reverse=True)) + r")\b")
 

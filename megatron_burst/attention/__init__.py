@@ -8,7 +8,7 @@ One module per job, in the order a call meets them:
   number of calls in a micro-batch;
 - ``call_plan``: a call's plan, one frozen value per key (schedule, ring position, each
   step's kernel calls, hops and accumulator routes), made by one function behind one cache;
-  ``ring_spec``: the plan with the call's kernel, scale and group; ``burst``: the forward
+  ``bound_plan``: the plan with the call's kernel, scale and group; ``burst``: the forward
   ring with the online-softmax merge and the two backward rings, which only launch kernels
   and post messages;
 - ``ulysses``: the head-parallel all-to-all of the hybrid; ``sinks``: attention sinks as one

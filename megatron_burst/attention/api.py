@@ -76,7 +76,7 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     world, _ = group_size_rank(group)
     prepared = _agreed(group, q, k, v, world, {name: given[name] for name in ARGUMENTS})
     if prepared.native and not return_lse and sinks is None and keep is None:
-        return _native(q, k, v, prepared.spec)  # one aten op, its own autograd: nothing more
+        return _native(q, k, v, prepared.bound)  # one aten op, its own autograd: nothing more
     tag = _numbered(prepared, group, q, world)
     out, lse = _attend(q, k, v, tag, group, prepared, keep, sinks, return_lse)
     return (out, lse) if return_lse else out
@@ -122,19 +122,19 @@ def _numbered(prepared, group, q, world: int) -> headers.CallTag | None:
     return None
 
 
-def _native(q, k, v, spec):
+def _native(q, k, v, bound):
     """A single rank's whole attention as its kernel's one differentiable op (CP=1)."""
-    if spec.seq_first:
+    if bound.seq_first:
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    out = spec.kernel.native(q, k, v, spec.whole, spec.scale)
-    return out.transpose(0, 1) if spec.seq_first else out
+    out = bound.kernel.native(q, k, v, bound.whole, bound.scale)
+    return out.transpose(0, 1) if bound.seq_first else out
 
 
 def _attend(q, k, v, tag, group, prepared, keep: AttentionKeep | None, sinks,
             return_lse: bool = False):
     """The ring (inside the Ulysses all-to-alls when there are any), or the kept output of
     this very forward under a recompute; keeping it on a first forward without autograd."""
-    kept, spec = None, prepared.spec
+    kept, bound = None, prepared.bound
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks)  # what a kept output is of
     if keep is not None and torch.is_grad_enabled():
         if in_backward():  # a checkpoint's recompute: its first forward may have kept it
@@ -144,10 +144,10 @@ def _attend(q, k, v, tag, group, prepared, keep: AttentionKeep | None, sinks,
     if prepared.ulysses_peers is None:
         # NCCL and gloo send contiguous buffers; Megatron hands K/V as views of fused QKV.
         out, lse = ring = BurstAttentionFunction.apply(q.contiguous(), k.contiguous(),
-                                                       v.contiguous(), spec, tag, kept, sinks,
+                                                       v.contiguous(), bound, tag, kept, sinks,
                                                        return_lse)
     else:
-        out, lse, ring = _ulysses_burst(q, k, v, spec, tag, group, prepared.ulysses_peers,
+        out, lse, ring = _ulysses_burst(q, k, v, bound, tag, group, prepared.ulysses_peers,
                                         prepared.call.qkv_format == "sbhd", kept, sinks,
                                         return_lse)
     if keep is not None and not torch.is_grad_enabled():
@@ -169,7 +169,7 @@ def calls_made(group) -> int:
     return _CALLS.get(group_name(group), 0)
 
 
-def _ulysses_burst(q, k, v, spec, tag, group, peers, seq_first, kept, sinks,
+def _ulysses_burst(q, k, v, bound, tag, group, peers, seq_first, kept, sinks,
                    return_lse: bool = False):
     """Heads -> sequence inside each Ulysses group (``peers``), the ring across groups, and
     back. Every all-to-all piece carries the call's header. Returns (out, lse, the ring's
@@ -182,7 +182,7 @@ def _ulysses_burst(q, k, v, spec, tag, group, peers, seq_first, kept, sinks,
     qs, ks, vs = (heads_to_sequence(as_bshd(t), peers, group, 1, 2, tag) for t in (q, k, v))
     if sinks is not None:  # this rank's ring holds head slice u of every member's heads
         sinks = sinks.chunk(u)[peers.index(dist.get_rank())]
-    ring = BurstAttentionFunction.apply(qs, ks, vs, spec, tag, kept, sinks, return_lse)
+    ring = BurstAttentionFunction.apply(qs, ks, vs, bound, tag, kept, sinks, return_lse)
     if return_lse:  # one node: its backward trades both gradients on every rank
         out, lse = outputs_to_heads(ring[0], ring[1], peers, group, tag)
     else:  # lse stays here: nobody reads it

@@ -27,18 +27,18 @@ from ..comm import consensus
 from ..comm.headers import CallTag
 from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
-from .ring_spec import RingSpec
+from .bound_plan import BoundPlan
 from .travelling import Travelling
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
 from ..kernels.varlen import run_backward, run_forward
 
 
-def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec,
+def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: BoundPlan,
                  tag: CallTag | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward ring. Returns (out in q's dtype and format, lse [b, hq, s] fp32)."""
-    plan, kernel, scale = spec.plan.forward, spec.kernel, spec.scale
-    qb = spec.bshd(q)
+    plan, kernel, scale = bound.plan.forward, bound.kernel, bound.scale
+    qb = bound.bshd(q)
     b, s, hq, _ = qb.shape
     fresh = plan.fresh[0]
     acc = working_dtype(q.dtype)
@@ -48,17 +48,17 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSp
     home = _home_dtype(q.dtype, plan.uses[0]) \
         if not merged or fuses(q.device, q.dtype, v.shape[-1]) else acc
     out = _accumulator((*q.shape[:-1], v.shape[-1]), home, q.device, fresh)
-    out_b = spec.bshd(out)
+    out_b = bound.bshd(out)
     lse = torch.empty((b, hq, s), dtype=acc, device=q.device)
     if not fresh:
         lse.fill_(float("-inf"))
-    ring, _ = spec.movers(plan, (k, v), None, "forward", tag)
+    ring, _ = bound.movers(plan, (k, v), None, "forward", tag)
     kv = (k, v)
     for i, step in enumerate(plan.steps):
         if ring is not None:
             ring.post(step.hops, kv)
         if kv is not None:  # None: nothing of this step's keys is used here
-            kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
+            kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
             for call in step.calls:
                 run_forward(kernel, call, qb, kb, vb, out_b, lse, scale,
                             fresh=fresh and i == 0)
@@ -94,14 +94,14 @@ def _home_dtype(dtype: torch.dtype, uses: int, wide: bool = False) -> torch.dtyp
     return working_dtype(dtype)
 
 
-def _backward_lse(spec: RingSpec, lse: torch.Tensor) -> torch.Tensor:
+def _backward_lse(bound: BoundPlan, lse: torch.Tensor) -> torch.Tensor:
     """lse for the backward kernels: rows that saw no key get 0 instead of -inf.
 
     Such rows (padding) are in no block, so the value never reaches a kernel as a real
     normaliser; 0 keeps the tensor finite wherever it travels. Where every row sees a key
     (the plan says so) there is nothing to mend.
     """
-    if spec.plan.every_row_sees:
+    if bound.plan.every_row_sees:
         return lse.contiguous()
     return lse.masked_fill(torch.isneginf(lse), 0.0).contiguous()
 
@@ -110,30 +110,30 @@ Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     out: torch.Tensor, lse: torch.Tensor, spec: RingSpec,
+                     out: torch.Tensor, lse: torch.Tensor, bound: BoundPlan,
                      tag: CallTag | None, wide: bool = False) -> Grads:
     """Backward with K/V travelling and dK/dV accumulating behind them (``ring`` mode).
     ``wide``: fp32 home accumulators, whatever the plan allows (``_home_dtype``)."""
-    if spec.whole is not None:  # one kernel call: its gradients are the answer
-        return _whole_backward(spec, dout, q, k, v, out, lse)
-    plan, kernel, scale = spec.plan.backward, spec.kernel, spec.scale
-    qb, dob, ob = spec.bshd(q), spec.bshd(dout), spec.bshd(out)
+    if bound.whole is not None:  # one kernel call: its gradients are the answer
+        return _whole_backward(bound, dout, q, k, v, out, lse)
+    plan, kernel, scale = bound.plan.backward, bound.kernel, bound.scale
+    qb, dob, ob = bound.bshd(q), bound.bshd(dout), bound.bshd(out)
     acc_dtype = working_dtype(q.dtype)
     fresh, (q_home, k_home) = plan.fresh, (_home_dtype(q.dtype, n, wide) for n in plan.uses)
     dq = _accumulator(q.shape, q_home, q.device, fresh[0])
-    dq_b = spec.bshd(dq)
-    ring, route = spec.movers(plan, (k, v), acc_dtype, "backward", tag)
+    dq_b = bound.bshd(dq)
+    ring, route = bound.movers(plan, (k, v), acc_dtype, "backward", tag)
     grads = Travelling(route, (_accumulator(k.shape, k_home, k.device, fresh[1]),
                                 _accumulator(v.shape, k_home, v.device, fresh[1])),
-                        spec.row_dim)
+                        bound.row_dim)
     kv = (k, v)
     for i, step in enumerate(plan.steps):
         if ring is not None:
             ring.post(step.hops, kv)
         target, acc = grads.target(i, step)
         if kv is not None:
-            kb, vb = spec.bshd(kv[0]), spec.bshd(kv[1])
-            dk_b, dv_b = spec.bshd(target[0]), spec.bshd(target[1])
+            kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
+            dk_b, dv_b = bound.bshd(target[0]), bound.bshd(target[1])
             for call in step.calls:
                 run_backward(kernel, call, dob, qb, kb, vb, ob, lse, scale, dq_b, dk_b,
                              dv_b, fresh if i == 0 else (False, step.acc_fresh))
@@ -146,7 +146,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
 def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                        delta: torch.Tensor, spec: RingSpec, tag: CallTag | None,
+                        delta: torch.Tensor, bound: BoundPlan, tag: CallTag | None,
                         wide: bool = False) -> Grads:
     """BurstAttention's backward: (Q, dO, lse, delta) travel, K/V/dK/dV stay home.
 
@@ -156,26 +156,26 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     held its K/V at step s of the forward: the same pairs, step for step, and the same
     early stop when a window or whole documents leave later steps empty.
     """
-    plan, kernel, scale = spec.plan.backward, spec.kernel, spec.scale
-    kb, vb = spec.bshd(k), spec.bshd(v)
+    plan, kernel, scale = bound.plan.backward, bound.kernel, bound.scale
+    kb, vb = bound.bshd(k), bound.bshd(v)
     acc_dtype = working_dtype(q.dtype)
     fresh, (q_home, k_home) = plan.fresh, (_home_dtype(q.dtype, n, wide) for n in plan.uses)
     dk = _accumulator(k.shape, k_home, k.device, fresh[1])
     dv = _accumulator(v.shape, k_home, v.device, fresh[1])
-    dk_b, dv_b = spec.bshd(dk), spec.bshd(dv)
+    dk_b, dv_b = bound.bshd(dk), bound.bshd(dv)
     bundle = (q, dout, lse, delta)
-    ring, route = spec.movers(plan, bundle, acc_dtype, "backward", tag, (q,))
+    ring, route = bound.movers(plan, bundle, acc_dtype, "backward", tag, (q,))
     grads = Travelling(route, (_accumulator(q.shape, q_home, q.device, fresh[0]),),
-                        spec.row_dim)
+                        bound.row_dim)
     for i, step in enumerate(plan.steps):
         if ring is not None:
             ring.post(step.hops, bundle)
         target, acc = grads.target(i, step)
         if bundle is not None:
             qj, doj, lsej, deltaj = bundle
-            qj_b, doj_b = spec.bshd(qj), spec.bshd(doj)
-            oj_b = spec.bshd(out) if i == 0 else surrogate_out(doj_b, deltaj)
-            dq_b = spec.bshd(target[0])
+            qj_b, doj_b = bound.bshd(qj), bound.bshd(doj)
+            oj_b = bound.bshd(out) if i == 0 else surrogate_out(doj_b, deltaj)
+            dq_b = bound.bshd(target[0])
             # The visitor's queries against our keys: the same blocks the forward computed.
             for call in step.calls:
                 run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, scale, dq_b,
@@ -188,7 +188,7 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 
 class BurstAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: ``apply(q, k, v, spec, tag[, kept[, sinks]]) -> (out, lse)``;
+    """Autograd wrapper: ``apply(q, k, v, bound, tag[, kept[, sinks]]) -> (out, lse)``;
     differentiable in q, k, v and the sinks. ``tag``: the call's number, signature and label
     that its messages carry (``comm.headers``; None: untagged, as in a CUDA graph capture).
     ``lse_returned``: the caller was handed lse (``return_lse``, the same on every rank): the
@@ -196,104 +196,104 @@ class BurstAttentionFunction(torch.autograd.Function):
     peers' may have. ``kept``: (out, lse) of this very call from an
     earlier forward (remat.py): the ring forward is skipped and the backward runs from them.
     ``sinks``: one logit per query head merged into every row (``sinks.py``). The kernel is
-    the one ``prepare`` chose and checked against the call's blocks (``spec.kernel``)."""
+    the one ``prepare`` chose and checked against the call's blocks (``bound.kernel``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec: RingSpec, tag: CallTag | None, kept=None, sinks=None,
+    def forward(ctx, q, k, v, bound: BoundPlan, tag: CallTag | None, kept=None, sinks=None,
                 lse_returned: bool = False):
         if kept is not None:  # a recompute: this call's output was kept from its first forward
             out, lse = (t.view_as(t) for t in kept)
         else:
-            if spec.whole is not None:  # one kernel call is the whole answer
-                out, lse = _whole_forward(spec, q, k, v)
+            if bound.whole is not None:  # one kernel call is the whole answer
+                out, lse = _whole_forward(bound, q, k, v)
             else:
-                out, lse = ring_forward(q, k, v, spec, tag)
+                out, lse = ring_forward(q, k, v, bound, tag)
             if sinks is not None:
-                out, lse = merge_sinks(out, lse, sinks, spec.seq_first)
+                out, lse = merge_sinks(out, lse, sinks, bound.seq_first)
         # An unused lse then arrives as None, not a tensor of zeros, so the ring backward
         # can use the real O instead of rebuilding one that folds in dlse.
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.spec, ctx.tag, ctx.lse_returned = spec, tag, lse_returned
+        ctx.bound, ctx.tag, ctx.lse_returned = bound, tag, lse_returned
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the ring's messages have no derivative:
     def backward(ctx, dout, dlse):  # a second-order gradient raises instead of being wrong
         q, k, v, out, lse, sinks = ctx.saved_tensors
-        spec, tag = ctx.spec, ctx.tag
+        bound, tag = ctx.bound, ctx.tag
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[6]:
-            dsinks = sink_grad(dout, out, lse, dlse, sinks, spec.seq_first)
-        if spec.whole is not None and dlse is None and dout is not None:
-            return (*_whole_backward(spec, dout.contiguous(), q, k, v, out, lse), None, None,
+            dsinks = sink_grad(dout, out, lse, dlse, sinks, bound.seq_first)
+        if bound.whole is not None and dlse is None and dout is not None:
+            return (*_whole_backward(bound, dout.contiguous(), q, k, v, out, lse), None, None,
                     None, dsinks, None)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         if dlse is None and ctx.lse_returned:  # in no loss here; maybe in a peer's
             dlse = torch.zeros_like(lse)
         if dlse is None:
-            dq, dk, dv = _backward(spec, tag, q, k, v, dout, out, lse, None)
+            dq, dk, dv = _backward(bound, tag, q, k, v, dout, out, lse, None)
         else:
-            dq, dk, dv = _backward_with_lse(spec, tag, q, k, v, dout, out, lse, dlse)
+            dq, dk, dv = _backward_with_lse(bound, tag, q, k, v, dout, out, lse, dlse)
         consensus.poll()  # a pass that received another call's message raises here
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, dsinks, None
 
 
-def _whole_forward(spec: RingSpec, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
-    """A single member's whole attention as its one kernel call (``RingSpec.whole``: a dense
+def _whole_forward(bound: BoundPlan, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """A single member's whole attention as its one kernel call (``BoundPlan.whole``: a dense
     block, or a pack's one varlen call over every row): the kernel's output is the answer."""
-    if spec.seq_first:  # sbhd: the kernels take bshd views
+    if bound.seq_first:  # sbhd: the kernels take bshd views
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    if isinstance(spec.whole, Block):
-        out, lse = spec.kernel.forward(q, k, v, spec.whole, spec.scale)
+    if isinstance(bound.whole, Block):
+        out, lse = bound.kernel.forward(q, k, v, bound.whole, bound.scale)
     else:
-        out, lse = spec.kernel.forward_varlen(q[0], k[0], v[0], spec.whole, spec.scale)
+        out, lse = bound.kernel.forward_varlen(q[0], k[0], v[0], bound.whole, bound.scale)
         out, lse = out[None], lse[None]
-    return (out.transpose(0, 1) if spec.seq_first else out), lse
+    return (out.transpose(0, 1) if bound.seq_first else out), lse
 
 
-def _whole_backward(spec: RingSpec, dout, q, k, v, out, lse) -> Grads:
+def _whole_backward(bound: BoundPlan, dout, q, k, v, out, lse) -> Grads:
     """The gradients of ``_whole_forward``'s call: the kernel's backward, nothing else."""
-    if spec.seq_first:
+    if bound.seq_first:
         dout, q, k, v, out = (t.transpose(0, 1) for t in (dout, q, k, v, out))
-    if isinstance(spec.whole, Block):
-        dq, dk, dv = spec.kernel.backward(dout, q, k, v, out, lse, spec.whole, spec.scale)
+    if isinstance(bound.whole, Block):
+        dq, dk, dv = bound.kernel.backward(dout, q, k, v, out, lse, bound.whole, bound.scale)
     else:
-        dq, dk, dv = spec.kernel.backward_varlen(dout[0], q[0], k[0], v[0], out[0], lse[0],
-                                                 spec.whole, spec.scale)
+        dq, dk, dv = bound.kernel.backward_varlen(dout[0], q[0], k[0], v[0], out[0], lse[0],
+                                                 bound.whole, bound.scale)
         dq, dk, dv = dq[None], dk[None], dv[None]
-    if spec.seq_first:
+    if bound.seq_first:
         return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
     return dq, dk, dv
 
 
-def _rowsum(spec: RingSpec, a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Tensor:
+def _rowsum(bound: BoundPlan, a: torch.Tensor, b: torch.Tensor, dtype) -> torch.Tensor:
     """rowsum(a * b) over the head dim, [b, h, s] in ``dtype`` (a, b in the caller's format)."""
-    return (spec.bshd(a).to(dtype) * spec.bshd(b).to(dtype)).sum(-1).transpose(1, 2)
+    return (bound.bshd(a).to(dtype) * bound.bshd(b).to(dtype)).sum(-1).transpose(1, 2)
 
 
-def _backward(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse, delta,
+def _backward(bound: BoundPlan, tag: CallTag | None, q, k, v, dout, out, lse, delta,
               wide: bool = False) -> Grads:
     """The ring backward of ``dout`` given ``delta`` (None: rowsum(dout * out), the plain
     softmax backward). The kernels read O only to form delta, so another delta enters as the
     surrogate O' with rowsum(dout * O') == delta (``surrogate_out``); ``dout`` must then be
     nonzero on every row whose delta is (``_backward_with_lse`` makes it so)."""
-    blse = _backward_lse(spec, lse)
+    blse = _backward_lse(bound, lse)
     # With one member nothing travels, and the ring mode's single kernel call is cheapest.
-    mode = spec.backward if spec.topo is not None else "ring"
+    mode = bound.backward if bound.topo is not None else "ring"
     o = out
     if delta is not None:
         delta = delta.contiguous()
         # bshd() is its own inverse, so this hands the surrogate back in the caller's format.
-        o = spec.bshd(surrogate_out(spec.bshd(dout), delta))
+        o = bound.bshd(surrogate_out(bound.bshd(dout), delta))
     elif mode == "burst":  # visitors' queries travel with delta, not O
-        delta = _rowsum(spec, dout, out, lse.dtype).contiguous()
+        delta = _rowsum(bound, dout, out, lse.dtype).contiguous()
     if mode == "burst":
-        return ring_backward_burst(dout, q, k, v, o, blse, delta, spec, tag, wide)
-    return ring_backward_kv(dout, q, k, v, o, blse, spec, tag, wide)
+        return ring_backward_burst(dout, q, k, v, o, blse, delta, bound, tag, wide)
+    return ring_backward_kv(dout, q, k, v, o, blse, bound, tag, wide)
 
 
-def _backward_with_lse(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, lse,
+def _backward_with_lse(bound: BoundPlan, tag: CallTag | None, q, k, v, dout, out, lse,
                        dlse) -> Grads:
     """The backward of (dout, dlse), exact whatever dout is, on every rank the same passes.
 
@@ -311,17 +311,17 @@ def _backward_with_lse(spec: RingSpec, tag: CallTag | None, q, k, v, dout, out, 
     """
     acc = lse.dtype
     dlse = dlse.to(acc)
-    delta = _rowsum(spec, dout, out, acc) - dlse
-    grads = _backward(spec, tag, q, k, v, dout, out, lse, delta, wide=True)
+    delta = _rowsum(bound, dout, out, acc) - dlse
+    grads = _backward(bound, tag, q, k, v, dout, out, lse, delta, wide=True)
     # [b, h, s]: rows out of the output's loss that are in the lse's
-    lost = (spec.bshd(dout).abs().amax(-1) == 0).transpose(1, 2) & (dlse != 0)
+    lost = (bound.bshd(dout).abs().amax(-1) == 0).transpose(1, 2) & (dlse != 0)
     size = torch.where(lost, dlse.abs() * STAND_IN, torch.zeros_like(dlse))
-    stand_in = spec.bshd(size.transpose(1, 2).unsqueeze(-1).expand(spec.bshd(dout).shape)
+    stand_in = bound.bshd(size.transpose(1, 2).unsqueeze(-1).expand(bound.bshd(dout).shape)
                          .to(dout.dtype)).contiguous()
-    own = _rowsum(spec, stand_in, out, acc)
-    lifted = _backward(spec, tag, q, k, v, stand_in, out, lse,
+    own = _rowsum(bound, stand_in, out, acc)
+    lifted = _backward(bound, tag, q, k, v, stand_in, out, lse,
                        own - torch.where(lost, dlse, torch.zeros_like(dlse)), wide=True)
-    alone = _backward(spec, tag, q, k, v, stand_in, out, lse, own, wide=True)
+    alone = _backward(bound, tag, q, k, v, stand_in, out, lse, own, wide=True)
     return tuple(g.to(acc) + (a.to(acc) - b.to(acc)) for g, a, b in zip(grads, lifted, alone))
 
 

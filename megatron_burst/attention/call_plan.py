@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ..comm.ring_positions import (AccumulatorStep, Hop, RingPositions, accumulator_steps,
                                    next_kind, route_hops)
 from ..kernels.pack_calls import with_whole
-from ..kernels.varlen import KernelCall, covers, plan_alone, plan_calls, upload_boundaries
+from ..kernels.varlen import KernelLaunch, covers, plan_alone, plan_calls, upload_boundaries
 from ..plan.packs import DocumentPack
 from ..plan.placement import local_length
 from ..plan.schedule import Block, Mask, RingSchedule, last_used_step
@@ -103,7 +103,7 @@ class StepPlan:
     traffic (backward passes from step 1)."""
 
     source: int
-    calls: tuple[KernelCall, ...]
+    calls: tuple[KernelLaunch, ...]
     hops: tuple[Hop, ...] = ()
     next: str | None = None
     acc: AccumulatorStep | None = None
@@ -142,9 +142,9 @@ class CallPlan:
     rows: int  # this member's rows (a rank's, or a Ulysses group's)
     forward: PassPlan
     backward: PassPlan
-    whole: Block | KernelCall | None
+    whole: Block | KernelLaunch | None
     every_row_sees: bool
-    calls: tuple[KernelCall, ...]  # every kernel call of both passes (for uploads)
+    calls: tuple[KernelLaunch, ...]  # every kernel call of both passes (for uploads)
     pairs: tuple[tuple[int, int], ...]  # (query member, key member) of every block run here
 
     def upload(self, device: torch.device) -> None:
@@ -191,15 +191,15 @@ class PairCalls:
         self.key, self.sched = key, sched
         self.alone = (topo is None and key.pack and key.ulysses == 1
                       and local_length(key.layout, key.world, key.lens) == sum(key.lens))
-        self._made: dict[tuple[int, int], tuple[KernelCall, ...]] = {}
+        self._made: dict[tuple[int, int], tuple[KernelLaunch, ...]] = {}
 
-    def __call__(self, q_member: int, k_member: int) -> tuple[KernelCall, ...]:
+    def __call__(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
         pair = (q_member, k_member)
         if pair not in self._made:
             self._made[pair] = self._plan(q_member, k_member)
         return self._made[pair]
 
-    def _plan(self, q_member: int, k_member: int) -> tuple[KernelCall, ...]:
+    def _plan(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
         key, sched = self.key, self.sched
         if self.alone:  # a single member's pack: one varlen call from the boundaries
             return plan_alone(sched.doc_lens, sched.mask)
@@ -242,7 +242,7 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
 
 
 def _pass(topo: RingPositions, last: int, table: tuple[tuple[int, ...], ...],
-          calls_with: Callable[[int], tuple[KernelCall, ...]], fresh: tuple[bool, bool],
+          calls_with: Callable[[int], tuple[KernelLaunch, ...]], fresh: tuple[bool, bool],
           accumulate: str | None) -> PassPlan:
     """The steps of one pass round ``topo`` (``table``: its payload's row table);
     ``accumulate``: the side ('k' or 'q') of the payload whose gradients travel, if any."""
@@ -277,7 +277,7 @@ def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned: int = 0) 
     return most
 
 
-def _fresh(own: tuple[KernelCall, ...], rows: int) -> tuple[bool, bool]:
+def _fresh(own: tuple[KernelLaunch, ...], rows: int) -> tuple[bool, bool]:
     """Whether a member's own calls write every query row, and every key row, once."""
     return covers(own, rows, "q"), covers(own, rows, "k")
 
@@ -293,7 +293,7 @@ def _all_rows_see(forward: PassPlan, rows: int) -> bool:
     return reach >= rows
 
 
-def _runs(call: KernelCall, side: str):
+def _runs(call: KernelLaunch, side: str):
     if call.varlen:
         return call.q_runs if side == "q" else call.k_runs
     blk = call.blocks[0]
@@ -301,7 +301,7 @@ def _runs(call: KernelCall, side: str):
 
 
 def _whole(key: PlanKey, sched: RingSchedule, topo: RingPositions | None, calls: PairCalls,
-           rows: int) -> Block | KernelCall | None:
+           rows: int) -> Block | KernelLaunch | None:
     """A single member's whole attention when it is one kernel call over all its rows and
     keys: a plain sequence's one dense block (no fp32 accumulators, merges or casts: the
     kernel's output and gradients are the answer), or a pack's one varlen call."""

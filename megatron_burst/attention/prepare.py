@@ -30,7 +30,7 @@ from . import decision_check, first_use
 from ..plan.layouts import MASK, Layout, layout_named
 from ..plan.placement import local_length
 from .call_plan import plan_for, plan_key, ring_key
-from .ring_spec import RingSpec
+from .bound_plan import BoundPlan
 from ..plan.schedule import Block, Mask
 from .sinks import check_sinks
 from .sharding import group_name, group_ranks
@@ -115,7 +115,7 @@ class Prepared:
     sig: dict
     digest: int  # of the signature, for every message's header
     label: int  # of call_label
-    spec: RingSpec
+    bound: BoundPlan
     keep_key: str  # what a kept output is made for: the signature without autograd's part
     ulysses_peers: tuple[int, ...] | None  # this rank's Ulysses group; None: no Ulysses
     # A single rank's whole attention is one kernel op that aten differentiates itself:
@@ -181,14 +181,14 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared
         raise ValueError("burst_attn with keep= cannot be captured in a CUDA graph: matching "
                          "a kept output to its recompute reads the host")
     sig = signature(call, q, k, v, topology, sinks)
-    spec = _ring_spec(q, k, v, group, world, topology, call)
+    bound = _bind_plan(q, k, v, group, world, topology, call)
     keep_key = headers.describe_call({n: x for n, x in sig.items()
                                       if n not in ("requires_grad", "error")})
     peers = _ulysses_peers(group, world, topology.ulysses)
-    native = (peers is None and isinstance(spec.whole, Block)
-              and has_native(spec.kernel, spec.whole))
+    native = (peers is None and isinstance(bound.whole, Block)
+              and has_native(bound.kernel, bound.whole))
     return Prepared(call, topology, sig, headers.digest(sorted(sig.items())),
-                    0 if call.call_label is None else headers.digest(call.call_label), spec,
+                    0 if call.call_label is None else headers.digest(call.call_label), bound,
                     keep_key, peers, native, pending, decision)
 
 
@@ -206,7 +206,7 @@ def capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall) -> RingSpec:
+def _bind_plan(q, k, v, group, world: int, topology: CPTopology, call: BurstCall) -> BoundPlan:
     """The call's plan (``call_plan.plan_for``: made once per key, shared by every call of
     it) with the kernel, chosen for and checked against every block the plan runs."""
     u, seq_first = topology.ulysses, call.qkv_format == "sbhd"
@@ -227,7 +227,7 @@ def _ring_spec(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     if world > 1 and fuses(q.device, q.dtype, v.shape[3]) and not capturing(q):
         compile_variants(q.device, q.dtype, v.shape[3])  # not at a later pack's first merge
     scale = call.softmax_scale if call.softmax_scale is not None else default_scale(q.shape[3])
-    return RingSpec(group, plan, scale, seq_first and u == 1, kernel)
+    return BoundPlan(group, plan, scale, seq_first and u == 1, kernel)
 
 
 def _topology(group, world: int, q, k, v, call: BurstCall

@@ -16,21 +16,21 @@ import numpy as np
 
 from ..plan.blocks import Block, Mask
 from ..plan.segments import Shard
-from .varlen import KernelCall, Runs, boundaries, document_shape, join_runs
+from .varlen import KernelLaunch, Runs, boundaries, document_shape, join_runs
 
 
-def whole_call(shard: Shard, mask: Mask) -> KernelCall | None:
+def whole_call(shard: Shard, mask: Mask) -> KernelLaunch | None:
     """The documents ``shard`` holds whole, each against itself under ``mask``, as one
     varlen call (None without any)."""
     if not len(shard.docs):
         return None
     cu = boundaries(shard.lens)
     runs = joined(shard.rows, shard.rows + shard.lens)
-    return KernelCall((), True, runs, runs, cu, cu, *document_shape(mask))
+    return KernelLaunch((), True, runs, runs, cu, cu, *document_shape(mask))
 
 
-def with_whole(calls: tuple[KernelCall, ...], shard: Shard, mask: Mask
-               ) -> tuple[KernelCall, ...]:
+def with_whole(calls: tuple[KernelLaunch, ...], shard: Shard, mask: Mask
+               ) -> tuple[KernelLaunch, ...]:
     """``calls`` (a diagonal pair's split blocks) with ``shard``'s whole documents added."""
     if not len(shard.docs):
         return calls
@@ -41,9 +41,9 @@ def with_whole(calls: tuple[KernelCall, ...], shard: Shard, mask: Mask
     return (*calls, whole_call(shard, mask))
 
 
-def _rebuilt_exactly(call: KernelCall) -> bool:
+def _rebuilt_exactly(call: KernelLaunch) -> bool:
     """Whether each block of ``call`` is the one flash computes from its sequence's lengths
-    and the call's window (``KernelCall.sequence_blocks`` without the blocks)."""
+    and the call's window (``KernelLaunch.sequence_blocks`` without the blocks)."""
     for blk in call.blocks:
         n, m = blk.q_stop - blk.q_start, blk.k_stop - blk.k_start
         if Block(0, n, 0, m, blk.kind, blk.lo, blk.hi) != Block.of_window(
@@ -52,7 +52,7 @@ def _rebuilt_exactly(call: KernelCall) -> bool:
     return True
 
 
-def _join(call: KernelCall, shard: Shard) -> KernelCall:
+def _join(call: KernelLaunch, shard: Shard) -> KernelLaunch:
     """One varlen call: ``call``'s sequences, then ``shard``'s whole documents (their query
     rows are disjoint: other documents). Without blocks: ``sequence_blocks`` rebuilds them."""
     runs = joined(shard.rows, shard.rows + shard.lens)
@@ -65,7 +65,7 @@ def _join(call: KernelCall, shard: Shard) -> KernelCall:
 
     cu_q = cat(call.cu_q)
     cu_k = cu_q if np.array_equal(call.cu_q, call.cu_k) else cat(call.cu_k)
-    return KernelCall((), True, join_runs(call.q_runs + runs), join_runs(call.k_runs + runs),
+    return KernelLaunch((), True, join_runs(call.q_runs + runs), join_runs(call.k_runs + runs),
                       cu_q, cu_k, call.window, call.causal)
 
 

@@ -7,7 +7,7 @@ Every backend computes attention for one ``Block`` of the ring schedule:
     forward(q, k, v, block, scale)  -> (out, lse)
     backward(dout, q, k, v, out, lse, block, scale) -> (dq, dk, dv)
 
-and for many blocks at once, packed back to back (``varlen.KernelCall``; tensors
+and for many blocks at once, packed back to back (``varlen.KernelLaunch``; tensors
 [total, h, d], lse [h, total]):
 
     forward_varlen(q, k, v, call, scale) -> (out, lse)

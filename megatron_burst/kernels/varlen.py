@@ -33,7 +33,7 @@ Runs = tuple[tuple[int, int], ...]  # contiguous local row ranges, in packed ord
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class KernelCall:
+class KernelLaunch:
     """One local kernel invocation of a ring step.
 
     Dense (one block): ``blocks[0]`` on row slices. Varlen: the blocks' query rows packed
@@ -88,7 +88,7 @@ class KernelCall:
         return self._device_cu[key]
 
 
-def upload_boundaries(calls: Sequence[KernelCall], device: torch.device) -> None:
+def upload_boundaries(calls: Sequence[KernelLaunch], device: torch.device) -> None:
     """Put the cu_seqlens of every varlen call on ``device``: one host buffer, one copy.
 
     The buffer is pinned, so the copy is asynchronous: a copy from pageable memory makes
@@ -114,7 +114,7 @@ def mask_shape(block: Block) -> tuple[tuple[int, int], bool]:
     return block.flash_window, block.kind == "causal"
 
 
-def plan_alone(lens: Sequence[int], mask: Mask) -> tuple[KernelCall, ...]:
+def plan_alone(lens: Sequence[int], mask: Mask) -> tuple[KernelLaunch, ...]:
     """A single member's pack (CP=1, documents kept in order and unpadded): every document
     against itself under ``mask`` as ONE varlen call over all the rows, made from the
     boundaries in a few array operations, whatever the number of documents. A window is
@@ -126,7 +126,7 @@ def plan_alone(lens: Sequence[int], mask: Mask) -> tuple[KernelCall, ...]:
         return ()
     cu = boundaries(n)
     runs = ((0, int(cu[-1])),)
-    return (KernelCall((), True, runs, runs, cu, cu, *document_shape(mask)),)
+    return (KernelLaunch((), True, runs, runs, cu, cu, *document_shape(mask)),)
 
 
 def document_shape(mask: Mask) -> tuple[tuple[int, int], bool]:
@@ -146,7 +146,7 @@ def boundaries(lens: np.ndarray) -> np.ndarray:
 
 
 def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
-               shape_free: bool = False) -> tuple[KernelCall, ...]:
+               shape_free: bool = False) -> tuple[KernelLaunch, ...]:
     """Group ``blocks`` into kernel calls.
 
     ``varlen`` False (no varlen kernel for this batch shape): one dense call per block.
@@ -156,12 +156,12 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     block goes into a varlen call, a lone one too.
     """
     if not varlen or (len(blocks) < 2 and not shape_free):
-        return tuple(KernelCall((b,), False) for b in blocks)
+        return tuple(KernelLaunch((b,), False) for b in blocks)
     if shape_free:
         dense_min_area = float("inf")
     small = blocks if dense_min_area == float("inf") else [
         b for b in blocks if b.area < dense_min_area]
-    calls = [] if small is blocks else [KernelCall((b,), False) for b in blocks
+    calls = [] if small is blocks else [KernelLaunch((b,), False) for b in blocks
                                         if b.area >= dense_min_area]
     shapes: dict[tuple, list[list[Block]]] = {}
     for b in sorted(small, key=_by_rows):
@@ -180,7 +180,7 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     for (window, causal), waves in shapes.items():
         for wave in waves:
             calls.append(_varlen_call(wave, window, causal) if len(wave) > 1 or shape_free
-                         else KernelCall((wave[0],), False))
+                         else KernelLaunch((wave[0],), False))
     return tuple(calls)
 
 
@@ -191,13 +191,13 @@ def _by_rows(b: Block) -> tuple[int, int]:
     return b.q_start, b.k_start
 
 
-def _varlen_call(wave: list[Block], window: tuple[int, int], causal: bool) -> KernelCall:
+def _varlen_call(wave: list[Block], window: tuple[int, int], causal: bool) -> KernelLaunch:
     q_ranges = [(b.q_start, b.q_stop) for b in wave]
     k_ranges = [(b.k_start, b.k_stop) for b in wave]
     # A few blocks: tuples, made without array operations (each costs more than the sums).
     cu_q = (0, *itertools.accumulate(b - a for a, b in q_ranges))
     cu_k = (0, *itertools.accumulate(b - a for a, b in k_ranges))
-    return KernelCall(tuple(wave), True, join_runs(q_ranges), join_runs(k_ranges), cu_q,
+    return KernelLaunch(tuple(wave), True, join_runs(q_ranges), join_runs(k_ranges), cu_q,
                       cu_k, window, causal)
 
 
@@ -228,7 +228,7 @@ def _offsets(runs: Runs):
         off += b - a
 
 
-def covers(calls: Sequence[KernelCall], rows: int, side: str) -> bool:
+def covers(calls: Sequence[KernelLaunch], rows: int, side: str) -> bool:
     """Whether ``calls`` touch each of ``rows`` rows on ``side`` ('q' or 'k') exactly once.
 
     Then their results can be written into uninitialised accumulators instead of being
@@ -239,7 +239,7 @@ def covers(calls: Sequence[KernelCall], rows: int, side: str) -> bool:
             and all(x[1] == y[0] for x, y in zip(spans, spans[1:])))
 
 
-def _call_runs(call: KernelCall, side: str) -> Runs:
+def _call_runs(call: KernelLaunch, side: str) -> Runs:
     if call.varlen:
         return call.q_runs if side == "q" else call.k_runs
     blk = call.blocks[0]
@@ -256,7 +256,7 @@ def _lse_rows(lse: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return lse if start == 0 and stop == lse.shape[2] else lse[:, :, start:stop]
 
 
-def run_forward(kernel, call: KernelCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor, lse: torch.Tensor, scale: float, fresh: bool = False) -> None:
     """Compute ``call`` and merge it into the accumulators (bshd views, lse [b, h, s]).
 
@@ -283,7 +283,7 @@ def _fold_forward(out_rows, lse_rows, o, o_lse, fresh: bool) -> None:
         merge_partial(out_rows, lse_rows, o, o_lse)
 
 
-def run_backward(kernel, call: KernelCall, dout: torch.Tensor, q: torch.Tensor,
+def run_backward(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor,
                  k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
                  fresh: tuple[bool, bool] = (False, False)) -> None:

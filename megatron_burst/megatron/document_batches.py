@@ -23,7 +23,7 @@ from megatron_burst.decide.flops import StepFlops
 from megatron_burst.megatron.documents import BATCH_KEYS, DocumentParams, shard_document_batch
 from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack, upload
 from megatron_burst.megatron.run_flops import FlopsCounter, FlopsReport
-from megatron_burst.kernels.varlen import KernelCall
+from megatron_burst.kernels.varlen import KernelLaunch
 
 
 @dataclasses.dataclass(eq=False)
@@ -34,7 +34,7 @@ class PreparedBatch:
     local: Dict[str, torch.Tensor]  # BATCH_KEYS -> this rank's [1, s_local], on the host
     params: DocumentParams  # the pack, its plans made; boundaries on the host
     cu_seqlens: torch.Tensor  # the pack's boundaries, staged for Megatron's FLOPs count
-    calls: Tuple[KernelCall, ...]  # the pack's planned kernel calls, for their boundaries
+    calls: Tuple[KernelLaunch, ...]  # the pack's planned kernel calls, for their boundaries
     flops: Optional[StepFlops]
     share: float  # causal attention pairs done, as a share of the whole sequence's
 

@@ -24,7 +24,7 @@ from megatron_burst.attention.call_plan import (CallPlan, PlanKey, RingKey, plan
 from megatron_burst.decide.topology import CPTopology
 from megatron_burst.plan.packs import DocumentPack
 from megatron_burst.plan.schedule import Mask
-from megatron_burst.kernels.varlen import KernelCall, upload_boundaries
+from megatron_burst.kernels.varlen import KernelLaunch, upload_boundaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ class PlanTarget:
         return ring_key(self.group, self.world, self.ulysses, self.positions_per_node)
 
     def key(self, pack: DocumentPack, ring: Optional[RingKey]) -> PlanKey:
-        """The key a layer's call on ``pack`` plans under (``prepare._ring_spec``'s)."""
+        """The key a layer's call on ``pack`` plans under (``prepare._bind_plan``'s)."""
         return plan_key(self.layout, self.world, pack, self.mask, self.ulysses, ring,
                         self.backward)
 
@@ -70,7 +70,7 @@ def plan_pack(pack: DocumentPack, target: PlanTarget, ring: Optional[RingKey]) -
     return plan_for(target.key(pack, ring))
 
 
-def upload(calls: Sequence[KernelCall], device: torch.device) -> None:
+def upload(calls: Sequence[KernelLaunch], device: torch.device) -> None:
     """The planned calls' boundaries onto ``device``: one pinned buffer, one non-blocking
     copy on the current stream (the step's own). Calls already there are skipped."""
     if device.type != "cpu" and calls:

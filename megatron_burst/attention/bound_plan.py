@@ -1,8 +1,8 @@
-"""``RingSpec``: a prepared call's plan with what the loops need beside it.
+"""``BoundPlan``: a prepared call's plan with what the loops need beside it.
 
 The plan (``call_plan.CallPlan``: schedule, ring position, each pass's steps with their
 kernel calls, hops and accumulator routes) is shared by every call of its key; a
-``RingSpec`` adds this call's process group, softmax scale, tensor format and the kernel
+``BoundPlan`` adds this call's process group, softmax scale, tensor format and the kernel
 ``prepare`` chose and checked against the plan's blocks, and makes each pass's movers
 (``movers``): the payload ring and the accumulator route, over one ``PeerComm`` whose
 messages carry the call's header.
@@ -19,13 +19,13 @@ from ..comm.messages import PeerComm
 from ..comm.rings import AccumulatorRoute, PayloadRing, RowShape
 from ..comm.ring_positions import RingPositions
 from ..kernels.protocol import LocalAttention
-from ..kernels.varlen import KernelCall
+from ..kernels.varlen import KernelLaunch
 from ..plan.schedule import Block
 from .call_plan import CallPlan, PassPlan
 
 
 @dataclasses.dataclass(frozen=True)
-class RingSpec:
+class BoundPlan:
     """Everything the ring loops need besides tensors (resolved and validated)."""
 
     group: dist.ProcessGroup | None
@@ -45,7 +45,7 @@ class RingSpec:
         return self.plan.key.backward
 
     @property
-    def whole(self) -> Block | KernelCall | None:
+    def whole(self) -> Block | KernelLaunch | None:
         """A single member's whole attention as one kernel call, when it is one."""
         return self.plan.whole
 
