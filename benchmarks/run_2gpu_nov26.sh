@@ -33,10 +33,10 @@ else
     --heads 32:8:128 --mixes uniform --iters 6 --cudnn-cases none --pyprofile 32768:32:uniform \
     --out /tmp/documents_32k_profiled.json 2>&1 | quiet | grep -v "^#" | head -60
   for emu in "" "gpus_per_node=1,gbps=25,latency_us=5" "gpus_per_node=1,gbps=50,latency_us=5"; do
-    tag=${emu:+_$(echo "$emu" | sed 's/.*gbps=\([0-9]*\).*/\1gbps/')}
+    gbps=${emu#*gbps=}; tag=${emu:+_${gbps%%,*}gbps}
     MEGATRON_BURST_EMULATE=$emu timeout 170 torchrun --nproc_per_node=2 \
       benchmarks/auto_check.py --out "/tmp/a41$tag" > "$out/auto_check${tag}_log.txt" 2>&1
     echo "auto_check$tag rc=$?"; quiet < "$out/auto_check${tag}_log.txt" | grep -E "wrote|worst|measured" | tail -3
-    cp /tmp/a41$tag/auto_check*.json "$out/auto_check${tag}.json" 2>/dev/null
+    cp "/tmp/a41$tag"/auto_check*.json "$out/auto_check${tag}.json" 2>/dev/null
   done
 fi

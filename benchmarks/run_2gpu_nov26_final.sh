@@ -29,14 +29,7 @@ if [ "$part" = c ]; then
   done
 else
   export PYTHONPATH=$PWD:/tmp/site
-  for emu in "" "gpus_per_node=1,gbps=25,latency_us=5" "gpus_per_node=1,gbps=50,latency_us=5"; do
-    tag=${emu:+_$(echo "$emu" | sed 's/.*gbps=\([0-9]*\).*/\1gbps/')}
-    MEGATRON_BURST_EMULATE=$emu timeout 150 torchrun --nproc_per_node=2 \
-      benchmarks/auto_check.py --out "/tmp/a41$tag" > "$out/auto_check${tag}_log.txt" 2>&1
-    echo "auto_check$tag rc=$?"
-    quiet < "$out/auto_check${tag}_log.txt" | grep -E "^#|wrote" | tail -9
-    cp /tmp/a41$tag/auto_check*.json "$out/auto_check${tag}.json" 2>/dev/null
-  done
+  bash benchmarks/auto_check_three.sh "$out"
   timeout 200 torchrun --nproc_per_node=2 benchmarks/slice_masks.py --out "$out/slice_masks" \
     > "$out/slice_masks_log.txt" 2>&1; echo "slice_masks rc=$?"
   quiet < "$out/slice_masks_log.txt" | grep "^|" | tail -14

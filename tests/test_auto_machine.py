@@ -216,7 +216,9 @@ def test_ranks_with_different_measurements_decide_the_same(tmp_path):
     assert {(t.ulysses, name) for t, name in decided[0]} == {(1, "rank-0")}
 
 
-def _misprediction(rank, world, cache):
+def _clocked(cache, seconds) -> list:
+    """Measuring on, and ``decision_check``'s clock replaced: each timed topology is run,
+    recorded (the returned list) and given ``seconds(topology, timed so far)``."""
     from megatron_burst.attention import decision_check
 
     _on(cache)
@@ -225,12 +227,22 @@ def _misprediction(rank, world, cache):
     def fake_clock(topology, run, device, group):
         run()
         timed.append(topology)
+        return seconds(topology, timed)
+
+    decision_check.TIMER = fake_clock
+    return timed
+
+
+def _misprediction(rank, world, cache):
+    from megatron_burst.attention import decision_check
+
+    def seconds(topology, timed):
         slow = topology == timed[0]  # the first timed is the model's choice
         if rank == 1:  # this rank's clock says the opposite: rank 0's is the one read
             slow = not slow
         return 10.0 if slow else 0.001
 
-    decision_check.TIMER = fake_clock
+    timed = _clocked(cache, seconds)
     _call(call_label=1)
     _call(call_label=1)
     _call(call_label=2)  # another layer, the same decision: its verdict, no timing
@@ -290,15 +302,7 @@ def test_a_near_tie_is_settled_by_timing_both(gap, timed, kept):
 def _new_packs(rank, world, cache):
     from megatron_burst.attention import decision_check
 
-    _on(cache)
-    timed: list = []
-
-    def fake_clock(topology, run, device, group):
-        run()
-        timed.append(topology)
-        return 0.001
-
-    decision_check.TIMER = fake_clock
+    timed = _clocked(cache, lambda topology, timed: 0.001)
     for cut in (40, 77, 100, 13):  # a new pack every call, as training feeds them
         cu = torch.tensor([0, cut, 128], dtype=torch.int32)
         _call(layout="whole_docs", cu_seqlens=cu)
