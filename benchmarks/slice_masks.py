@@ -17,7 +17,10 @@ Methods, in one run, on the same mask and inputs:
 
 Training feeds a new document pack every micro-batch, so for the families whose mask follows
 the documents, ``burst fwd+bwd, new pack`` times burst_attn's forward + backward with a new
-pack (a new mask, planned at its call) every call, beside the same-mask figure.
+pack (a new mask, planned at its call) every call, beside the same-mask figure
+(``--fresh-kernel torch-flash`` times that row on the flash kernel alone, which builds nothing
+per block shape: whether the automatic choice's cuDNN, building a graph per new shape, is what
+made a new mask cost 0.4-0.5 s a call on 2x H200).
 
 Efficiency is burst's TFLOP/s per GPU over the faster single-GPU method's, forward and
 backward apart. Each row also states the area balance: the largest rank's share of the
@@ -151,7 +154,7 @@ def fresh_packs(name, args, world, dev, full) -> dict | None:
         sync(dev)
         dist.barrier()
         t0 = time.perf_counter()
-        mb.burst_attn(q, k, v, mask=mask).backward(local[3])
+        mb.burst_attn(q, k, v, mask=mask, kernel=args.fresh_kernel).backward(local[3])
         sync(dev)
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
@@ -252,6 +255,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    p.add_argument("--fresh-kernel", default=None,
+                   help="the kernel the new-pack row forces (e.g. torch-flash, which builds "
+                        "nothing per block shape); default: the automatic choice")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="gloo on CPU at tiny sizes (spawns --world ranks itself)")
     p.add_argument("--world", type=int, default=2, help="ranks of --cpu-smoke")
@@ -277,7 +283,7 @@ def main() -> None:
         meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
-                    warmup=args.warmup, iters=args.iters,
+                    warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
                     date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         text = table(meta, rows)
         print(text)
