@@ -116,7 +116,7 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
     local, do, kw = _inputs(per_gpu, hq, hkv, args.head_dim, docs, world, device, dtype)
     cu = kw.get("cu_seqlens")  # the cell's pack: its own load predicts its rows
     pack = None if cu is None else PackLoad.of_pack(tuple(torch.diff(cu).tolist()),
-                                                    kw["layout"], world)
+                                                    kw["layout"])
     params = [t.clone().requires_grad_() for t in local]
     outs = {}
 

@@ -23,7 +23,7 @@ def test_a_pack_is_priced_from_its_own_pairs_at_the_varlen_rate():
     from megatron_burst.decide.timing import attention_flops, elementwise_seconds
 
     lens = (3277, 1802, 1229, 819, 492, 328, 164, 81)  # the benchmarks' mix of 8192 tokens
-    pack = PackLoad.of_pack(lens, "whole_docs", 2)
+    pack = PackLoad.of_pack(lens, "whole_docs")
     ulysses = CPTopology.build(2, ulysses=2, backward="ring", heads=HEADS)
     got = predict_pack(ulysses, FAST, pack)
     rows, pairs = sum(lens), pack.pairs()
@@ -37,7 +37,7 @@ def test_a_pack_is_priced_from_its_own_pairs_at_the_varlen_rate():
     ring = CPTopology.build(2, ulysses=1, backward="ring", heads=HEADS)
     assert (predict_pack(ring, FAST, pack).compute_s
             < predict(ring, FAST, tokens=4096).compute_s)
-    assert PackLoad.of_pack((0, 0), "whole_docs", 2) is None
+    assert PackLoad.of_pack((0, 0), "whole_docs") is None
 
 
 def test_documents_held_whole_send_nothing_and_a_split_one_waits_on_a_slow_link():
@@ -46,8 +46,8 @@ def test_documents_held_whole_send_nothing_and_a_split_one_waits_on_a_slow_link(
     the ranks needs its first half's keys on the other rank."""
     slow = dataclasses.replace(FAST, intra=Link(5.0, 0.01))
     ring = CPTopology.build(2, ulysses=1, backward="ring", heads=HEADS)
-    whole = PackLoad.of_pack((4096, 4096), "whole_docs", 2)
-    split = PackLoad.of_pack((2048, 4096, 2048), "whole_docs", 2)
+    whole = PackLoad.of_pack((4096, 4096), "whole_docs")
+    split = PackLoad.of_pack((2048, 4096, 2048), "whole_docs")
     assert predict_pack(ring, slow, whole).exposed_comm_s == 0
     assert predict_pack(ring, slow, split).exposed_comm_s > 0.01
 
@@ -62,7 +62,7 @@ def test_a_document_decision_is_made_once_per_shape_from_its_first_pack():
     def load(lens):
         def make():
             made.append(lens)
-            return PackLoad.of_pack(lens, "whole_docs", 2)
+            return PackLoad.of_pack(lens, "whole_docs")
         return make
 
     opts = BurstOptions(backward="auto", ulysses_size="auto")
@@ -75,7 +75,7 @@ def test_a_document_decision_is_made_once_per_shape_from_its_first_pack():
     plain = decide(opts, cp=2, heads=HEADS, tokens=4096, max_intra_node_size=None,
                    machine=FAST)
     assert plain.key != first.key  # one causal sequence: its own decision
-    assert PackLoad.of_pack((0, 0), "whole_docs", 2) is None
+    assert PackLoad.of_pack((0, 0), "whole_docs") is None
 
 
 def test_a_ulysses_group_may_span_nodes_priced_on_the_inter_node_link():

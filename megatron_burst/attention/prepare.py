@@ -258,7 +258,7 @@ def _topology(group, world: int, q, k, v, call: BurstCall
         max_intra_node_size = cluster.max_intra_node_size(
             world, gpus, group_ranks=group_ranks(group, world), rank=dist.get_rank())
     pack = None if call.cu_seqlens is None else lambda: PackLoad.of_pack(
-        call.cu_seqlens.lens, call.layout, world, call.causal)
+        call.cu_seqlens.lens, call.layout, call.causal)
     decision = decide(options, cp=world, heads=heads, tokens=tokens,
                       max_intra_node_size=max_intra_node_size, causal=call.causal,
                       machine=measured, pack=pack)

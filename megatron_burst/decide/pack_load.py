@@ -27,10 +27,9 @@ class PackLoad:
     causal: bool = True
 
     @staticmethod
-    def of_pack(lens: tuple[int, ...], layout: str, world: int, causal: bool = True
-                ) -> "PackLoad | None":
-        """The pack of documents ``lens`` in ``layout`` (``world``: the group it is placed
-        on, checked by the caller); None where it has no tokens (nothing to model)."""
+    def of_pack(lens: tuple[int, ...], layout: str, causal: bool = True) -> "PackLoad | None":
+        """The pack of documents ``lens`` in ``layout`` (placed on the group of the topology
+        it is priced for); None where it has no tokens (nothing to model)."""
         lens = tuple(int(n) for n in lens if n > 0)
         return PackLoad(layout, lens, bool(causal)) if lens else None
 

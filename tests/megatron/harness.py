@@ -195,3 +195,17 @@ def counting_plans(seen: dict, counts=lambda: True):
         stack.enter_context(mock.patch.object(module, attr, counting(name,
                                                                      getattr(module, attr))))
     return stack
+
+
+def packed_reference(docs: Tuple[int, ...], seed: int) -> Tuple[Dict[str, torch.Tensor], dict, dict]:
+    """(the packed batch of ``docs``, the reference weights, and the per-document
+    reference's {"loss", "grads"}) for the tests that compare CP runs against it."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    full = packed_batch(docs, seed)
+    model = reference_model()
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
+    cu = torch.tensor([0, *torch.tensor(docs).cumsum(0).tolist()], dtype=torch.int32)
+    loss, grads = reference_packed_step(full, cu, weights)
+    return full, weights, {"loss": loss, "grads": grads}

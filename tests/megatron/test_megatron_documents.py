@@ -26,15 +26,8 @@ DOCS = (5, 40, 11, 8)
 
 def _start(rank: int) -> tuple:
     """The pack, reference weights, and the per-document reference's loss and grads."""
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    full = packed_batch(DOCS, 3)
-    model = harness.reference_model()
-    weights = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
-    cu = torch.tensor([0, *torch.tensor(DOCS).cumsum(0).tolist()], dtype=torch.int32)
-    loss, grads = harness.reference_packed_step(full, cu, weights)
-    return full, weights, {"reference": {"loss": loss, "grads": grads}}
+    full, weights, reference = harness.packed_reference(DOCS, 3)
+    return full, weights, {"reference": reference}
 
 
 def _document_step(full: dict, weights: dict, tp: int = 1, pp: int = 1, cp: int = 1,

@@ -90,8 +90,9 @@ def _why_excluded(topology: CPTopology, cfg: Config, fixed: dict[str, Any]) -> s
     return "; ".join(reasons) or "not admitted by the config"
 
 
-def _why_no_ulysses(u: int, heads: HeadShape, max_intra_node_size: int) -> str:
-    """Why no topology splits heads ``u`` ways (the checks ``timing.candidates`` makes)."""
+def _why_no_ulysses(u: int, heads: HeadShape) -> str:
+    """Why no topology splits heads ``u`` ways: the heads do not split (``timing.candidates``
+    takes every split they allow, across nodes too)."""
     try:
         check_heads(heads, u)
     except ValueError as e:
@@ -118,7 +119,7 @@ def topology_rows(cfg: Config) -> list[TopologyRow]:
         excluded = None if topology in admitted else _why_excluded(topology, cfg, fixed)
         rows.append(TopologyRow(topology.ulysses, pred, excluded, topology == chosen))
     splits = {topology.ulysses for topology in [*admitted, *every]}
-    rows += [TopologyRow(u, None, _why_no_ulysses(u, heads, max_intra_node_size))
+    rows += [TopologyRow(u, None, _why_no_ulysses(u, heads))
              for u in range(2, p.context + 1) if p.context % u == 0 and u not in splits]
     return sorted(rows, key=lambda r: (r.excluded is not None, r.prediction is None,
                                        r.prediction.total_s if r.prediction else 0.0,
