@@ -70,7 +70,7 @@ class PlanKey:
     ring: RingKey | None  # None: a single ring member, nothing travels
     backward: str  # the backward ring's mode: 'ring' or 'burst'
     varlen: bool  # a batch of one row: blocks may share varlen calls
-    dense_min_area: float | None  # the kernel's threshold; None for packs (shape-free)
+    dense_min_area: float | None  # the kernel's threshold; None: shape-free (see plan_key)
 
     @property
     def lens(self) -> tuple[int, ...]:
@@ -89,7 +89,8 @@ def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
     """The key of a call's plan: the one place it is made, for ``prepare`` at a call and for
     the Megatron data path ahead of it, so both find the same plan. ``batch``: rows of the
     call (one: blocks may share varlen calls); ``dense_min_area``: the kernel's, which only
-    a plain sequence's plan reads (a pack's blocks all go varlen)."""
+    a plain sequence's plan reads (a pack's blocks all go varlen), or None for a sequence
+    whose blocks go varlen too (a slice mask that follows the data: ``varying_masks``)."""
     pack = isinstance(documents, DocumentPack)
     return PlanKey(layout, world, documents, mask, ulysses, ring, backward, batch == 1,
                    None if pack else dense_min_area)
@@ -205,7 +206,8 @@ class PairCalls:
             return plan_alone(sched.doc_lens, sched.mask)
         if not key.pack or not key.varlen:
             return plan_calls(sched.blocks(q_member, k_member), varlen=key.varlen,
-                              dense_min_area=key.dense_min_area, shape_free=key.pack)
+                              dense_min_area=key.dense_min_area,
+                              shape_free=key.dense_min_area is None)
         # A pack: the split documents' blocks, the whole ones from the shard's arrays.
         calls = plan_calls(sched.split_blocks(q_member, k_member), varlen=True,
                            dense_min_area=None, shape_free=True)

@@ -26,12 +26,13 @@ from ..decide.topology import CPTopology, HeadShape
 from ..kernels.merge import compile_variants, fuses
 from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
 from ..decide.options import Decision, check_decided, decide, fixed_topology, resolve
-from . import decision_check, first_use
+from . import decision_check, first_use, varying_masks
 from ..plan.layouts import MASK, Layout, layout_named
 from ..plan.placement import local_length
 from .call_plan import plan_for, plan_key, ring_key
 from .bound_plan import BoundPlan
 from ..plan.schedule import Block, Mask
+from ..plan.slices import SliceMask
 from .sinks import check_sinks
 from .sharding import group_name, group_ranks
 from ..decide.pack_load import PackLoad
@@ -216,11 +217,15 @@ def _bind_plan(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     heads = (q.dtype, q.shape[2] // u, max(k.shape[2] // u, 1), q.shape[3], q.device)
     kernel = pick_kernel(call.kernel, *heads, dv=v.shape[3])
     pack = call.cu_seqlens
+    # A slice mask that changes from call to call: no block to cuDNN (a graph per shape).
+    shape_free = isinstance(call.mask, SliceMask) and varying_masks.follows_data(
+        (call.layout, world, s_local, batch, u, heads, v.shape[3]), call.mask)
     plan = plan_for(plan_key(
         call.layout, world, pack if pack is not None else (s_local * world,),
         call.mask if call.mask is not None else Mask(call.causal, call.window_size), u,
         ring_key(group, world, topology.ulysses, topology.positions_per_node),
-        topology.backward, batch=batch, dense_min_area=kernel.dense_min_area))
+        topology.backward, batch=batch,
+        dense_min_area=None if shape_free else kernel.dense_min_area))
     check_kernel(kernel, call.kernel, *heads, blocks=plan.blocks, varlen=batch == 1,
                  dv=v.shape[3])
     plan.upload(q.device)  # a pack planned ahead on the host gets its boundaries here

@@ -12,7 +12,8 @@ repeat every step). A document pack's blocks change size with every batch, and c
 an execution graph for every new shape (on one H200, a new pack through cuDNN took seconds
 per call, the varlen flash kernel milliseconds: the "1 GPU cuDNN per document" and "1 GPU
 varlen flash" rows of benchmarks/results/h200x2_documents_fresh.md), so there every block
-goes varlen (``shape_free``): the flash kernel builds nothing per shape. Packing copies only
+goes varlen (``shape_free``): the flash kernel builds nothing per shape. So do the blocks of
+a slice mask that changes from call to call (``attention.varying_masks``). Packing copies only
 what is not already one contiguous run of rows; outputs are merged back run by run, as views.
 """
 from __future__ import annotations
