@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # benchmarks/auto_check.py three times on one 2-GPU machine: on its own links and under
 # emulated 25 and 50 GB/s inter-node links, each with a fresh profile cache (first use
-# measured). Copies each run's JSON and log into OUTDIR (auto_check[_25gbps|_50gbps].*).
+# measured). Copies each run's JSON, log and measured profile into OUTDIR
+# (auto_check[_25gbps|_50gbps].*, profile[_25gbps|_50gbps].json).
 # Usage: bash benchmarks/auto_check_three.sh OUTDIR   (PYTHONPATH and NCCL settings exported)
 set -uo pipefail
 out=${1:?output folder}; mkdir -p "$out"
@@ -13,4 +14,5 @@ for emu in "" "gpus_per_node=1,gbps=25,latency_us=5" "gpus_per_node=1,gbps=50,la
   echo "auto_check$tag rc=$?"
   quiet < "$out/auto_check${tag}_log.txt" | grep -E "^#|wrote" | tail -9
   cp "/tmp/a41$tag"/auto_check*.json "$out/auto_check${tag}.json" 2>/dev/null
+  cp "/tmp/a41$tag"/profile-cache/*.json "$out/profile${tag}.json" 2>/dev/null  # what auto measured
 done

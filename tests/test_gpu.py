@@ -765,3 +765,48 @@ def slice_mask_worker(rank, world, backwards):
 def test_slice_masks_in_bf16_over_nccl():
     check_bf16_rows(run_ranks(NGPU, slice_mask_worker, ("burst", "ring"), backend="nccl",
                               timeout=600)[0])
+
+
+def emulated_start_worker(rank, world, _):
+    """(ms from a queued 60 ms GPU sleep's start to the arrival of a hop posted behind it,
+    ms of the 30 ms emulated transfer alone): the emulated link starts with the data."""
+    from megatron_burst.comm.emulated_nodes import VirtualNodes
+    from megatron_burst.comm.emulator import Emulation, _clock_rate
+
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    emu = Emulation(VirtualNodes(1, gbps=1.0, latency_us=0.0))  # 30 MB: 30 ms
+    emu.install()
+    try:
+        send, recv = (torch.ones(30_000_000, dtype=torch.uint8, device=dev) for _ in range(2))
+        peer = 1 - rank
+        cycles = int(0.06 * _clock_rate(dev))
+
+        def hop(busy: bool) -> float:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if busy:
+                torch.cuda._sleep(cycles)  # the compute that makes the data to send
+            ops = [torch.distributed.P2POp(torch.distributed.isend, send, peer),
+                   torch.distributed.P2POp(torch.distributed.irecv, recv, peer)]
+            for work in torch.distributed.batch_isend_irecv(ops):
+                work.wait()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+
+        hop(False)  # warm: NCCL's connection
+        return hop(True), hop(False)
+    finally:
+        emu.uninstall()
+
+
+@pytest.mark.skipif(NGPU < 2, reason="needs 2 GPUs")
+def test_an_emulated_transfer_starts_when_its_data_is_ready():
+    """Issue 41: the emulated links' sleep began when the host posted, so it hid behind GPU
+    work queued before the post, and emulated runs measured faster than the links allow.
+    A 30 ms emulated hop posted behind 60 ms of GPU work arrives after about 90 ms."""
+    behind, alone = run_ranks(2, emulated_start_worker, None, backend="nccl", timeout=300)[0]
+    assert 25 <= alone <= 45, alone
+    assert behind >= 60 + 0.9 * alone, (behind, alone)

@@ -131,9 +131,11 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
         rank=dist.get_rank()))
     repeat = 2 if cpu else 3
     intra, inter, a2a = _links(group, world, per, tops, heads, tokens, device, repeat)
+    # The kernel at the call's sizes, and across the range the cached profile will serve
+    # (later calls of other sizes read it): up to the cap, so no size is extrapolated.
     cap = 512 if cpu else 32768
-    sizes = sorted({min(tokens * u, cap) for u in {t.ulysses for t in tops}})
-    sizes = sorted(set(sizes) | {max(sizes[-1] // 4, 16)})
+    sizes = sorted({min(tokens * u, cap) for u in {t.ulysses for t in tops}}
+                   | {cap // 16, cap // 4, cap})
     dense, varlen = measure.measure_kernels(sizes, q.shape[2], q.shape[3], device, q.dtype,
                                             repeat, group, kv_heads=k.shape[2])
     memory = measure.measure_memory(2**22 if cpu else 2**28, device, repeat, group)

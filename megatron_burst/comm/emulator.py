@@ -4,7 +4,7 @@ Every GPU this project can borrow sits on one NVLink host, where a flat ring and
 ring measure the same. Multi-node clusters have a ~10x slower link between nodes. This
 module makes one host behave like ``nodes`` x ``gpus_per_node`` GPUs: a message between
 ranks of different virtual nodes arrives no earlier than ``latency_us + bytes / gbps`` after
-it was posted. It is NEVER on by default: ``MEGATRON_BURST_EMULATE="gpus_per_node=2,gbps=25,
+the stream that posts it reaches the post (after the slow link's earlier messages). It is NEVER on by default: ``MEGATRON_BURST_EMULATE="gpus_per_node=2,gbps=25,
 latency_us=5"`` turns it on in ``install_from_env()``, which the benchmarks call
 (``benchmarks/ranks.py``) and both Megatron entry points call (from ``configure_run``,
 ``megatron.burst_run``). Unset, it installs nothing and wraps nothing. It installs
@@ -14,7 +14,10 @@ How, so that compute and overlap behave as on a real cluster: the torch.distribu
 the ring, Ulysses, all-gather and Megatron's TP collectives use are wrapped. When a message
 that crosses a virtual node is posted, a GPU sleep of the emulated transfer time is queued
 on a side stream of its own (one per direction, so successive transfers queue as on one
-link), and whoever waits for the message also waits for that sleep. The real transfer runs
+link), behind the work the posting stream had queued (until 2026-11-26 it was not: the
+sleep began when the host posted, often long before the data existed, so emulated runs
+measured faster than the links allow), and whoever waits for the message also waits for
+that sleep. The real transfer runs
 at NVLink speed in parallel, so arrival is max(real, emulated). The compute stream never
 runs the sleep. On CPU (gloo) the wait sleeps the remaining time instead.
 
@@ -50,6 +53,10 @@ class _Link:
         if self.stream is None:
             self.free_at = max(self.free_at, time.monotonic()) + seconds
             return self.free_at
+        # The transfer starts when its data is ready, where the posting stream gets to the
+        # post (NCCL's own streams wait for it too), not when the host posts it: the host
+        # runs ahead of the GPU, and a sleep started then would hide behind earlier work.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             torch.cuda._sleep(max(1, int(seconds * self._cycles_per_s)))
             done = torch.cuda.Event()
