@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# After this session's changes (2026-11-26, second session; nvidia-h100-x2 or -h200-x2):
+#   part a (issue 42; issue 41's emulator): GPU tests (the emulated links' start, slice masks
+#     in bf16, new packs, the merge); benchmarks/slice_masks.py, all twelve families, this
+#     tree; and, right after on the same machine, the document families' new-mask row with
+#     .before26 (commit 26ca445: the package and the script before attention.varying_masks);
+#   part b (issue 41): benchmarks/auto_check.py on the machine and under emulated 25 and 50
+#     GB/s links (benchmarks/auto_check_three.sh), with the measured profiles.
+# Everything lands in OUTDIR/<part>.tgz (the device returns 8 files).
+# Usage: bash benchmarks/run_2gpu_nov26_after.sh a|b OUTDIR   (wheels installed in /tmp/site)
+set -uo pipefail
+part=${1:?a or b}; top=${2:?output folder}; out=/tmp/run_$part; mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+quiet() { grep -v -E "Warning:|warnings\.warn|^\*\*\*|OMP_NUM|return func|^W[0-9]|Guessing device"; }
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/device.txt"
+if [ "$part" = a ]; then
+  PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest tests/test_gpu.py -q -s \
+    -p no:cacheprovider -k "emulated_transfer or slice_masks or compiles_the_merge or fresh_document" \
+    > "$out/gpu_tests.txt" 2>&1; echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | tail -3
+  PYTHONPATH=$PWD:/tmp/site timeout 240 torchrun --nproc_per_node=2 benchmarks/slice_masks.py \
+    --out "$out/slice_masks" > "$out/slice_masks_log.txt" 2>&1; echo "slice_masks rc=$?"
+  quiet < "$out/slice_masks_log.txt" | grep "^|" | tail -12
+  fams=full_document,causal_document,shared_question,block_causal_document
+  (cd .before26 && PYTHONPATH=$PWD:/tmp/site timeout 150 torchrun --nproc_per_node=2 \
+    benchmarks/slice_masks.py --families $fams --no-flex --out "$out/before_slice_masks_fresh" \
+    > "$out/before_slice_masks_fresh_log.txt" 2>&1); echo "before rc=$?"
+  quiet < "$out/before_slice_masks_fresh_log.txt" | grep "^|" | tail -4
+else
+  export PYTHONPATH=$PWD:/tmp/site
+  bash benchmarks/auto_check_three.sh "$out"
+fi
+mkdir -p "$top"; tar -czf "$top/$part.tgz" -C /tmp "run_$part"
