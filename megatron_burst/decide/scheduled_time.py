@@ -74,7 +74,6 @@ def _predict(topology: CPTopology, prof: Profile, sched: "RingSchedule", batch: 
     host = prof.call_overhead_us * 1e-6 + steps * prof.step_overhead_us * 1e-6
     a2a, elementwise = (alltoall_seconds(topology, prof, tokens, max_intra_node_size),
                         elementwise_seconds(topology, prof, tokens))
-    host = max(0.0, host - exposed - a2a)  # as in timing.predict
     total = compute + elementwise + exposed + a2a + host
     return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 

@@ -13,8 +13,7 @@ on the kernel. A ``Profile`` holds what ``megatron-burst tune`` measures on a cl
 - the host's fixed cost per ring step and per call (launches, Python, NCCL bookkeeping).
 
 ``predict`` turns (CPTopology, tokens per rank, mask) into seconds per attention call, fwd+bwd,
-step by step: a step costs the larger of its compute and its hop, plus the host's share
-beyond what the GPU spends waiting on links (the host launches on meanwhile).
+step by step: a step costs the larger of its compute and its hop, plus the host's share.
 Its FLOPs count QK^T at Q/K's head dim and PV at V's (MLA: 192 and 128), its bytes each
 tensor at its own dim (``cost``); attention sinks add no byte and one logit per row.
 Every step of a causal or full layer does the same work (a document pack: ``pack_load``);
@@ -244,7 +243,6 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
                    + _ring_exposed(topology, prof, max_intra_node_size, step_bwd, bwd_hop))
     a2a, elementwise = alltoall_seconds(topology, prof, tokens, max_intra_node_size), \
         elementwise_seconds(topology, prof, tokens)
-    host = max(0.0, host - exposed - a2a)  # the host launches on while the GPU waits on links
     total = compute + elementwise + exposed + a2a + host
     return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 
