@@ -45,11 +45,14 @@ def machine_key(group, world: int, device: torch.device) -> machine.MachineKey:
     per = cluster.gpus_per_node().gpus_per_node
     members = group_ranks(group, world)
     spans = per is not None and len({r // per for r in members}) > 1
-    return _key(str(device), str(dist.get_backend(group)), per, spans)
+    return machine_key_for(str(device), str(dist.get_backend(group)), per, spans)
 
 
 @functools.lru_cache(maxsize=16)
-def _key(device: str, backend: str, per: int | None, spans: bool) -> machine.MachineKey:
+def machine_key_for(device: str, backend: str, per: int | None, spans: bool
+                    ) -> machine.MachineKey:
+    """The key of a call on ``device`` over ``backend``, ``per`` GPUs a node, its group
+    spanning nodes or not (also read before any process group exists: Megatron's run)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         gpu = torch.cuda.get_device_name(dev)

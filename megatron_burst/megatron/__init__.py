@@ -2,7 +2,7 @@
 
 `attention` holds the core-attention module (`masks`: what it reads from Megatron's mask
 arguments; `softmax_offset`: the sinks it holds), `resolve` reads a run's CP topology from
-Megatron's settings, `spec` the BackendSpecProvider and layer specs (which hand the topology
+Megatron's settings (`machine_profile`: 'auto' from this machine's measured profile), `spec` the BackendSpecProvider and layer specs (which hand the topology
 to every layer), `arguments` the extra command-line options, `norms` a sequence-parallel
 torch norm. `pretrain_gpt` is the training entry point
 (`python -m megatron_burst.megatron.pretrain_gpt`); `entry` is what it and Megatron-LM's

@@ -8,10 +8,9 @@ and returns the attention output in the same format:
     query [s/cp, b, hq/tp, d], key/value [s/cp, b, hkv/tp, d] (GQA not expanded)
     -> [s/cp, b, hq/tp * d]
 
-or, for packed sequences (THD, `PackedSeqParams`), [t, h, d] -> [t, h * d]. Packed
-documents in the [s, b, h, d] format (sbhd) come with `DocumentParams` (batch 1, sharded with the
-layout it names, `whole_docs` by default); see `megatron_burst.megatron.documents`. Which
-masks are honoured, and which refused, is `megatron_burst.megatron.masks`.
+or, for packed sequences (THD, `PackedSeqParams`), [t, h, d] -> [t, h * d]. Packed documents
+in sbhd come with `DocumentParams` (batch 1, sharded with the layout it names, `whole_docs` by
+default; `megatron.documents`); the masks honoured and refused: `megatron.masks`.
 
 Everything that cannot work raises `ValueError` at construction or before any communication,
 never a silent fallback (compare Megatron-Bridge #2667, a silently disabled CP).
@@ -41,6 +40,7 @@ from megatron_burst.decide.topology import CPTopology, HeadShape
 from megatron_burst.kernels.selection import default_scale
 from megatron_burst.plan.layouts import ZIGZAG
 from megatron_burst.megatron.resolve import layer_heads, layer_topology, options_from_megatron
+from megatron_burst.megatron.machine_profile import layer_profile
 from megatron_burst.decide.options import (AUTO, BurstOptions, check_decided, fixed_topology,
                                            remat_problem)
 from megatron_burst.attention.remat import AttentionKeep, in_backward
@@ -268,7 +268,8 @@ class BurstDotProductAttention(MegatronModule):
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         causal = masks.is_causal(mask_type)
         if isinstance(packed_seq_params, MaskParams):
-            return False, self._mask_arguments(packed_seq_params, attention_mask, query)
+            return False, self._mask_arguments(packed_seq_params, attention_mask, query, key,
+                                               value)
         docs = masks.documents_of(packed_seq_params, causal, self.cp_group)
         if docs is not None and docs.qkv_format == "sbhd" and not self.positions_follow_documents:
             raise ValueError(
@@ -285,7 +286,7 @@ class BurstDotProductAttention(MegatronModule):
             raise ValueError(f"sequence length {s_local * cp} is not divisible by 2*cp = "
                              f"{divisor} (zigzag layout)")
         return thd, dict(
-            self._layer_arguments(s_local * (query.size(1) if not thd else 1)),
+            self._layer_arguments(s_local * (1 if thd else query.size(1)), query, key, value),
             causal=causal,
             window_size=self.window_size,
             layout=ZIGZAG.name if docs is None else docs.layout,
@@ -293,13 +294,14 @@ class BurstDotProductAttention(MegatronModule):
             cu_seqlens=None if docs is None else docs.cu_seqlens,
         )
 
-    def _layer_arguments(self, tokens: int) -> dict:
+    def _layer_arguments(self, tokens: int, *qkv: Tensor) -> dict:
         """burst_attn's arguments that are the layer's own, whatever the batch: its scale,
-        topology ('auto' decided now that the ``tokens`` per rank are known), kept outputs,
-        label and sinks."""
+        topology ('auto' decided now that the ``tokens`` per rank are known, from this
+        machine's profile: `machine_profile`), kept outputs, label and sinks."""
         if self.topology is None:
-            self.topology = layer_topology(self.options, self.cp_group.size(), self.heads,
-                                           tokens, self.tp_size)
+            self.topology = layer_topology(
+                self.options, self.cp_group.size(), self.heads, tokens, self.tp_size,
+                machine=layer_profile(self.options, self.cp_group, *qkv))
         return dict(
             softmax_scale=self.softmax_scale,
             topology=self.topology,
@@ -311,7 +313,7 @@ class BurstDotProductAttention(MegatronModule):
         )
 
     def _mask_arguments(self, params: MaskParams, attention_mask: Optional[Tensor],
-                        query: Tensor) -> dict:
+                        query: Tensor, *kv: Tensor) -> dict:
         """burst_attn's arguments under a slice mask (``mask_batches``), which replaces the
         layer's causal mask; a window or attention_mask beside it is refused."""
         if not self.positions_follow_documents:
@@ -320,8 +322,8 @@ class BurstDotProductAttention(MegatronModule):
         if self.window_size != (-1, -1) or attention_mask is not None:
             raise ValueError("a slice mask (MaskParams) says the whole mask: a layer window "
                              "or an attention_mask beside it is refused")
-        return dict(self._layer_arguments(query.size(0) * query.size(1)), mask=params.mask,
-                    layout=params.layout, qkv_format="sbhd")
+        return dict(self._layer_arguments(query.size(0) * query.size(1), query, *kv),
+                    mask=params.mask, layout=params.layout, qkv_format="sbhd")
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (),
                            metadata: Optional[dict] = None) -> dict:

@@ -34,13 +34,21 @@ from megatron_burst.megatron.resolve import topology_from_args
 
 @dataclasses.dataclass(frozen=True)
 class BurstRun:
-    """What a run does with BurstAttention (topology None: it does not use it)."""
+    """What a run does with BurstAttention (topology None and not ``decided_later``: it does
+    not use it)."""
 
     topology: Optional[CPTopology]
     documents: Optional[str]  # the document batch layout, None without document masks
     remat_aware: bool = False
     dense_mask_off: bool = False  # --create-attention-mask-in-dataloader turned off here
     mask_builder: Optional[str] = None  # --burst-mask-builder: a slice mask per micro-batch
+    # 'auto' waits for this machine's profile: each layer decides at its first call
+    # (`machine_profile`), the topology here stays None.
+    decided_later: bool = False
+
+    @property
+    def uses_burst(self) -> bool:
+        return self.topology is not None or self.decided_later
 
     @property
     def layer_spec_kwargs(self) -> dict:
@@ -66,9 +74,12 @@ class BurstRun:
 
     def describe(self) -> List[str]:
         """One line per choice, for rank 0 to print."""
-        if self.topology is None:
+        if not self.uses_burst:
             return []
-        lines = [f"BurstAttention context parallelism: {self.topology.describe()}"]
+        lines = [f"BurstAttention context parallelism: {self.topology.describe()}"
+                 if self.topology is not None else
+                 "BurstAttention context parallelism: 'auto', decided at the first call from "
+                 "this machine's profile, measured then (none is cached yet)"]
         if self.documents:
             lines.append(f"document masks: documents end after each EOD token, attention "
                          f"stays inside them, RoPE positions restart in each; sharded "
@@ -110,7 +121,7 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     if dense_off:
         args.create_attention_mask_in_dataloader = False
     run = BurstRun(topology, documents, bool(getattr(args, "burst_remat_aware", False)),
-                   dense_off, mask_builder)
+                   dense_off, mask_builder, decided_later=topology is None)
     if model_cfg is not None:
         model_cfg.transformer_layer_spec = run.bind_spec(model_cfg.transformer_layer_spec)
         if documents or mask_builder:

@@ -144,7 +144,7 @@ def _layer_spec(args: Any, config: Any, run: Any) -> Any:
         from megatron.core.transformer.spec_utils import import_module
 
         spec = import_module(args.spec)
-    spec = run.bind_spec(spec) if run.topology is not None else (spec or get_gpt_layer_burst_spec)
+    spec = run.bind_spec(spec) if run.uses_burst else (spec or get_gpt_layer_burst_spec)
     return spec(config) if callable(spec) and not isinstance(spec, type) else spec
 
 

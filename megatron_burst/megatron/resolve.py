@@ -19,7 +19,8 @@ from megatron_burst.decide import cluster
 from megatron_burst.decide.topology import (COMM_TYPE_ALIASES, HYBRID_COMM_TYPE, RING_COMM_TYPE,
                                             CPTopology, HeadShape)
 from megatron_burst.decide.options import TOPOLOGY_OPTIONS, BurstOptions, resolve
-from megatron_burst.decide.timing import load_profile
+from megatron_burst.decide.timing import Profile, load_profile
+from megatron_burst.megatron.machine_profile import WAIT, cached_profile
 
 
 def layer_heads(config: Any, tp_size: int, head_dim: int,
@@ -76,9 +77,11 @@ def options_from_args(args: Any) -> dict:
             if getattr(args, f"burst_{name}", None) is not None}
 
 
-def topology_from_args(args: Any) -> CPTopology:
+def topology_from_args(args: Any) -> Optional[CPTopology]:
     """The run's topology from a Megatron command line, resolved once: tokens per rank from
-    --seq-length and the micro batch, GPUs per node from torchrun's LOCAL_WORLD_SIZE."""
+    --seq-length and the micro batch, GPUs per node from torchrun's LOCAL_WORLD_SIZE. None:
+    'auto' wants this machine's profile and none is cached; the layers measure it at their
+    first call and decide there (`machine_profile`)."""
     tp, cp = args.tensor_model_parallel_size, args.context_parallel_size
     heads = args.num_attention_heads
     kv = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
@@ -93,20 +96,26 @@ def topology_from_args(args: Any) -> CPTopology:
     tokens = getattr(args, "micro_batch_size", 1) * args.seq_length // cp
     shape = HeadShape.of_tp_rank(heads, kv, head_dim, tp=tp, half=_half(args),
                                  v_head_dim=v_head_dim)
-    return layer_topology(options, cp, shape, tokens, tp)
+    found = cached_profile(options, cp, tp)  # this machine's, where 'auto' wants one
+    if found == WAIT:
+        return None  # no profile of this machine yet: the layers measure at their first call
+    return layer_topology(options, cp, shape, tokens, tp, machine=found)
 
 
 def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens: int,
-                   tp: int) -> CPTopology:
+                   tp: int, machine: Optional[Profile] = None) -> CPTopology:
     """The topology of a layer built without one (see the module docstring), from its
     options as `options_from_megatron` merged them; the CP ranks a node holds
-    (`max_intra_node_size`) by Megatron's rank order (TP innermost) from the one cluster view."""
+    (`max_intra_node_size`) by Megatron's rank order (TP innermost) from the one cluster view.
+    ``machine``: this machine's measured profile (`machine_profile`), where 'auto' has one."""
     max_intra_node_size = None
     if options.has_auto:  # only 'auto' weighs where the ranks sit
-        gpus = cluster.gpus_per_node(profile_gpus=load_profile(options.profile).gpus_per_node)
+        prof = machine if machine is not None and not options.profile else load_profile(
+            options.profile)
+        gpus = cluster.gpus_per_node(profile_gpus=prof.gpus_per_node)
         max_intra_node_size = cluster.max_intra_node_size(cp_size, gpus, tp=tp)
     return resolve(options, cp=cp_size, heads=heads, tokens=tokens,
-                   max_intra_node_size=max_intra_node_size)
+                   max_intra_node_size=max_intra_node_size, machine=machine)
 
 
 def comm_types(cp_comm_type: Any) -> Sequence[Any]:
