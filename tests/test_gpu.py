@@ -810,3 +810,60 @@ def test_an_emulated_transfer_starts_when_its_data_is_ready():
     behind, alone = run_ranks(2, emulated_start_worker, None, backend="nccl", timeout=300)[0]
     assert 25 <= alone <= 45, alone
     assert behind >= 60 + 0.9 * alone, (behind, alone)
+
+
+def megatron_first_use_worker(rank, world, cache):
+    """(profile measurements, first call s, decided topologies, expected, outputs finite):
+    two Megatron layers with 'auto' on a fresh cache, bf16, 4K tokens per rank, 16:4 d64."""
+    import os
+
+    pytest.importorskip("megatron.core")
+    from megatron.core import parallel_state
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron_burst.attention import first_use
+    from megatron_burst.comm import settings
+    from megatron_burst.decide.options import resolve
+    from megatron_burst.megatron.attention import BurstDotProductAttention
+    from megatron_burst.tools.cpu_model import ModelShape, transformer_config
+
+    os.environ.update(MEGATRON_BURST_AUTO_MEASURE="on", MEGATRON_BURST_PROFILE_CACHE=cache)
+    os.environ.pop("MEGATRON_BURST_PROFILE", None)
+    settings.reload()
+    torch.cuda.set_device(rank)
+    parallel_state.initialize_model_parallel(context_parallel_size=2)
+    config = transformer_config(ModelShape(hidden_size=1024, num_heads=16, num_kv_heads=4),
+                                use_cpu_initialization=False, batch_p2p_comm=True,
+                                params_dtype=torch.bfloat16, bf16=True)
+    layers = [BurstDotProductAttention(config, n, AttnMaskType.causal,
+                                       burst_options={"backward": "auto"}) for n in (1, 2)]
+    measured = []
+    real = first_use._measure
+    first_use._measure = lambda *a, **k: measured.append(1) or real(*a, **k)
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    qkv = [torch.randn(4096, 1, h, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+           for h in (16, 4, 4)]
+    t0 = time.perf_counter()
+    outs = [layers[0](*qkv, None)]
+    first = time.perf_counter() - t0
+    outs.append(layers[1](*qkv, None))
+    prof = next(iter(first_use._KNOWN.values()))
+    expected = resolve(layers[0].options, cp=2, heads=layers[0].heads, tokens=4096,
+                       max_intra_node_size=2, machine=prof)
+    parallel_state.destroy_model_parallel()
+    return (len(measured), first, [layer.topology for layer in layers], expected,
+            all(bool(torch.isfinite(o).all()) for o in outs))
+
+
+@pytest.mark.skipif(NGPU < 2, reason="needs 2 GPUs")
+def test_a_megatron_layer_measures_this_machine_at_its_first_call(tmp_path):
+    """Issue 41: a Megatron run with 'auto' and no profile of its machine decided from the
+    shipped one in silence; its first layer call now measures the machine (once), and
+    every layer decides from that profile."""
+    results = run_ranks(2, megatron_first_use_worker, str(tmp_path), backend="nccl",
+                        timeout=300)
+    for count, first, topologies, expected, finite in results:
+        print(f"first call with the measurement: {first:.1f} s; decided {expected.describe()}")
+        assert count == 1 and first < 30 and finite
+        assert topologies == [expected, expected]
+    assert len(list(tmp_path.glob("*.json"))) == 1
