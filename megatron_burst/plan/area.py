@@ -6,10 +6,14 @@ mask puts most of it in the last rows, a shared-question mask in the question's 
 deals them out so that the largest rank's share of the area is as small as a greedy can make
 it (MagiAttention's dispatch: largest chunk first, onto the least loaded rank), while every
 rank keeps exactly N/G tokens (Megatron's [s/cp, b, h] shapes): chunks differ in length by
-at most one token, and each rank takes the same number of the longer ones. k grows (1, 2,
-4, ... up to ``MAX_CHUNKS``, chunks no shorter than ``MIN_CHUNK`` unless the shard is tiny)
-until the largest share is within ``BALANCE`` of an even split (finer chunks mean smaller
-blocks and more of them); else the best k found wins.
+at most one token, and each rank takes the same number of the longer ones. k is tried at
+1, 2, 4, ... up to ``MAX_CHUNKS`` (chunks no shorter than ``MIN_CHUNK`` unless the shard is
+tiny), and the k of the least work wins, counting a chunk's edges too: finer chunks cut the
+blocks smaller, and a kernel wastes about a partial tile at each block edge, so each chunk
+counts ``EDGE_ROWS`` rows of its keys on top of the area. On 2x H200 the finest balance
+cost more than it gained: a causal sliding window (w 1024, 8K tokens per GPU) dealt in
+512-token chunks balanced to 1.016 ran its forward at 46.5 TFLOP/s per GPU, where one
+contiguous chunk per rank (1.032) is one band call (``benchmarks/results/h200x2_issue42*``).
 A rank's chunks are its rows in sequence order (touching ones joined), so its shard is a
 few segments of one document, the sequence (``segments.Shard``), and the schedule pairs
 them as it pairs any segments.
@@ -26,7 +30,7 @@ from .slices import SliceMask, rows_area
 
 MAX_CHUNKS = 64  # chunks per rank, at most
 MIN_CHUNK = 64  # tokens a chunk keeps (a shard of few tokens may cut up to 4 chunks)
-BALANCE = 1.03  # within 3% of an even split is good enough: finer chunks cost calls
+EDGE_ROWS = 256  # a chunk's edges cost about this many rows of work: two partial 128-row tiles
 
 
 def place(world: int, total: int, mask: SliceMask) -> tuple[Shard, ...]:
@@ -45,18 +49,20 @@ def _candidates(n: int) -> list[int]:
 
 
 def _dealt(world: int, total: int, mask: SliceMask):
-    """(largest share, each rank's chunks as (start, length)) of the best k tried."""
+    """(largest share, each rank's chunks as (start, length)) of the k of least work: the
+    largest share, each of its k chunks' edges adding ``EDGE_ROWS`` rows' worth of keys."""
     if total % world:
         raise ValueError(f"layout 'area' gives every rank the same number of tokens: the "
                          f"sequence's {total} tokens must be divisible by {world} ranks")
-    n, best = total // world, None
+    n, best, score = total // world, None, float("inf")
     even = mask.area / world
     for k in _candidates(n):
-        got = _deal(world, n, k, mask)
-        if best is None or got[0] < best[0]:
-            best = got
-        if got[0] <= BALANCE * even:
+        edges = 1 + EDGE_ROWS * k / n
+        if even * edges >= score:  # no finer k can do less work
             break
+        got = _deal(world, n, k, mask)
+        if got[0] * edges < score:
+            best, score = got, got[0] * edges
     return best
 
 
