@@ -5,9 +5,12 @@
 #     tree; and, right after on the same machine, the document families' new-mask row with
 #     .before26 (commit 26ca445: the package and the script before attention.varying_masks);
 #   part b (issue 41): benchmarks/auto_check.py on the machine and under emulated 25 and 50
-#     GB/s links (benchmarks/auto_check_three.sh), with the measured profiles.
+#     GB/s links (benchmarks/auto_check_three.sh), with the measured profiles;
+#   part c (issue 42, the area layout's chunking): benchmarks/slice_masks.py, this tree,
+#     then .before26's (26ca445: the finest balance) on the same machine, every family, and
+#     benchmarks/slice_mask_profile.py on the two window families.
 # Everything lands in OUTDIR/<part>.tgz (the device returns 8 files).
-# Usage: bash benchmarks/run_2gpu_nov26_after.sh a|b OUTDIR   (wheels installed in /tmp/site)
+# Usage: bash benchmarks/run_2gpu_nov26_after.sh a|b|c OUTDIR   (wheels installed in /tmp/site)
 set -uo pipefail
 part=${1:?a or b}; top=${2:?output folder}; out=/tmp/run_$part; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -26,8 +29,19 @@ if [ "$part" = a ]; then
     benchmarks/slice_masks.py --families $fams --no-flex --out "$out/before_slice_masks_fresh" \
     > "$out/before_slice_masks_fresh_log.txt" 2>&1); echo "before rc=$?"
   quiet < "$out/before_slice_masks_fresh_log.txt" | grep "^|" | tail -4
-else
+elif [ "$part" = b ]; then
   export PYTHONPATH=$PWD:/tmp/site
   bash benchmarks/auto_check_three.sh "$out"
+else
+  PYTHONPATH=$PWD:/tmp/site timeout 200 torchrun --nproc_per_node=2 benchmarks/slice_masks.py \
+    --out "$out/slice_masks" > "$out/slice_masks_log.txt" 2>&1; echo "slice_masks rc=$?"
+  quiet < "$out/slice_masks_log.txt" | grep "^|" | tail -12
+  (cd .before26 && PYTHONPATH=$PWD:/tmp/site timeout 150 torchrun --nproc_per_node=2 \
+    benchmarks/slice_masks.py --no-flex --out "$out/before_slice_masks" \
+    > "$out/before_slice_masks_log.txt" 2>&1); echo "before rc=$?"
+  quiet < "$out/before_slice_masks_log.txt" | grep "^|" | tail -12
+  PYTHONPATH=$PWD:/tmp/site timeout 120 torchrun --nproc_per_node=2 \
+    benchmarks/slice_mask_profile.py --families sliding_window_causal,global_sliding_window \
+    > "$out/slice_mask_profile.txt" 2>&1; echo "profile rc=$?"; grep "=====" "$out/slice_mask_profile.txt"
 fi
 mkdir -p "$top"; tar -czf "$top/$part.tgz" -C /tmp "run_$part"
