@@ -310,17 +310,37 @@ def test_two_gpu_test_count_is_the_run_on_file():
 
 
 def test_slice_mask_table_is_the_run_on_file():
-    """The README's slice-mask table is the benchmark's printout on file, row for row, and
-    the efficiencies its text quotes are those rows'."""
-    printout = (RESULTS / "h100x2_issue42" / "slice_masks_stdout_h100x2.md").read_text()
-    rows = [line for line in printout.splitlines() if line.startswith("| ")]
+    """The README's slice-mask table is the benchmark's printout on file, row for row; the
+    efficiencies and before/after figures its text quotes are the runs on file."""
+    folder = RESULTS / "h200x2_issue42_area_edges"
+    rows = [line for line in (folder / "slice_masks.md").read_text().splitlines()
+            if line.startswith("| ")]
     assert len(rows) == 13  # the header and the twelve families
     for line in rows:
         _says(line)
-    for family, words in (("full", "full"), ("full_document", "full documents")):
-        (row,) = [line for line in rows if line.startswith(f"| {family} |")]
-        efficiency = row.split(" | ")[-2]  # 'fwd / bwd'
-        _says(f"{words} ({efficiency})")
+    after = {r["family"]: r for r in _load("h200x2_issue42_area_edges/slice_masks.json")["rows"]}
+    before = {r["family"]: r for r in
+              _load("h200x2_issue42_area_edges/before_slice_masks.json")["rows"]}
+    bwd = [f for f, r in after.items() if r["efficiency_bwd"] >= 0.75]
+    fwd = [f for f, r in after.items() if r["efficiency_fwd"] >= 0.75]
+    assert (len(bwd), len(fwd)) == (11, 3)
+    _says(f"(shared question {after['shared_question']['efficiency_bwd']:.2f})")
+    for family, words in (("full", "full"), ("prefix_lm_causal", "prefix-LM causal"),
+                          ("prefix_lm_document", "prefix-LM documents"),
+                          ("full_document", "full documents")):
+        _says(f"{words} {after[family]['efficiency_fwd']:.2f}")
+    b, a = before["sliding_window_causal"]["burst"], after["sliding_window_causal"]["burst"]
+    _says(f"(forward {b['fwd_tflops']:.0f} to {a['fwd_tflops']:.0f} TFLOP/s per GPU,\n"
+          f"backward {b['bwd_tflops']:.0f} to {a['bwd_tflops']:.0f}")
+    b, a = before["causal_document"]["burst"], after["causal_document"]["burst"]
+    _says(f"causal documents {b['fwd_tflops']:.0f} / {b['bwd_tflops']:.0f} to "
+          f"{a['fwd_tflops']:.0f} / {a['bwd_tflops']:.0f}")
+    fresh = _load("h200x2_issue42_after/slice_masks.json")["rows"]
+    old = _load("h200x2_issue42_after/before_slice_masks_fresh.json")["rows"]
+    new_tf = [r["burst_fresh"]["tflops"] for r in fresh if r.get("burst_fresh")]
+    old_tf = [r["burst_fresh"]["tflops"] for r in old if r.get("burst_fresh")]
+    _says(f"{min(old_tf):.2f}-{max(old_tf):.2f} TFLOP/s per GPU\nbefore, "
+          f"{min(new_tf):.0f}-{max(new_tf):.0f} after")
 
 
 def test_auto_figures_are_the_runs_on_file():
@@ -340,6 +360,34 @@ def test_auto_figures_are_the_runs_on_file():
     was = [m["rows_model_within_15pct"].split(" of ")[0] for m in before.values()]
     _says(f"within 15% in {within[0]} of 32 rows ({within[1]} and {within[2]} of 32 emulated; "
           f"{was[0]}, {was[1]} and {was[2]}\nbefore)")
+
+
+def test_auto_figures_after_the_emulator_fix_are_the_runs_on_file():
+    folder = "h200x2_issue41_emulator_fix/"
+    runs = [_load(f"{folder}auto_check{tag}.json")["meta"] for tag in ("", "_25gbps", "_50gbps")]
+    worst = [f"{m['worst_auto_over_best']:.2f}" for m in runs]
+    _says(f"auto within {worst[0]}, {worst[1]} and {worst[2]} of the\nbest")
+    within = [m["rows_model_within_15pct"].split(" of ")[0] for m in runs]
+    _says(f"the model within 15% in {within[0]},\n{within[1]} and {within[2]} of 32 rows")
+    seconds = []
+    for m in runs:
+        (line,) = [x for x in m["auto_log"] if "at first use" in x]
+        seconds.append(line.split(" in ")[1].split(" at first use")[0])
+    _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
+    rows = [r for m in ("", "_25gbps", "_50gbps")
+            for r in _load(f"{folder}auto_check{m}.json")["rows"] if "measured_over_predicted" in r]
+    big = [r["measured_over_predicted"] for r in rows if r["per_gpu"] == 32768]
+    small = [r["measured_over_predicted"] for r in rows if r["per_gpu"] == 8192]
+    machine = [r["measured_over_predicted"] for r in _load(f"{folder}auto_check.json")["rows"]
+               if r["per_gpu"] == 32768 and "measured_over_predicted" in r]
+    _says(f"the 32K rows run {_span(big)}\nof their predictions ({_span(machine)} on the machine)")
+    _says(f"the 8K rows {_span(small)}")
+    rejected = _load("h200x2_issue41_host_hidden_rejected/auto_check.json")["meta"]
+    _says(f"({rejected['rows_model_within_15pct'].split(' of ')[0]} of 32 rows,\nauto "
+          f"{rejected['worst_auto_over_best']:.2f};")
+    (test,) = [x for x in (RESULTS / folder / "gpu_tests_megatron_first_use.txt").read_text()
+               .splitlines() if x.startswith("first call with the measurement")][:1]
+    _says(f"({test.split(': ')[1].split(';')[0]} with the call on 2x H200")
 
 
 def test_merge_at_plan_figures_are_the_run_on_file():
