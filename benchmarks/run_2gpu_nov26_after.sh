@@ -13,14 +13,9 @@
 # Usage: bash benchmarks/run_2gpu_nov26_after.sh a|b|c OUTDIR   (wheels installed in /tmp/site)
 set -uo pipefail
 part=${1:?a or b}; top=${2:?output folder}; out=/tmp/run_$part; mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-quiet() { grep -v -E "Warning:|warnings\.warn|^\*\*\*|OMP_NUM|return func|^W[0-9]|Guessing device"; }
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/device.txt"
+. benchmarks/session_env.sh "$out"
 if [ "$part" = a ]; then
-  PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest tests/test_gpu.py -q -s \
-    -p no:cacheprovider -k "emulated_transfer or slice_masks or compiles_the_merge or fresh_document" \
-    > "$out/gpu_tests.txt" 2>&1; echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | tail -3
+  gpu_tests 150 "emulated_transfer or slice_masks or compiles_the_merge or fresh_document"
   PYTHONPATH=$PWD:/tmp/site timeout 240 torchrun --nproc_per_node=2 benchmarks/slice_masks.py \
     --out "$out/slice_masks" > "$out/slice_masks_log.txt" 2>&1; echo "slice_masks rc=$?"
   quiet < "$out/slice_masks_log.txt" | grep "^|" | tail -12

@@ -6,10 +6,8 @@
 # Usage: bash benchmarks/run_2gpu_nov26_diag.sh OUTDIR   (wheels installed in /tmp/site)
 set -uo pipefail
 top=${1:?output folder}; out=/tmp/run_diag; mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site
-quiet() { grep -v -E "Warning:|warnings\.warn|^\*\*\*|OMP_NUM|return func|^W[0-9]|Guessing device"; }
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/device.txt"
+. benchmarks/session_env.sh "$out"
+export PYTHONPATH=$PWD:/tmp/site
 fams=full_document,causal_document,shared_question,block_causal_document
 for kern in auto torch-flash; do
   extra=(); [ "$kern" = auto ] || extra=(--fresh-kernel "$kern")

@@ -10,14 +10,9 @@
 # Usage: bash benchmarks/run_2gpu_nov26_final.sh c|d OUTDIR   (wheels installed in /tmp/site)
 set -uo pipefail
 part=${1:?c or d}; top=${2:?output folder}; out=/tmp/run_$part; mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-quiet() { grep -v -E "Warning:|warnings\.warn|^\*\*\*|OMP_NUM|return func|^W[0-9]|Guessing device"; }
-nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/device.txt"
+. benchmarks/session_env.sh "$out"
 if [ "$part" = c ]; then
-  PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m pytest tests/test_gpu.py -q -s \
-    -p no:cacheprovider -k "compiles_once or compiles_the_merge or kept_output or slice_masks" \
-    > "$out/gpu_tests.txt" 2>&1; echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | tail -3
+  gpu_tests 120 "compiles_once or compiles_the_merge or kept_output or slice_masks"
   for side in after before; do
     root=$PWD; [ "$side" = before ] && root=$PWD/.before
     PYTHONPATH=$root:/tmp/site timeout 110 torchrun --nproc_per_node=2 benchmarks/documents.py \
