@@ -138,11 +138,11 @@ def test_area_placement_does_the_least_work_of_its_chunkings():
         for name in mf.FAMILIES:
             mask = mf.family(name, lens, prefix=total // 3, window=1024, global_size=512,
                              block=1024)
-            work = {k: area._deal(world, n, k, mask)[0] * (1 + area.EDGE_ROWS * k / n)
+            work = {k: area._deal(world, n, k, mask)[0] * (1 + min(area.EDGE_ROWS * k / n, 1))
                     for k in area._candidates(n)}
             areas = rank_areas("area", world, total, mask)
             k = len(area._dealt(world, total, mask)[1][0])
-            chosen = max(areas) * (1 + area.EDGE_ROWS * k / n)
+            chosen = max(areas) * (1 + min(area.EDGE_ROWS * k / n, 1))
             assert chosen == min(work.values()), (name, world, k, work)
             zig = max(rank_areas("zigzag", world, total, mask)) * (1 + 2 * area.EDGE_ROWS / n)
             assert chosen <= zig, (name, world)

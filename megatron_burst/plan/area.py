@@ -10,7 +10,8 @@ at most one token, and each rank takes the same number of the longer ones. k is 
 1, 2, 4, ... up to ``MAX_CHUNKS`` (chunks no shorter than ``MIN_CHUNK`` unless the shard is
 tiny), and the k of the least work wins, counting a chunk's edges too: finer chunks cut the
 blocks smaller, and a kernel wastes about a partial tile at each block edge, so each chunk
-counts ``EDGE_ROWS`` rows of its keys on top of the area. On 2x H200 the finest balance
+counts ``EDGE_ROWS`` rows of its keys on top of the area (at most its own rows: a short
+chunk still runs whole tiles). On 2x H200 the finest balance
 cost more than it gained: a causal sliding window (w 1024, 8K tokens per GPU) dealt in
 512-token chunks balanced to 1.016 ran its forward at 46.5 TFLOP/s per GPU, where one
 contiguous chunk per rank (1.032) is one band call (``benchmarks/results/h200x2_issue42*``).
@@ -57,7 +58,7 @@ def _dealt(world: int, total: int, mask: SliceMask):
     n, best, score = total // world, None, float("inf")
     even = mask.area / world
     for k in _candidates(n):
-        edges = 1 + EDGE_ROWS * k / n
+        edges = 1 + min(EDGE_ROWS * k / n, 1.0)  # a chunk's edges cost at most the chunk
         if even * edges >= score:  # no finer k can do less work
             break
         got = _deal(world, n, k, mask)

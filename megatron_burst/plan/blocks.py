@@ -9,6 +9,7 @@ them (``flash_window`` and ``of_window`` translate to flash-attn's windows).
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 INF = 1 << 62
 BLOCK_KINDS = ("full", "causal", "band")
@@ -96,6 +97,34 @@ class Block:
             return n * m
         lo, hi = (-(n - 1), 0) if self.kind == "causal" else (self.lo, self.hi)
         return _pairs_up_to(n, m, hi) - _pairs_up_to(n, m, lo - 1)
+
+
+def as_one(blocks: Sequence[Block]) -> Block | None:
+    """``blocks`` (disjoint, as a schedule makes them) as one causal or full block over their
+    bounding rectangle where together they are exactly that; else None.
+
+    Why: a zigzag shard against its own keys is three blocks (each chunk causal on itself,
+    the later chunk full on the earlier) that together are one causal triangle in the
+    shard's row order. One kernel call on twice the rows runs faster than three, and its
+    output needs no merge."""
+    if len(blocks) < 2:
+        return None
+    q0, q1 = min(b.q_start for b in blocks), max(b.q_stop for b in blocks)
+    k0, k1 = min(b.k_start for b in blocks), max(b.k_stop for b in blocks)
+    n, m = q1 - q0, k1 - k0
+    area = sum(b.area for b in blocks)
+    if area == n * m:
+        return Block(q0, q1, k0, k1, "full")
+    if n == m and area == n * (n + 1) // 2 and all(_top(b) <= k0 - q0 for b in blocks):
+        return Block(q0, q1, k0, k1, "causal")  # inside the triangle, and all of it
+    return None
+
+
+def _top(b: Block) -> int:
+    """The largest key - query row offset among ``b``'s visible pairs."""
+    if b.kind == "full":
+        return b.k_stop - 1 - b.q_start
+    return (0 if b.kind == "causal" else b.hi) + b.k_start - b.q_start
 
 
 def _pairs_up_to(n: int, m: int, x: int) -> int:

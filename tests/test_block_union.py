@@ -1,0 +1,90 @@
+"""Blocks that together are one causal or full block run as that one (``plan.blocks.as_one``).
+
+A causal slice mask dealt two chunks a rank (the ``area`` layout, as zigzag) is three blocks
+on a rank's own keys that are one causal triangle in the shard's row order: one kernel call
+instead of three, and no merge (a plain zigzag sequence's schedule makes the one block
+itself). Checked on the blocks the schedule really makes (every layout, plain masks,
+windows, documents, every LongCA-bench family and random slice masks, 1-4 ranks, every pair
+of members): wherever ``as_one`` answers, its block's visible pairs are exactly the union
+of the blocks' (dense, pair by pair), and it answers for the causal diagonal it was made
+for.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from megatron_burst.plan import mask_families as mf
+from megatron_burst.plan.blocks import Block, as_one
+from megatron_burst.plan.schedule import Mask, RingSchedule
+
+from .test_slice_masks import KNOBS, random_mask
+
+
+def _visible(b: Block, rows: int, cols: int) -> torch.Tensor:
+    out = torch.zeros(rows, cols, dtype=torch.bool)
+    i = torch.arange(b.q_start, b.q_stop)[:, None] - b.q_start
+    j = torch.arange(b.k_start, b.k_stop)[None, :] - b.k_start
+    lo, hi = {"full": (-(1 << 30), 1 << 30), "causal": (-(1 << 30), 0)}.get(b.kind, (b.lo, b.hi))
+    out[b.q_start:b.q_stop, b.k_start:b.k_stop] = (j - i >= lo) & (j - i <= hi)
+    return out
+
+
+def _schedules():
+    rng = random.Random(7)
+    for world in (1, 2, 3, 4):
+        total = 24 * world
+        for mask in (Mask(True), Mask(False), Mask(True, (5, 0)), Mask(False, (3, 4))):
+            for layout in ("zigzag", "contiguous"):
+                yield RingSchedule(layout, world, (total,), mask, 1)
+            yield RingSchedule("whole_docs", world, (7, total - 20, 13), mask, 1)
+        lens = (5, 7, 3, total - 15)
+        for name in mf.FAMILIES:
+            yield RingSchedule("area", world, (total,), mf.family(name, lens, **KNOBS), 1)
+        for _ in range(6):
+            yield RingSchedule("area", world, (total,), random_mask(rng, total), 1)
+
+
+def test_one_block_is_exactly_the_union_wherever_it_is_given():
+    answered = 0
+    for sched in _schedules():
+        for m in range(sched.ring_size):
+            for o in range(sched.ring_size):
+                blocks = sched.blocks(m, o)
+                one = as_one(blocks)
+                if one is None:
+                    continue
+                answered += 1
+                rows = max(b.q_stop for b in blocks)
+                cols = max(b.k_stop for b in blocks)
+                union = torch.zeros(rows, cols, dtype=torch.bool)
+                for b in blocks:
+                    assert not (union & _visible(b, rows, cols)).any()  # disjoint
+                    union |= _visible(b, rows, cols)
+                assert torch.equal(union, _visible(one, rows, cols)), (sched, m, o, blocks)
+    assert answered >= 9
+
+
+def test_a_causal_mask_dealt_as_zigzag_is_one_causal_call_on_a_ranks_own_keys():
+    for world in (2, 3, 4):
+        total = 16 * world
+        sched = RingSchedule("area", world, (total,), mf.family("causal", (total,)), 1)
+        split = 0
+        for m in range(world):  # a rank holding chunks 0 and 2G-1 (the zigzag pair)
+            blocks = sched.blocks(m, m)
+            if len(blocks) == 3:
+                split += 1
+                assert as_one(blocks) == Block(0, 16, 0, 16, "causal")
+            else:  # touching chunks: the schedule's own one block
+                assert len(blocks) == 1 and as_one(blocks) is None
+        assert split >= 1
+
+
+def test_blocks_that_are_not_one_block_stay_apart():
+    assert as_one([Block(0, 4, 0, 4, "causal"), Block(4, 8, 4, 8, "causal")]) is None
+    assert as_one([Block(0, 4, 0, 4, "full"), Block(4, 8, 4, 8, "full")]) is None
+    assert as_one([Block(0, 4, 0, 4, "causal")]) is None  # one block is already one
+    # The right area but above the diagonal: not causal.
+    assert as_one([Block(0, 2, 0, 2, "causal"), Block(0, 2, 2, 4, "full"),
+                   Block(2, 4, 2, 4, "causal")]) is None
