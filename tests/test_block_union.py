@@ -16,7 +16,7 @@ import random
 import torch
 
 from megatron_burst.plan import mask_families as mf
-from megatron_burst.plan.blocks import Block, as_one
+from megatron_burst.plan.blocks import Block, as_one, coalesced
 from megatron_burst.plan.schedule import Mask, RingSchedule
 
 from .test_slice_masks import KNOBS, random_mask
@@ -46,24 +46,53 @@ def _schedules():
             yield RingSchedule("area", world, (total,), random_mask(rng, total), 1)
 
 
-def test_one_block_is_exactly_the_union_wherever_it_is_given():
-    answered = 0
+def _pairs():
+    """(every pair of members' blocks, as a grid's size) of every schedule above."""
     for sched in _schedules():
         for m in range(sched.ring_size):
             for o in range(sched.ring_size):
                 blocks = sched.blocks(m, o)
-                one = as_one(blocks)
-                if one is None:
-                    continue
-                answered += 1
-                rows = max(b.q_stop for b in blocks)
-                cols = max(b.k_stop for b in blocks)
-                union = torch.zeros(rows, cols, dtype=torch.bool)
-                for b in blocks:
-                    assert not (union & _visible(b, rows, cols)).any()  # disjoint
-                    union |= _visible(b, rows, cols)
-                assert torch.equal(union, _visible(one, rows, cols)), (sched, m, o, blocks)
+                if blocks:
+                    yield blocks, max(b.q_stop for b in blocks), max(b.k_stop for b in blocks)
+
+
+def test_one_block_is_exactly_the_union_wherever_it_is_given():
+    answered = 0
+    for blocks, rows, cols in _pairs():
+        one = as_one(blocks)
+        if one is None:
+            continue
+        answered += 1
+        union = torch.zeros(rows, cols, dtype=torch.bool)
+        for b in blocks:
+            assert not (union & _visible(b, rows, cols)).any()  # disjoint
+            union |= _visible(b, rows, cols)
+        assert torch.equal(union, _visible(one, rows, cols)), blocks
     assert answered >= 9
+
+
+def test_coalesced_blocks_are_the_same_pairs_each_once():
+    merged = 0
+    for blocks, rows, cols in _pairs():
+        out = coalesced(blocks)
+        merged += len(out) < len(blocks)
+        count = torch.zeros(rows, cols, dtype=torch.int64)
+        for b in out:
+            count += _visible(b, rows, cols).long()
+        union = torch.zeros(rows, cols, dtype=torch.bool)
+        for b in blocks:
+            union |= _visible(b, rows, cols)
+        assert count.max() <= 1 and torch.equal(count > 0, union), blocks
+    assert merged >= 9
+
+
+def test_a_run_of_diagonal_blocks_beside_others_becomes_one_causal_block():
+    """A shared question's first two documents (one causal slice) beside later documents:
+    the run's three blocks are one causal call, the other document stays as it is."""
+    run = [Block(0, 4, 0, 4, "causal"), Block(4, 10, 0, 4, "full"),
+           Block(4, 10, 4, 10, "causal")]
+    other = Block(10, 16, 10, 16, "causal")
+    assert coalesced([*run, other]) == (Block(0, 10, 0, 10, "causal"), other)
 
 
 def test_a_causal_mask_dealt_as_zigzag_is_one_causal_call_on_a_ranks_own_keys():

@@ -28,7 +28,7 @@ import torch
 import numpy as np
 
 from .merge import merge_partial
-from ..plan.blocks import as_one
+from ..plan.blocks import coalesced
 from ..plan.schedule import Block, Mask
 
 Runs = tuple[tuple[int, int], ...]  # contiguous local row ranges, in packed order
@@ -156,10 +156,9 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     are grouped by mask shape into varlen calls with disjoint query rows; a group of one
     block runs dense too. ``shape_free`` (document packs, see the module docstring): every
     block goes into a varlen call, a lone one too. Blocks that together are one causal or
-    full block run as that one (``plan.blocks.as_one``).
+    full block run as that one (``plan.blocks.coalesced``).
     """
-    one = as_one(blocks)
-    blocks = (one,) if one is not None else blocks
+    blocks = coalesced(blocks)
     if not varlen or (len(blocks) < 2 and not shape_free):
         return tuple(KernelLaunch((b,), False) for b in blocks)
     if shape_free:

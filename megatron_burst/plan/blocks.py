@@ -120,6 +120,63 @@ def as_one(blocks: Sequence[Block]) -> Block | None:
     return None
 
 
+MAX_COALESCED, MAX_RUN = 64, 8  # bounds on the search (blocks of a step, causal blocks a run)
+
+
+def coalesced(blocks: Sequence[Block]) -> tuple[Block, ...]:
+    """``blocks`` with every run of causal blocks on one diagonal (each starting where the
+    last ends, in rows and keys), and the blocks between them, made one causal block where
+    together they are exactly that (``as_one``); the rest as they are. A shared question's
+    first documents, or a document cut across a rank's chunks, are such runs."""
+    one = as_one(blocks)
+    if one is not None:
+        return (one,)
+    if len(blocks) > MAX_COALESCED or all(b.kind == "causal" for b in blocks):
+        return tuple(blocks)  # many (a pack's documents), or nothing between the diagonals
+    diagonal = sorted((b for b in blocks if b.kind == "causal"), key=lambda b: b.q_start)
+    fillers = [(b, b.area) for b in blocks if b.kind != "causal"]
+    upto = [0]  # the diagonal's areas, summed from its start
+    for b in diagonal:
+        upto.append(upto[-1] + b.area)
+    out, used, i = [], set(), 0
+    while i < len(diagonal):
+        j = i + 1  # the run diagonal[i:j]: each causal block where the last one ends
+        while j < len(diagonal) and (diagonal[j].q_start, diagonal[j].k_start) == (
+                diagonal[j - 1].q_stop, diagonal[j - 1].k_stop):
+            j += 1
+        for end in range(min(j, i + MAX_RUN), i + 1, -1):  # the longest from i that is one
+            inside = _triangle(diagonal[i:end], upto[end] - upto[i], fillers, blocks)
+            if inside:
+                out.append(Block(inside[0].q_start, inside[-1].q_stop, inside[0].k_start,
+                                 inside[-1].k_stop, "causal"))
+                used.update(map(id, inside))
+                i = end
+                break
+        else:
+            i += 1
+    return (*out, *(b for b in blocks if id(b) not in used)) if out else tuple(blocks)
+
+
+def _triangle(run: Sequence[Block], run_area: int, fillers: Sequence[tuple[Block, int]],
+              blocks: Sequence[Block]) -> list[Block]:
+    """The blocks inside ``run``'s square (sorted, the run's first and last at the ends)
+    when together they are its causal triangle; else []. The areas are compared first (the
+    cheap test that fails for almost every run; ``run_area``: the run's), ``as_one``
+    decides."""
+    q0, q1, k0, k1 = run[0].q_start, run[-1].q_stop, run[0].k_start, run[-1].k_stop
+    n = q1 - q0
+    if k1 - k0 != n:
+        return []
+    box = lambda b: q0 <= b.q_start and b.q_stop <= q1 and k0 <= b.k_start and b.k_stop <= k1  # noqa: E731
+    area = run_area + sum(a for b, a in fillers if box(b))
+    if area != n * (n + 1) // 2:
+        return []
+    inside = [b for b in blocks if box(b)]
+    if as_one(inside) is None:
+        return []
+    return sorted(inside, key=lambda b: (b.q_start, b.k_start))
+
+
 def _top(b: Block) -> int:
     """The largest key - query row offset among ``b``'s visible pairs."""
     if b.kind == "full":
