@@ -167,7 +167,10 @@ def _triangle(run: Sequence[Block], run_area: int, fillers: Sequence[tuple[Block
     n = q1 - q0
     if k1 - k0 != n:
         return []
-    box = lambda b: q0 <= b.q_start and b.q_stop <= q1 and k0 <= b.k_start and b.k_stop <= k1  # noqa: E731
+
+    def box(b: Block) -> bool:
+        return q0 <= b.q_start and b.q_stop <= q1 and k0 <= b.k_start and b.k_stop <= k1
+
     area = run_area + sum(a for b, a in fillers if box(b))
     if area != n * (n + 1) // 2:
         return []
