@@ -224,5 +224,6 @@ def failed_signature(error: str) -> dict[str, object]:
     return {**{name: None for name in SIGNATURE_FIELDS}, "error": error}
 
 
-__all__ = ["ARGUMENTS", "BurstCall", "NOT_GIVEN", "QKV_FORMATS", "SIGNATURE_FIELDS", "failed_signature",
-           "signature"]
+__all__ = [
+    "ARGUMENTS", "BurstCall", "NOT_GIVEN", "QKV_FORMATS", "SIGNATURE_FIELDS",
+    "failed_signature", "signature"]

@@ -25,7 +25,8 @@ from ..comm import headers
 from ..decide.topology import CPTopology, HeadShape
 from ..kernels.merge import compile_variants, fuses
 from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
-from ..decide.options import Decision, check_decided, decide, fixed_topology, resolve
+from ..decide.options import (Decision, check_decided, decide, deciding_profile,
+                               fixed_topology, resolve)
 from . import decision_check, first_use, varying_masks
 from ..plan.layouts import MASK, Layout, layout_named
 from ..plan.placement import local_length
@@ -36,7 +37,6 @@ from ..plan.slices import SliceMask
 from .sinks import check_sinks
 from .sharding import group_name, group_ranks
 from ..decide.pack_load import PackLoad
-from ..decide.timing import load_profile
 
 
 def _validate(q, k, v, world: int, call: BurstCall) -> None:
@@ -258,8 +258,8 @@ def _topology(group, world: int, q, k, v, call: BurstCall
     if isinstance(options.intra_node_size, int):  # stated: the double ring's own count
         max_intra_node_size = options.intra_node_size
     else:
-        gpus = cluster.gpus_per_node(profile_gpus=(
-            measured or load_profile(options.profile)).gpus_per_node)
+        gpus = cluster.gpus_per_node(
+            profile_gpus=deciding_profile(options, measured).gpus_per_node)
         max_intra_node_size = cluster.max_intra_node_size(
             world, gpus, group_ranks=group_ranks(group, world), rank=dist.get_rank())
     pack = None if call.cu_seqlens is None else lambda: PackLoad.of_pack(

@@ -15,9 +15,10 @@ the data, and every mask planned for it from then on is shape-free (``PlanKey``'
 ``dense_min_area`` None, as for document packs). The price of so simple a rule: a process
 that calls several fixed masks on one call shape (a benchmark of mask families) runs all but
 the first on the flash kernel, up to about 2x slower on large blocks, never the 20-30x of
-cuDNN graphs built per call; a mask planned before a shape turned keeps its plan. This only changes which local kernel runs
-a block, never what is sent: ranks that disagreed here would still exchange the same
-messages (and their calls' masks are checked to agree anyway). Bounded, keyed by value.
+cuDNN graphs built per call; a mask planned before a shape turned keeps its plan. This only
+changes which local kernel runs a block, never what is sent: ranks that disagreed here would
+still exchange the same messages (and their calls' masks are checked to agree anyway).
+Bounded, keyed by value.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ Every GPU this project can borrow sits on one NVLink host, where a flat ring and
 ring measure the same. Multi-node clusters have a ~10x slower link between nodes. This
 module makes one host behave like ``nodes`` x ``gpus_per_node`` GPUs: a message between
 ranks of different virtual nodes arrives no earlier than ``latency_us + bytes / gbps`` after
-the stream that posts it reaches the post (after the slow link's earlier messages). It is NEVER on by default: ``MEGATRON_BURST_EMULATE="gpus_per_node=2,gbps=25,
+the stream that posts it reaches the post (after the slow link's earlier messages). It is
+NEVER on by default: ``MEGATRON_BURST_EMULATE="gpus_per_node=2,gbps=25,
 latency_us=5"`` turns it on in ``install_from_env()``, which the benchmarks call
 (``benchmarks/ranks.py``) and both Megatron entry points call (from ``configure_run``,
 ``megatron.burst_run``). Unset, it installs nothing and wraps nothing. It installs

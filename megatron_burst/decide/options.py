@@ -254,14 +254,18 @@ def decide(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
     (``pack_load``), called for the first pack of a decision's key only (``_first_pack``)."""
     if cp == 1 or not options.has_auto:  # nothing for the time model to say
         return Decision(fixed_topology(options, cp=cp, heads=heads))
-    found = current()
-    named = options.profile or found.profile
-    prof = machine if machine is not None and not named else load_profile(named)
-    prof = with_emulated_links(prof, found.emulate)
+    prof = with_emulated_links(deciding_profile(options, machine), current().emulate)
     key = (cp, heads, tokens, max_intra_node_size, bool(causal), options.backward,
            options.ulysses_size, options.intra_node_size, prof, pack is not None)
     ranked = _ranked(*key[:-1], _first_pack(key, pack))
     return Decision(ranked[0].topology, ranked, prof, key)
+
+
+def deciding_profile(options: BurstOptions, machine: Profile | None = None) -> Profile:
+    """The profile 'auto' decides from: the one named (``options.profile``, else
+    ``$MEGATRON_BURST_PROFILE``), else ``machine`` (this machine's), else the shipped default."""
+    named = options.profile or current().profile
+    return machine if machine is not None and not named else load_profile(named)
 
 
 _FIRST_PACKS: dict[tuple, PackLoad] = {}  # decision key -> the first pack's load seen for it

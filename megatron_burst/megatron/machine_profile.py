@@ -9,7 +9,7 @@ profile itself:
   from this machine's cached profile (an earlier run's first use, or ``megatron-burst
   tune``), looked up by the key the layers' calls will have (``cached_profile``); where none
   is cached, the run's topology is left to the layers (``None``);
-- at a layer's first call (``layer_decision``), where the CP group and the call's tensors
+- at a layer's first call (``layer_profile``), where the CP group and the call's tensors
   exist: ``first_use`` finds the profile, or measures it there on every rank of the group
   together (every CP rank runs the first layer at once) in seconds, and caches it, so the
   next run decides at configure time again. Every layer then decides from that one profile.

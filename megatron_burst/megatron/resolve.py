@@ -18,8 +18,8 @@ from typing import Any, Mapping, Optional, Sequence
 from megatron_burst.decide import cluster
 from megatron_burst.decide.topology import (COMM_TYPE_ALIASES, HYBRID_COMM_TYPE, RING_COMM_TYPE,
                                             CPTopology, HeadShape)
-from megatron_burst.decide.options import TOPOLOGY_OPTIONS, BurstOptions, resolve
-from megatron_burst.decide.timing import Profile, load_profile
+from megatron_burst.decide.options import TOPOLOGY_OPTIONS, BurstOptions, deciding_profile, resolve
+from megatron_burst.decide.timing import Profile
 from megatron_burst.megatron.machine_profile import WAIT, cached_profile
 
 
@@ -110,9 +110,8 @@ def layer_topology(options: BurstOptions, cp_size: int, heads: HeadShape, tokens
     ``machine``: this machine's measured profile (`machine_profile`), where 'auto' has one."""
     max_intra_node_size = None
     if options.has_auto:  # only 'auto' weighs where the ranks sit
-        prof = machine if machine is not None and not options.profile else load_profile(
-            options.profile)
-        gpus = cluster.gpus_per_node(profile_gpus=prof.gpus_per_node)
+        gpus = cluster.gpus_per_node(
+            profile_gpus=deciding_profile(options, machine).gpus_per_node)
         max_intra_node_size = cluster.max_intra_node_size(cp_size, gpus, tp=tp)
     return resolve(options, cp=cp_size, heads=heads, tokens=tokens,
                    max_intra_node_size=max_intra_node_size, machine=machine)

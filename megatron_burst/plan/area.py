@@ -11,10 +11,10 @@ at most one token, and each rank takes the same number of the longer ones. k is 
 tiny), and the k of the least work wins, counting a chunk's edges too: finer chunks cut the
 blocks smaller, and a kernel wastes about a partial tile at each block edge, so each chunk
 counts ``EDGE_ROWS`` rows of its keys on top of the area (at most its own rows: a short
-chunk still runs whole tiles). On 2x H200 the finest balance
-cost more than it gained: a causal sliding window (w 1024, 8K tokens per GPU) dealt in
-512-token chunks balanced to 1.016 ran its forward at 46.5 TFLOP/s per GPU, where one
-contiguous chunk per rank (1.032) is one band call (``benchmarks/results/h200x2_issue42*``).
+chunk still runs whole tiles). On 2x H200 the finest balance cost more than it gained: a
+causal sliding window (w 1024, 8K tokens per GPU) dealt in 512-token chunks balanced to
+1.016 ran its forward at 50 TFLOP/s per GPU, one contiguous chunk per rank (1.032, one band
+call) at 154 (``benchmarks/results/h200x2_issue42_area_edges/``).
 A rank's chunks are its rows in sequence order (touching ones joined), so its shard is a
 few segments of one document, the sequence (``segments.Shard``), and the schedule pairs
 them as it pairs any segments.

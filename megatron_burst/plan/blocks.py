@@ -103,10 +103,11 @@ def as_one(blocks: Sequence[Block]) -> Block | None:
     """``blocks`` (disjoint, as a schedule makes them) as one causal or full block over their
     bounding rectangle where together they are exactly that; else None.
 
-    Why: a zigzag shard against its own keys is three blocks (each chunk causal on itself,
-    the later chunk full on the earlier) that together are one causal triangle in the
-    shard's row order. One kernel call on twice the rows runs faster than three, and its
-    output needs no merge."""
+    Why: a causal slice mask dealt two chunks a rank (the ``area`` layout, as zigzag deals
+    them) is three blocks on a rank's own keys (each chunk causal on itself, the later chunk
+    full on the earlier) that together are one causal triangle in the shard's row order.
+    One kernel call on twice the rows runs faster than three, and its output needs no merge
+    (a plain zigzag sequence's schedule makes that one block itself)."""
     if len(blocks) < 2:
         return None
     q0, q1 = min(b.q_start for b in blocks), max(b.q_stop for b in blocks)
