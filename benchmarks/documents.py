@@ -5,8 +5,11 @@
         --out benchmarks/results/h200x2_documents_fresh.json
 
 Training hands attention a new pack of documents every micro-batch. For each case (tokens
-per GPU, heads, document mix) this times ``burst_attn`` (layout ``whole_docs``, causal,
-bf16, forward + backward) three ways:
+per GPU, heads, document mix) and each of ``--layouts`` (``whole_docs``: documents placed
+and planned on the host; ``pack_zigzag``: the pack placed as one sequence, its documents
+read by the GPU; ``pack_zigzag+graph``: that call captured in a CUDA graph once and
+replayed on every new pack, ``burst_call``) this times ``burst_attn`` (causal, bf16,
+forward + backward) three ways:
 
 - ``new pack each call``: a new pack (seeded) for every call, passed as a new boundaries
   tensor, so nothing made for an earlier pack can be reused; the mean wall time of a call
@@ -44,7 +47,6 @@ import torch.distributed as dist
 
 import megatron_burst as mb
 from megatron_burst import kernels
-from megatron_burst.plan.packs import doc_lengths
 from megatron_burst.plan.schedule import Block, Mask
 from megatron_burst.kernels.varlen import plan_alone, plan_calls
 from ranks import EMULATE_ENV, start_ranks
@@ -196,33 +198,77 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, d: int, mix: str, world: int
     dev = torch.device("cuda", torch.cuda.current_device())
     total, n = per_gpu * world, args.iters + args.warmup
     packs = [pack_lengths(total, mix, seed=1000 * per_gpu + i) for i in range(n)]
+    later = [pack_lengths(total, mix, seed=1000 * per_gpu + n + i) for i in range(n)]
     gen = torch.Generator(device=dev).manual_seed(7 + rank)
     local = [torch.randn(1, per_gpu, h, d, device=dev, dtype=torch.bfloat16, generator=gen)
              for h in (hq, hkv, hkv, hq)]
     q, k, v = (t.requires_grad_() for t in local[:3])
     do = local[3]
     flops = [3.5 * causal_flops(p, hq, d) for p in packs]
+    meta = dict(gpus=world, per_gpu=per_gpu, heads=f"{hq}:{hkv}", head_dim=d, mix=mix,
+                docs=statistics.median(len(p) for p in packs))
+    rows = []
+    for layout in args.layouts.split(","):
+        call, cus, later_cus = burst_call(layout, q, k, v, packs, later, dev)
+        prof = None
+        if rank == 0 and f"{per_gpu}:{hq}:{mix}" in args.pyprofile.split(","):
+            import cProfile
+            prof = cProfile.Profile()
+        rows += timed_rows(args, layout, lambda cu: call(cu).backward(do), cus, later_cus,
+                           flops, [3.5 * causal_flops(p, hq, d) for p in later], meta, world,
+                           prof)
+    rows += reference_rows(args, packs, q, k, v, do, world, rank, meta, flops, mix, per_gpu,
+                           hq, hkv, d)
+    return rows
 
-    def burst(cu):
-        mb.burst_attn(q, k, v, causal=True, layout="whole_docs", cu_seqlens=cu).backward(do)
 
-    prof = None
-    if rank == 0 and f"{per_gpu}:{hq}:{mix}" in args.pyprofile.split(","):
-        import cProfile
-        prof = cProfile.Profile()
-    cus = [boundaries(p) for p in packs]
+def padded(cu: torch.Tensor, count: int) -> torch.Tensor:
+    """Boundaries padded to ``count`` entries by repeating the last (empty documents)."""
+    return torch.cat((cu, cu[-1:].expand(count - len(cu))))
+
+
+def burst_call(layout: str, q, k, v, packs, later, dev):
+    """(a call of ``burst_attn`` on boundaries, the timed packs' boundaries, the later ones').
+
+    ``whole_docs``: host boundaries, as that layout reads them on the host. ``pack_zigzag``:
+    boundaries on the GPU (the data path puts them there), padded to one count per case, so
+    one plan serves every pack; ``pack_zigzag+graph``: the same call captured once with
+    ``torch.cuda.make_graphed_callables`` (three eager warm-ups, then a CUDA graph of its
+    forward and backward) and replayed on every pack, its boundaries a graph input."""
+    if layout == "whole_docs":
+        return ((lambda cu: mb.burst_attn(q, k, v, causal=True, layout="whole_docs",
+                                          cu_seqlens=cu)),
+                [boundaries(p) for p in packs], [boundaries(p) for p in later])
+    count = -(-max(len(p) + 1 for p in packs + later) // 8) * 8
+    cus, later_cus = ([padded(boundaries(p), count).to(dev) for p in group]
+                      for group in (packs, later))
+
+    def eager(q, k, v, cu):
+        return mb.burst_attn(q, k, v, causal=True, layout="pack_zigzag", cu_seqlens=cu)
+
+    if layout == "pack_zigzag":
+        return (lambda cu: eager(q, k, v, cu)), cus, later_cus
+    if layout != "pack_zigzag+graph":
+        raise ValueError(f"--layouts: unknown {layout!r}")
+    graphed = torch.cuda.make_graphed_callables(eager, (q, k, v, cus[0].clone()),
+                                                num_warmup_iters=3)
+    return (lambda cu: graphed(q, k, v, cu)), cus, later_cus
+
+
+def timed_rows(args, layout, burst, cus, later, flops, later_flops, meta, world, prof
+               ) -> list[dict]:
+    """The three timings of one layout (see the module docstring)."""
     # Each pack twice in a row: its first call is a new pack, its second the same pack again.
+    n = len(cus)
     both = wall_ms(lambda i: burst(cus[i // 2]), 2 * n, prof, 2 * args.warmup)
     fresh = tuple(x[0::2] for x in both)
     repeated = tuple(x[1::2] for x in both)
     if prof is not None:  # where the host's time goes, by function (both kinds of call)
         import pstats
-        print(f"## host profile, {per_gpu}/GPU {hq}:{hkv} {mix}")
+        print(f"## host profile, {meta} {layout}")
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     # As training runs: new packs back to back, no synchronise between calls, so a call's
     # host work may overlap the GPU work of the one before.
-    later = [boundaries(pack_lengths(total, mix, seed=1000 * per_gpu + n + i)) for i in range(n)]
-    later_flops = [3.5 * causal_flops(doc_lengths(c), hq, d) for c in later]
     torch.cuda.synchronize()
     dist.barrier()
     t0 = time.perf_counter()
@@ -231,11 +277,9 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, d: int, mix: str, world: int
     torch.cuda.synchronize()
     pipelined_ms = (time.perf_counter() - t0) * 1e3 / args.iters
     rows = []
-    meta = dict(gpus=world, per_gpu=per_gpu, heads=f"{hq}:{hkv}", head_dim=d, mix=mix,
-                docs=statistics.median(len(p) for p in packs))
     timed = flops[args.warmup:]
-    for name, (wall, host) in (("burst whole_docs, new pack each call", fresh),
-                               ("burst whole_docs, same pack repeated", repeated)):
+    for name, (wall, host) in ((f"burst {layout}, new pack each call", fresh),
+                               (f"burst {layout}, same pack repeated", repeated)):
         wall, host = wall[args.warmup:], host[args.warmup:]
         ms = sum(wall) / len(wall)
         rows.append(dict(meta, method=name, ms=ms, ms_max=max(wall),
@@ -243,11 +287,9 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, d: int, mix: str, world: int
                          tflops_per_gpu=sum(timed) / world / sum(wall) / 1e9))
     rows[0]["fresh_over_repeated"] = statistics.median(
         a / b for a, b in zip(fresh[0][args.warmup:], repeated[0][args.warmup:]))
-    rows.append(dict(meta, method="burst whole_docs, new packs back to back (no sync)",
+    rows.append(dict(meta, method=f"burst {layout}, new packs back to back (no sync)",
                      ms=pipelined_ms, tflops_per_gpu=sum(later_flops[args.warmup:]) / world
                      / (pipelined_ms * args.iters) / 1e9))
-    rows += reference_rows(args, packs, q, k, v, do, world, rank, meta, flops, mix, per_gpu,
-                           hq, hkv, d)
     return rows
 
 
@@ -286,19 +328,21 @@ def reference_rows(args, packs, q, k, v, do, world, rank, meta, flops, mix, per_
         fl = flops[args.warmup:args.warmup + len(times)]
         rows.append(dict(meta, method=name, gpus=1, ms=sum(times) / len(times),
                          tflops_per_gpu=sum(fl) / sum(times) / 1e9))
-    rows.append(dict(meta, method="rel err vs 1 GPU (first pack, out)",
-                     rel_err=check_error(packs[0], full, q.shape[1], world, rank, ker, scale)))
+    for layout in sorted({x.split("+")[0] for x in args.layouts.split(",")}):
+        rows.append(dict(meta, method=f"rel err vs 1 GPU ({layout}, first pack, out)",
+                         rel_err=check_error(packs[0], full, layout, ker, scale)))
     return rows
 
 
-def check_error(lens, full, per_gpu, world, rank, ker, scale) -> float:
+def check_error(lens, full, layout, ker, scale) -> float:
     """burst's output on the first pack against the one-GPU kernel's, gathered on rank 0."""
     cu = boundaries(lens)
     with torch.no_grad():
-        ql, kl, vl = (mb.shard_seq(t[None].detach(), layout="whole_docs", cu_seqlens=cu)
+        ql, kl, vl = (mb.shard_seq(t[None].detach(), layout=layout, cu_seqlens=cu)
                       for t in full[:3])
-        out = mb.burst_attn(ql, kl, vl, causal=True, layout="whole_docs", cu_seqlens=cu)
-        got = mb.unshard_seq(out, layout="whole_docs", cu_seqlens=cu)[0]
+        out = mb.burst_attn(ql, kl, vl, causal=True, layout=layout,
+                            cu_seqlens=cu.to(ql.device))
+        got = mb.unshard_seq(out, layout=layout, cu_seqlens=cu)[0]
         calls = reference_calls(lens, False, out.device)
         ref = _Reference.apply(*(t.detach() for t in full[:3]), ker, calls, scale)
     return float(((got.float() - ref.float()).norm() / ref.float().norm()).item())
@@ -341,12 +385,13 @@ def plot(rows: list[dict], path: str) -> None:
         return
     fig, ax = plt.subplots(figsize=(9, 4.5))
     cases = [r for r in rows if "new pack each" in r["method"] and r["method"].startswith("burst")]
-    labels = [f"{r['per_gpu'] // 1024}K {r['heads']} {r['mix']}" for r in cases]
+    labels = [f"{r['per_gpu'] // 1024}K {r['heads']} {r['mix']} {r['method'].split(',')[0][6:]}"
+              for r in cases]
     ax.bar(range(len(cases)), [r.get("efficiency_vs_1gpu", 0) for r in cases])
     ax.set_xticks(range(len(cases)), labels, rotation=75, fontsize=7)
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.set_ylabel("new pack: efficiency vs 1 GPU")
-    ax.set_title("burst_attn whole_docs, a new document pack every call")
+    ax.set_title("burst_attn, a new document pack every call")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -362,6 +407,8 @@ def main() -> None:
                         help="per_gpu:hq:mix cases that also time cuDNN per document")
     parser.add_argument("--pyprofile", default="",
                         help="per_gpu:hq:mix cases whose new-pack calls rank 0 profiles (cProfile)")
+    parser.add_argument("--layouts", default="whole_docs",
+                        help="whole_docs, pack_zigzag, pack_zigzag+graph (comma-separated)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rank, world = start_ranks()

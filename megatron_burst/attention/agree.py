@@ -50,6 +50,7 @@ from __future__ import annotations
 import collections
 from typing import Mapping
 
+import torch
 import torch.distributed as dist
 
 from .call import failed_signature
@@ -199,3 +200,57 @@ def check_outcome(group: dist.ProcessGroup | None, error: Exception | None,
     if len({row[0] for row in table}) > 1 or said is not None:
         raise ValueError(_disagreement(group, failed_signature(said) if said else
                                        {"error": None}, ["error"], table, what))
+
+
+def check_boundaries(group: dist.ProcessGroup | None, cu: torch.Tensor, sides,
+                     layout: str) -> None:
+    """Boundaries the GPU reads (``sides``: the plan's ``device_calls.BoundarySides``) must
+    start at 0, never decrease, end at the sequence's tokens, and be the same on every rank.
+
+    Checked on the device, the host never waiting: each rank's verdict and a digest of its
+    boundaries are gathered there and come home behind an event, and the call after
+    (``consensus.poll``) raises the same ValueError on every rank. Meanwhile the call runs
+    within its rows whatever the boundaries hold (``device_calls``). Inside a CUDA graph
+    capture nothing is checked: a replay brings nothing home."""
+    if consensus.capturing():
+        return
+    framed = sides.framed(cu)  # nondecreasing exactly when the boundaries are well formed
+    malformed = (framed[1:] < framed[:-1]).any()
+    word = (framed.to(torch.int64) * _weights(len(framed), framed.device)).sum() * 2 + malformed
+    ranks = group_ranks(group) if consensus.shared(group) else [
+        dist.get_rank() if dist.is_available() and dist.is_initialized() else 0]
+    gathered = consensus.Gathered(group, word, "for the other ranks' cu_seqlens check")
+
+    def verdict() -> None:
+        words = gathered.values()
+        said = f"burst_attn (layout {layout!r}: cu_seqlens is checked on the device, and this " \
+               f"is raised at the call after it, on every rank)"
+        bad = [r for r, w in zip(ranks, words) if w & 1]
+        if bad:
+            raise ValueError(f"{said}: cu_seqlens must start at 0, never decrease and end at "
+                             f"the sequence's {sides.total} tokens; {_ranks_text(bad)} passed "
+                             f"boundaries that do not")
+        if len({w >> 1 for w in words}) > 1:
+            raise ValueError(f"{said}: ranks {ranks} passed different cu_seqlens (every rank "
+                             f"of the group must pass the same boundaries)")
+
+    if gathered.event is None:
+        verdict()
+    else:
+        consensus.defer(verdict, gathered.event)
+
+
+_WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    """Fixed odd int64 weights of a boundaries digest (sum of weight x boundary, wrapping),
+    the same on every rank; kept per length and device (a few lengths per run)."""
+    key = (n, str(device))
+    if key not in _WEIGHTS:
+        gen = torch.Generator().manual_seed(0x5EED)
+        weights = torch.randint(0, 2 ** 62, (n,), generator=gen, dtype=torch.int64) * 2 + 1
+        _WEIGHTS[key] = weights.to(device)
+        if len(_WEIGHTS) > 64:
+            _WEIGHTS.pop(next(iter(_WEIGHTS)))
+    return _WEIGHTS[key]

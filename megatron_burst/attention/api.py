@@ -78,7 +78,12 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if prepared.native and not return_lse and sinks is None and keep is None:
         return _native(q, k, v, prepared.bound)  # one aten op, its own autograd: nothing more
     tag = _numbered(prepared, group, q, world)
-    out, lse = _attend(q, k, v, tag, group, prepared, keep, sinks, return_lse)
+    bound = prepared.bound
+    if prepared.call.device_docs:  # the GPU reads them: checked there, the verdict later
+        cu = _boundaries(cu_seqlens, q.device)
+        agree.check_boundaries(group, cu, bound.plan.sides, prepared.call.layout)
+        bound = bound.with_boundaries(cu)
+    out, lse = _attend(q, k, v, tag, group, prepared, bound, keep, sinks, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -130,11 +135,21 @@ def _native(q, k, v, bound):
     return out.transpose(0, 1) if bound.seq_first else out
 
 
-def _attend(q, k, v, tag, group, prepared, keep: AttentionKeep | None, sinks,
+def _boundaries(cu_seqlens, device: torch.device) -> torch.Tensor:
+    """Boundaries read on the device, on the call's device (a pack's host copy goes up
+    without the host waiting: pinned)."""
+    cu = cu_seqlens.cu_seqlens if isinstance(cu_seqlens, DocumentPack) else cu_seqlens
+    if cu.device == device:
+        return cu
+    return (cu.pin_memory() if device.type == "cuda" else cu).to(device, non_blocking=True)
+
+
+def _attend(q, k, v, tag, group, prepared, bound, keep: AttentionKeep | None, sinks,
             return_lse: bool = False):
     """The ring (inside the Ulysses all-to-alls when there are any), or the kept output of
-    this very forward under a recompute; keeping it on a first forward without autograd."""
-    kept, bound = None, prepared.bound
+    this very forward under a recompute; keeping it on a first forward without autograd.
+    ``bound``: the call's plan, bound to its boundaries where the GPU reads them."""
+    kept = None
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks)  # what a kept output is of
     if keep is not None and torch.is_grad_enabled():
         if in_backward():  # a checkpoint's recompute: its first forward may have kept it

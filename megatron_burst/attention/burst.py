@@ -31,7 +31,7 @@ from .bound_plan import BoundPlan
 from .travelling import Travelling
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
-from ..kernels.varlen import run_backward, run_forward
+from ..kernels.varlen import run_backward, run_forward, seen_nothing
 
 
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: BoundPlan,
@@ -60,7 +60,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
         if kv is not None:  # None: nothing of this step's keys is used here
             kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
             for call in step.calls:
-                run_forward(kernel, call, qb, kb, vb, out_b, lse, scale,
+                run_forward(kernel, bound.launch(call), qb, kb, vb, out_b, lse, scale,
                             fresh=fresh and i == 0)
         if step.next is not None:  # (no ring: this rank neither sends nor receives)
             kv = ring.next(step.next) if ring is not None else None
@@ -135,8 +135,8 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
             dk_b, dv_b = bound.bshd(target[0]), bound.bshd(target[1])
             for call in step.calls:
-                run_backward(kernel, call, dob, qb, kb, vb, ob, lse, scale, dq_b, dk_b,
-                             dv_b, fresh if i == 0 else (False, step.acc_fresh))
+                run_backward(kernel, bound.launch(call), dob, qb, kb, vb, ob, lse, scale,
+                             dq_b, dk_b, dv_b, fresh if i == 0 else (False, step.acc_fresh))
         grads.pass_on(i, step, acc)
         if step.next is not None:  # (no ring: this rank neither sends nor receives)
             kv = ring.next(step.next) if ring is not None else None
@@ -178,8 +178,9 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             dq_b = bound.bshd(target[0])
             # The visitor's queries against our keys: the same blocks the forward computed.
             for call in step.calls:
-                run_backward(kernel, call, doj_b, qj_b, kb, vb, oj_b, lsej, scale, dq_b,
-                             dk_b, dv_b, fresh if i == 0 else (step.acc_fresh, False))
+                run_backward(kernel, bound.launch(call), doj_b, qj_b, kb, vb, oj_b, lsej,
+                             scale, dq_b, dk_b, dv_b,
+                             fresh if i == 0 else (step.acc_fresh, False))
         grads.pass_on(i, step, acc)
         if step.next is not None:
             bundle = ring.next(step.next) if ring is not None else None
@@ -247,8 +248,9 @@ def _whole_forward(bound: BoundPlan, q, k, v) -> tuple[torch.Tensor, torch.Tenso
     if isinstance(bound.whole, Block):
         out, lse = bound.kernel.forward(q, k, v, bound.whole, bound.scale)
     else:
-        out, lse = bound.kernel.forward_varlen(q[0], k[0], v[0], bound.whole, bound.scale)
-        out, lse = out[None], lse[None]
+        call = bound.launch(bound.whole)
+        out, lse = bound.kernel.forward_varlen(q[0], k[0], v[0], call, bound.scale)
+        out, lse = out[None], (seen_nothing(lse) if call.keyless else lse)[None]
     return (out.transpose(0, 1) if bound.seq_first else out), lse
 
 
@@ -260,7 +262,7 @@ def _whole_backward(bound: BoundPlan, dout, q, k, v, out, lse) -> Grads:
         dq, dk, dv = bound.kernel.backward(dout, q, k, v, out, lse, bound.whole, bound.scale)
     else:
         dq, dk, dv = bound.kernel.backward_varlen(dout[0], q[0], k[0], v[0], out[0], lse[0],
-                                                 bound.whole, bound.scale)
+                                                 bound.launch(bound.whole), bound.scale)
         dq, dk, dv = dq[None], dk[None], dv[None]
     if bound.seq_first:
         return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)

@@ -20,8 +20,8 @@ import torch
 from ..decide.topology import CPTopology
 from ..kernels.selection import KERNEL_NAMES
 from ..decide.options import NOT_GIVEN, BurstOptions, is_given
-from ..plan.packs import DocumentPack, pack_documents
-from ..plan.layouts import AREA, MASK, layout_named
+from ..plan.packs import DeviceBoundaries, DocumentPack, device_boundaries, pack_documents
+from ..plan.layouts import AREA, MASK, PACK_ZIGZAG, layout_named
 from ..plan.slices import SliceMask
 from .remat import AttentionKeep
 
@@ -43,7 +43,8 @@ class BurstCall:
     call_label: int | str | None  # the caller's name for the call site
     options: BurstOptions  # backward, ulysses_size, intra_node_size, as given
     topology: CPTopology | None  # decided elsewhere, or None: resolved from ``options``
-    cu_seqlens: DocumentPack | None  # the documents, as their pack (compared by content)
+    # the documents, as their pack (compared by content), or read on the device
+    cu_seqlens: DocumentPack | DeviceBoundaries | None
     keep: bool  # an AttentionKeep was passed
     sinks: bool = False  # attention sinks were passed (their values are a tensor's)
     # lse is handed back: its backward passes run on every rank, used in a loss or not
@@ -69,6 +70,8 @@ class BurstCall:
                              f"{window!r}")
         if self.mask is not None:
             self._check_mask()
+        elif self.device_docs:
+            self._check_device_docs()
         else:
             layout_named(self.layout)  # ValueError for a layout that places no sequence
         if self.qkv_format not in QKV_FORMATS:
@@ -109,6 +112,18 @@ class BurstCall:
                                  f"{name}={value!r}")
         layout_named(self.layout, MASK)  # ValueError for a layout that places no mask
 
+    def _check_device_docs(self) -> None:
+        """What documents read on the device cannot take (it is never dropped silently)."""
+        if tuple(self.window_size) != (-1, -1):
+            raise ValueError(f"window_size cannot be combined with layout 'pack_zigzag' (its "
+                             f"documents are causal or full masks read on the device), got "
+                             f"window_size={self.window_size!r}: use layout 'whole_docs' or "
+                             f"'zigzag' for windows over documents")
+        if self.keep:
+            raise ValueError("keep= cannot be combined with layout 'pack_zigzag': a kept "
+                             "output is matched to its recompute by arguments the host "
+                             "reads, and this layout's documents are never read there")
+
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> "BurstCall":
         """The call of ``burst_attn``'s arguments, by name (``ARGUMENTS``; options left out
@@ -127,7 +142,12 @@ class BurstCall:
         return cls(**{name: arguments[name] for name in _AS_GIVEN if name in arguments},
                    layout=layout, options=options, keep=keep is not None,
                    sinks=arguments.get("sinks") is not None,
-                   cu_seqlens=None if cu_seqlens is None else pack_documents(cu_seqlens))
+                   cu_seqlens=_documents(cu_seqlens, layout))
+
+    @property
+    def device_docs(self) -> bool:
+        """Whether the GPU reads this call's documents (``layout='pack_zigzag'``)."""
+        return isinstance(self.cu_seqlens, DeviceBoundaries)
 
     @property
     def needs_cluster(self) -> bool:
@@ -153,6 +173,7 @@ ARGUMENTS = (*(f.name for f in dataclasses.fields(BurstCall) if f.name != "optio
 # Keyed by value and type; ``keep`` and ``sinks`` by their kind only (a call holds whether
 # they were passed: their objects are the caller's, never kept here).
 _VALUED = tuple(name for name in ARGUMENTS if name not in ("keep", "sinks"))
+_VALUED_BUT_DOCUMENTS = tuple(name for name in _VALUED if name != "cu_seqlens")
 
 _CALLS: "collections.OrderedDict[tuple, BurstCall]" = collections.OrderedDict()
 CALLS_KEPT = 256  # distinct argument sets remembered (layers x masks x packs in flight)
@@ -183,16 +204,27 @@ def _typed(a: Mapping[str, Any]) -> tuple | None:
     too); None for boundaries given as a tensor, which are read at every call."""
     w, cu, keep, sinks = a["window_size"], a["cu_seqlens"], a["keep"], a["sinks"]
     if cu is not None and not isinstance(cu, DocumentPack):
-        return None
+        if not (isinstance(cu, torch.Tensor) and a["layout"] == PACK_ZIGZAG.name):
+            return None
+        cu = ("read on the device", cu.dtype, cu.shape)  # all its call holds of it
     if w.__class__ is not tuple or len(w) != 2:
         return None  # not a pair: BurstCall says what is wrong with it
     # A default is its own kind of value (``NotGiven``): told from the same value given.
     return (*[(v.default if v.__class__ is _NOT_GIVEN else v, v.__class__)
-              for v in map(a.__getitem__, _VALUED)],
-            w[0].__class__, w[1].__class__, keep.__class__, sinks is None)
+              for v in map(a.__getitem__, _VALUED_BUT_DOCUMENTS)],
+            (cu, cu.__class__), w[0].__class__, w[1].__class__, keep.__class__, sinks is None)
 
 
 _NOT_GIVEN = NOT_GIVEN.__class__
+
+
+def _documents(cu_seqlens, layout: str) -> DocumentPack | DeviceBoundaries | None:
+    """The call's documents: read on the device in layout 'pack_zigzag', else a pack."""
+    if cu_seqlens is None:
+        return None
+    if layout == PACK_ZIGZAG.name:
+        return device_boundaries(cu_seqlens)
+    return pack_documents(cu_seqlens)
 
 
 def signature(call: BurstCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

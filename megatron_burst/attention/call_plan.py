@@ -26,12 +26,12 @@ import torch.distributed as dist
 
 from ..comm.ring_positions import (AccumulatorStep, Hop, RingPositions, accumulator_steps,
                                    next_kind, route_hops)
-from ..kernels.pack_calls import with_whole
-from ..kernels.varlen import KernelLaunch, covers, plan_alone, plan_calls, upload_boundaries
+from ..kernels.device_calls import BoundarySides
+from ..kernels.varlen import KernelLaunch, covers, upload_boundaries
 from ..plan.packs import DocumentPack
-from ..plan.placement import local_length
 from ..plan.schedule import Block, Mask, RingSchedule, last_used_step
 from ..plan.slices import SliceMask
+from .pair_calls import PairCalls
 from .sharding import group_ranks
 
 
@@ -71,6 +71,7 @@ class PlanKey:
     backward: str  # the backward ring's mode: 'ring' or 'burst'
     varlen: bool  # a batch of one row: blocks may share varlen calls
     dense_min_area: float | None  # the kernel's threshold; None: shape-free (see plan_key)
+    device_docs: bool = False  # documents the GPU reads (``kernels.device_calls``)
 
     @property
     def lens(self) -> tuple[int, ...]:
@@ -83,17 +84,18 @@ class PlanKey:
 
 
 def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
-             mask: Mask | SliceMask,
-             ulysses: int, ring: RingKey | None, backward: str, *, batch: int = 1,
-             dense_min_area: float | None = None) -> PlanKey:
+             mask: Mask | SliceMask, ulysses: int, ring: RingKey | None, backward: str, *,
+             batch: int = 1, dense_min_area: float | None = None,
+             device_docs: bool = False) -> PlanKey:
     """The key of a call's plan: the one place it is made, for ``prepare`` at a call and for
     the Megatron data path ahead of it, so both find the same plan. ``batch``: rows of the
     call (one: blocks may share varlen calls); ``dense_min_area``: the kernel's, which only
     a plain sequence's plan reads (a pack's blocks all go varlen), or None for a sequence
-    whose blocks go varlen too (a slice mask that follows the data: ``varying_masks``)."""
+    whose blocks go varlen too (a slice mask that follows the data: ``varying_masks``);
+    ``device_docs``: a plain sequence's plan whose documents the GPU reads."""
     pack = isinstance(documents, DocumentPack)
     return PlanKey(layout, world, documents, mask, ulysses, ring, backward, batch == 1,
-                   None if pack else dense_min_area)
+                   None if pack or device_docs else dense_min_area, device_docs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +149,7 @@ class CallPlan:
     every_row_sees: bool
     calls: tuple[KernelLaunch, ...]  # every kernel call of both passes (for uploads)
     pairs: tuple[tuple[int, int], ...]  # (query member, key member) of every block run here
+    sides: BoundarySides | None = None  # a call's boundary table's rows (``device_docs``)
 
     def upload(self, device: torch.device) -> None:
         """Every varlen call's boundaries onto ``device`` (one pinned copy; once)."""
@@ -182,38 +185,7 @@ def build_plan(key: PlanKey) -> CallPlan:
         pairs |= {(s.source, me) for s in backward.steps}
     return CallPlan(key, sched, topo, rows, forward, backward,
                     _whole(key, sched, topo, calls, rows), _all_rows_see(forward, rows),
-                    every, tuple(sorted(pairs)))
-
-
-class PairCalls:
-    """The kernel calls of a pair of members, each pair planned once per build."""
-
-    def __init__(self, key: PlanKey, sched: RingSchedule, topo: RingPositions | None):
-        self.key, self.sched = key, sched
-        self.alone = (topo is None and key.pack and key.ulysses == 1
-                      and local_length(key.layout, key.world, key.lens) == sum(key.lens))
-        self._made: dict[tuple[int, int], tuple[KernelLaunch, ...]] = {}
-
-    def __call__(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
-        pair = (q_member, k_member)
-        if pair not in self._made:
-            self._made[pair] = self._plan(q_member, k_member)
-        return self._made[pair]
-
-    def _plan(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
-        key, sched = self.key, self.sched
-        if self.alone:  # a single member's pack: one varlen call from the boundaries
-            return plan_alone(sched.doc_lens, sched.mask)
-        if not key.pack or not key.varlen:
-            return plan_calls(sched.blocks(q_member, k_member), varlen=key.varlen,
-                              dense_min_area=key.dense_min_area,
-                              shape_free=key.dense_min_area is None)
-        # A pack: the split documents' blocks, the whole ones from the shard's arrays.
-        calls = plan_calls(sched.split_blocks(q_member, k_member), varlen=True,
-                           dense_min_area=None, shape_free=True)
-        if q_member == k_member:
-            calls = with_whole(calls, sched.shard(q_member), sched.mask)
-        return calls
+                    every, tuple(sorted(pairs)), calls.sides)
 
 
 def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
@@ -309,14 +281,14 @@ def _whole(key: PlanKey, sched: RingSchedule, topo: RingPositions | None, calls:
     kernel's output and gradients are the answer), or a pack's one varlen call."""
     if topo is not None or key.ulysses != 1:
         return None
-    if not key.pack:
+    if not key.pack and not key.device_docs:
         blocks = sched.blocks(0, 0)
         if len(blocks) == 1 and (blocks[0].q_start, blocks[0].q_stop, blocks[0].k_start,
                                  blocks[0].k_stop) == (0, rows, 0, rows):
             return blocks[0]
         return None
     own = calls(0, 0)
-    if calls.alone and len(own) == 1 and own[0].varlen and \
+    if (calls.alone or key.device_docs) and len(own) == 1 and own[0].varlen and \
             own[0].q_runs == own[0].k_runs == ((0, rows),):
         return own[0]
     return None

@@ -23,6 +23,7 @@ from ..decide import cluster
 from .call import BurstCall, signature
 from ..comm import headers
 from ..decide.topology import CPTopology, HeadShape
+from ..kernels.cuda import FlashAttnPackage, TorchFlashAttention
 from ..kernels.merge import compile_variants, fuses
 from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
 from ..decide.options import (Decision, check_decided, decide, deciding_profile,
@@ -75,12 +76,15 @@ def _validate(q, k, v, world: int, call: BurstCall) -> None:
     if call.mask is not None:
         _validate_mask(call, s_local, world)
         return
-    if call.cu_seqlens is None:
+    if call.cu_seqlens is None or call.device_docs:  # device docs: a plain sequence's rows
         _check_length(layout_named(call.layout), s_local, world)
-        return
+        if call.cu_seqlens is None:
+            return
     if (q.shape[0] if fmt == "bshd" else q.shape[1]) != 1:
         raise ValueError("cu_seqlens needs batch size 1 (one packed sequence), got "
                          f"{q.shape[0] if fmt == 'bshd' else q.shape[1]}")
+    if call.device_docs:
+        return
     need = local_length(call.layout, world, call.cu_seqlens.lens)
     if need != s_local:
         raise ValueError(
@@ -175,9 +179,10 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared
         raise ValueError("burst_attn's first call with 'auto' on this machine cannot be "
                          "captured in a CUDA graph: it measures and times (run it once "
                          "before capturing, or force the topology)")
-    if capturing(q) and call.cu_seqlens is not None:
-        raise ValueError("burst_attn with cu_seqlens cannot be captured in a CUDA graph: a "
-                         "document pack changes its shapes with every batch")
+    if capturing(q) and call.cu_seqlens is not None and not call.device_docs:
+        raise ValueError("burst_attn with cu_seqlens cannot be captured in a CUDA graph in "
+                         f"layout {call.layout!r}: a document pack changes its shapes with "
+                         "every batch (layout 'pack_zigzag' reads them on the device)")
     if capturing(q) and call.keep:
         raise ValueError("burst_attn with keep= cannot be captured in a CUDA graph: matching "
                          "a kept output to its recompute reads the host")
@@ -216,7 +221,7 @@ def _bind_plan(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     # The ring's heads: Ulysses splits them U ways (K/V replicated where fewer than U).
     heads = (q.dtype, q.shape[2] // u, max(k.shape[2] // u, 1), q.shape[3], q.device)
     kernel = pick_kernel(call.kernel, *heads, dv=v.shape[3])
-    pack = call.cu_seqlens
+    pack = None if call.device_docs else call.cu_seqlens
     # A slice mask that changes from call to call: no block to cuDNN (a graph per shape).
     shape_free = isinstance(call.mask, SliceMask) and varying_masks.follows_data(
         (call.layout, world, s_local, batch, u, heads, v.shape[3]), call.mask)
@@ -225,7 +230,13 @@ def _bind_plan(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
         call.mask if call.mask is not None else Mask(call.causal, call.window_size), u,
         ring_key(group, world, topology.ulysses, topology.positions_per_node),
         topology.backward, batch=batch,
-        dense_min_area=None if shape_free else kernel.dense_min_area))
+        dense_min_area=None if shape_free else kernel.dense_min_area,
+        device_docs=call.device_docs))
+    if call.device_docs and q.is_cuda and not kernel.capabilities.one_launch_varlen:
+        raise ValueError(f"layout 'pack_zigzag' reads its documents on the device: on CUDA it "
+                         f"needs a kernel that runs a varlen call in one launch, and "
+                         f"{kernel.name!r} does not (leave kernel=None, or force "
+                         f"{TorchFlashAttention.name!r} or {FlashAttnPackage.name!r})")
     check_kernel(kernel, call.kernel, *heads, blocks=plan.blocks, varlen=batch == 1,
                  dv=v.shape[3])
     plan.upload(q.device)  # a pack planned ahead on the host gets its boundaries here
@@ -262,7 +273,7 @@ def _topology(group, world: int, q, k, v, call: BurstCall
             profile_gpus=deciding_profile(options, measured).gpus_per_node)
         max_intra_node_size = cluster.max_intra_node_size(
             world, gpus, group_ranks=group_ranks(group, world), rank=dist.get_rank())
-    pack = None if call.cu_seqlens is None else lambda: PackLoad.of_pack(
+    pack = None if call.cu_seqlens is None or call.device_docs else lambda: PackLoad.of_pack(
         call.cu_seqlens.lens, call.layout, call.causal)
     decision = decide(options, cp=world, heads=heads, tokens=tokens,
                       max_intra_node_size=max_intra_node_size, causal=call.causal,

@@ -67,7 +67,7 @@ def _chunk(layout: str, length: int, world: int, role: str = PLAIN) -> int:
 def _documents(layout: str, cu_seqlens: torch.Tensor | None, length: int) -> tuple[int, ...] | None:
     """Document lengths to shard by, or None for the plain chunked fast path."""
     chunked = isinstance(layout_named(layout), Chunked)
-    if cu_seqlens is None:
+    if cu_seqlens is None or not layout_named(layout).places_documents:
         return None if chunked else (length,)
     return doc_lengths(cu_seqlens)
 

@@ -84,24 +84,33 @@ def minimum(group: dist.ProcessGroup | None, values: torch.Tensor, waiting_for: 
 
 class Gathered:
     """Every rank's one int64, gathered over ``group`` (a collective: call on every rank, in
-    the same order). On CPU it is here at once (a bounded wait). On CUDA the host does not
-    wait: the gather runs on the current stream and its result comes home by an
-    asynchronous copy; ``event`` marks its arrival (``defer`` a check on it, or ``values``
-    waits for it)."""
+    the same order; a group without peers gathers its own). ``value``: a host int, or a
+    one-element int64 tensor on the group's device (made there, never read on the host).
+    On CPU it is here at once (a bounded wait). On CUDA the host does not wait: the gather
+    runs on the current stream and its result comes home by an asynchronous copy; ``event``
+    marks its arrival (``defer`` a check on it, or ``values`` waits for it)."""
 
-    def __init__(self, group: dist.ProcessGroup | None, value: int, waiting_for: str) -> None:
-        where = device(group)
+    def __init__(self, group: dist.ProcessGroup | None, value: int | torch.Tensor,
+                 waiting_for: str) -> None:
+        peers = shared(group)
+        where = device(group) if peers else (
+            value.device if isinstance(value, torch.Tensor) else torch.device("cpu"))
         # Filled on the device: torch.tensor([value], device="cuda") would copy from
         # pageable memory, which makes the host wait for the stream's queued work.
-        mine = torch.full((1,), value, dtype=torch.int64, device=where)
-        table = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=where)
-        work = dist.all_gather_into_tensor(table, mine, group=group, async_op=True)
+        mine = value.reshape(1).to(where, torch.int64) if isinstance(value, torch.Tensor) \
+            else torch.full((1,), value, dtype=torch.int64, device=where)
+        table = mine
+        if peers:
+            table = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=where)
+            work = dist.all_gather_into_tensor(table, mine, group=group, async_op=True)
         self.event: Any = None
         if where.type == "cpu":
-            wait_bounded(work, where, waiting_for)
+            if peers:
+                wait_bounded(work, where, waiting_for)
             self._host = table
             return
-        work.wait()  # the current stream waits for the gather; the host does not
+        if peers:
+            work.wait()  # the current stream waits for the gather; the host does not
         self._host = torch.empty(table.shape, dtype=torch.int64, pin_memory=True)
         self._host.copy_(table, non_blocking=True)
         self.event = torch.cuda.Event()

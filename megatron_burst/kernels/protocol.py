@@ -119,20 +119,28 @@ class LocalAttention(Protocol):
 
 
 def _sequences(call):
-    """(query slice, key slice, the block as a local block) of each packed sequence."""
+    """(query slice, key slice, the block as a local block) of each packed sequence; the
+    block is None for a sequence without queries or without keys (``device_calls``)."""
     for i, blk in enumerate(call.sequence_blocks()):
         yield (slice(call.cu_q[i], call.cu_q[i + 1]), slice(call.cu_k[i], call.cu_k[i + 1]),
                blk)
 
 
 class VarlenByLoop:
-    """The varlen form by one dense call per packed sequence (CPU, and any fallback)."""
+    """The varlen form by one dense call per packed sequence (CPU, and any fallback). A
+    sequence with no keys gives zeros and lse -inf; one with no queries, zero gradients."""
 
     dense_min_area = float("inf")  # no faster varlen kernel here: pack everything
 
     def forward_varlen(self, q, k, v, call, scale):
         outs, lses = [], []
         for qs, ks, blk in _sequences(call):
+            if blk is None:
+                n = qs.stop - qs.start
+                outs.append(q.new_zeros((n, q.shape[1], v.shape[2])))
+                lses.append(torch.full((q.shape[1], n), float("-inf"),
+                                       dtype=working_dtype(q.dtype), device=q.device))
+                continue
             o, lse = self.forward(q[None, qs], k[None, ks], v[None, ks], blk, scale)
             outs.append(o[0])
             lses.append(lse[0])
@@ -141,6 +149,9 @@ class VarlenByLoop:
     def backward_varlen(self, dout, q, k, v, out, lse, call, scale):
         grads = [self.backward(dout[None, qs], q[None, qs], k[None, ks], v[None, ks],
                                out[None, qs], lse[None, :, qs], blk, scale)
+                 if blk is not None else
+                 (torch.zeros_like(q[None, qs]), torch.zeros_like(k[None, ks]),
+                  torch.zeros_like(v[None, ks]))
                  for qs, ks, blk in _sequences(call)]
         return tuple(torch.cat([g[i][0] for g in grads]) for i in range(3))
 

@@ -57,6 +57,7 @@ class KernelLaunch:
     window: tuple[int, int] = (-1, -1)
     causal: bool = False
     _device_cu: dict = dataclasses.field(default_factory=dict, repr=False)
+    keyless = False  # no query row lacks a key (``device_calls``: lse +inf is mended)
 
     @functools.cached_property  # read at every launch, by every layer
     def max_q(self) -> int:
@@ -96,7 +97,7 @@ def upload_boundaries(calls: Sequence[KernelLaunch], device: torch.device) -> No
     The buffer is pinned, so the copy is asynchronous: a copy from pageable memory makes
     the host wait for the stream, which once per call stalled every new pack's first layer.
     """
-    varlen = [c for c in calls if c.varlen and str(device) not in c._device_cu]
+    varlen = [c for c in calls if c.varlen and len(c.cu_q) and str(device) not in c._device_cu]
     if not varlen:
         return
     host = torch.from_numpy(np.concatenate([x for c in varlen for x in (c.cu_q, c.cu_k)])
@@ -148,7 +149,7 @@ def boundaries(lens: np.ndarray) -> np.ndarray:
 
 
 def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
-               shape_free: bool = False) -> tuple[KernelLaunch, ...]:
+               shape_free: bool = False, coalesce: bool = True) -> tuple[KernelLaunch, ...]:
     """Group ``blocks`` into kernel calls.
 
     ``varlen`` False (no varlen kernel for this batch shape): one dense call per block.
@@ -156,9 +157,10 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     are grouped by mask shape into varlen calls with disjoint query rows; a group of one
     block runs dense too. ``shape_free`` (document packs, see the module docstring): every
     block goes into a varlen call, a lone one too. Blocks that together are one causal or
-    full block run as that one (``plan.blocks.coalesced``).
+    full block run as that one (``plan.blocks.coalesced``), unless ``coalesce`` is False
+    (``device_calls``: blocks whose rows must stay stretches of the sequence).
     """
-    blocks = coalesced(blocks)
+    blocks = coalesced(blocks) if coalesce else list(blocks)
     if not varlen or (len(blocks) < 2 and not shape_free):
         return tuple(KernelLaunch((b,), False) for b in blocks)
     if shape_free:
@@ -274,9 +276,17 @@ def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v:
         return
     o, o_lse = kernel.forward_varlen(gather(q[0], call.q_runs), gather(k[0], call.k_runs),
                                      gather(v[0], call.k_runs), call, scale)
+    if call.keyless:
+        o_lse = seen_nothing(o_lse)
     for a, b, off in _offsets(call.q_runs):
         _fold_forward(out[:, a:b], lse[:, :, a:b], o[None, off:off + b - a],
                       o_lse[None, :, off:off + b - a], fresh)
+
+
+def seen_nothing(lse: torch.Tensor) -> torch.Tensor:
+    """lse with flash's +inf (a sequence with queries and no keys) made -inf: the merge's
+    "nothing seen". The output rows are zeros already."""
+    return lse.masked_fill(lse == float("inf"), float("-inf"))
 
 
 def _fold_forward(out_rows, lse_rows, o, o_lse, fresh: bool) -> None:

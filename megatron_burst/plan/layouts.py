@@ -8,6 +8,11 @@ balancers do). The one owner of the layouts' names and rules: everything else as
 - ``whole_docs``: short documents whole on one rank, balanced by work (``whole_docs``);
   every rank holds the same number of tokens, so the length is a multiple of G.
 - ``area``: a slice mask's chunks dealt by visible area (``area``); a multiple of G.
+- ``pack_zigzag``: a document pack cut as one sequence into 2G equal chunks, rank r holding
+  chunks r and 2G-1-r, whatever its documents; length a multiple of 2G. The documents are a
+  mask the GPU reads (``kernels.device_calls``): the placement, the hops and the kernel calls
+  are the same for every pack of a length, so a new pack is planned by nobody on the host,
+  and a call can be captured in a CUDA graph and replayed with the next pack.
 
 Numpy is imported only when a layout places tokens, so that what needs only the names and
 divisors (the options schema, the configs, the command line) imports no numpy and no torch.
@@ -27,6 +32,7 @@ class Layout:
     name: str
     places: frozenset  # of PLAIN, DOCUMENTS, MASK
     pads = False  # whether documents are padded to the divisor (their ranks' rows vary)
+    places_documents = True  # whether documents move tokens (not so in ``pack_zigzag``)
 
     def divisor(self, world: int) -> int:
         """What the length of a sequence placed on ``world`` ranks must be a multiple of."""
@@ -81,6 +87,24 @@ class Chunked(Layout):
 
 
 @dataclasses.dataclass(frozen=True)
+class PackChunked(Chunked):
+    """A pack cut as one sequence (``pack_zigzag``): its documents do not move a token."""
+
+    pads = False
+    places_documents = False
+
+    def padded(self, doc_lens: tuple[int, ...], world: int) -> tuple[int, ...]:
+        total, parts = sum(doc_lens), self.divisor(world)
+        if total % parts:
+            raise ValueError(f"layout {self.name!r} cuts a pack into {parts} equal chunks: "
+                             f"its {total} tokens must be divisible by {parts}")
+        return doc_lens
+
+    def place(self, world: int, doc_lens: tuple[int, ...]) -> tuple:
+        return super().place(world, (sum(self.padded(doc_lens, world)),))
+
+
+@dataclasses.dataclass(frozen=True)
 class WholeDocs(Layout):
     """Short documents whole on one rank, long ones split (``whole_docs.place``)."""
 
@@ -107,7 +131,8 @@ ZIGZAG = Chunked("zigzag", frozenset({PLAIN, DOCUMENTS, MASK}), mirrored=True)
 CONTIGUOUS = Chunked("contiguous", frozenset({PLAIN, DOCUMENTS, MASK}))
 WHOLE_DOCS = WholeDocs("whole_docs", frozenset({PLAIN, DOCUMENTS}))
 AREA = Area("area", frozenset({MASK}))
-_ALL = (AREA, ZIGZAG, CONTIGUOUS, WHOLE_DOCS)
+PACK_ZIGZAG = PackChunked("pack_zigzag", frozenset({PLAIN, DOCUMENTS}), mirrored=True)
+_ALL = (AREA, ZIGZAG, CONTIGUOUS, WHOLE_DOCS, PACK_ZIGZAG)
 
 LAYOUTS = tuple(x.name for x in _ALL if PLAIN in x.places)
 # How Megatron document batches may be placed: `whole_docs` (the default) keeps short

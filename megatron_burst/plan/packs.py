@@ -104,3 +104,30 @@ def describe_lengths(lens: tuple[int, ...], array: np.ndarray | None = None) -> 
     digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
     head = ", ".join(map(str, lens[:6])) + (", ..." if len(lens) > 6 else "")
     return f"{len(lens)} documents [{head}] #{digest}"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceBoundaries:
+    """Boundaries the host never reads (layout ``pack_zigzag``): a call is keyed, agreed and
+    planned by how many entries they have, and the GPU reads their values
+    (``kernels.device_calls``). Pad them to a fixed count (repeat the last boundary: empty
+    documents cost nothing) so that one plan, and one captured graph, serves every pack."""
+
+    count: int  # entries of cu_seqlens: documents + 1
+
+    @property
+    def described(self) -> str:
+        return f"{self.count - 1} documents read on the device"
+
+
+def device_boundaries(cu_seqlens: "torch.Tensor | DocumentPack") -> DeviceBoundaries:
+    """What a call keys on for boundaries read on the device; ValueError naming
+    ``cu_seqlens`` unless it is a 1-D int32/int64 tensor of at least two entries (its values
+    are checked on the device, ``kernels.device_calls.check_boundaries``)."""
+    if isinstance(cu_seqlens, DocumentPack):
+        cu_seqlens = cu_seqlens.cu_seqlens
+    if (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1
+            or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2):
+        raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor of document boundaries "
+                         "[0, n0, n0+n1, ...]")
+    return DeviceBoundaries(cu_seqlens.numel())

@@ -178,7 +178,7 @@ def counting_plans(seen: dict, counts=lambda: True):
     import contextlib
     from unittest import mock
 
-    import megatron_burst.attention.call_plan as call_plan
+    import megatron_burst.attention.pair_calls as pair_calls
     import megatron_burst.plan.whole_docs as whole_docs
     import megatron_burst.plan.schedule as schedule
 
@@ -191,7 +191,7 @@ def counting_plans(seen: dict, counts=lambda: True):
     stack = contextlib.ExitStack()
     for module, attr, name in ((whole_docs, "place", "placements"),
                                (schedule, "blocks_between", "pair_blocks"),
-                               (call_plan, "plan_calls", "call_plans")):
+                               (pair_calls, "plan_calls", "call_plans")):
         stack.enter_context(mock.patch.object(module, attr, counting(name,
                                                                      getattr(module, attr))))
     return stack

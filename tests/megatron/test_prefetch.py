@@ -183,6 +183,7 @@ def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
     import megatron_burst.plan.packs as packs
     import megatron_burst.attention.prepare as prepare
     import megatron_burst.attention.call_plan as call_plan
+    import megatron_burst.attention.pair_calls as pair_calls
     import megatron_burst.plan.schedule as schedule
     from megatron_burst.decide.topology import CPTopology
     from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack
@@ -213,8 +214,8 @@ def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
     calls = plan_pack(mb.pack_documents(cu), target, target.ring()).calls
     assert calls and all(c.varlen for c in calls)
     planned = []
-    monkeypatch.setattr(call_plan, "plan_alone", lambda *a: planned.append(a))
-    monkeypatch.setattr(call_plan, "plan_calls", lambda *a, **k: planned.append(a))
+    monkeypatch.setattr(pair_calls, "plan_alone", lambda *a: planned.append(a))
+    monkeypatch.setattr(pair_calls, "plan_calls", lambda *a, **k: planned.append(a))
     ahead = attend()
     assert planned == []
     assert torch.equal(ahead[0], at_call[0]) and torch.equal(ahead[1], at_call[1])

@@ -1,0 +1,52 @@
+"""The kernel calls of each pair of ring members a plan runs, each pair planned once.
+
+Apart from ``call_plan`` because it is the one place that picks how a pair's blocks become
+kernel calls: a plain sequence's blocks grouped by ``varlen.plan_calls``; a pack's split
+documents' blocks with its whole documents joined in (``pack_calls``); a single member's
+pack as one call from its boundaries (``varlen.plan_alone``); documents the GPU reads as
+launches bound to each call's boundary table (``device_calls``).
+"""
+from __future__ import annotations
+
+from ..comm.ring_positions import RingPositions
+from ..kernels.device_calls import BoundarySides, pair_launches
+from ..kernels.pack_calls import with_whole
+from ..kernels.varlen import KernelLaunch, plan_alone, plan_calls
+from ..plan.placement import local_length
+from ..plan.schedule import RingSchedule
+
+
+class PairCalls:
+    """The kernel calls of a pair of members, each pair planned once per build (``key``:
+    the plan's ``call_plan.PlanKey``, which imports this module)."""
+
+    def __init__(self, key, sched: RingSchedule, topo: RingPositions | None):
+        self.key, self.sched = key, sched
+        self.alone = (topo is None and key.pack and key.ulysses == 1
+                      and local_length(key.layout, key.world, key.lens) == sum(key.lens))
+        self.sides = BoundarySides(sum(key.lens)) if key.device_docs else None
+        self._made: dict[tuple[int, int], tuple[KernelLaunch, ...]] = {}
+
+    def __call__(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
+        pair = (q_member, k_member)
+        if pair not in self._made:
+            self._made[pair] = self._plan(q_member, k_member)
+        return self._made[pair]
+
+    def _plan(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
+        key, sched = self.key, self.sched
+        if self.alone:  # a single member's pack: one varlen call from the boundaries
+            return plan_alone(sched.doc_lens, sched.mask)
+        if self.sides is not None:
+            return pair_launches(sched.shard(q_member), sched.shard(k_member),
+                                 key.mask.causal, self.sides)
+        if not key.pack or not key.varlen:
+            return plan_calls(sched.blocks(q_member, k_member), varlen=key.varlen,
+                              dense_min_area=key.dense_min_area,
+                              shape_free=key.dense_min_area is None)
+        # A pack: the split documents' blocks, the whole ones from the shard's arrays.
+        calls = plan_calls(sched.split_blocks(q_member, k_member), varlen=True,
+                           dense_min_area=None, shape_free=True)
+        if q_member == k_member:
+            calls = with_whole(calls, sched.shard(q_member), sched.mask)
+        return calls
