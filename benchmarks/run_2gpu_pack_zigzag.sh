@@ -17,8 +17,9 @@ if [ "$part" = a ]; then
     > "$out/gpu_tests.txt" 2>&1; echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | tail -4
   timeout 330 torchrun --nproc_per_node=2 benchmarks/documents.py --per-gpu 8192,16384 \
     --heads 32:8:128,16:4:64 --mixes lognormal,uniform,tiny --cudnn-cases none \
-    --layouts whole_docs,pack_zigzag,pack_zigzag+graph --out "$out/documents_pack_zigzag.json" \
+    --layouts whole_docs,pack_zigzag,pack_zigzag+graph --pyprofile "${PYPROFILE:-}" \
+    --out "$out/documents_pack_zigzag.json" \
     > "$out/documents_log.txt" 2>&1; echo "documents rc=$?"
-  quiet < "$out/documents_log.txt" | grep -E "^# |rc=|Error" | tail -20
+  quiet < "$out/documents_log.txt" | grep -E "Error|error" | tail -5
 fi
 mkdir -p "$top"; tar -czf "$top/$part.tgz" -C /tmp "run_$part"

@@ -149,3 +149,13 @@ def test_what_pack_zigzag_cannot_take_raises():
                       layout="pack_zigzag", cu_seqlens=cu)
     with pytest.raises(ValueError, match="1-D int32/int64"):
         mb.burst_attn(q, k, v, causal=True, layout="pack_zigzag", cu_seqlens=cu.float())
+
+
+def test_documents_on_and_across_chunk_edges_match_float64_reference():
+    """Chunks of 16 rows on 2 ranks: documents that start on a chunk's first row, one that
+    crosses three chunks, one-row documents at both ends, empty ones between."""
+    packs = [(16, 16, 32), (8, 40, 16), (1, 62, 1), (16, 0, 0, 48), (64,), (15, 2, 47)]
+    cases = [dict(layout="pack_zigzag", causal=causal, backward=backward, hq=2, hkv=1, d=8,
+                  dtype=torch.float32, doc_lens=lens)
+             for lens in packs for causal in (True, False) for backward in ("ring", "burst")]
+    check_grid(2, cases)

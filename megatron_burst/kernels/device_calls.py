@@ -23,12 +23,21 @@ rows likewise. It is exact because:
   key <= query;
 - a sequence with queries but no keys gives zeros with lse +inf from flash (its marker
   for "nothing seen"), mended to -inf (``BoundLaunch.keyless``); one with keys but no
-  queries computes nothing. Every query row is in exactly one sequence of each block, so
-  a call writes every row it covers, as the plan's fresh/uses counts assume.
+  queries gives zero gradients for its keys. Every query row and every key row is in
+  exactly one sequence of each block, so a call writes every row it covers, as the plan's
+  fresh/uses counts assume.
 
-A call's boundary table (``BoundarySides.table``) is one [R, N + 3] int32 tensor, made by
-five tensor ops: R block sides, each a row of packed boundaries; every launch's
-cu_seqlens_q and cu_seqlens_k are row ranges of it (views). The boundaries are framed
+The kernel launches a row of thread blocks per sequence, empty or not, so a block cut into
+every document of the pack is mostly empty sequences. A *span* block (a causal mask's block
+whose keys all precede its queries) needs three: only the document holding its first query
+can hold keys of the block too (documents are contiguous), so it is the keys before that
+document against no query, that document's queries against its keys, and the rest of the
+queries against nothing (``BoundarySides._span_table``: one ``searchsorted``).
+
+A call's boundary tables (``BoundarySides.table``) are one [R, N + 3] int32 tensor for the
+blocks cut by documents (R block sides, each a row of packed boundaries) and one for the
+span blocks, made by a few tensor ops; every launch's cu_seqlens_q and cu_seqlens_k are
+row ranges of one of them (views). The boundaries are framed
 (0, cu..., total) and made nondecreasing (cummax) first, so a malformed
 cu_seqlens can give a wrong answer (reported, ``attention.agree.check_boundaries``) but
 never sends a kernel outside its rows. Nothing is read on the host: the call can be
@@ -77,43 +86,74 @@ def _kind(q: Run, k: Run, causal: bool) -> str | None:
                      f"{pk}..{pk + nk} overlap in part, which no placement of it makes")
 
 
+Side = tuple[int, int, int]  # a block side: (packed offset, rows, first position)
+
+
 @dataclasses.dataclass(eq=False)
 class BoundarySides:
-    """The block sides of one plan's device launches, a row of the boundary table each:
-    (packed offset, rows, first position). Filled while the plan is built, then fixed."""
+    """The block sides of one plan's device launches: a row of the documents' table each
+    (``sides``), or, for a span block, a row of the span table (``spans``: its query side
+    and its key side). Filled while the plan is built, then fixed."""
 
     total: int  # the sequence's tokens (the last boundary)
-    sides: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    sides: list[Side] = dataclasses.field(default_factory=list)
+    spans: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     _device: dict = dataclasses.field(default_factory=dict, repr=False)
 
-    def add(self, sides: list[tuple[int, int, int]]) -> tuple[int, int]:
-        """Append ``sides``; their rows of the table."""
+    def add(self, sides: list[Side]) -> tuple[int, int]:
+        """Append ``sides``; their rows of the documents' table."""
         start = len(self.sides)
         self.sides.extend(sides)
         return start, len(self.sides)
 
+    def add_spans(self, q_sides: list[Side], k_sides: list[Side]) -> tuple[int, int]:
+        """Append span blocks (their query and key sides); their rows of the span table."""
+        start = len(self.spans)
+        self.spans.extend(q + k for q, k in zip(q_sides, k_sides))
+        return start, len(self.spans)
+
     def _on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         key = (str(device), dtype)
         if key not in self._device:
-            arr = np.asarray(self.sides, dtype=np.int64).reshape(-1, 3)
-            offs, rows, starts = (torch.from_numpy(arr[:, i:i + 1].copy()).to(device, dtype)
-                                  for i in range(3))
-            self._device[key] = (offs, rows, starts, torch.zeros((), dtype=dtype, device=device),
+            def columns(rows, width, shape):
+                arr = np.asarray(rows, dtype=np.int64).reshape(-1, width)
+                return [torch.from_numpy(arr[:, i].copy()).reshape(shape).to(device, dtype)
+                        for i in range(width)]
+            self._device[key] = (*columns(self.sides, 3, (-1, 1)),
+                                 *columns(self.spans, 6, (-1,)),
+                                 torch.zeros((), dtype=dtype, device=device),
                                  torch.tensor([0, self.total], dtype=dtype, device=device))
         return self._device[key]
 
-    def table(self, cu: torch.Tensor) -> torch.Tensor:
-        """The call's boundary table for boundaries ``cu`` (on any device; see the module
-        docstring): int32 [R, len(cu) + 2], no host read. Framed by 0 and the total and
-        made nondecreasing, every row covers its block's rows, whatever ``cu`` holds."""
-        offs, rows, starts, zero, ends = self._on(cu.device, torch.int32)
+    def table(self, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The call's boundary tables for boundaries ``cu`` (on any device; see the module
+        docstring), no host read: the documents' [R, len(cu) + 2] and the spans' [2, S, 4],
+        int32. Framed by 0 and the total and made nondecreasing first, every row covers its
+        block's rows, whatever ``cu`` holds."""
+        offs, rows, starts, *span, zero, ends = self._on(cu.device, torch.int32)
         framed = torch.cat((ends[:1], cu.to(torch.int32), ends[1:])).cummax(0).values
-        return torch.clamp(framed - starts, min=zero, max=rows).add_(offs)
+        docs = torch.clamp(framed - starts, min=zero, max=rows).add_(offs)
+        return docs, self._span_table(framed, zero, *span)
+
+    @staticmethod
+    def _span_table(framed, zero, off_q, n_q, g_q, off_k, n_k, g_k) -> torch.Tensor:
+        """A span block (keys before queries, causal): only the document holding its first
+        query can hold keys too, so it is three sequences: the keys before that document
+        against no query (their gradients: zeros), its queries against its keys, the other
+        queries against nothing. [2 (q, k), S, 4] boundaries."""
+        idx = torch.searchsorted(framed, g_q, right=True)  # the first boundary past g_q
+        start, end = framed[torch.stack((idx - 1, idx))]
+        q_cut = torch.minimum(end - g_q, n_q)
+        k_cut = torch.clamp(start - g_k, min=zero, max=n_k)  # n_k: it starts after the keys
+        none = zero.expand_as(n_q)
+        q_rows = torch.stack((none, none, q_cut, n_q), 1).add_(off_q[:, None])
+        k_rows = torch.stack((none, k_cut, n_k, n_k), 1).add_(off_k[:, None])
+        return torch.stack((q_rows, k_rows))
 
     def framed(self, cu: torch.Tensor) -> torch.Tensor:
         """(cu_0, 0, cu..., total, cu_N): nondecreasing exactly when ``cu`` starts at 0,
         never decreases and ends at the total (what ``check_boundaries`` reads)."""
-        ends = self._on(cu.device, cu.dtype)[4]
+        ends = self._on(cu.device, cu.dtype)[-1]
         return torch.cat((cu[:1], ends[:1], cu, ends[1:], cu[-1:]))
 
 
@@ -122,8 +162,9 @@ class DeviceLaunch(KernelLaunch):
     """A varlen call whose boundaries a call's table holds (rows ``q_table`` and
     ``k_table``): the plan's template, bound to a call's table by ``bound``."""
 
-    q_table: tuple[int, int] = (0, 0)
+    q_table: tuple[int, int] = (0, 0)  # rows of the documents' table (a span: its table)
     k_table: tuple[int, int] = (0, 0)
+    span: bool = False  # keys before queries under a causal mask: two sequences a block
     longest: int = 0  # the most rows of any block side: the kernel's max_seqlen
     keyless: bool = False  # some query row may have no key of its document here
 
@@ -135,9 +176,13 @@ class DeviceLaunch(KernelLaunch):
     def max_k(self) -> int:
         return self.longest
 
-    def bound(self, table: torch.Tensor) -> "BoundLaunch":
-        cu_q = table[self.q_table[0]:self.q_table[1]].reshape(-1)
-        cu_k = table[self.k_table[0]:self.k_table[1]].reshape(-1)
+    def bound(self, tables: tuple[torch.Tensor, torch.Tensor]) -> "BoundLaunch":
+        if self.span:
+            rows = tables[1][:, self.q_table[0]:self.q_table[1]]
+            cu_q, cu_k = rows[0].reshape(-1), rows[1].reshape(-1)
+        else:
+            cu_q = tables[0][self.q_table[0]:self.q_table[1]].reshape(-1)
+            cu_k = tables[0][self.k_table[0]:self.k_table[1]].reshape(-1)
         return BoundLaunch(self.q_runs, self.k_runs, self.window, self.causal, self.longest,
                            self.keyless, cu_q, cu_k)
 
@@ -206,10 +251,11 @@ def pair_launches(q_shard: Shard, k_shard: Shard, causal: bool,
                 runs[(blk.q_start, blk.k_start)] = (q, k)
     calls = plan_calls(blocks, varlen=True, dense_min_area=0.0, shape_free=True,
                        coalesce=False)
-    return tuple(_launch(call, runs, sides) for call in calls)
+    return tuple(_launch(call, runs, sides, causal) for call in calls)
 
 
-def _launch(call: KernelLaunch, runs: dict, sides: BoundarySides) -> DeviceLaunch:
+def _launch(call: KernelLaunch, runs: dict, sides: BoundarySides, causal: bool
+            ) -> DeviceLaunch:
     q_sides, k_sides, keyless = [], [], False
     for j, blk in enumerate(call.blocks):
         (_, pq, nq), (_, pk, nk) = runs[(blk.q_start, blk.k_start)]
@@ -217,6 +263,11 @@ def _launch(call: KernelLaunch, runs: dict, sides: BoundarySides) -> DeviceLaunc
         k_sides.append((call.cu_k[j], nk, pk))
         keyless |= not (pk <= pq and pq + nq <= pk + nk)  # else a row sees its own key
     longest = max(n for _, n, _ in q_sides + k_sides)
+    # Every document a sequence would make a block mostly of empty sequences, each costing
+    # the kernel a row of thread blocks: a span block is three sequences instead.
+    span = causal and not call.causal
+    rows = sides.add_spans(q_sides, k_sides) if span else None
     return DeviceLaunch((), True, call.q_runs, call.k_runs, (), (), call.window, call.causal,
-                        q_table=sides.add(q_sides), k_table=sides.add(k_sides),
-                        longest=longest, keyless=keyless)
+                        q_table=rows or sides.add(q_sides),
+                        k_table=rows or sides.add(k_sides), span=span, longest=longest,
+                        keyless=keyless)
