@@ -411,3 +411,44 @@ def test_merge_at_plan_figures_are_the_run_on_file():
     before, after = row("before"), row("after")
     _says(f"(mean {before['ms']:.2f} to {after['ms']:.2f} ms, the slowest call "
           f"{before['ms_max']:.1f}\nto {after['ms_max']:.1f} ms)")
+
+
+def test_pack_zigzag_table_and_figures_are_the_run_on_file():
+    """The layouts' table is `benchmarks/layouts_table.py` of the run on file, and the text's
+    ranges are read from the same JSON."""
+    import importlib.util
+
+    folder = RESULTS / "h100x2_issue39_pack_zigzag_spans"
+    spec = importlib.util.spec_from_file_location(
+        "layouts_table", RESULTS.parent / "layouts_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.table(str(folder / "documents_pack_zigzag.json")).split("\n", 2)[2]
+    for line in table.strip().splitlines():
+        _says(line)
+    rows = [r for r in _load("h100x2_issue39_pack_zigzag_spans/documents_pack_zigzag.json")
+            ["rows"] if r["method"].startswith("burst ")]
+
+    def pick(per_gpu=None, heads=None, mixes=("lognormal", "uniform"), method=""):
+        return [r for r in rows if (per_gpu is None or r["per_gpu"] == per_gpu)
+                and (heads is None or r["heads"] == heads) and r["mix"] in mixes
+                and r["method"].startswith(method)]
+
+    small_new = pick(heads="16:4", method="burst whole_docs, new pack each")
+    small_graph = pick(heads="16:4", method="burst pack_zigzag+graph, new pack each")
+    _says(f"rows go from {_span([r['efficiency_vs_1gpu'] for r in small_new])} (whole_docs, "
+          f"a new pack each call) to {_span([r['efficiency_vs_1gpu'] for r in small_graph])}")
+    _says(f"host time from {_span([r['host_ms'] for r in small_new], '{:.1f}')} ms to "
+          f"{_span([r['host_ms'] for r in small_graph])} ms")
+    tiny = [r for r in pick(mixes=("tiny",), method="burst pack_zigzag")
+            if "same pack" not in r["method"]]
+    _says(f"documents run at {_span([r['efficiency_vs_1gpu'] for r in tiny])}")
+    shown = lambda found: [r for r in found if "same pack" not in r["method"]]  # noqa: E731
+    big_whole = shown(pick(16384, "32:8", method="burst whole_docs"))
+    big_graph = shown(pick(16384, "32:8", method="burst pack_zigzag+graph"))
+    _says(f"reaches {_span([r['efficiency_vs_1gpu'] for r in big_whole])}, `pack_zigzag` with "
+          f"graphs reaches {_span([r['efficiency_vs_1gpu'] for r in big_graph])}")
+    errors = [float(x) for line in (folder / "gpu_tests.txt").read_text().splitlines()
+              if line.startswith("{'case'")
+              for x in __import__("re").findall(r"'err_\w+': ([0-9.e-]+)", line)]
+    _says(f"relative errors {min(errors):.1e} to {max(errors):.1e}".replace("e-0", "e-"))
