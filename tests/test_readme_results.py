@@ -452,3 +452,19 @@ def test_pack_zigzag_table_and_figures_are_the_run_on_file():
               if line.startswith("{'case'")
               for x in __import__("re").findall(r"'err_\w+': ([0-9.e-]+)", line)]
     _says(f"relative errors {min(errors):.1e} to {max(errors):.1e}".replace("e-0", "e-"))
+
+
+def test_issue39_captured_pack_figures_are_the_run_on_file():
+    rows = _load("h100x2_issue39_pack_zigzag_spans/documents_pack_zigzag.json")["rows"]
+
+    def get(per_gpu, layout):
+        return next(r for r in rows if r["per_gpu"] == per_gpu and r["heads"] == "16:4"
+                    and r["mix"] == "uniform"
+                    and r["method"] == f"burst {layout}, new pack each call")
+
+    g8, g16 = get(8192, "pack_zigzag+graph"), get(16384, "pack_zigzag+graph")
+    w8, w16 = get(8192, "whole_docs"), get(16384, "whole_docs")
+    _says(f"at 8K/GPU 16:4 d64 uniform {g8['efficiency_vs_1gpu']:.2f} of one GPU's varlen "
+          f"kernel against whole_docs' {w8['efficiency_vs_1gpu']:.2f} in the same run")
+    _says(f"at 16K {g16['efficiency_vs_1gpu']:.2f} against {w16['efficiency_vs_1gpu']:.2f}")
+    _says(f"the replay's host time {g8['host_ms']:.2f} and {g16['host_ms']:.2f} ms per call")
