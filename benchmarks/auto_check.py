@@ -170,7 +170,9 @@ def _check_json(check) -> dict:
     return dict(chosen=check.chosen.describe(), predicted_ms=check.predicted_s * 1e3,
                 measured_ms=check.measured_s * 1e3, kept=check.kept.describe(),
                 runner_up=check.runner_up.describe() if check.runner_up else None,
-                runner_up_ms=None if check.runner_up_s is None else check.runner_up_s * 1e3)
+                runner_up_ms=None if check.runner_up_s is None else check.runner_up_s * 1e3,
+                sibling=None if check.sibling is None else check.sibling[0].describe(),
+                sibling_ms=None if check.sibling is None else check.sibling[1] * 1e3)
 
 
 def _label(rows, per_gpu, hq, hkv, docs, world) -> list[dict]:

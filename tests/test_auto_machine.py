@@ -315,3 +315,49 @@ def test_new_document_packs_share_one_decision_and_one_check(tmp_path):
     for timed, checks, decided in run_ranks(2, _new_packs, str(tmp_path), timeout=120):
         assert checks == 1 and 1 <= timed <= 2, (timed, checks)
         assert len({t for t, _ in decided}) == 1
+
+
+def _sibling(rank, world, off):
+    """A decision ranked (ulysses 2 burst, flat ring burst, flat... ring backward) whose choice
+    is timed ``off`` from its prediction, under a clock where the choice's own topology with
+    the other backward mode is the fastest: it is timed only where the model was off."""
+    from types import SimpleNamespace
+
+    import megatron_burst as mb
+    from megatron_burst.attention import decision_check
+    from megatron_burst.decide.options import Decision
+    from megatron_burst.decide.topology import CPTopology
+
+    burst = CPTopology.build(2, backward="burst")
+    ring = CPTopology.build(2, backward="ring")
+    ulysses = CPTopology.build(2, ulysses=2, backward="burst")
+    ranked = (SimpleNamespace(topology=burst, total_s=1.0),
+              SimpleNamespace(topology=ulysses, total_s=1.3),
+              SimpleNamespace(topology=ring, total_s=1.5))
+    decision = Decision(burst, ranked, None, ("sibling", off))
+    call = SimpleNamespace(layout="zigzag", window_size=(-1, -1), cu_seqlens=None)
+    timed: list = []
+    seconds = {burst: 1.0 + off, ulysses: 1.2, ring: 0.9}
+
+    def fake_clock(topology, run, device, group):
+        run()
+        timed.append(topology)
+        return seconds[topology]
+
+    decision_check.TIMER = fake_clock
+    gen = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
+    found = decision_check.check(None, world, decision, call, q, k, v, {"causal": True},
+                                 mb.burst_attn)
+    return [t.describe() for t in timed], found.kept.describe()
+
+
+@pytest.mark.parametrize("off, timed, kept", [
+    (0.3, ["burst", "ulysses", "ring"], "ring"),  # off: the runner-up and the other backward
+    (0.05, ["burst"], "burst")])  # as predicted, a clear lead: nothing else is timed
+def test_a_mispredicted_choice_also_times_its_other_backward(off, timed, kept):
+    names = {"burst": "flat ring 2, backward burst", "ring": "flat ring 2, backward ring",
+             "ulysses": "ulysses 2"}
+    for got_timed, got_kept in run_ranks(2, _sibling, off, timeout=120):
+        assert [next(n for n, s in names.items() if s in t) for t in got_timed] == timed
+        assert names[kept] in got_kept

@@ -1,5 +1,6 @@
 """'auto' checked against what happens: a decision's first call is timed, and where the time
-model was off by more than its stated error, the runner-up is timed once and the faster kept.
+model was off by more than its stated error, the runner-up (and the choice with the other
+backward mode) is timed once and the fastest kept.
 
 Preparing a call whose topology 'auto' chose among several asks ``verdict`` (no
 communication). A decision not yet checked in this process makes the call's first use,
@@ -9,7 +10,8 @@ timed, and rank 0's time is broadcast, so every rank compares the same number wi
 prediction. Off by more than ``MODEL_ERROR``, or where the runner-up's prediction is within
 ``MODEL_ERROR`` of the choice's (the model cannot rank two such: on 2x H200 it predicted the
 burst and the ring backward alike at 8K tokens, and the ring one ran 8% faster), the runner-up
-is timed likewise, once, and the faster of the two becomes the decision's verdict, on every
+is timed likewise, once; where the model was off, so is the choice's topology with the
+other backward mode (``sibling_of``); the fastest becomes the decision's verdict, on every
 rank; what changed is logged. A
 verdict holds for the decision's inputs (``options.Decision.key``: shape, tokens, mask,
 options, profile, whether documents are packed) and the call's layout, window and whether
@@ -49,6 +51,9 @@ class Check:
     kept: CPTopology
     runner_up: CPTopology | None = None
     runner_up_s: float | None = None
+    # The choice's topology with the other backward mode, timed too where the model was off
+    # beyond its error and ranked it below the runner-up: (topology, seconds).
+    sibling: tuple[CPTopology, float] | None = None
 
 
 CHECKS: dict[tuple, Check] = {}  # check_key -> its check
@@ -90,12 +95,29 @@ def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
     result = Check(chosen.topology, chosen.total_s, measured, chosen.topology)
     if abs(off) > MODEL_ERROR or near_tie(chosen.total_s, runner.total_s):
         other = _timed(group, world, runner.topology, q, k, v, arguments, attend)
-        kept = runner.topology if other < measured else chosen.topology
+        times = [(measured, chosen.topology), (other, runner.topology)]
+        sibling = sibling_of(decision, chosen.topology) if abs(off) > MODEL_ERROR else None
+        if sibling is not None and sibling != runner.topology:
+            times.append((_timed(group, world, sibling, q, k, v, arguments, attend), sibling))
+        kept = min(times, key=lambda pair: pair[0])[1]  # the first of equal times
         result = dataclasses.replace(result, kept=kept, runner_up=runner.topology,
-                                     runner_up_s=other)
+                                     runner_up_s=other,
+                                     sibling=times[2][::-1] if len(times) > 2 else None)
     CHECKS[check_key(group, decision, call)] = result
     _log(result, off, runner)
     return result
+
+
+def sibling_of(decision: Decision, topology: CPTopology) -> CPTopology | None:
+    """``topology`` with the other backward mode, where the decision ranked it (the mode is
+    what the model ranks least surely: on 2x H200 under emulated 50 GB/s links it predicted
+    the ring backward 45% slow at 8K tokens, ranked it third, and it was the fastest)."""
+    for prediction in decision.ranked[1:]:
+        other = prediction.topology
+        if other.backward != topology.backward and \
+                dataclasses.replace(other, backward=topology.backward) == topology:
+            return other
+    return None
 
 
 def near_tie(chosen_s: float, runner_s: float) -> bool:
@@ -113,11 +135,15 @@ def _log(result: Check, off: float, runner) -> None:
     changed = result.kept != result.chosen
     why = (f"beyond the model's {MODEL_ERROR:.0%}" if abs(off) > MODEL_ERROR else
            f"the runner-up predicted within the model's {MODEL_ERROR:.0%}")
+    also = "" if result.sibling is None else (
+        f"; the other backward {result.sibling[0].describe()} measured "
+        f"{result.sibling[1] * 1e3:.2f} ms")
     logger.warning("%s, %s): the runner-up %s (predicted %.2f ms) "
-                   "measured %.2f ms: %s", said, why,
+                   "measured %.2f ms%s: %s", said, why,
                    result.runner_up.describe(), runner.total_s * 1e3,
-                   result.runner_up_s * 1e3,
-                   "switched to the runner-up" if changed else "kept the first choice")
+                   result.runner_up_s * 1e3, also,
+                   f"switched to {result.kept.describe()}" if changed
+                   else "kept the first choice")
 
 
 def _timed(group, world: int, topology: CPTopology, q, k, v, arguments: dict,
