@@ -468,3 +468,31 @@ def test_issue39_captured_pack_figures_are_the_run_on_file():
           f"kernel against whole_docs' {w8['efficiency_vs_1gpu']:.2f} in the same run")
     _says(f"at 16K {g16['efficiency_vs_1gpu']:.2f} against {w16['efficiency_vs_1gpu']:.2f}")
     _says(f"the replay's host time {g8['host_ms']:.2f} and {g16['host_ms']:.2f} ms per call")
+
+
+def test_auto_figures_after_the_sibling_check_are_the_runs_on_file():
+    folder = "h200x2_issue41_sibling/"
+
+    def metas(side):
+        return [_load(f"{folder}{side}/auto_check{t}.json")["meta"]
+                for t in ("", "_25gbps", "_50gbps")]
+
+    def worst(ms):
+        return [f"{m['worst_auto_over_best']:.2f}" for m in ms]
+
+    def within(ms):
+        return [m["rows_model_within_15pct"].split(" of ")[0] for m in ms]
+
+    before, after = metas("before"), metas("after")
+    _says(f"auto was within {worst(before)[0]}, {worst(before)[1]} and {worst(before)[2]} of "
+          f"the best")
+    _says(f"within {worst(after)[0]}, {worst(after)[1]} and {worst(after)[2]} of the best in "
+          f"every cell")
+    _says(f"the model within 15% in {within(after)[0]}, {within(after)[1]} and "
+          f"{within(after)[2]} of 32 rows ({within(before)[0]}, {within(before)[1]} and "
+          f"{within(before)[2]} before")
+    seconds = []
+    for m in after:
+        (line,) = [x for x in m["auto_log"] if "at first use" in x]
+        seconds.append(line.split(" in ")[1].split(" at first use")[0])
+    _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
