@@ -62,7 +62,12 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cannot compute one (cuDNN under a sliding window) raises ValueError.
     ``cu_seqlens`` may be a ``DocumentPack`` (``pack_documents``), made once per batch: its
     plans are then made once for all the layers that attend over the pack (a tensor is read
-    at every call and matched by its content).
+    at every call and matched by its content). With ``layout="pack_zigzag"`` the host never
+    reads them: the pack is placed as one zigzag sequence and the kernels take the
+    documents from the tensor on the device (``kernels.device_calls``), so a new pack costs
+    the host nothing and the call can be captured in a CUDA graph and replayed on the next
+    pack (pad the boundaries to a fixed count by repeating the last); they are checked on
+    the device, and a malformed or differing pack raises at the call after.
     ``keep`` (``remat.AttentionKeep``): under full recompute, a call without autograd keeps
     its output there and the recompute of the same inputs takes it instead of running the
     ring (see ``remat`` for why it can never take another forward's).
