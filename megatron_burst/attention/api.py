@@ -63,11 +63,10 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``cu_seqlens`` may be a ``DocumentPack`` (``pack_documents``), made once per batch: its
     plans are then made once for all the layers that attend over the pack (a tensor is read
     at every call and matched by its content). With ``layout="pack_zigzag"`` the host never
-    reads them: the pack is placed as one zigzag sequence and the kernels take the
-    documents from the tensor on the device (``kernels.device_calls``), so a new pack costs
-    the host nothing and the call can be captured in a CUDA graph and replayed on the next
-    pack (pad the boundaries to a fixed count by repeating the last); they are checked on
-    the device, and a malformed or differing pack raises at the call after.
+    reads them: the pack is placed as one zigzag sequence and the kernels read the documents
+    on the device (``kernels.device_calls``), so the call can be captured in a CUDA graph and
+    replayed on the next pack (boundaries padded to a fixed count by repeating the last);
+    a malformed or differing pack raises at the call after.
     ``keep`` (``remat.AttentionKeep``): under full recompute, a call without autograd keeps
     its output there and the recompute of the same inputs takes it instead of running the
     ring (see ``remat`` for why it can never take another forward's).
@@ -83,12 +82,8 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if prepared.native and not return_lse and sinks is None and keep is None:
         return _native(q, k, v, prepared.bound)  # one aten op, its own autograd: nothing more
     tag = _numbered(prepared, group, q, world)
-    bound = prepared.bound
-    if prepared.call.device_docs:  # the GPU reads them: checked there, the verdict later
-        cu = _boundaries(cu_seqlens, q.device)
-        agree.check_boundaries(group, cu, bound.plan.sides, prepared.call.layout)
-        bound = bound.with_boundaries(cu)
-    out, lse = _attend(q, k, v, tag, group, prepared, bound, keep, sinks, return_lse)
+    out, lse = _attend(q, k, v, tag, group, prepared, _bound(prepared, group, cu_seqlens, q),
+                       keep, sinks, return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -138,6 +133,16 @@ def _native(q, k, v, bound):
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
     out = bound.kernel.native(q, k, v, bound.whole, bound.scale)
     return out.transpose(0, 1) if bound.seq_first else out
+
+
+def _bound(prepared, group, cu_seqlens, q: torch.Tensor):
+    """The call's plan, bound to its boundaries where the GPU reads them (checked there: the
+    verdict comes at the call after)."""
+    if not prepared.call.device_docs:
+        return prepared.bound
+    cu = _boundaries(cu_seqlens, q.device)
+    agree.check_boundaries(group, cu, prepared.bound.plan.sides, prepared.call.layout)
+    return prepared.bound.with_boundaries(cu)
 
 
 def _boundaries(cu_seqlens, device: torch.device) -> torch.Tensor:
