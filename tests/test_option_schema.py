@@ -31,6 +31,7 @@ BURST_ATTN = {
     "remat_aware": "keep",  # the layer's AttentionKeep, which the spec's remat_aware makes
     "document_mask": "cu_seqlens",  # a DocumentPack or the documents' boundaries
     "document_layout": "layout",
+    "document_capacity": "cu_seqlens",  # the boundaries, padded to it
 }
 # Each field, as the spec functions take it: a keyword, or how a run's layers get it.
 SPEC = {
@@ -41,6 +42,7 @@ SPEC = {
     "remat_aware": "remat_aware",
     "document_mask": None,  # each micro-batch's DocumentParams (packed_seq_params)
     "document_layout": None,  # likewise: the layout the DocumentParams name
+    "document_capacity": None,  # likewise: their boundaries, padded to it
 }
 
 
@@ -88,7 +90,7 @@ def test_the_spec_places_every_field():
     explicit = inspect.signature(get_gpt_layer_burst_spec).parameters
     for name, keyword in SPEC.items():
         assert keyword is None or keyword in explicit or keyword in TOPOLOGY_OPTIONS, name
-    for name in ("document_mask", "document_layout"):
+    for name in ("document_mask", "document_layout", "document_capacity"):
         with pytest.raises(ValueError, match="unknown option"):
             BurstSpecProvider(use_te=False, **{name: True})
     assert BurstSpecProvider(use_te=False, backward="ring").params["burst_options"] == {

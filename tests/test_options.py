@@ -35,10 +35,14 @@ TAKES = {
                 (3, ["a100-ib"])),
     "remat_aware": ((True, False), "must be true or false", (1, "true", None)),
     "document_mask": ((True, False), "must be true or false", (0, "yes", None)),
-    "document_layout": ((None, "whole_docs", "zigzag"),
-                        "must be one of ('whole_docs', 'zigzag')", ("stripe", 1)),
+    "document_layout": ((None, "whole_docs", "zigzag", "pack_zigzag"),
+                        "must be one of ('whole_docs', 'zigzag', 'pack_zigzag')",
+                        ("stripe", 1)),
+    "document_capacity": ((None, 1, 64), "must be a positive int or None",
+                          (0, -3, True, 2.0, "64")),
 }
-NEEDS = {"document_layout": {"document_mask": True}}
+NEEDS = {"document_layout": {"document_mask": True},
+         "document_capacity": {"document_mask": True, "document_layout": "pack_zigzag"}}
 
 
 def test_every_field_has_cases() -> None:

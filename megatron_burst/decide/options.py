@@ -27,6 +27,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from .not_given import NOT_GIVEN, NotGiven, is_given  # noqa: F401 (re-exported)
 from .topology import BACKWARD_MODES, CPTopology, HeadShape
 from ..plan.layouts import DOCUMENT_LAYOUTS, layout_named
 from ..comm.settings import current
@@ -40,33 +41,6 @@ if TYPE_CHECKING:  # numpy and the planner: not for the launcher's light imports
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
-
-
-class NotGiven:
-    """The value of an option nobody set, distinct from every value a user can pass (its
-    repr shows the default it stands for)."""
-
-    __slots__ = ("default",)
-
-    def __init__(self, default: Any = None):
-        self.default = default
-
-    def __repr__(self) -> str:
-        return f"{self.default!r} (not given)"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NotGiven) and other.default == self.default
-
-    def __hash__(self) -> int:
-        return hash((NotGiven, self.default))
-
-
-NOT_GIVEN: Any = NotGiven()
-
-
-def is_given(value: Any) -> bool:
-    """Whether ``value`` was set by someone (is not a ``NotGiven``)."""
-    return not isinstance(value, NotGiven)
 
 
 class OptionError(ValueError):
@@ -123,7 +97,13 @@ class BurstOptions:
         kind=bool)
     document_layout: str | None = _option(
         None, "How document masks shard the documents over the CP group (default "
-        "whole_docs; zigzag pads every document to 2*cp).", choices=DOCUMENT_LAYOUTS)
+        "whole_docs; zigzag pads every document to 2*cp; pack_zigzag places the pack as one "
+        "sequence and the GPU reads its documents, so Megatron's CUDA graphs can replay "
+        "every micro-batch).", choices=DOCUMENT_LAYOUTS)
+    document_capacity: int | None = _option(
+        None, "With document_layout pack_zigzag: the most documents a sequence holds, its "
+        "boundaries padded to it (one shape for every micro-batch: Megatron's CUDA graphs "
+        "need it; more raises). Unset: each batch's power of two.", kind=int)
     # The fields set explicitly, whatever their value (filled in by __post_init__).
     given: frozenset = dataclasses.field(init=False, default=frozenset(), repr=False)
 
@@ -144,6 +124,11 @@ class BurstOptions:
         if self.document_layout is not None and not self.document_mask:
             raise OptionError("document_layout", "shards document masks: it needs "
                               "{document_mask}")
+        if self.document_capacity is not None and (
+                self.document_layout is None
+                or layout_named(self.document_layout).places_documents):
+            raise OptionError("document_capacity", "pads the boundaries of the pack_zigzag "
+                              "layout: it needs {document_layout} pack_zigzag")
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> "BurstOptions":
@@ -191,6 +176,10 @@ def _check_field(f: dataclasses.Field, value: Any) -> None:
     if meta["kind"] is bool:
         if not isinstance(value, bool):
             raise OptionError(f.name, f"must be true or false, got {value!r}")
+    elif meta["kind"] is int:
+        if not (value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                  and value >= 1)):
+            raise OptionError(f.name, f"must be a positive int or None, got {value!r}")
     elif meta["choices"] is not None:  # None only where it is the default (unset)
         if not (value is None and meta["default"] is None) and value not in meta["choices"]:
             raise OptionError(f.name, f"must be one of {tuple(meta['choices'])}, got "

@@ -47,6 +47,8 @@ def add_burst_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         elif meta["auto"]:
             group.add_argument(flag(field.name), type=_int_or_auto, default=None,
                                help=meta["help"])
+        elif meta["kind"] is int:
+            group.add_argument(flag(field.name), type=int, default=None, help=meta["help"])
         else:
             group.add_argument(flag(field.name), choices=meta["choices"], default=None,
                                help=meta["help"])

@@ -45,6 +45,9 @@ class BurstRun:
     # 'auto' waits for this machine's profile: each layer decides at its first call
     # (`machine_profile`), the topology here stays None.
     decided_later: bool = False
+    # pack_zigzag: the most documents a batch holds (its boundaries padded to it); None: each
+    # batch's own power of two
+    document_capacity: Optional[int] = None
 
     @property
     def uses_burst(self) -> bool:
@@ -121,7 +124,8 @@ def configure_run(args: Any, model_cfg: Any = None) -> BurstRun:
     if dense_off:
         args.create_attention_mask_in_dataloader = False
     run = BurstRun(topology, documents, bool(getattr(args, "burst_remat_aware", False)),
-                   dense_off, mask_builder, decided_later=topology is None)
+                   dense_off, mask_builder, decided_later=topology is None,
+                   document_capacity=getattr(args, "burst_document_capacity", None))
     if model_cfg is not None:
         model_cfg.transformer_layer_spec = run.bind_spec(model_cfg.transformer_layer_spec)
         if documents or mask_builder:

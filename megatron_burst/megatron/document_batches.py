@@ -20,7 +20,10 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import torch
 
 from megatron_burst.decide.flops import StepFlops
-from megatron_burst.megatron.documents import BATCH_KEYS, DocumentParams, shard_document_batch
+from megatron_burst.megatron.documents import (BATCH_KEYS, DocumentParams,
+                                               document_boundaries, shard_document_batch)
+from megatron_burst.plan.layouts import PACK_ZIGZAG
+from megatron_burst.plan.packs import DocumentPack, pack_documents
 from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack, upload
 from megatron_burst.megatron.run_flops import FlopsCounter, FlopsReport
 from megatron_burst.kernels.varlen import KernelLaunch
@@ -33,6 +36,7 @@ class PreparedBatch:
     sample: Mapping[str, torch.Tensor]  # as the data iterator gave it
     local: Dict[str, torch.Tensor]  # BATCH_KEYS -> this rank's [1, s_local], on the host
     params: DocumentParams  # the pack, its plans made; boundaries on the host
+    pack: DocumentPack  # the documents, described on the host (the FLOPs, the report)
     cu_seqlens: torch.Tensor  # the pack's boundaries, staged for Megatron's FLOPs count
     calls: Tuple[KernelLaunch, ...]  # the pack's planned kernel calls, for their boundaries
     flops: Optional[StepFlops]
@@ -46,7 +50,11 @@ class PreparedBatch:
         copies on the current stream; from pinned memory they never wait for the GPU."""
         upload(self.calls, device)
         tensors = tuple(self.local[key].to(device, non_blocking=True) for key in BATCH_KEYS)
-        return (*tensors, self.params)
+        params = self.params
+        if params.layout == PACK_ZIGZAG.name:  # the GPU reads these boundaries
+            cu = params.cu_seqlens_q.to(device, non_blocking=True)
+            params = dataclasses.replace(params, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        return (*tensors, params)
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:
@@ -62,23 +70,30 @@ class DocumentBatchMaker:
     plan targets and FLOPs count. ``pin``: stage the step's tensors in pinned memory."""
 
     def __init__(self, eod: int, group: Any, layout: str, targets: Tuple[PlanTarget, ...],
-                 counter: Optional[FlopsCounter], pin: bool) -> None:
+                 counter: Optional[FlopsCounter], pin: bool,
+                 capacity: Optional[int] = None) -> None:
         self.eod, self.group, self.layout, self.pin = eod, group, layout, pin
-        self.targets = targets
+        self.capacity = capacity
+        # pack_zigzag plans nothing per pack: its plan is the sequence length's
+        self.targets = () if layout == PACK_ZIGZAG.name else targets
         self.rings = {t: t.ring() for t in targets}  # read the group's ranks here, once
         self.counter = counter
 
     def __call__(self, sample: Mapping[str, torch.Tensor]) -> PreparedBatch:
-        local, params = shard_document_batch(sample, self.eod, self.group, self.layout)
-        calls = tuple(c for t in self.targets
-                      for c in plan_pack(params.pack, t, self.rings[t]).calls)
-        flops, share = (self.counter.count(params.pack.lens) if self.counter is not None
+        local, params = shard_document_batch(sample, self.eod, self.group, self.layout,
+                                             self.capacity)
+        pack = params.pack or pack_documents(document_boundaries(sample["tokens"][0], self.eod))
+        calls = tuple(c for t in self.targets for c in plan_pack(pack, t, self.rings[t]).calls)
+        flops, share = (self.counter.count(pack.lens) if self.counter is not None
                         else (None, 0.0))
-        cu = params.pack.cu_seqlens
+        cu = pack.cu_seqlens
         if self.pin:
             local = {key: _pinned(value) for key, value in local.items()}
             cu = _pinned(cu)
-        return PreparedBatch(sample, local, params, cu, calls, flops, share)
+            if params.pack is None:  # the step copies them to the GPU
+                bounds = _pinned(params.cu_seqlens_q)
+                params = dataclasses.replace(params, cu_seqlens_q=bounds, cu_seqlens_kv=bounds)
+        return PreparedBatch(sample, local, params, pack, cu, calls, flops, share)
 
     def ahead(self, sample: Any) -> Any:
         """What the background thread makes of ``sample``: its batch, or the sample itself
@@ -104,7 +119,7 @@ class DocumentBatches:
 
     def take(self, item: Any) -> Tuple[Any, ...]:
         batch = item if isinstance(item, PreparedBatch) else self.maker(item)
-        pack = batch.params.pack
+        pack = batch.pack
         self.report.add(batch.flops, batch.share, len(pack.lens), sum(pack.lens), self.say)
         if self.count_seqlens is not None:
             self.count_seqlens(batch.cu_seqlens.to(self.device, non_blocking=True))

@@ -14,7 +14,10 @@ ordinary [1, s] samples (GPTDataset, MockGPTDataset) becomes a document batch:
   and tells `BurstDotProductAttention` the boundaries and the layout.
 
 The boundaries stay on the host: every reader (the layouts, `burst_attn`'s checks) wants
-host integers, so a CPU tensor costs no device synchronisation per layer.
+host integers, so a CPU tensor costs no device synchronisation per layer. In layout
+`pack_zigzag` the GPU reads them instead: they are padded to a fixed count
+(`padded_boundaries`: the run's document capacity) and go to the device with the batch, so
+every micro-batch has one shape and Megatron's CUDA graphs replay it.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from megatron_burst.attention.sharding import shard_seq
 from megatron_burst.plan.packs import DocumentPack, pack_documents
-from megatron_burst.plan.layouts import LAYOUTS
+from megatron_burst.plan.layouts import LAYOUTS, PACK_ZIGZAG
 
 # What a document batch holds, in the order forward_step unpacks it.
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
@@ -73,6 +76,10 @@ def _check_params(params: DocumentParams) -> None:
     kv = params.cu_seqlens_kv
     if kv is not None and kv is not cu and not torch.equal(kv.cpu(), cu.cpu()):
         raise ValueError("DocumentParams: self-attention needs cu_seqlens_kv == cu_seqlens_q")
+    if params.layout == PACK_ZIGZAG.name and params.pack is not None:
+        raise ValueError("DocumentParams.pack must be None in layout 'pack_zigzag': the GPU "
+                         "reads the boundaries, and a pack (another value every batch) would "
+                         "keep Megatron's CUDA graphs from replaying the batch")
     if params.pack is not None and params.pack.lens != pack_documents(cu).lens:
         raise ValueError("DocumentParams.pack describes other documents than cu_seqlens_q")
     for name in ("cu_seqlens_q_padded", "cu_seqlens_kv_padded", "cp_group", "local_cp_size"):
@@ -81,12 +88,31 @@ def _check_params(params: DocumentParams) -> None:
                              f"documents (padding included), on the model's CP group")
 
 
-def document_params(cu_seqlens: torch.Tensor, layout: str = "whole_docs") -> DocumentParams:
-    """The DocumentParams of a packed sequence with boundaries `cu_seqlens`."""
+def document_params(cu_seqlens: torch.Tensor, layout: str = "whole_docs",
+                    capacity: Optional[int] = None) -> DocumentParams:
+    """The DocumentParams of a packed sequence with boundaries `cu_seqlens` (in layout
+    `pack_zigzag`, padded to `capacity` documents: `padded_boundaries`)."""
     pack = pack_documents(cu_seqlens)
     total = sum(pack.lens)
+    if layout == PACK_ZIGZAG.name:
+        cu = padded_boundaries(pack.cu_seqlens, capacity)
+        return DocumentParams(cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=total,
+                              max_seqlen_kv=total, layout=layout)
     return DocumentParams(cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
                           max_seqlen_q=total, max_seqlen_kv=total, layout=layout, pack=pack)
+
+
+def padded_boundaries(cu_seqlens: torch.Tensor, capacity: Optional[int]) -> torch.Tensor:
+    """`cu_seqlens` padded with empty documents to `capacity` + 1 entries (unset: the next
+    power of two of its own count); ValueError for a sequence of more documents."""
+    count = len(cu_seqlens)
+    if capacity is None:
+        capacity = 1 << (count - 2).bit_length()
+    if count - 1 > capacity:
+        raise ValueError(f"a sample holds {count - 1} documents, more than the run's document "
+                         f"capacity {capacity} (--burst-document-capacity, "
+                         f"data.document_capacity): raise it")
+    return torch.cat((cu_seqlens, cu_seqlens[-1:].expand(capacity + 1 - count)))
 
 
 def document_boundaries(tokens: torch.Tensor, eod: int) -> torch.Tensor:
@@ -114,7 +140,7 @@ def document_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
 
 def shard_document_batch(data: Mapping[str, torch.Tensor], eod: int,
                          cp_group: Optional[dist.ProcessGroup],
-                         layout: str = "whole_docs"
+                         layout: str = "whole_docs", capacity: Optional[int] = None
                          ) -> Tuple[Dict[str, torch.Tensor], DocumentParams]:
     """This CP rank's part of a packed [1, s] batch, and the DocumentParams of its documents.
 
@@ -128,7 +154,7 @@ def shard_document_batch(data: Mapping[str, torch.Tensor], eod: int,
         raise ValueError(f"document masks need one packed sequence per micro batch "
                          f"(--micro-batch-size 1), got tokens of shape {tuple(tokens.shape)}")
     cu = document_boundaries(tokens[0], eod)
-    params = document_params(cu, layout)
+    params = document_params(cu, layout, capacity)
     full: Dict[str, Any] = {key: data[key] for key in BATCH_KEYS if key != "position_ids"}
     full["position_ids"] = document_positions(cu).to(tokens.device)[None]
     for key, value in full.items():

@@ -92,7 +92,8 @@ def _document_batches(args: Any) -> DocumentBatches:
     layout = args.burst_document_layout or DOCUMENT_LAYOUTS[0]
     targets = targets_from_args(layout, layer_windows(args), configured_topology(), group)
     maker = DocumentBatchMaker(get_tokenizer().eod, group, layout, targets,
-                               FlopsCounter(args), pin=torch.cuda.is_available())
+                               FlopsCounter(args), pin=torch.cuda.is_available(),
+                               capacity=getattr(args, "burst_document_capacity", None))
     # A batch that fails on one rank stops every rank that would wait for it: its CP peers
     # in the ring, and its TP peers (they read the same samples) in the layers' collectives.
     agree = parallel_state.get_tensor_and_context_parallel_group(check_initialized=False)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from megatron_burst.comm.settings import AGREE_ENV, current
 from megatron_burst.megatron.arguments import refuse_dense_mask_flags
+from megatron_burst.plan.layouts import PACK_ZIGZAG
 
 # Megatron options whose batches the document path cannot build: each would be dropped.
 _DOCUMENT_CONFLICTS = (
@@ -63,10 +64,13 @@ def check_cuda_graphs(args: Any, documents: Optional[str]) -> None:
     impl = getattr(args, "cuda_graph_impl", None) or "none"
     if impl == "none":
         return
-    if documents:
+    if documents and (documents != PACK_ZIGZAG.name
+                      or getattr(args, "burst_document_capacity", None) is None):
         raise ValueError(f"--cuda-graph-impl {impl} with --burst-document-mask: every micro-"
                          f"batch brings a new pack, with new attention shapes; a captured "
-                         f"graph replays only the shapes it captured")
+                         f"graph replays only the shapes it captured (use "
+                         f"--burst-document-layout {PACK_ZIGZAG.name} with "
+                         f"--burst-document-capacity: one shape for every pack)")
     if getattr(args, "burst_remat_aware", False):
         raise ValueError(f"--cuda-graph-impl {impl} with --burst-remat-aware: keeping and "
                          f"taking attention outputs is host work a graph does not replay")

@@ -136,8 +136,9 @@ _ALL = (AREA, ZIGZAG, CONTIGUOUS, WHOLE_DOCS, PACK_ZIGZAG)
 
 LAYOUTS = tuple(x.name for x in _ALL if PLAIN in x.places)
 # How Megatron document batches may be placed: `whole_docs` (the default) keeps short
-# documents on one rank; `zigzag` splits every document over all ranks, padded.
-DOCUMENT_LAYOUTS = ("whole_docs", "zigzag")
+# documents on one rank; `zigzag` splits every document over all ranks, padded;
+# `pack_zigzag` places the pack as one sequence and the GPU reads its documents.
+DOCUMENT_LAYOUTS = ("whole_docs", "zigzag", "pack_zigzag")
 # How a slice mask's tokens may be placed: `area` (the default with a mask) deals chunks so
 # every rank holds the same share of the visible area; `zigzag` and `contiguous` as for a
 # plain sequence.

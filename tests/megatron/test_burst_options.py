@@ -60,6 +60,12 @@ CASES = {
                                   "zigzag"], ["--burst-document-mask"]),
                                 (["--burst-document-layout", "zigzag"],
                                  "needs --burst-document-mask")],
+    "--burst-document-capacity": [
+        (["--burst-document-mask", "--burst-document-layout", "pack_zigzag",
+          "--burst-document-capacity", "64"],
+         ["--burst-document-mask", "--burst-document-layout", "pack_zigzag"]),
+        (["--burst-document-mask", "--burst-document-capacity", "64"],
+         "needs --burst-document-layout pack_zigzag")],
     "--burst-mask-builder": [(["--burst-mask-builder", PREFIX_LM], []),
                              (["--burst-mask-builder", "no_colon"], "module:function"),
                              (["--burst-mask-builder", PREFIX_LM, "--micro-batch-size", "2"],

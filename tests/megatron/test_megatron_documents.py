@@ -104,9 +104,10 @@ def _two_rank_cases(rank: int, world: int) -> dict:
     out["cp1"] = _document_step(full, weights, cp=1)
     out["cp2"] = _document_step(full, weights, cp=2)
     out["cp2_zigzag"] = _document_step(full, weights, cp=2, layout="zigzag")
+    out["cp2_pack_zigzag"] = _document_step(full, weights, cp=2, layout="pack_zigzag")
     out["cp2_full_recompute"] = _document_step(full, weights, cp=2, recompute="full")
     out["gathers_back"] = all(_shards_gather_back(full, layout)
-                              for layout in ("whole_docs", "zigzag"))
+                              for layout in ("whole_docs", "zigzag", "pack_zigzag"))
     out["masks"] = _mask_refusals()
     out["models"] = _model_refusals(weights)
     return out
@@ -119,6 +120,8 @@ def _four_rank_cases(rank: int, world: int) -> dict:
     out["tp2_cp2"] = _document_step(full, weights, tp=2, cp=2)
     out["tp2_cp2_sp"] = _document_step(full, weights, tp=2, cp=2, sequence_parallel=True)
     out["pp2_cp2"] = _document_step(full, weights, pp=2, cp=2)
+    out["tp2_cp2_pack_zigzag"] = _document_step(full, weights, tp=2, cp=2,
+                                                layout="pack_zigzag")
     return out
 
 
@@ -156,12 +159,14 @@ def test_cp1_document_masks_match_the_per_document_reference(two_rank: dict) -> 
         assert two_rank["reference"]["grads"][key].abs().max() > 1e-6, key
 
 
-@pytest.mark.parametrize("name", ["cp2", "cp2_zigzag", "cp2_full_recompute"])
+@pytest.mark.parametrize("name", ["cp2", "cp2_zigzag", "cp2_pack_zigzag",
+                                  "cp2_full_recompute"])
 def test_two_rank_document_masks_match_cp1(two_rank: dict, name: str) -> None:
     _assert_close(two_rank[name], two_rank["cp1"])
 
 
-@pytest.mark.parametrize("name", ["cp4", "tp2_cp2", "tp2_cp2_sp", "pp2_cp2"])
+@pytest.mark.parametrize("name", ["cp4", "tp2_cp2", "tp2_cp2_sp", "pp2_cp2",
+                                  "tp2_cp2_pack_zigzag"])
 def test_four_rank_document_masks_match_cp1(four_rank: dict, name: str) -> None:
     _assert_close(four_rank[name], four_rank["cp1"])
     _assert_close(four_rank[name], four_rank["reference"])

@@ -219,3 +219,41 @@ def test_a_single_rank_pack_planned_ahead_is_the_one_the_call_uses(monkeypatch):
     ahead = attend()
     assert planned == []
     assert torch.equal(ahead[0], at_call[0]) and torch.equal(ahead[1], at_call[1])
+
+
+def test_a_pack_zigzag_batch_has_one_shape_and_plans_nothing():
+    """Layout pack_zigzag: the boundaries padded to the run's capacity (the same shape for
+    every batch, which CUDA graphs replay), no pack in the params (it would differ per
+    batch), nothing planned; the pack for the FLOPs and the report still described; more
+    documents than the capacity raise."""
+    from megatron_burst.megatron.document_batches import DocumentBatchMaker
+
+    tokens = torch.tensor([[1, 2, 9, 3, 4, 5, 9, 6]])
+    sample = {"tokens": tokens, "labels": tokens, "loss_mask": torch.ones(1, 8)}
+    maker = DocumentBatchMaker(9, None, "pack_zigzag", (), None, pin=False, capacity=6)
+    batch = maker(sample)
+    assert batch.params.pack is None and batch.calls == ()
+    assert batch.params.cu_seqlens_q.tolist() == [0, 3, 7, 8, 8, 8, 8]
+    assert batch.pack.lens == (3, 4, 1)
+    *tensors, params = batch.to_step(torch.device("cpu"))
+    assert params.cu_seqlens_q is params.cu_seqlens_kv and params.layout == "pack_zigzag"
+    unset = DocumentBatchMaker(9, None, "pack_zigzag", (), None, pin=False)(sample)
+    assert unset.params.cu_seqlens_q.tolist() == [0, 3, 7, 8, 8]  # its own power of two
+    with pytest.raises(ValueError, match="more than the run's document capacity 2"):
+        DocumentBatchMaker(9, None, "pack_zigzag", (), None, pin=False, capacity=2)(sample)
+
+
+@pytest.mark.parametrize("layout, capacity, refused", [
+    ("whole_docs", None, True), ("pack_zigzag", None, True), ("pack_zigzag", 64, False)])
+def test_cuda_graphs_take_document_batches_of_one_shape_only(layout, capacity, refused):
+    from types import SimpleNamespace
+
+    from megatron_burst.megatron.run_checks import check_cuda_graphs
+
+    args = SimpleNamespace(cuda_graph_impl="local", burst_remat_aware=False,
+                           burst_document_capacity=capacity)
+    if refused:
+        with pytest.raises(ValueError, match="--burst-document-capacity"):
+            check_cuda_graphs(args, layout)
+    else:
+        check_cuda_graphs(args, layout)

@@ -40,7 +40,8 @@ def run_problem(cfg: Config) -> ConfigError | None:
         options = BurstOptions(backward=b.backward, ulysses_size=b.ulysses_size,
                                intra_node_size=b.intra_node_size, remat_aware=b.remat_aware,
                                document_mask=d.document_mask,
-                               document_layout=d.document_layout)
+                               document_layout=d.document_layout,
+                               document_capacity=d.document_capacity)
     except OptionError as err:
         return ConfigError(err.spelled(spell))
     problem = options.run_problem(micro_batch_size=tr.micro_batch_size, pipeline=p.pipeline,

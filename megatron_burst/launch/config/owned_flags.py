@@ -112,6 +112,7 @@ OWNED_FLAGS: dict[str, str] = {
 BURST_PREFIX = "--burst-"
 BURST_KEYS = {"--burst-document-mask": "data.document_mask",
               "--burst-document-layout": "data.document_layout",
+              "--burst-document-capacity": "data.document_capacity",
               "--burst-mask-builder": "data.mask_builder",
               "--burst-remat-aware": "burst.remat_aware",
               "--burst-profile": "cluster.profile"}

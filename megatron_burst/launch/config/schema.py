@@ -48,7 +48,8 @@ class ParallelConfig:
 # key each: under `burst:`, but for the time model's profile, which is the cluster's, and
 # the document options, which are the data's.
 _OPTIONS_ELSEWHERE = {"profile": "cluster.profile", "document_mask": "data.document_mask",
-                      "document_layout": "data.document_layout"}
+                      "document_layout": "data.document_layout",
+                      "document_capacity": "data.document_capacity"}
 OPTION_KEYS = {f.name: _OPTIONS_ELSEWHERE.get(f.name, f"burst.{f.name}") for f in OPTION_FIELDS}
 # The `burst:` section: the schema's other fields, with the schema's types, defaults and
 # help: one spelling for each value (a flat ring is `intra_node_size: null`).
@@ -122,7 +123,9 @@ class TrainingConfig:
 class DataConfig:
     """Dataset and tokenizer. mock: synthetic tokens (no files needed). document_mask: each
     sample is a pack of documents ending at EOD tokens (--burst-document-mask), sharded
-    over the CP group as document_layout says (--burst-document-layout; unset: whole_docs).
+    over the CP group as document_layout says (--burst-document-layout; unset: whole_docs);
+    document_capacity: with pack_zigzag, the most documents a sample holds (its boundaries
+    padded to that count, so CUDA graphs replay every micro-batch).
     mask_builder: 'module:function' making each micro-batch's slice mask
     (--burst-mask-builder; README, Slice masks)."""
 
@@ -133,6 +136,7 @@ class DataConfig:
     tokenizer_model: str | None = None
     document_mask: bool = False
     document_layout: str | None = None
+    document_capacity: int | None = None
     mask_builder: str | None = None
 
 

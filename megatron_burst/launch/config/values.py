@@ -67,6 +67,7 @@ BOUNDS: dict[str, Bound] = {
     **{f"parallel.{name}": COUNT for name in ("tensor", "context", "pipeline", "data")},
     "burst.intra_node_size": COUNT,
     "burst.ulysses_size": COUNT,
+    "data.document_capacity": COUNT,
     "cluster.nodes": COUNT,
     "cluster.gpus_per_node": COUNT,
     "cluster.checkpoint_write_gbps": POSITIVE,

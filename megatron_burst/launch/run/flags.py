@@ -209,6 +209,8 @@ def document_flags(cfg: Config) -> list[str]:
     f = ["--burst-document-mask"]
     if d.document_layout is not None:
         f += ["--burst-document-layout", d.document_layout]
+    if d.document_capacity is not None:
+        f += ["--burst-document-capacity", str(d.document_capacity)]
     return f
 
 
