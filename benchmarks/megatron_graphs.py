@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=tuple(megatron_documents.SHAPES), default="small")
     megatron_e2e.run_args(parser, gpus=2, iters=10, timeout=200)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--only", default="", help="run only the runs whose name has this")
     parser.add_argument("--documents", default=None, metavar="CAPACITY",
                         help="with document masks: whole_docs eager against pack_zigzag (its "
                         "boundaries padded to CAPACITY documents) eager and in CUDA graphs, "
@@ -53,9 +54,16 @@ def main() -> None:
                 cfg.data, document_layout=docs[0], document_capacity=docs[1]))
         name = (f"{args.shape} CP={cp}" + (f", documents {docs[0]}" if docs else "")
                 + (", CUDA graphs (local)" if extra else ", eager"))
+        if args.only and args.only not in name:
+            continue
         r = megatron_e2e.run(name, cp, extra, args.iters, args.timeout, cfg=cfg, keep_log=True)
         ms = megatron_e2e.steady_ms(r["ms_per_iter"], warmup=3)
-        r.update(megatron_documents.run_figures(r.pop("log", ""), cfg.training.global_batch_size,
+        log = r.pop("log", "")
+        if r["rc"]:  # the whole log of a failed run beside the results (its error's tail
+            slug = "".join(c if c.isalnum() else "_" for c in name)  # is cut short)
+            with open(os.path.splitext(args.out)[0] + f".{slug}.log", "w") as f:
+                f.write(log)
+        r.update(megatron_documents.run_figures(log, cfg.training.global_batch_size,
                                                 ms, cp, args.peak_tflops))
         runs.append(r)
         megatron_e2e.save_runs(args.out, head, runs)
