@@ -22,6 +22,7 @@ every micro-batch has one shape and Megatron's CUDA graphs replay it.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
@@ -70,6 +71,8 @@ def _check_params(params: DocumentParams) -> None:
         raise ValueError(f"DocumentParams.layout must be one of {LAYOUTS}, got "
                          f"{params.layout!r}")
     cu = params.cu_seqlens_q
+    if _graph_placeholder(cu):
+        return  # the attention checks the boundaries where it reads them (burst_attn)
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
         raise ValueError("DocumentParams.cu_seqlens_q must be a 1-D tensor of document "
                          "boundaries [0, n0, n0+n1, ..., s]")
@@ -86,6 +89,20 @@ def _check_params(params: DocumentParams) -> None:
         if getattr(params, name, None) is not None:
             raise ValueError(f"DocumentParams.{name} must be None: the layout places the "
                              f"documents (padding included), on the model's CP group")
+
+
+def _graph_placeholder(value: Any) -> bool:
+    """Whether ``value`` is what Megatron's CUDA graph runner puts in a tensor's place when
+    it maps the params (``cuda_graphs.tree_map``: ``dataclasses.replace`` reruns
+    ``__post_init__`` with an ``ArgMetadata`` or a weak reference for each tensor, while it
+    records and captures the graph): not a value to check."""
+    if isinstance(value, weakref.ref):
+        return True
+    try:
+        from megatron.core.transformer.cuda_graphs import ArgMetadata
+    except ImportError:  # a Megatron without local CUDA graphs maps nothing
+        return False
+    return isinstance(value, ArgMetadata)
 
 
 def document_params(cu_seqlens: torch.Tensor, layout: str = "whole_docs",

@@ -257,3 +257,24 @@ def test_cuda_graphs_take_document_batches_of_one_shape_only(layout, capacity, r
             check_cuda_graphs(args, layout)
     else:
         check_cuda_graphs(args, layout)
+
+
+def test_document_params_survive_megatrons_cuda_graph_mapping():
+    """Megatron's CUDA graph runner maps a layer's arguments with its own ``tree_map``, which
+    rebuilds a dataclass (``__post_init__`` included) with an ``ArgMetadata`` or a weak
+    reference in each tensor's place: DocumentParams must not refuse them (on 2x H100 the
+    first graphed document run stopped there)."""
+    import weakref
+
+    cuda_graphs = pytest.importorskip("megatron.core.transformer.cuda_graphs")
+    from megatron_burst.megatron.documents import document_params
+
+    params = document_params(torch.tensor([0, 3, 8], dtype=torch.int32), "pack_zigzag", 4)
+    meta = cuda_graphs.tree_map(
+        lambda x: cuda_graphs.ArgMetadata(x) if torch.is_tensor(x) else x, params)
+    assert isinstance(meta.cu_seqlens_q, cuda_graphs.ArgMetadata)
+    refs = cuda_graphs.tree_map(lambda x: weakref.ref(x) if torch.is_tensor(x) else x, params)
+    assert refs.cu_seqlens_q() is params.cu_seqlens_q
+    with pytest.raises(ValueError, match="cu_seqlens_q must be a 1-D tensor"):
+        document_params(torch.tensor([0, 3, 8]), "pack_zigzag", 4).__class__(
+            cu_seqlens_q="0,3,8", layout="pack_zigzag")  # a real bad value still raises
