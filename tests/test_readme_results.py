@@ -496,3 +496,18 @@ def test_auto_figures_after_the_sibling_check_are_the_runs_on_file():
         (line,) = [x for x in m["auto_log"] if "at first use" in x]
         seconds.append(line.split(" in ")[1].split(" at first use")[0])
     _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
+
+
+def test_megatron_pack_zigzag_figures_are_the_run_on_file():
+    runs = {r["name"]: r for r in _load(
+        "h100x2_issue39_megatron_pack_zigzag/megatron_graphs_documents.json")["runs"]}
+    zig = runs["small CP=2, documents pack_zigzag, eager"]
+    whole = runs["small CP=2, documents whole_docs, eager"]
+    one = runs["small CP=1, documents whole_docs, eager"]
+    _says(f"CP=2 takes {zig['steady_ms']:.0f} ms per iteration in pack_zigzag against "
+          f"{whole['steady_ms']:.0f} in whole_docs and {one['steady_ms']:.0f} at CP=1")
+    gap = max(abs(a - b) for a, b in zip(zig["losses"], one["losses"]))
+    gap_whole = max(abs(a - b) for a, b in zip(whole["losses"], one["losses"]))
+    _says(f"its losses follow CP=1's within {gap:.1e} over {len(zig['losses'])} iterations "
+          f"(whole_docs' within {gap_whole:.1e}")
+    assert all(runs[n]["rc"] != 0 for n in runs if "CUDA graphs" in n)  # as the README says
