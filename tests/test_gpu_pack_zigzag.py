@@ -19,16 +19,9 @@ from megatron_burst import kernels
 from megatron_burst.plan.schedule import Block
 
 from .distributed import run_ranks
+from .test_gpu import NGPU, rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    if torch.isnan(a).any():
-        return float("nan")
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def pack(total: int, low: int, high: int, seed: int, long: int = 0) -> tuple[int, ...]:
