@@ -224,7 +224,7 @@ def check_boundaries(group: dist.ProcessGroup | None, cu: torch.Tensor, sides,
     def verdict() -> None:
         words = gathered.values()
         said = f"burst_attn (layout {layout!r}: cu_seqlens is checked on the device, and this " \
-               f"is raised at the call after it, on every rank)"
+               f"is raised on every rank once the check is home: on a GPU, at the call after)"
         bad = [r for r, w in zip(ranks, words) if w & 1]
         if bad:
             raise ValueError(f"{said}: cu_seqlens must start at 0, never decrease and end at "

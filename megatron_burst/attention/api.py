@@ -151,6 +151,9 @@ def _boundaries(cu_seqlens, device: torch.device) -> torch.Tensor:
     cu = cu_seqlens.cu_seqlens if isinstance(cu_seqlens, DocumentPack) else cu_seqlens
     if cu.device == device:
         return cu
+    if consensus.capturing():  # a replay would read a host buffer freed since
+        raise ValueError(f"burst_attn in a CUDA graph capture with layout 'pack_zigzag' needs "
+                         f"cu_seqlens on {device} (a graph input), got it on {cu.device}")
     return (cu.pin_memory() if device.type == "cuda" else cu).to(device, non_blocking=True)
 
 
