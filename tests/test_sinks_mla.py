@@ -4,7 +4,7 @@ The reference is plain attention with an explicit sink column per head (``refere
 and V heads of their own dim. Every case compares out, lse and every gradient, the sinks'
 included (summed over the ranks: each rank's covers its own rows, as Megatron's gradient
 reduction over the CP group expects), at world 1-4: zigzag, contiguous and packed
-documents (whole_docs), both backwards, causal, full and windowed masks, GQA and MHA,
+documents (whole_docs, and pack_zigzag's read on the device), both backwards, causal, full and windowed masks, GQA and MHA,
 Ulysses and the double ring, and a loss that reads lse as well as the output.
 """
 from __future__ import annotations
@@ -114,6 +114,10 @@ def grid(world: int) -> list[dict]:
               dict(lse_loss=True), dict(lse_loss=True, backward="ring", dv=DV_MLA),
               dict(layout="whole_docs", docs=_docs(world), dv=DV_MLA),
               dict(layout="whole_docs", docs=_docs(world), window=(2, 0), lse_loss=True)]
+    if world != 3:  # documents the GPU reads (their sum, a multiple of 2 x world)
+        cases += [dict(layout="pack_zigzag", docs=_docs(world), dv=DV_MLA),
+                  dict(layout="pack_zigzag", docs=_docs(world), lse_loss=True, backward="ring",
+                       causal=False)]
     if world in (2, 4):  # Ulysses: each rank merges the sinks of its head slice
         cases += [dict(ulysses_size=2, dv=DV_MLA), dict(ulysses_size=2, hkv=1, lse_loss=True)]
     if world == 4:
