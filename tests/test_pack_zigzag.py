@@ -159,3 +159,20 @@ def test_documents_on_and_across_chunk_edges_match_float64_reference():
                   dtype=torch.float32, doc_lens=lens)
              for lens in packs for causal in (True, False) for backward in ("ring", "burst")]
     check_grid(2, cases)
+
+
+def _other_counts(rank: int, world: int) -> str:
+    q, k, v = (torch.randn(1, 32, 2, 8) for _ in range(3))
+    cu = torch.tensor([0, 10, 40, 64] + [64] * rank, dtype=torch.int32)  # padded differently
+    try:
+        mb.burst_attn(q, k, v, causal=True, layout="pack_zigzag", cu_seqlens=cu)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_ranks_that_pad_to_other_counts_get_the_same_error():
+    """The count is what a call is keyed and agreed by: ranks whose boundaries have other
+    lengths are told apart before any message moves, with one error on every rank."""
+    said = run_ranks(2, _other_counts, timeout=120)
+    assert said[0] == said[1] and "ranks disagree on 'cu_seqlens'" in said[0], said
