@@ -33,18 +33,19 @@ class BoundPlan:
     scale: float
     seq_first: bool  # tensors are [s, b, h, d]
     kernel: LocalAttention  # chosen and checked by ``prepare``
-    # This call's boundary table, where the GPU reads the documents (``device_calls``).
-    table: torch.Tensor | None = None
+    # The plan's device launches bound to this call's boundaries, where the GPU reads the
+    # documents (``device_calls``): made once a call, read by every pass.
+    launches: tuple | None = None
 
     def with_boundaries(self, cu_seqlens: torch.Tensor) -> "BoundPlan":
-        """This plan bound to one call's boundaries (``layout='pack_zigzag'``): its table,
-        made on the boundaries' device, nothing read on the host."""
-        return dataclasses.replace(self, table=self.plan.sides.table(cu_seqlens))
+        """This plan bound to one call's boundaries (``layout='pack_zigzag'``): its launches'
+        boundaries made on the boundaries' device, nothing read on the host."""
+        return dataclasses.replace(self, launches=self.plan.sides.bind(cu_seqlens))
 
     def launch(self, call: KernelLaunch):
         """The kernel call as the kernels run it: a device launch bound to this call's
-        boundary table, any other call as it is."""
-        return call if self.table is None else call.bound(self.table)
+        boundaries, any other call as it is."""
+        return call if self.launches is None else self.launches[call.index]
 
     @property
     def topo(self) -> RingPositions | None:

@@ -98,6 +98,7 @@ class BoundarySides:
     total: int  # the sequence's tokens (the last boundary)
     sides: list[Side] = dataclasses.field(default_factory=list)
     spans: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    launches: list["DeviceLaunch"] = dataclasses.field(default_factory=list)  # by ``index``
     _device: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def add(self, sides: list[Side]) -> tuple[int, int]:
@@ -111,6 +112,12 @@ class BoundarySides:
         start = len(self.spans)
         self.spans.extend(q + k for q, k in zip(q_sides, k_sides))
         return start, len(self.spans)
+
+    def bind(self, cu: torch.Tensor) -> tuple["BoundLaunch", ...]:
+        """Every launch of the plan bound to one call's boundaries ``cu``, once for all the
+        call's passes (``launches[i]`` for the launch of ``index`` i)."""
+        tables = self.table(cu)
+        return tuple(launch.bound(tables) for launch in self.launches)
 
     def _on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         key = (str(device), dtype)
@@ -164,7 +171,8 @@ class DeviceLaunch(KernelLaunch):
 
     q_table: tuple[int, int] = (0, 0)  # rows of the documents' table (a span: its table)
     k_table: tuple[int, int] = (0, 0)
-    span: bool = False  # keys before queries under a causal mask: two sequences a block
+    span: bool = False  # keys before queries under a causal mask: three sequences a block
+    index: int = 0  # its place in the plan's ``BoundarySides.launches``
     longest: int = 0  # the most rows of any block side: the kernel's max_seqlen
     keyless: bool = False  # some query row may have no key of its document here
 
@@ -267,7 +275,9 @@ def _launch(call: KernelLaunch, runs: dict, sides: BoundarySides, causal: bool
     # the kernel a row of thread blocks: a span block is three sequences instead.
     span = causal and not call.causal
     rows = sides.add_spans(q_sides, k_sides) if span else None
-    return DeviceLaunch((), True, call.q_runs, call.k_runs, (), (), call.window, call.causal,
-                        q_table=rows or sides.add(q_sides),
-                        k_table=rows or sides.add(k_sides), span=span, longest=longest,
-                        keyless=keyless)
+    launch = DeviceLaunch((), True, call.q_runs, call.k_runs, (), (), call.window, call.causal,
+                          q_table=rows or sides.add(q_sides),
+                          k_table=rows or sides.add(k_sides), span=span, longest=longest,
+                          keyless=keyless, index=len(sides.launches))
+    sides.launches.append(launch)
+    return launch
