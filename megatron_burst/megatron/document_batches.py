@@ -21,7 +21,7 @@ import torch
 
 from megatron_burst.decide.flops import StepFlops
 from megatron_burst.megatron.documents import (BATCH_KEYS, DocumentParams,
-                                               document_boundaries, shard_document_batch)
+                                               shard_document_batch, unpadded)
 from megatron_burst.plan.layouts import PACK_ZIGZAG
 from megatron_burst.plan.packs import DocumentPack, pack_documents
 from megatron_burst.megatron.pack_plans import PlanTarget, plan_pack, upload
@@ -82,7 +82,7 @@ class DocumentBatchMaker:
     def __call__(self, sample: Mapping[str, torch.Tensor]) -> PreparedBatch:
         local, params = shard_document_batch(sample, self.eod, self.group, self.layout,
                                              self.capacity)
-        pack = params.pack or pack_documents(document_boundaries(sample["tokens"][0], self.eod))
+        pack = params.pack or pack_documents(unpadded(params.cu_seqlens_q))
         calls = tuple(c for t in self.targets for c in plan_pack(pack, t, self.rings[t]).calls)
         flops, share = (self.counter.count(pack.lens) if self.counter is not None
                         else (None, 0.0))

@@ -132,6 +132,12 @@ def padded_boundaries(cu_seqlens: torch.Tensor, capacity: Optional[int]) -> torc
     return torch.cat((cu_seqlens, cu_seqlens[-1:].expand(capacity + 1 - count)))
 
 
+def unpadded(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """`padded_boundaries`' input again: the repeats of the last boundary dropped (the
+    boundaries of EOD never repeat it: `document_boundaries`)."""
+    return cu_seqlens[:int((cu_seqlens < cu_seqlens[-1]).sum()) + 1]
+
+
 def document_boundaries(tokens: torch.Tensor, eod: int) -> torch.Tensor:
     """int32 boundaries [0, ..., len] of the documents in a 1-D token sequence.
 
