@@ -291,7 +291,7 @@ class BurstDotProductAttention(MegatronModule):
             window_size=self.window_size,
             layout=ZIGZAG.name if docs is None else docs.layout,
             qkv_format="bshd" if thd else "sbhd",
-            cu_seqlens=None if docs is None else docs.cu_seqlens,
+            cu_seqlens=masks.boundaries_of(docs, s_local * cp),
         )
 
     def _layer_arguments(self, tokens: int, *qkv: Tensor) -> dict:

@@ -105,6 +105,33 @@ def _graph_placeholder(value: Any) -> bool:
     return isinstance(value, ArgMetadata)
 
 
+def graph_warmup_stand_in(cu_seqlens: Any, tokens: int) -> Any:
+    """`cu_seqlens`, or, while Megatron warms a layer up for its local CUDA graphs, one
+    document of all `tokens` in the place of boundaries that are all zeros.
+
+    Why: the graph runner warms every layer up on zeros in each input's place
+    (`cuda_graphs.ArgMetadata.zeros_like`), the boundaries included, and burst_attn's device
+    check would report them (no pack ends at 0) at the next call. The warm-up's outputs are
+    thrown away; the capture after it runs on the graph's input buffer as it is (nothing is
+    checked in a capture), and every replay refills that buffer with the batch's boundaries.
+    Outside a warm-up, or for boundaries that are not all zeros, nothing changes."""
+    if not isinstance(cu_seqlens, torch.Tensor) or not _megatron_graph_warmup():
+        return cu_seqlens
+    if bool(cu_seqlens.any()):  # a host read, in a warm-up (never in a capture)
+        return cu_seqlens
+    stand_in = torch.full_like(cu_seqlens, tokens)
+    stand_in[0] = 0
+    return stand_in
+
+
+def _megatron_graph_warmup() -> bool:
+    try:
+        from megatron.core.transformer.cuda_graphs import is_graph_warmup
+    except ImportError:  # a Megatron without local CUDA graphs warms nothing up
+        return False
+    return bool(is_graph_warmup())
+
+
 def document_params(cu_seqlens: torch.Tensor, layout: str = "whole_docs",
                     capacity: Optional[int] = None) -> DocumentParams:
     """The DocumentParams of a packed sequence with boundaries `cu_seqlens` (in layout

@@ -24,7 +24,7 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 
-from megatron_burst.megatron.documents import DocumentParams
+from megatron_burst.megatron.documents import DocumentParams, graph_warmup_stand_in
 from megatron_burst.plan.placement import rank_segments
 
 CAUSAL_MASKS = (AttnMaskType.causal, AttnMaskType.padding_causal)
@@ -73,6 +73,12 @@ def documents_of(params: Optional[PackedSeqParams], causal: bool, cp_group: Any
         f"say how the batch was sharded over the CP group; pass "
         f"megatron_burst.megatron.documents.DocumentParams (it carries the layout), or THD "
         f"PackedSeqParams")
+
+
+def boundaries_of(docs: Optional[Documents], tokens: int) -> Any:
+    """`docs`' boundaries as `burst_attn` takes them (None: no documents), a stand-in while
+    Megatron warms a CUDA graph up (`documents.graph_warmup_stand_in`)."""
+    return None if docs is None else graph_warmup_stand_in(docs.cu_seqlens, tokens)
 
 
 def thd_boundaries(params: PackedSeqParams, causal: bool, cp_group: Any) -> torch.Tensor:
