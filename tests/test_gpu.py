@@ -383,6 +383,33 @@ def test_fused_merge_matches_float64_merge():
     assert (lse.double()[finite] - new_lse[finite]).abs().max().item() < 1e-5
 
 
+def test_fused_merge_leaves_rows_the_block_did_not_see():
+    """Rows whose block lse is -inf and whose accumulator holds a result are skipped (the
+    merge would rewrite them unchanged): bit for bit as they were, the block's values never
+    read where a whole program's rows are skipped (NaN there changes nothing); rows that
+    nothing saw yet still become 0 / -inf (a kernel gives zeros for rows it saw nothing of)."""
+    pytest.importorskip("triton")
+    from megatron_burst.kernels import merge
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for home in (torch.float32, torch.bfloat16):
+        out = torch.randn(1, 500, 4, 128, device="cuda", generator=gen).to(home)
+        lse = torch.randn(1, 4, 500, device="cuda", generator=gen)
+        blk = torch.randn(1, 500, 4, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+        blse = torch.randn(1, 4, 500, device="cuda", generator=gen)
+        blse[:, :, 64:300] = float("-inf")
+        blk[:, 64:192] = float("nan")  # whole programs of 32 rows, all skipped
+        blk[:, 192:300] = 0.0
+        lse[:, :, 200:232] = float("-inf")  # seen by nothing yet: zeroed as before
+        before, before_lse = out.clone(), lse.clone()
+        merge.merge_partial(out, lse, blk, blse)
+        seen = torch.isfinite(before_lse[:, :, 64:300]).transpose(1, 2)
+        assert torch.equal(out[:, 64:300][seen], before[:, 64:300][seen])
+        assert torch.equal(lse[:, :, 64:300][seen.transpose(1, 2)],
+                           before_lse[:, :, 64:300][seen.transpose(1, 2)])
+        assert (out[:, 200:232] == 0).all() and torch.isneginf(lse[:, :, 200:232]).all()
+        assert not torch.isnan(out[:, :64]).any() and not torch.isnan(out[:, 300:]).any()
+
+
 def test_fused_merge_compiles_once_for_lse_rows_at_any_offset():
     """A document pack's blocks start at any row: lse views at offsets 0..7 (4-byte steps,
     every 16-byte alignment), new row counts and either accumulator dtype run the variants
