@@ -18,6 +18,7 @@ chunk and documents:
   document is in exactly one call (``--check`` proves it on dense masks).
 
 Usage: python benchmarks/diagonal_grid.py [--check] [--out FILE.json]
+       python benchmarks/diagonal_grid.py --table FILE.json   (a run's markdown table)
 """
 from __future__ import annotations
 
@@ -148,11 +149,33 @@ def case(chunk: int, hq: int, hkv: int, d: int, mix: str) -> list[dict]:
     return rows
 
 
+def table(path: str) -> str:
+    """A run's rows as one line per case: fwd+bwd ms of each variant (grid per head)."""
+    with open(path) as f:
+        run = json.load(f)
+    cases: dict = {}
+    for r in run["rows"]:
+        key = (r["chunk"], r["heads"], r["mix"], r["docs"], r["padded_to"])
+        cases.setdefault(key, {})[r["variant"]] = f"{r['ms']:.2f} ({r['grid_per_head']})"
+    names = list(dict.fromkeys(r["variant"] for r in run["rows"]))
+    lines = [f"{run['meta']['device']}, torch {run['meta']['torch']}", "",
+             "| chunk | heads | mix | docs (padded) | " + " | ".join(names) + " |",
+             "|---" * (4 + len(names)) + "|"]
+    for (chunk, heads, mix, docs, padded), got in cases.items():
+        lines.append(f"| {chunk} | {heads} | {mix} | {docs} ({padded}) | "
+                     + " | ".join(got.get(n, "-") for n in names) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="prove the tiling on CPU, exit")
+    parser.add_argument("--table", default=None, help="print a run's table, exit")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     check()
     if args.check:
         return
