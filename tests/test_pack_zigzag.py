@@ -176,3 +176,26 @@ def test_ranks_that_pad_to_other_counts_get_the_same_error():
     lengths are told apart before any message moves, with one error on every rank."""
     said = run_ranks(2, _other_counts, timeout=120)
     assert said[0] == said[1] and "ranks disagree on 'cu_seqlens'" in said[0], said
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_rank_s_own_rows_are_one_call_whatever_its_chunks(world):
+    """A zigzag rank holds two chunks apart; its own rows against its own keys are one call
+    whose sequences are the documents as its rows hold them (``own_launch``), not a block per
+    pair of chunks. The boundaries the call gets: each document's rows of the rank's shard."""
+    from megatron_burst.kernels.device_calls import BoundarySides, pair_launches
+    from megatron_burst.plan.placement import rank_segments
+
+    total = 8 * world
+    cu = torch.tensor([0, 3, 3 * world, 6 * world + 1, total], dtype=torch.int32)
+    for rank in range(world):
+        shard = rank_segments("pack_zigzag", world, rank, (total,))
+        sides = BoundarySides(total)
+        (launch,) = pair_launches(shard, shard, True, sides)
+        assert launch.summed and launch.q_runs == launch.k_runs == ((0, 8),)
+        (bound,) = sides.bind(cu)
+        positions = [seg.pos + i for seg in shard for i in range(seg.length)]
+        doc = torch.bucketize(torch.tensor(positions), cu[1:], right=True)
+        want = [0] + [int((doc <= d).sum()) for d in range(len(cu) - 1)]
+        assert bound.cu_q_device.tolist() == bound.cu_k_device.tolist()
+        assert bound.cu_q_device.tolist()[1:-1] == want, (rank, want)

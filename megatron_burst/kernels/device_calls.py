@@ -28,8 +28,10 @@ rows likewise. It is exact because:
   fresh/uses counts assume.
 
 The kernel launches a row of thread blocks per sequence, empty or not, so a block cut into
-every document of the pack is mostly empty sequences. A *span* block (a causal mask's block
-whose keys all precede its queries) needs three: only the document holding its first query
+every document of the pack is mostly empty sequences. A member's own block (its rows
+against its own keys) is one call over all its rows (``own_launch``), its sequences the
+documents as the shard's rows hold them. A *span* block (a causal mask's block whose keys
+all precede its queries) needs three: only the document holding its first query
 can hold keys of the block too (documents are contiguous), so it is the keys before that
 document against no query, that document's queries against its keys, and the rest of the
 queries against nothing (``BoundarySides._span_table``: one ``searchsorted``).
@@ -53,7 +55,7 @@ import torch
 
 from ..plan.blocks import Block
 from ..plan.segments import Shard
-from .varlen import KernelLaunch, Runs, plan_calls
+from .varlen import KernelLaunch, Runs, mask_shape, plan_calls
 
 Run = tuple[int, int, int]  # (first row, first position, length)
 
@@ -175,6 +177,7 @@ class DeviceLaunch(KernelLaunch):
     index: int = 0  # its place in the plan's ``BoundarySides.launches``
     longest: int = 0  # the most rows of any block side: the kernel's max_seqlen
     keyless: bool = False  # some query row may have no key of its document here
+    summed: bool = False  # a member's own rows: its runs' table rows summed (``own_launch``)
 
     @functools.cached_property
     def max_q(self) -> int:
@@ -188,6 +191,8 @@ class DeviceLaunch(KernelLaunch):
         if self.span:
             rows = tables[1][:, self.q_table[0]:self.q_table[1]]
             cu_q, cu_k = rows[0].reshape(-1), rows[1].reshape(-1)
+        elif self.summed:
+            cu_q = cu_k = tables[0][self.q_table[0]:self.q_table[1]].sum(0, dtype=torch.int32)
         else:
             cu_q = tables[0][self.q_table[0]:self.q_table[1]].reshape(-1)
             cu_k = tables[0][self.k_table[0]:self.k_table[1]].reshape(-1)
@@ -249,6 +254,8 @@ def pair_launches(q_shard: Shard, k_shard: Shard, causal: bool,
     docstring): the runs' blocks, grouped as any blocks are (``plan_calls``, not merged:
     the runs are as merged as positions allow)."""
     q_runs, k_runs = runs_of(q_shard), runs_of(k_shard)
+    if q_runs == k_runs and _in_order(q_runs):
+        return (own_launch(q_runs, causal, sides),)
     blocks, runs = [], {}
     for q in q_runs:
         for k in k_runs:
@@ -279,5 +286,31 @@ def _launch(call: KernelLaunch, runs: dict, sides: BoundarySides, causal: bool
                           q_table=rows or sides.add(q_sides),
                           k_table=rows or sides.add(k_sides), span=span, longest=longest,
                           keyless=keyless, index=len(sides.launches))
+    sides.launches.append(launch)
+    return launch
+
+
+def _in_order(runs: tuple[Run, ...]) -> bool:
+    """Rows back to back and positions rising: the rows are in the positions' order, so a
+    document's rows in the shard are one stretch of them."""
+    return all(a[0] + a[2] == b[0] and a[1] + a[2] <= b[1] for a, b in zip(runs, runs[1:]))
+
+
+def own_launch(runs: tuple[Run, ...], causal: bool, sides: BoundarySides) -> DeviceLaunch:
+    """A member's own rows against its own keys as one call, whatever its runs (a zigzag
+    rank holds two): sequence i is document i's rows of the whole shard, the sum over the
+    runs of each run's rows before the boundary. Exact because the rows are in position
+    order (``_in_order``): a document's rows are one stretch, and causal by row is causal by
+    position, so flash's causal mask (query and key sequences of one length) is key <= query.
+    One call instead of a block per pair of runs (a zigzag rank's second chunk against its
+    first was a span call of its own): one launch, and no merge, fewer passes over the rows
+    and fewer partials per row (``call_plan._uses``) in both directions."""
+    first, rows = runs[0][0], sum(n for _, _, n in runs)
+    table = sides.add([(0, n, pos) for _, pos, n in runs])
+    window, flash_causal = mask_shape(Block(0, rows, 0, rows, "causal" if causal else "full"))
+    whole = ((first, first + rows),)
+    launch = DeviceLaunch((), True, whole, whole, (), (), window, flash_causal, q_table=table,
+                          k_table=table, summed=True, longest=rows, keyless=False,
+                          index=len(sides.launches))
     sides.launches.append(launch)
     return launch
