@@ -28,8 +28,11 @@ def kernel_table(prof, calls: int, rows: int = 30) -> str:
     """The profiled CUDA kernels by total time (ms per call)."""
     events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    total = sum(e.self_device_time_total for e in events) / 1e3 / calls
-    lines = [f"GPU time per call: {total:.3f} ms (all kernels and copies)",
+    # An NCCL call shows twice: its kernel, and an "nccl:..." range over the same time.
+    total = sum(e.self_device_time_total for e in events
+                if not e.key.startswith("nccl:")) / 1e3 / calls
+    lines = [f"GPU time per call: {total:.3f} ms (kernels and copies; NCCL's time counted "
+             f"once, waits for the peer included)",
              "| kernel | launches/call | ms/call | mean us |", "|---|---|---|---|"]
     for e in events[:rows]:
         ms = e.self_device_time_total / 1e3 / calls
