@@ -635,3 +635,26 @@ def test_megatron_own_launch_figures_are_the_runs_on_file():
           f"losses within {gap:.1e}")
     _says(f"CP=2 pack_zigzag {e2['steady_ms']:.0f} ms eager against {c2['steady_ms']:.0f} ms "
           f"captured in the other")
+
+
+def test_auto_model_misses_on_h100_are_the_run_on_file():
+    rows = [r for r in _load("h100x2_issue41_h100/auto_check.json")["rows"]
+            if r.get("predicted_ms")]
+    flat = "ulysses 1 x flat ring 2, backward "
+
+    def case(r):
+        return r["per_gpu"], r["heads"], r["mask"]
+
+    slower = []
+    for r in rows:
+        if r["topology"].endswith(flat + "burst"):
+            ring = [x for x in rows if case(x) == case(r) and x["topology"].endswith(flat + "ring")]
+            assert all(x["predicted_ms"] == r["predicted_ms"] for x in ring)  # "alike"
+            slower.append(r["ms"] / min(x["ms"] for x in ring) - 1)
+    assert len(slower) >= 8 and min(slower) > 0
+    _says(f"the burst backward ran {100 * min(slower):.0f}-{100 * max(slower):.0f}% slower than "
+          f"the ring backward in every case")
+    short = [r["ms"] / r["predicted_ms"] - 1 for r in rows
+             if r["per_gpu"] == 32768 and r["topology"].endswith(flat + "ring")]
+    _says(f"it predicts the 32K flat-ring rows (ring backward) {100 * min(short):.0f}-"
+          f"{100 * max(short):.0f}% short")
