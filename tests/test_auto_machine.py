@@ -313,7 +313,11 @@ def test_new_document_packs_share_one_decision_and_one_check(tmp_path):
     """A decision per pack timed a check every call (89 ms a new 8K pack on 2x H200): a
     document decision is made and checked once per shape, from the first pack's load."""
     for timed, checks, decided in run_ranks(2, _new_packs, str(tmp_path), timeout=120):
-        assert checks == 1 and 1 <= timed <= 2, (timed, checks)
+        # One check times the choice, and at most the runner-up and the choice's other
+        # backward mode (``sibling_of``, which this assertion predated: under load the
+        # measured profile put the model off and the sibling was timed, 3); a check per
+        # pack would time 4 or more.
+        assert checks == 1 and 1 <= timed <= 3, (timed, checks)
         assert len({t for t, _ in decided}) == 1
 
 

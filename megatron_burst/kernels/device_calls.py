@@ -115,6 +115,14 @@ class BoundarySides:
         self.spans.extend(q + k for q, k in zip(q_sides, k_sides))
         return start, len(self.spans)
 
+    def new_launch(self, q_runs: Runs, k_runs: Runs, window: tuple[int, int], causal: bool,
+                   **fields) -> "DeviceLaunch":
+        """A device launch of this plan, in its place of ``launches`` (its ``index``)."""
+        launch = DeviceLaunch((), True, q_runs, k_runs, (), (), window, causal,
+                              index=len(self.launches), **fields)
+        self.launches.append(launch)
+        return launch
+
     def bind(self, cu: torch.Tensor) -> tuple["BoundLaunch", ...]:
         """Every launch of the plan bound to one call's boundaries ``cu``, once for all the
         call's passes (``launches[i]`` for the launch of ``index`` i)."""
@@ -282,12 +290,10 @@ def _launch(call: KernelLaunch, runs: dict, sides: BoundarySides, causal: bool
     # the kernel a row of thread blocks: a span block is three sequences instead.
     span = causal and not call.causal
     rows = sides.add_spans(q_sides, k_sides) if span else None
-    launch = DeviceLaunch((), True, call.q_runs, call.k_runs, (), (), call.window, call.causal,
-                          q_table=rows or sides.add(q_sides),
-                          k_table=rows or sides.add(k_sides), span=span, longest=longest,
-                          keyless=keyless, index=len(sides.launches))
-    sides.launches.append(launch)
-    return launch
+    return sides.new_launch(call.q_runs, call.k_runs, call.window, call.causal,
+                            q_table=rows or sides.add(q_sides),
+                            k_table=rows or sides.add(k_sides), span=span, longest=longest,
+                            keyless=keyless)
 
 
 def _in_order(runs: tuple[Run, ...]) -> bool:
@@ -309,8 +315,5 @@ def own_launch(runs: tuple[Run, ...], causal: bool, sides: BoundarySides) -> Dev
     table = sides.add([(0, n, pos) for _, pos, n in runs])
     window, flash_causal = mask_shape(Block(0, rows, 0, rows, "causal" if causal else "full"))
     whole = ((first, first + rows),)
-    launch = DeviceLaunch((), True, whole, whole, (), (), window, flash_causal, q_table=table,
-                          k_table=table, summed=True, longest=rows, keyless=False,
-                          index=len(sides.launches))
-    sides.launches.append(launch)
-    return launch
+    return sides.new_launch(whole, whole, window, flash_causal, q_table=table, k_table=table,
+                            summed=True, longest=rows)

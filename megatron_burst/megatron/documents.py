@@ -98,11 +98,8 @@ def _graph_placeholder(value: Any) -> bool:
     records and captures the graph): not a value to check."""
     if isinstance(value, weakref.ref):
         return True
-    try:
-        from megatron.core.transformer.cuda_graphs import ArgMetadata
-    except ImportError:  # a Megatron without local CUDA graphs maps nothing
-        return False
-    return isinstance(value, ArgMetadata)
+    placeholder = getattr(_cuda_graphs(), "ArgMetadata", None)
+    return placeholder is not None and isinstance(value, placeholder)
 
 
 def graph_warmup_stand_in(cu_seqlens: Any, tokens: int) -> Any:
@@ -125,11 +122,18 @@ def graph_warmup_stand_in(cu_seqlens: Any, tokens: int) -> Any:
 
 
 def _megatron_graph_warmup() -> bool:
+    warming = getattr(_cuda_graphs(), "is_graph_warmup", None)
+    return warming is not None and bool(warming())
+
+
+def _cuda_graphs() -> Any:
+    """Megatron's local CUDA graphs module, or None (a Megatron without them maps nothing
+    and warms nothing up)."""
     try:
-        from megatron.core.transformer.cuda_graphs import is_graph_warmup
-    except ImportError:  # a Megatron without local CUDA graphs warms nothing up
-        return False
-    return bool(is_graph_warmup())
+        from megatron.core.transformer import cuda_graphs
+    except ImportError:
+        return None
+    return cuda_graphs
 
 
 def document_params(cu_seqlens: torch.Tensor, layout: str = "whole_docs",

@@ -150,12 +150,12 @@ def coalesced(blocks: Sequence[Block]) -> tuple[Block, ...]:
             if inside:
                 out.append(Block(inside[0].q_start, inside[-1].q_stop, inside[0].k_start,
                                  inside[-1].k_stop, "causal"))
-                used.update(map(id, inside))
+                used.update(inside)  # blocks are values, disjoint: no two equal
                 i = end
                 break
         else:
             i += 1
-    return (*out, *(b for b in blocks if id(b) not in used)) if out else tuple(blocks)
+    return (*out, *(b for b in blocks if b not in used)) if out else tuple(blocks)
 
 
 def _triangle(run: Sequence[Block], run_area: int, fillers: Sequence[tuple[Block, int]],

@@ -138,7 +138,7 @@ LAYOUTS = tuple(x.name for x in _ALL if PLAIN in x.places)
 # How Megatron document batches may be placed: `whole_docs` (the default) keeps short
 # documents on one rank; `zigzag` splits every document over all ranks, padded;
 # `pack_zigzag` places the pack as one sequence and the GPU reads its documents.
-DOCUMENT_LAYOUTS = ("whole_docs", "zigzag", "pack_zigzag")
+DOCUMENT_LAYOUTS = tuple(x.name for x in (WHOLE_DOCS, ZIGZAG, PACK_ZIGZAG))
 # How a slice mask's tokens may be placed: `area` (the default with a mask) deals chunks so
 # every rank holds the same share of the visible area; `zigzag` and `contiguous` as for a
 # plain sequence.

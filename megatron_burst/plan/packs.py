@@ -123,7 +123,7 @@ class DeviceBoundaries:
 def device_boundaries(cu_seqlens: "torch.Tensor | DocumentPack") -> DeviceBoundaries:
     """What a call keys on for boundaries read on the device; ValueError naming
     ``cu_seqlens`` unless it is a 1-D int32/int64 tensor of at least two entries (its values
-    are checked on the device, ``kernels.device_calls.check_boundaries``)."""
+    are checked on the device, ``attention.agree.check_boundaries``)."""
     if isinstance(cu_seqlens, DocumentPack):
         cu_seqlens = cu_seqlens.cu_seqlens
     if (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1
