@@ -64,10 +64,14 @@ def test_every_hop_a_rank_posts_is_the_hop_its_peer_expects(world, kind, mask, b
             accs = [p.steps[step].acc for p in passes]
             if accs[0] is None:
                 continue
-            sent = {(r, a.send_to, a.new_rows) for r, a in enumerate(accs) if a.send_to is not None}
-            got = {(a.recv_next[1], r, a.recv_next[0]) for r, a in enumerate(accs)
+            # ... in the dtype its receiver expects (``PassPlan.wire``: the one a rank fills,
+            # which is also the one it receives from the holder before it, and its own home)
+            wire = [p.wire for p in passes]
+            sent = {(r, a.send_to, a.new_rows, wire[r][0]) for r, a in enumerate(accs)
+                    if a.send_to is not None}
+            got = {(a.recv_next[1], r, a.recv_next[0], wire[r][0]) for r, a in enumerate(accs)
                    if a.recv_next is not None}
-            got |= {(a.recv_home[1], r, a.recv_home[0]) for r, a in enumerate(accs)
+            got |= {(a.recv_home[1], r, a.recv_home[0], wire[r][1]) for r, a in enumerate(accs)
                     if a.recv_home is not None}
             assert sent == got, (pass_name, step)
 
@@ -148,3 +152,43 @@ def test_half_precision_accumulators_give_the_fp32_accumulators_bits(backward):
     half = run_ranks(2, _bf16_grads, backward, False, timeout=120)
     wide = run_ranks(2, _bf16_grads, backward, True, timeout=120)
     assert half == wide
+
+
+def test_an_accumulator_of_one_partial_travels_in_the_inputs_dtype():
+    """Where a travelling accumulator has one holder whose calls touch each of its rows once
+    (CP=2; a window that reaches one neighbour), it travels in the inputs' dtype: the one
+    bf16 partial is held exactly. Where a second holder adds to it, it stays fp32."""
+    cases = [(2, (512,), Mask(True), "zigzag", True), (2, _pack((100, 300, 60, 52)), Mask(True),
+             "whole_docs", True), (4, (512,), Mask(True, (63, 0)), "contiguous", True),
+             (4, (512,), Mask(True), "zigzag", False)]
+    for world, docs, mask, layout, narrow in cases:
+        for backward in ("ring", "burst"):
+            for plan in map(build_plan, _keys(world, docs, mask, backward, layout)):
+                assert plan.backward.wire == (narrow, narrow), (world, layout, backward)
+                assert plan.forward.wire == (False, False)  # nothing travels back
+
+
+def _wire_grads(rank: int, world: int, backward: str, layout: str, fp32_wire: bool) -> list:
+    if fp32_wire:  # every accumulator on the wire in fp32, as before ``PassPlan.wire``
+        call_plan._one_partial = lambda *args: (False, False)
+    gen = torch.Generator().manual_seed(20 + rank)
+    q, k, v = (torch.randn(1, 96, h, 16, generator=gen).bfloat16().requires_grad_()
+               for h in (4, 2, 2))
+    do = torch.randn(1, 96, 4, 16, generator=gen).bfloat16()
+    kw = dict(window_size=(40, 0)) if layout == "contiguous" else {}
+    out = mb.burst_attn(q, k, v, causal=True, backward=backward, layout=layout, **kw)
+    out.backward(do)
+    wire = call_plan._PLANS[next(reversed(call_plan._PLANS))].backward.wire
+    return [wire, *(t.float().tolist() for t in (out, q.grad, k.grad, v.grad))]
+
+
+@pytest.mark.parametrize("world,layout,backward", [(2, "zigzag", "ring"), (2, "zigzag", "burst"),
+                                                    (3, "contiguous", "ring")])
+def test_an_accumulator_in_the_inputs_dtype_gives_the_fp32_wire_bits(world, layout, backward):
+    """bf16 on the wire (one partial a row) gives the output and gradients the fp32 wire
+    gives, bit for bit, on gloo ranks."""
+    narrow = run_ranks(world, _wire_grads, backward, layout, False, timeout=120)
+    fp32 = run_ranks(world, _wire_grads, backward, layout, True, timeout=120)
+    assert any(True in r[0] for r in narrow), "no accumulator travelled in bf16"
+    assert all(r[0] == (False, False) for r in fp32)
+    assert [r[1:] for r in narrow] == [r[1:] for r in fp32]

@@ -18,7 +18,7 @@ from ..comm.headers import CallTag, HeaderCheck
 from ..comm.messages import PeerComm
 from ..comm.rings import AccumulatorRoute, PayloadRing, RowShape
 from ..comm.ring_positions import RingPositions
-from ..kernels.protocol import LocalAttention
+from ..kernels.protocol import HALF, LocalAttention
 from ..kernels.varlen import KernelLaunch
 from ..plan.schedule import Block
 from .call_plan import CallPlan, PassPlan
@@ -97,6 +97,10 @@ class BoundPlan:
         if acc_dtype is None:
             return ring, None
         like = acc_like if acc_like is not None else payload
-        shape = RowShape(tuple([t.shape for t in like]), (acc_dtype,) * len(like),
-                         (rows,) * len(like), like[0].device)
-        return ring, AccumulatorRoute(comm, shape)
+
+        def shape(narrow: bool) -> RowShape:  # ``PassPlan.wire``: one partial, own dtype
+            return RowShape(tuple([t.shape for t in like]),
+                            tuple([t.dtype if narrow and t.dtype in HALF else acc_dtype
+                                   for t in like]), (rows,) * len(like), like[0].device)
+
+        return ring, AccumulatorRoute(comm, shape(plan.wire[0]), shape(plan.wire[1]))

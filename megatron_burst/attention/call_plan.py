@@ -28,6 +28,7 @@ from ..comm.ring_positions import (AccumulatorStep, Hop, RingPositions, accumula
                                    next_kind, route_hops)
 from ..kernels.device_calls import BoundarySides
 from ..kernels.varlen import KernelLaunch, covers, upload_boundaries
+from ..plan.blocks import most_per_row
 from ..plan.packs import DocumentPack
 from ..plan.schedule import Block, Mask, RingSchedule, last_used_step
 from ..plan.slices import SliceMask
@@ -130,6 +131,11 @@ class PassPlan:
     # At most two: the sum is exact in the inputs' half precision (one rounding, as an
     # fp32 accumulator cast at the end gives), so no fp32 copy of them is needed.
     uses: tuple[int, int] = (0, 0)
+    # Whether the travelling accumulator this rank fills (first) and the one it receives
+    # home (second) take at most one kernel partial per row on their whole route. Such an
+    # accumulator travels in the inputs' own dtype: a kernel's gradients come in it, so the
+    # one partial is held exactly (the same bits as fp32), in half the bytes.
+    wire: tuple[bool, bool] = (False, False)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -208,11 +214,30 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
         backward = _pass(back, last, q_rows, lambda src: calls(src, me), own, "q")
         uses = (_uses(backward.steps[:1], n, "q", q_rows[me][1] if last else 0),
                 _uses(backward.steps, n, "k"))
+        wire = _one_partial(back, last, lambda holder, origin: calls(origin, holder), "q")
     else:
         backward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, "k")
         uses = (_uses(backward.steps, n, "q"),
                 _uses(backward.steps[:1], n, "k", k_rows[me][1] if last else 0))
-    return forward, dataclasses.replace(backward, uses=uses)
+        wire = _one_partial(topo, last, calls, "k")
+    return forward, dataclasses.replace(backward, uses=uses, wire=wire)
+
+
+def _one_partial(ring: RingPositions, last: int,
+                 held_calls: Callable[[int, int], tuple[KernelLaunch, ...]],
+                 side: str) -> tuple[bool, bool]:
+    """``PassPlan.wire``: whether the travelling accumulator this member fills, and the
+    one it receives home, each take at most one kernel partial per row. That needs a single
+    holder (``last == 1``: it goes home from there, nothing added on the way) whose calls
+    on the payload (``held_calls(holder, origin)``) touch each of its rows once. The
+    holder's calls are planned here from the same key, so sender and receiver decide the
+    same (a mismatch would garble the message)."""
+    if last != 1:
+        return False, False
+    me = ring.index
+    fills = held_calls(me, ring.source(me, 1))
+    comes_home = held_calls(ring.holder(me, 1), me)
+    return _touches(fills, side) <= 1, _touches(comes_home, side) <= 1
 
 
 def _pass(topo: RingPositions, last: int, table: tuple[tuple[int, ...], ...],
@@ -240,15 +265,14 @@ def _pass(topo: RingPositions, last: int, table: tuple[tuple[int, ...], ...],
 def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned: int = 0) -> int:
     """The most kernel calls of ``steps`` that touch any one of the ``rows`` rows on
     ``side``, with one more on the first ``returned`` rows (an accumulator come home)."""
-    edges = [(a, 1) for step in steps for call in step.calls for a, _ in _runs(call, side)]
-    edges += [(b, -1) for step in steps for call in step.calls for _, b in _runs(call, side)]
-    if returned:
-        edges += [(0, 1), (returned, -1)]
-    most = held = 0
-    for _, change in sorted(edges):  # at one row, ends (-1) sort before starts (+1)
-        held += change
-        most = max(most, held)
-    return most
+    return _touches([call for step in steps for call in step.calls], side, returned)
+
+
+def _touches(calls, side: str, returned: int = 0) -> int:
+    """The most of ``calls`` (a run counted as often as it appears) that touch any one row
+    on ``side``, with one more on the first ``returned`` rows."""
+    spans = [run for call in calls for run in _runs(call, side)]
+    return most_per_row(spans + ([(0, returned)] if returned else []))
 
 
 def _fresh(own: tuple[KernelLaunch, ...], rows: int) -> tuple[bool, bool]:

@@ -203,7 +203,8 @@ def _hop_bytes(t, heads: HeadShape, tokens: int) -> tuple[int, int]:
     hq, hkv = t.ring_heads
     member, d, e, dv = tokens * t.ulysses, heads.head_dim, heads.elem_bytes, heads.v_head_dim
     return (cost.forward_bytes(2, member, hkv, d, e, v_head_dim=dv),
-            cost.backward_bytes(t.backward, 2, member, hq, hkv, d, e, v_head_dim=dv))
+            cost.backward_bytes(t.backward, 2, member, hq, hkv, d, e, v_head_dim=dv,
+                                holders=t.ring_size - 1))
 
 
 def _sizes(nbytes: list[int], cap: int) -> list[int]:

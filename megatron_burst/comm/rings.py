@@ -109,10 +109,12 @@ class PayloadRing:
 
 class AccumulatorRoute:
     """Sends gradient accumulators after the payload they belong to, and home, as each
-    step's ``ring_positions.AccumulatorStep`` says."""
+    step's ``ring_positions.AccumulatorStep`` says. ``home_shape``: the accumulator that
+    comes home, where its dtype differs from the held ones' (``call_plan.PassPlan.wire``)."""
 
-    def __init__(self, comm: PeerComm, row_shape: RowShape):
+    def __init__(self, comm: PeerComm, row_shape: RowShape, home_shape: RowShape | None = None):
         self.comm, self.row_shape = comm, row_shape
+        self.home_shape = home_shape if home_shape is not None else row_shape
 
     def new(self, step: AccumulatorStep, zero: bool = True) -> Packed | None:
         """An accumulator for the travelling rows of the payload held at this step: zeros,
@@ -135,7 +137,7 @@ class AccumulatorRoute:
             kinds.append("next")
         if step.recv_home is not None:
             rows, frm = step.recv_home
-            recvs.append((self.row_shape.packed(rows), frm))
+            recvs.append((self.home_shape.packed(rows), frm))
             kinds.append("home")
         pending = self.comm.post(sends, recvs)
         got = dict(zip(kinds, pending))

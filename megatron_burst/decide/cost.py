@@ -12,7 +12,10 @@ otherwise dv = d, and every formula below is the one of d alone):
 - backward "burst" (K/V/dK/dV stay home; Q, dO, lse, delta travel; dQ on a second ring):
   (G-1) * T * (hq*(d + dv)*e + 2*hq*4)  +  (G-1) * T * hq*d*4   (Q and dQ at d, dO at dv).
 An accumulator starts at the first holder after its owner (the owner's own step-0
-gradients never leave home) and its last hop is the one home: G-1 hops.
+gradients never leave home) and its last hop is the one home: G-1 hops. Where it has a single
+holder (G = 2, or a window that reaches one neighbour) it carries that holder's one kernel
+partial per row, which the inputs' own dtype holds exactly, so it travels at e bytes, not 4
+(``acc_elem_bytes``; the plan's exact rule is ``call_plan.PassPlan.wire``).
 
 These are the formulas for a plain sequence, where every row travels. With a window or
 packed documents the schedule sends less (``schedule.RingSchedule.needed_rows``), and
@@ -35,12 +38,18 @@ def kv_row_bytes(hkv: int, head_dim: int, elem_bytes: int, v_head_dim: int | Non
     return hkv * (head_dim + _dv(head_dim, v_head_dim)) * elem_bytes
 
 
-def burst_row_bytes(hq: int, head_dim: int, elem_bytes: int, v_head_dim: int | None = None
-                    ) -> tuple[int, int]:
+def acc_elem_bytes(elem_bytes: int, holders: int) -> int:
+    """Bytes per element of a travelling gradient accumulator with ``holders`` holders:
+    the inputs' own with one (its one partial is held exactly), else fp32."""
+    return elem_bytes if holders == 1 and elem_bytes < 4 else 4
+
+
+def burst_row_bytes(hq: int, head_dim: int, elem_bytes: int, v_head_dim: int | None = None,
+                    acc_bytes: int = 4) -> tuple[int, int]:
     """(payload, accumulator) bytes of one token in the burst backward: Q at d, dO at dv
-    and the fp32 lse and delta travel; the fp32 dQ accumulator is at d."""
+    and the fp32 lse and delta travel; the dQ accumulator (``acc_bytes`` an element) is at d."""
     payload = hq * (head_dim + _dv(head_dim, v_head_dim)) * elem_bytes + 2 * hq * 4
-    return payload, hq * head_dim * 4
+    return payload, hq * head_dim * acc_bytes
 
 
 def forward_bytes(world: int, tokens: int, hkv: int, head_dim: int, elem_bytes: int,
@@ -57,20 +66,25 @@ def forward_bytes(world: int, tokens: int, hkv: int, head_dim: int, elem_bytes: 
 
 def backward_bytes(mode: str, world: int, tokens: int, hq: int, hkv: int, head_dim: int,
                    elem_bytes: int, hops: int | None = None, *,
-                   v_head_dim: int | None = None) -> int:
+                   v_head_dim: int | None = None, holders: int | None = None,
+                   wide: bool = False) -> int:
     """Bytes one rank sends in the backward ring of ``mode`` ('burst' or 'ring').
 
     The payload makes ``hops`` hops and so do the gradient accumulators (the last one home).
+    ``holders``: how many ranks add to an accumulator (default ``hops``), which sets its
+    dtype on the wire (``acc_elem_bytes``): a caller pricing one hop of a longer ring says so.
+    ``wide``: fp32 accumulators whatever the holders (an upper bound).
     """
     hops = world - 1 if hops is None else hops
+    acc_bytes = 4 if wide else acc_elem_bytes(elem_bytes, hops if holders is None else holders)
     if mode not in ("burst", "ring"):
         raise ValueError(f"backward must be 'burst' or 'ring', got {mode!r}")
     if hops == 0:
         return 0
-    if mode == "ring":  # K/V at e bytes, then dK/dV in fp32: the same elements
+    if mode == "ring":  # K/V at e bytes, then dK/dV: the same elements
         kv = kv_row_bytes(hkv, head_dim, 1, v_head_dim)
-        return hops * tokens * kv * (elem_bytes + 4)
-    payload, acc = burst_row_bytes(hq, head_dim, elem_bytes, v_head_dim)
+        return hops * tokens * kv * (elem_bytes + acc_bytes)
+    payload, acc = burst_row_bytes(hq, head_dim, elem_bytes, v_head_dim, acc_bytes)
     return hops * tokens * (payload + acc)
 
 

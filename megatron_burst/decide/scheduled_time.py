@@ -114,6 +114,7 @@ class _HopPlan:
     def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):
         # The comm package imports torch: not for plan.
         from ..comm.ring_positions import RingPositions
+        from ..plan.schedule import last_used_step
 
         self.ring = topology.ring_size
         self.inner = topology.positions_per_node if topology.double else self.ring
@@ -121,7 +122,7 @@ class _HopPlan:
         topo = RingPositions(range(self.ring), 0, self.inner)
         self.topo = topo.reversed() if self.burst else topo
         self.rows = sched.needed_rows(self.topo.source, "q" if self.burst else "k")
-        payload, acc = _row_bytes(topology, backward)
+        payload, acc = _row_bytes(topology, backward, last_used_step(self.rows))
         self.payload, self.acc = batch * payload, batch * acc
 
     def hops(self, member: int, step: int) -> list[tuple[str, int]]:
@@ -140,14 +141,16 @@ class _HopPlan:
         return out
 
 
-def _row_bytes(topology: CPTopology, backward: bool) -> tuple[int, int]:
-    """(payload, gradient accumulator) bytes per travelling row of one sequence."""
+def _row_bytes(topology: CPTopology, backward: bool, holders: int) -> tuple[int, int]:
+    """(payload, gradient accumulator) bytes per travelling row of one sequence, its
+    accumulators added to by ``holders`` members (``cost.acc_elem_bytes``)."""
     h = topology.heads
     hq, hkv = topology.ring_heads
+    acc = cost.acc_elem_bytes(h.elem_bytes, holders)
     if backward and topology.backward == "burst":
-        return cost.burst_row_bytes(hq, h.head_dim, h.elem_bytes, h.v_head_dim)
+        return cost.burst_row_bytes(hq, h.head_dim, h.elem_bytes, h.v_head_dim, acc)
     kv = cost.kv_row_bytes(hkv, h.head_dim, h.elem_bytes, h.v_head_dim)
-    return kv, (cost.kv_row_bytes(hkv, h.head_dim, 4, h.v_head_dim) if backward else 0)
+    return kv, (cost.kv_row_bytes(hkv, h.head_dim, acc, h.v_head_dim) if backward else 0)
 
 
 def _step_compute(topology: CPTopology, rate, sched: RingSchedule, batch: int,

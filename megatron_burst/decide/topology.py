@@ -163,7 +163,8 @@ class CPTopology:
                    lse_returned: bool = False) -> tuple[int, int]:
         """(forward, backward) bytes one rank sends in one attention call over
         ``tokens_local`` tokens (batch x local sequence): the ring and the all-to-alls, with
-        every row travelling every hop: the plain sequence's bound (``rank_bytes`` is exact).
+        every row travelling every hop and the gradient accumulators in fp32: the plain
+        sequence's bound (``rank_bytes`` is exact).
         """
         h = self._need_heads()
         hq, hkv = self.ring_heads
@@ -171,7 +172,7 @@ class CPTopology:
         fwd = cost.forward_bytes(self.ring_size, tokens, hkv, h.head_dim, h.elem_bytes,
                                  v_head_dim=h.v_head_dim)
         bwd = cost.backward_bytes(self.backward, self.ring_size, tokens, hq, hkv, h.head_dim,
-                                  h.elem_bytes, v_head_dim=h.v_head_dim)
+                                  h.elem_bytes, v_head_dim=h.v_head_dim, wide=True)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, tokens_local, h.hq, h.hkv,
                                               h.head_dim, h.elem_bytes,
                                               lse_returned=lse_returned,
@@ -201,13 +202,14 @@ class CPTopology:
             k_rows = sched.needed_rows(topo.source, "k")
             fwd = cost.ring_pass_bytes(topo, k_rows, kv_row)
             if self.backward == "ring":
-                bwd = cost.ring_pass_bytes(topo, k_rows, kv_row,
-                                           batch * cost.kv_row_bytes(hkv, d, 4, dv))
+                acc = cost.kv_row_bytes(hkv, d, _acc_elem_bytes(sched, topo, k_rows, "k", e), dv)
+                bwd = cost.ring_pass_bytes(topo, k_rows, kv_row, batch * acc)
             else:
                 rev = topo.reversed()
-                payload, acc = cost.burst_row_bytes(hq, d, e, dv)
-                bwd = cost.ring_pass_bytes(rev, sched.needed_rows(rev.source, "q"),
-                                           batch * payload, batch * acc)
+                q_rows = sched.needed_rows(rev.source, "q")
+                payload, acc = cost.burst_row_bytes(
+                    hq, d, e, dv, _acc_elem_bytes(sched, rev, q_rows, "q", e))
+                bwd = cost.ring_pass_bytes(rev, q_rows, batch * payload, batch * acc)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, batch * s_local, h.hq, h.hkv, d,
                                               e, lse_returned=lse_returned, v_head_dim=dv)
         return fwd + a2a_fwd, bwd + a2a_bwd
@@ -276,3 +278,19 @@ def check_heads(heads: HeadShape, ulysses: int) -> None:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _acc_elem_bytes(sched, topo, rows, side: str, elem_bytes: int) -> int:
+    """Bytes per element of the gradient accumulator position ``topo.index`` fills and
+    sends, as its call's plan decides (``call_plan.PassPlan.wire``): the inputs' own where it
+    is the only holder (the payload's last step is 1) and its blocks, as the kernels run them
+    (``coalesced``), touch each row once; else fp32."""
+    from ..plan.blocks import block_spans, coalesced, most_per_row
+    from ..plan.schedule import last_used_step
+
+    if last_used_step(rows) != 1:
+        return 4
+    me = topo.index
+    src = topo.source(me, 1)
+    blocks = coalesced(sched.blocks(me, src) if side == "k" else sched.blocks(src, me))
+    return cost.acc_elem_bytes(elem_bytes, most_per_row(block_spans(blocks, side)))

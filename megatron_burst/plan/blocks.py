@@ -196,3 +196,19 @@ def _pairs_up_to(n: int, m: int, x: int) -> int:
     first = min(max(1 - a, 0), n)  # first row that sees a key
     full = min(max(m - a, 0), n)  # first row that sees all m keys
     return (full - first) * (first + full - 1) // 2 + (full - first) * a + (n - full) * m
+
+
+def most_per_row(spans: Sequence[tuple[int, int]]) -> int:
+    """The most of ``spans`` ([start, stop) row ranges, each counted as often as it appears)
+    that cover any one row: how many partial results that row's gradient gathers."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    most = held = 0
+    for _, change in edges:  # at one row, ends (-1) sort before starts (+1)
+        held += change
+        most = max(most, held)
+    return most
+
+
+def block_spans(blocks: Sequence[Block], side: str) -> list[tuple[int, int]]:
+    """The query ('q') or key ('k') row range of each block."""
+    return [(b.q_start, b.q_stop) if side == "q" else (b.k_start, b.k_stop) for b in blocks]

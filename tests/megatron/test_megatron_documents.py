@@ -175,14 +175,16 @@ def test_four_rank_document_masks_match_cp1(four_rank: dict, name: str) -> None:
 def test_a_pack_is_planned_once_per_micro_batch(two_rank: dict) -> None:
     """Every layer and the backward reuse the plans of the batch's pack: placing the
     documents once, the blocks of each of the 2x2 member pairs once, and the kernel calls
-    of this rank's 2 forward and (burst backward) 2 reverse pairs once, whatever the number
-    of layers; a new pack is planned anew, and the first pack again (its DocumentParams
-    kept) costs nothing."""
+    of this rank's 2 forward pairs and the 2 reverse pairs once, whatever the number of
+    layers; a new pack is planned anew, and the first pack again (its DocumentParams kept)
+    costs nothing."""
     for mode, *rank_counts in two_rank["plans"]:
         first, second, again = rank_counts
-        # The ring backward computes the forward's pairs again; the burst backward the
-        # reverse pairs (the visitors' queries against this rank's keys).
-        pairs = 2 if mode == "ring" else 4
+        # The ring backward computes the forward's pairs again, and plans the pair that
+        # holds this rank's K/V (its calls say the dtype the dK/dV come home in:
+        # ``PassPlan.wire``); the burst backward runs the reverse pairs (the visitors'
+        # queries against this rank's keys), the one that holds its queries among them.
+        pairs = 3 if mode == "ring" else 4
         assert first == second == {"placements": 1, "pair_blocks": 4, "call_plans": pairs}, \
             rank_counts
         assert again == {"placements": 0, "pair_blocks": 0, "call_plans": 0}, rank_counts
