@@ -189,8 +189,12 @@ def main() -> None:
                          f"{f(r, 'efficiency') if 'efficiency' in r else r.get('error', '-')[:60]} |")
         with open(os.path.splitext(args.out)[0] + ".md", "w") as fh:
             fh.write("\n".join(lines) + "\n")
-        print("\n".join(lines))
-    dist.destroy_process_group()
+        print("\n".join(lines), flush=True)
+    # NCCL's teardown after the CUDA graphs hung on these hosts (after the files were
+    # written, so earlier runs ended by ``timeout``): every rank leaves together instead.
+    dist.barrier()
+    torch.cuda.synchronize()
+    os._exit(0)
 
 
 if __name__ == "__main__":
