@@ -205,3 +205,42 @@ def test_a_sliding_window_layer_costs_its_band_and_its_hops():
     waiting = predict_scheduled(topology, slow, batch=1, s_local=32768, window=(128, 0))
     hop = slow.intra.seconds(topology.hop_bytes(32768))
     assert waiting.exposed_comm_s > hop > 10 * waiting.compute_s
+
+
+def test_a_measured_kernel_is_read_between_its_points_and_never_beyond_them():
+    """A kernel with measured points interpolates on log(tokens) and holds the end points'
+    rates outside them (its fitted curve would run on past the largest point)."""
+    from megatron_burst.attention.measure import fit_kernel
+
+    measured = [(2048, 290.0), (8192, 540.0), (32768, 570.0)]
+    kernel = fit_kernel(measured)
+    assert kernel.points == tuple(measured)
+    assert kernel.tflops(8192) == 540.0 and kernel.tflops(16384) == pytest.approx(555.0)
+    assert kernel.tflops(1 << 20) == 570.0 and kernel.tflops(512) == 290.0
+    curve = Kernel(kernel.peak_tflops, kernel.half_tokens)  # the same fit, no points
+    assert curve.tflops(1 << 20) > 570.0
+    raw = {**json.loads(json.dumps(dataclasses.asdict(FAST))),
+           "dense": dataclasses.asdict(kernel)}
+    assert Profile.from_json(raw).dense == kernel  # a profile file keeps them
+    raw["dense"]["points"] = [[2048, 0.0]]
+    with pytest.raises(ValueError, match=r"dense.points\[0\] \(TFLOP/s\)"):
+        Profile.from_json(raw)
+
+
+def test_a_plain_call_s_host_runs_ahead_of_its_gpu_and_a_step_adds_them():
+    """A plain sequence's call takes the larger of its host and GPU times (the host launches
+    ahead); a pack's takes their sum; a training step's share (``serial_s``) is the sum."""
+    from megatron_burst.decide.pack_load import PackLoad
+    from megatron_burst.decide.scheduled_time import predict_pack
+
+    slow_host = dataclasses.replace(FAST, call_overhead_us=50_000.0)
+    top = CPTopology.build(2, ulysses=1, backward="ring", heads=HeadShape(32, 8, 128, 2))
+    for prof in (FAST, slow_host):
+        p = predict(top, prof, tokens=8192)
+        gpu = p.compute_s + p.exposed_comm_s + p.alltoall_s
+        assert p.total_s == pytest.approx(max(gpu, p.host_s))
+        assert p.serial_s == pytest.approx(gpu + p.host_s)
+        pack = predict_pack(top, prof, PackLoad.of_pack((8192, 4096, 4096), "whole_docs"))
+        assert pack.total_s == pytest.approx(pack.serial_s)
+    slow = predict(top, slow_host, tokens=8192)
+    assert slow.total_s == slow.host_s > slow.compute_s  # host-bound: the host's time

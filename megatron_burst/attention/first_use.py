@@ -36,6 +36,8 @@ from .sharding import group_name, group_ranks
 
 logger = logging.getLogger(__name__)
 
+# Seconds of sustained kernel calls before the kernel is timed (``measure.measure_kernels``).
+SETTLE_S = 1.0
 _KNOWN: dict[tuple, Profile] = {}  # (group name, MachineKey) -> this machine's profile
 _SAID: set = set()  # what was logged once per process
 
@@ -140,7 +142,8 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
     sizes = sorted({min(tokens * u, cap) for u in {t.ulysses for t in tops}}
                    | {cap // 16, cap // 4, cap})
     dense, varlen = measure.measure_kernels(sizes, q.shape[2], q.shape[3], device, q.dtype,
-                                            repeat, group, kv_heads=k.shape[2])
+                                            repeat, group, kv_heads=k.shape[2],
+                                            settle_s=0.0 if cpu else SETTLE_S)
     memory = measure.measure_memory(2**22 if cpu else 2**28, device, repeat, group)
     step_us, call_us = _host(group, world, device, q.dtype, repeat, attend)
     base = load_profile(DEFAULT_PROFILE)

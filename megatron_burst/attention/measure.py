@@ -8,6 +8,7 @@ before each run) and is the median of ``repeat`` runs after one warm-up.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Callable, Sequence
@@ -85,7 +86,14 @@ def link_of(points: list[tuple[int, float]]) -> Link:
 
 
 def fit_kernel(points: list[tuple[int, float]]) -> Kernel:
-    """Least squares of 1/rate = 1/peak + (half/peak) / n over the measured (n, TFLOP/s)."""
+    """The measured (n, TFLOP/s) points, which the model interpolates, with the least
+    squares of 1/rate = 1/peak + (half/peak) / n over them (what a profile says in two
+    numbers; the model extrapolates nothing from it where it has points)."""
+    pts = tuple((n, significant(r)) for n, r in sorted(points))
+    return dataclasses.replace(_fit(points), points=pts)
+
+
+def _fit(points: list[tuple[int, float]]) -> Kernel:
     xs, ys = [1.0 / n for n, _ in points], [1.0 / r for _, r in points]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     var = sum((x - mx) ** 2 for x in xs)
@@ -98,15 +106,20 @@ def fit_kernel(points: list[tuple[int, float]]) -> Kernel:
 
 def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: torch.device,
                     dtype: torch.dtype, repeat: int, group: dist.ProcessGroup | None = None,
-                    kv_heads: int | None = None) -> tuple[Kernel, Kernel]:
+                    kv_heads: int | None = None, settle_s: float = 0.0) -> tuple[Kernel, Kernel]:
     """(dense, varlen) fwd+bwd rates of this rank's local kernel on causal blocks of each
-    of ``tokens`` (varlen: the same tokens as 8 documents in one call)."""
+    of ``tokens`` (varlen: the same tokens as 8 documents in one call).
+
+    ``settle_s``: seconds of back-to-back calls at the largest size first. A GPU that sat
+    idle runs its first calls at its highest clock; under training's sustained load an
+    H100 settles 5-12% slower (1980 against 1500-1700 MHz at 700 W,
+    ``benchmarks/sustained_rate.py``), and the model predicts training."""
     from ..kernels.selection import select_kernel
     from ..kernels.varlen import plan_calls
     from ..plan.schedule import Block
 
     dense, varlen = [], []
-    for n in tokens:
+    for n in sorted(tokens, reverse=settle_s > 0):  # the largest first: it settles the clock
         gen = torch.Generator(device="cpu").manual_seed(n)
         q, do = (torch.randn(1, n, heads, head_dim, generator=gen).to(device, dtype)
                  for _ in range(2))
@@ -120,6 +133,7 @@ def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: to
             kern.backward(do, q, k, v, out, lse, blk, scale)
 
         flops = 3.5 * 4 * n * n / 2 * heads * head_dim
+        _busy(dense_step, device, settle_s if not dense else 0.0)
         dense.append((n, flops / timed(dense_step, device, repeat, group) / 1e12))
         docs = 8
         (call,) = plan_calls([Block(i * n // docs, (i + 1) * n // docs, i * n // docs,
@@ -133,6 +147,14 @@ def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: to
         varlen.append((n // docs, flops / docs / timed(varlen_step, device, repeat, group)
                        / 1e12))
     return fit_kernel(dense), fit_kernel(varlen)
+
+
+def _busy(step: Callable[[], object], device: torch.device, seconds: float) -> None:
+    """``step()`` back to back for ``seconds`` (its clock settled to a sustained load)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        sync(device)
 
 
 def measure_memory(nbytes: int, device: torch.device, repeat: int,

@@ -7,13 +7,14 @@ on the kernel. A ``Profile`` holds what ``megatron-burst tune`` measures on a cl
 - links: time of one message of b bytes = latency + b / bandwidth, per link kind (``intra``:
   inside a node, ``inter``: between nodes), fitted over 1-256 MB ring hops;
 - the all-to-all of the Ulysses split, fitted the same way;
-- the attention kernel: achieved fwd+bwd TFLOP/s as ``peak * n / (n + n_half)`` for a
-  block of n tokens (small blocks do not fill the GPU), dense and varlen;
+- the attention kernel: achieved fwd+bwd TFLOP/s for a block of n tokens (small blocks do
+  not fill the GPU), dense and varlen, measured points or ``peak * n / (n + n_half)``;
 - memory bandwidth (the fp32 merges and accumulators are memory-bound passes);
 - the host's fixed cost per ring step and per call (launches, Python, NCCL bookkeeping).
 
 ``predict`` turns (CPTopology, tokens per rank, mask) into seconds per attention call, fwd+bwd,
-step by step: a step costs the larger of its compute and its hop, plus the host's share.
+step by step: a step costs the larger of its compute and its hop; the host's share runs
+ahead of the GPU on a plain sequence (the larger of the two) and adds to it on a pack.
 Its FLOPs count QK^T at Q/K's head dim and PV at V's (MLA: 192 and 128), its bytes each
 tensor at its own dim (``cost``); attention sinks add no byte and one logit per row.
 Every step of a causal or full layer does the same work (a document pack: ``pack_load``);
@@ -26,11 +27,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import cost
+from .rates import Kernel, Link, check_profile_numbers, with_points
 from .topology import CPTopology, HeadShape, TopologyError, heads_split
 from ..comm.settings import PROFILE_ENV, current  # noqa: F401  (PROFILE_ENV: named here too)
 
@@ -39,50 +40,6 @@ PROFILES_DIR = Path(__file__).parents[1] / "profiles"  # megatron_burst/profiles
 # A fwd+bwd attention call as forward passes: the forward, and a backward of 2.5 (it
 # recomputes the scores and computes three products).
 FWD_BWD_PASSES = 3.5
-
-
-@dataclasses.dataclass(frozen=True)
-class Link:
-    """One message of b bytes takes ``latency_us`` + b / bandwidth(b), per direction.
-
-    NCCL's bandwidth grows with the message size (H200 NVLink: 74 GB/s at 16 MB, 272 at 256
-    MB, ``tune_h200x4.json``), so a measured link carries ``points`` [[bytes, GB/s], ...],
-    interpolated on log(bytes); outside them, and for published figures, it is ``gbps``.
-    """
-
-    latency_us: float
-    gbps: float
-    points: tuple = ()
-
-    def bandwidth(self, nbytes: float) -> float:
-        pts = sorted(tuple(p) for p in self.points)
-        if not pts:
-            return self.gbps
-        if nbytes <= pts[0][0]:
-            return pts[0][1]
-        if nbytes >= pts[-1][0]:
-            return pts[-1][1]
-        for (b0, g0), (b1, g1) in zip(pts, pts[1:]):
-            if b0 <= nbytes <= b1:
-                f = math.log(nbytes / b0) / math.log(b1 / b0)
-                return g0 + f * (g1 - g0)
-        return self.gbps
-
-    def seconds(self, nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        return self.latency_us * 1e-6 + nbytes / (self.bandwidth(nbytes) * 1e9)
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    """Achieved fwd+bwd attention rate: ``peak_tflops * n / (n + half_tokens)``."""
-
-    peak_tflops: float
-    half_tokens: float
-
-    def tflops(self, tokens: float) -> float:
-        return self.peak_tflops * tokens / (tokens + self.half_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,54 +68,14 @@ class Profile:
     @staticmethod
     def from_json(raw: dict) -> "Profile":
         check_profile_numbers(raw)
-        links = {k: Link(**{**raw[k], "points": tuple(tuple(p) for p in raw[k].get("points", ()))})
-                 for k in ("intra", "inter", "alltoall")}
-        kernels = {k: Kernel(**raw[k]) for k in ("dense", "varlen")}
+        links = {k: with_points(Link, raw[k]) for k in ("intra", "inter", "alltoall")}
+        kernels = {k: with_points(Kernel, raw[k]) for k in ("dense", "varlen")}
         rest = {k: raw[k] for k in raw if k not in links and k not in kernels}
         machine = rest.pop("machine", None) or {}
         if not isinstance(machine, dict):
             raise ValueError(f"'machine' must be an object, got {machine!r}")
         return Profile(**links, **kernels, **rest, machine=tuple(sorted(
             (str(k), v) for k, v in machine.items())))
-
-
-# What each number of a profile may be: the time model divides by rates and sizes, so a 0
-# there (a hand-edited file, a link that measured nothing) must fail at load, by name.
-_ABOVE_ZERO, _AT_LEAST_ZERO = "a number above 0", "a number of at least 0"
-_LINK_FIELDS = {"latency_us": _AT_LEAST_ZERO, "gbps": _ABOVE_ZERO}
-_KERNEL_FIELDS = {"peak_tflops": _ABOVE_ZERO, "half_tokens": _AT_LEAST_ZERO}
-_TOP_FIELDS = {"memory_gbps": _ABOVE_ZERO, "step_overhead_us": _AT_LEAST_ZERO,
-               "call_overhead_us": _AT_LEAST_ZERO, "gpus_per_node": _ABOVE_ZERO}
-_OPTIONAL = {"gpus_per_node"}  # Profile's default (8) stands in for a missing one
-
-
-def _check_number(value: Any, rule: str, where: str) -> None:
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value) and (value > 0 if rule == _ABOVE_ZERO else value >= 0))
-    if not ok:
-        raise ValueError(f"{where} must be {rule}, got {value!r}")
-
-
-def check_profile_numbers(raw: Any) -> None:
-    """Raise ValueError naming the first number of a profile's JSON that the time model
-    cannot use (a rate of 0 would divide by zero; NaN or a string would poison every sum)."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"a profile is a JSON object, got {type(raw).__name__}")
-    groups = [(k, _LINK_FIELDS) for k in ("intra", "inter", "alltoall")] + [
-        (k, _KERNEL_FIELDS) for k in ("dense", "varlen")]
-    for group, fields in groups:
-        if not isinstance(raw.get(group), dict):
-            raise ValueError(f"'{group}' must be an object with {', '.join(fields)}")
-        for name, rule in fields.items():
-            _check_number(raw[group].get(name), rule, f"{group}.{name}")
-        for i, point in enumerate(raw[group].get("points") or ()):
-            if not isinstance(point, (list, tuple)) or len(point) != 2:
-                raise ValueError(f"{group}.points[{i}] must be [bytes, GB/s], got {point!r}")
-            for value, what in zip(point, ("bytes", "GB/s")):
-                _check_number(value, _ABOVE_ZERO, f"{group}.points[{i}] ({what})")
-    for name, rule in _TOP_FIELDS.items():
-        if name in raw or name not in _OPTIONAL:
-            _check_number(raw.get(name), rule, name)
 
 
 def load_profile(name_or_path: str | None = None) -> Profile:
@@ -210,6 +127,13 @@ class Prediction:
     alltoall_s: float
     host_s: float
 
+    @property
+    def serial_s(self) -> float:
+        """The call's parts one after the other: its share of a training step, whose host
+        thread also launches the rest of every layer (the planner's step time adds these;
+        ``total_s`` is the call alone, its host running ahead of the GPU)."""
+        return self.compute_s + self.exposed_comm_s + self.alltoall_s + self.host_s
+
     def describe(self) -> str:
         ms = 1e3
         return (f"{self.topology.describe()}: {self.total_s * ms:.2f} ms fwd+bwd predicted "
@@ -244,7 +168,9 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
                    + _ring_exposed(topology, prof, max_intra_node_size, step_bwd, bwd_hop))
     a2a, elementwise = alltoall_seconds(topology, prof, tokens, max_intra_node_size), \
         elementwise_seconds(topology, prof, tokens)
-    total = compute + elementwise + exposed + a2a + host
+    # The host launches a plain sequence's call ahead of the GPU (nothing in it waits for
+    # the GPU), so the two overlap: the slower one is the call's time.
+    total = max(compute + elementwise + exposed + a2a, host)
     return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
 
 

@@ -166,7 +166,7 @@ def predict_step(cfg: Config) -> StepTime | None:
     tp_pass = _tp_collectives_s(cfg, prof, tokens)
     # Per layer, on average over the stage: windowed layers cost their band and hops.
     mix = [(layers - windowed, attention)] + ([(windowed, window)] if windowed else [])
-    attention_s = sum(n * pred.total_s for n, pred in mix)
+    attention_s = sum(n * pred.serial_s for n, pred in mix)
     compute = (attention.compute_s if not windowed
                else sum(n * pred.compute_s for n, pred in mix) / layers)
     attention_fwd = compute * ATTENTION_FORWARD_SHARE
