@@ -16,8 +16,9 @@ Backward, two modes (``cost.py`` has their byte counts; ``options.resolve`` reso
 - ``ring``: Q, dO, O, lse stay home. K/V travel again, and their dK/dV accumulators travel
   one step behind them, landing home last.
 Gradients of a rank's own payload at step 0 never leave home; the travelling accumulators
-carry only the rows other ranks touch. All gradient accumulators are fp32, on the wire
-too, so the error does not grow with G.
+carry only the rows other ranks touch. Gradient accumulators are fp32, on the wire too, so
+the error does not grow with G; one that takes a single kernel partial a row (CP=2) travels
+in the inputs' dtype, which holds that partial exactly (``call_plan.PassPlan.wire``).
 """
 from __future__ import annotations
 

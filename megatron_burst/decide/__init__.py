@@ -6,8 +6,9 @@ Reads the plan data and the comm layer's ring positions, never a tensor. One mod
 - ``options``: every knob a user sets, valid by construction (``BurstOptions``), and the one
   resolver of ``"auto"`` (``resolve``);
 - ``cost``: the bytes each rank sends, per pass and mode (what ``count_comm`` is tested
-  against); ``timing``: seconds from a measured profile; ``scheduled_time``: the same, step
-  by step, for layers whose steps differ (sliding windows);
+  against); ``timing``: seconds from a measured profile; ``rates``: the profile's links
+  and kernels, their rates by size; ``scheduled_time``: the same seconds, step by step, for
+  layers whose steps differ (sliding windows, packs);
 - ``cluster``: how many CP ranks share a node (``max_intra_node_size``);
 - ``flops``: what a training step computes, the one count planner and benchmarks share.
 """
