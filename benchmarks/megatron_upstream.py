@@ -11,7 +11,10 @@ seed through both entry points (the small Llama shape: 4 layers, hidden 1024, 16
 1. default flags: upstream with its own default --create-attention-mask-in-dataloader (the
    patch turns the dense mask off), against the entry point: iteration time;
 2. --burst-document-mask: the losses of both (equal to bf16 tolerance), and against 1;
-3. full recompute with and without --burst-remat-aware, through both: the speedup.
+3. full recompute with and without --burst-remat-aware, through both: the speedup;
+4. document masks with layout pack_zigzag in Megatron's CUDA graphs (--cuda-graph-impl
+   local), and a prefix-LM slice mask per micro-batch (--burst-mask-builder
+   megatron_burst.megatron.mask_batches:prefix_lm): the losses of both ways in.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import megatron_e2e  # noqa: E402
 from megatron_burst.launch.config.schema import load_config  # noqa: E402
 
 DENSE_OFF = "--no-create-attention-mask-in-dataloader"
+GRAPHS = ("--cuda-graph-impl", "local")
 
 
 def cases(base, gpus: int, iters: int):
@@ -36,8 +40,16 @@ def cases(base, gpus: int, iters: int):
     full = dataclasses.replace(small, training=dataclasses.replace(small.training,
                                                                     recompute="full"))
     remat = dataclasses.replace(full, burst=dataclasses.replace(full.burst, remat_aware=True))
-    return [("default flags", small, (DENSE_OFF,)), ("document masks", masks, ()),
-            ("full recompute", full, ()), ("full recompute + remat-aware", remat, ())]
+    # Documents the GPU reads, captured in Megatron's CUDA graphs (issue 39), and a slice mask
+    # per micro-batch from a builder (issue 42): the same losses through both entry points.
+    zigzag = dataclasses.replace(masks, data=dataclasses.replace(
+        masks.data, document_layout="pack_zigzag", document_capacity=32))
+    prefix = dataclasses.replace(small, data=dataclasses.replace(
+        small.data, mask_builder="megatron_burst.megatron.mask_batches:prefix_lm"))
+    return [("default flags", small, (DENSE_OFF,), ()), ("document masks", masks, (), ()),
+            ("full recompute", full, (), ()), ("full recompute + remat-aware", remat, (), ()),
+            ("documents pack_zigzag, CUDA graphs", zigzag, (), GRAPHS),
+            ("prefix-LM mask builder", prefix, (), ())]
 
 
 def main() -> None:
@@ -53,13 +65,13 @@ def main() -> None:
         "PYTHONPATH": os.pathsep.join([lm, megatron_e2e.ROOT, os.environ.get("PYTHONPATH", "")])})
     runs = []
     extra = args.extra.split()
-    for name, cfg, drop in cases(load_config(megatron_e2e.CONFIG), args.gpus, args.iters):
+    for name, cfg, drop, own in cases(load_config(megatron_e2e.CONFIG), args.gpus, args.iters):
         if args.only not in name:
             continue
         for way, kwargs in (("upstream pretrain_gpt.py + patch", dict(upstream, drop=drop)),
                             ("megatron_burst.megatron.pretrain_gpt", {})):
             label = f"{name}: {way}" + (f" {args.extra}" if extra else "")
-            r = megatron_e2e.run(label, args.gpus, extra, args.iters, args.timeout,
+            r = megatron_e2e.run(label, args.gpus, [*own, *extra], args.iters, args.timeout,
                                  cfg=cfg, keep_log=True, **kwargs)
             log = r.pop("log")
             r["burst_lines"] = [line.strip() for line in log.splitlines()
