@@ -729,3 +729,20 @@ def test_time_model_after_the_settled_clock_is_the_runs_on_file():
     burst = sorted(r["measured_over_predicted"] for run in runs for r in run["rows"]
                    if r["method"].startswith("flat ring 2, burst"))
     _says(f"four of the flat ring's burst backward rows {_span(burst[-4:])}")
+
+
+def test_upstream_patch_figures_on_h100_are_the_runs_on_file():
+    folder = "h100x2_upstream_issue39_42/"
+    gaps, ms = {}, {}
+    for case in ("prefix-LM", "pack_zigzag"):
+        up, own = _load(f"{folder}upstream_{case}.json")["runs"]
+        assert "upstream" in up["name"] and up["rc"] == own["rc"] == 0
+        gaps[case] = max(abs(a - b) for a, b in zip(up["losses"], own["losses"]))
+        ms[case] = (up["steady_ms"], own["steady_ms"])
+    def sci(x: float) -> str:  # 1.2e-4, as the README writes it
+        mantissa, exponent = f"{x:.1e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+
+    _says(f"gives the entry point's losses within {sci(gaps['prefix-LM'])} over 6 iterations")
+    _says(f"within {sci(gaps['pack_zigzag'])} ({ms['pack_zigzag'][0]:.0f} and "
+          f"{ms['pack_zigzag'][1]:.0f} ms per iteration)")
