@@ -192,3 +192,16 @@ def test_an_accumulator_in_the_inputs_dtype_gives_the_fp32_wire_bits(world, layo
     assert any(True in r[0] for r in narrow), "no accumulator travelled in bf16"
     assert all(r[0] == (False, False) for r in fp32)
     assert [r[1:] for r in narrow] == [r[1:] for r in fp32]
+
+
+def test_a_device_plan_binds_only_the_launches_it_runs():
+    """Deciding the wire plans the holder's calls too (``PairCalls.elsewhere``): they must
+    not join this rank's device launches, which every call binds to its boundaries."""
+    for backward in ("ring", "burst"):
+        for me in range(2):
+            key = plan_key("pack_zigzag", 2, (4096,), Mask(True), 1,
+                           RingKey((0, 1), me, None), backward, device_docs=True)
+            plan = build_plan(key)
+            assert plan.backward.wire == (True, True)
+            assert {id(c) for c in plan.sides.launches} <= {id(c) for c in plan.calls}, (
+                backward, me)

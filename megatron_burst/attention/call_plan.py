@@ -214,29 +214,29 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
         backward = _pass(back, last, q_rows, lambda src: calls(src, me), own, "q")
         uses = (_uses(backward.steps[:1], n, "q", q_rows[me][1] if last else 0),
                 _uses(backward.steps, n, "k"))
-        wire = _one_partial(back, last, lambda holder, origin: calls(origin, holder), "q")
+        wire = _one_partial(back, last, calls, lambda holder, origin: (origin, holder), "q")
     else:
         backward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, "k")
         uses = (_uses(backward.steps, n, "q"),
                 _uses(backward.steps[:1], n, "k", k_rows[me][1] if last else 0))
-        wire = _one_partial(topo, last, calls, "k")
+        wire = _one_partial(topo, last, calls, lambda holder, origin: (holder, origin), "k")
     return forward, dataclasses.replace(backward, uses=uses, wire=wire)
 
 
-def _one_partial(ring: RingPositions, last: int,
-                 held_calls: Callable[[int, int], tuple[KernelLaunch, ...]],
-                 side: str) -> tuple[bool, bool]:
+def _one_partial(ring: RingPositions, last: int, calls: PairCalls,
+                 pair: Callable[[int, int], tuple[int, int]], side: str) -> tuple[bool, bool]:
     """``PassPlan.wire``: whether the travelling accumulator this member fills, and the
     one it receives home, each take at most one kernel partial per row. That needs a single
     holder (``last == 1``: it goes home from there, nothing added on the way) whose calls
-    on the payload (``held_calls(holder, origin)``) touch each of its rows once. The
-    holder's calls are planned here from the same key, so sender and receiver decide the
-    same (a mismatch would garble the message)."""
+    on the payload (those of ``pair(holder, origin)``, its (query, key) members) touch each
+    of its rows once. The holder's calls are planned here from the same key
+    (``PairCalls.elsewhere``), so sender and receiver decide the same (a mismatch would
+    garble the message)."""
     if last != 1:
         return False, False
     me = ring.index
-    fills = held_calls(me, ring.source(me, 1))
-    comes_home = held_calls(ring.holder(me, 1), me)
+    fills = calls(*pair(me, ring.source(me, 1)))
+    comes_home = calls.elsewhere(*pair(ring.holder(me, 1), me))
     return _touches(fills, side) <= 1, _touches(comes_home, side) <= 1
 
 

@@ -33,6 +33,19 @@ class PairCalls:
             self._made[pair] = self._plan(q_member, k_member)
         return self._made[pair]
 
+    def elsewhere(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
+        """The calls of a pair another member runs, to read their shape (``call_plan``'s
+        wire): planned as this member would, but never bound or launched here, so a device
+        plan's launches (``sides``) stay the ones this member runs."""
+        if (q_member, k_member) in self._made or self.sides is None:
+            return self(q_member, k_member)
+        own = self.sides
+        self.sides = BoundarySides(own.total)
+        try:
+            return self._plan(q_member, k_member)
+        finally:
+            self.sides = own
+
     def _plan(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
         key, sched = self.key, self.sched
         if self.alone:  # a single member's pack: one varlen call from the boundaries
