@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import operator
 from typing import Any, Mapping
 
 import torch
@@ -91,8 +92,7 @@ class BurstCall:
         if scale is not None:
             object.__setattr__(self, "softmax_scale", float(scale))
         # Hashed once: a call keys the prepared-call cache at every call.
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name)
-                                                     for f in dataclasses.fields(self))))
+        object.__setattr__(self, "_hash", hash(_ALL_FIELDS(self)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -154,6 +154,9 @@ class BurstCall:
         """Whether preparing reads the cluster (profile, ranks per node): 'auto' to settle."""
         return self.topology is None and self.options.has_auto
 
+
+# Every field's value, as one tuple, in one C call (the hash every call takes).
+_ALL_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(BurstCall)))
 
 # What a call's signature holds besides these fields' values (``signature``), in order.
 TENSOR_FIELDS = ("batch", "s_local", "hq", "hkv", "head_dim", "v_head_dim", "dtype",

@@ -205,7 +205,8 @@ def most_per_row(spans: Sequence[tuple[int, int]]) -> int:
     most = held = 0
     for _, change in edges:  # at one row, ends (-1) sort before starts (+1)
         held += change
-        most = max(most, held)
+        if held > most:
+            most = held
     return most
 
 
