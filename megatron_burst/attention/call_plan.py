@@ -28,7 +28,7 @@ from ..comm.ring_positions import (AccumulatorStep, Hop, RingPositions, accumula
                                    next_kind, route_hops)
 from ..kernels.device_calls import BoundarySides
 from ..kernels.varlen import KernelLaunch, covers, upload_boundaries
-from ..plan.blocks import most_per_row
+from ..plan.blocks import most_per_row, one_partial
 from ..plan.packs import DocumentPack
 from ..plan.schedule import Block, Mask, RingSchedule, last_used_step
 from ..plan.slices import SliceMask
@@ -229,15 +229,15 @@ def _one_partial(ring: RingPositions, last: int, calls: PairCalls,
     one it receives home, each take at most one kernel partial per row. That needs a single
     holder (``last == 1``: it goes home from there, nothing added on the way) whose calls
     on the payload (those of ``pair(holder, origin)``, its (query, key) members) touch each
-    of its rows once. The holder's calls are planned here from the same key
+    of its rows once (``plan.blocks.one_partial``). The holder's calls are planned here from the same key
     (``PairCalls.elsewhere``), so sender and receiver decide the same (a mismatch would
     garble the message)."""
-    if last != 1:
+    if last != 1:  # (not one holder: no need to plan the holder's calls)
         return False, False
     me = ring.index
     fills = calls(*pair(me, ring.source(me, 1)))
     comes_home = calls.elsewhere(*pair(ring.holder(me, 1), me))
-    return _touches(fills, side) <= 1, _touches(comes_home, side) <= 1
+    return one_partial(last, _spans(fills, side)), one_partial(last, _spans(comes_home, side))
 
 
 def _pass(topo: RingPositions, last: int, table: tuple[tuple[int, ...], ...],
@@ -265,14 +265,13 @@ def _pass(topo: RingPositions, last: int, table: tuple[tuple[int, ...], ...],
 def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned: int = 0) -> int:
     """The most kernel calls of ``steps`` that touch any one of the ``rows`` rows on
     ``side``, with one more on the first ``returned`` rows (an accumulator come home)."""
-    return _touches([call for step in steps for call in step.calls], side, returned)
-
-
-def _touches(calls, side: str, returned: int = 0) -> int:
-    """The most of ``calls`` (a run counted as often as it appears) that touch any one row
-    on ``side``, with one more on the first ``returned`` rows."""
-    spans = [run for call in calls for run in _runs(call, side)]
+    spans = _spans([call for step in steps for call in step.calls], side)
     return most_per_row(spans + ([(0, returned)] if returned else []))
+
+
+def _spans(calls, side: str) -> list[tuple[int, int]]:
+    """Every run of ``calls`` on ``side`` (a run as often as it appears)."""
+    return [run for call in calls for run in _runs(call, side)]
 
 
 def _fresh(own: tuple[KernelLaunch, ...], rows: int) -> tuple[bool, bool]:

@@ -38,10 +38,10 @@ def kv_row_bytes(hkv: int, head_dim: int, elem_bytes: int, v_head_dim: int | Non
     return hkv * (head_dim + _dv(head_dim, v_head_dim)) * elem_bytes
 
 
-def acc_elem_bytes(elem_bytes: int, holders: int) -> int:
-    """Bytes per element of a travelling gradient accumulator with ``holders`` holders:
-    the inputs' own with one (its one partial is held exactly), else fp32."""
-    return elem_bytes if holders == 1 and elem_bytes < 4 else 4
+def acc_elem_bytes(elem_bytes: int, one_partial: bool) -> int:
+    """Bytes per element of a travelling gradient accumulator: the inputs' own where it
+    takes one kernel partial a row (``plan.blocks.one_partial``: held exactly), else fp32."""
+    return elem_bytes if one_partial and elem_bytes < 4 else 4
 
 
 def burst_row_bytes(hq: int, head_dim: int, elem_bytes: int, v_head_dim: int | None = None,
@@ -76,7 +76,8 @@ def backward_bytes(mode: str, world: int, tokens: int, hq: int, hkv: int, head_d
     ``wide``: fp32 accumulators whatever the holders (an upper bound).
     """
     hops = world - 1 if hops is None else hops
-    acc_bytes = 4 if wide else acc_elem_bytes(elem_bytes, hops if holders is None else holders)
+    acc_bytes = 4 if wide else acc_elem_bytes(elem_bytes,
+                                              (hops if holders is None else holders) == 1)
     if mode not in ("burst", "ring"):
         raise ValueError(f"backward must be 'burst' or 'ring', got {mode!r}")
     if hops == 0:

@@ -152,7 +152,7 @@ def _row_bytes(topology: CPTopology, backward: bool, holders: int) -> tuple[int,
     accumulators added to by ``holders`` members (``cost.acc_elem_bytes``)."""
     h = topology.heads
     hq, hkv = topology.ring_heads
-    acc = cost.acc_elem_bytes(h.elem_bytes, holders)
+    acc = cost.acc_elem_bytes(h.elem_bytes, holders == 1)
     if backward and topology.backward == "burst":
         return cost.burst_row_bytes(hq, h.head_dim, h.elem_bytes, h.v_head_dim, acc)
     kv = cost.kv_row_bytes(hkv, h.head_dim, h.elem_bytes, h.v_head_dim)

@@ -284,13 +284,14 @@ def _acc_elem_bytes(sched, topo, rows, side: str, elem_bytes: int) -> int:
     """Bytes per element of the gradient accumulator position ``topo.index`` fills and
     sends, as its call's plan decides (``call_plan.PassPlan.wire``): the inputs' own where it
     is the only holder (the payload's last step is 1) and its blocks, as the kernels run them
-    (``coalesced``), touch each row once; else fp32."""
-    from ..plan.blocks import block_spans, coalesced, most_per_row
+    (``coalesced``), touch each row once (``plan.blocks.one_partial``); else fp32."""
+    from ..plan.blocks import block_spans, coalesced, one_partial
     from ..plan.schedule import last_used_step
 
-    if last_used_step(rows) != 1:
+    last = last_used_step(rows)
+    if last != 1:
         return 4
     me = topo.index
     src = topo.source(me, 1)
     blocks = coalesced(sched.blocks(me, src) if side == "k" else sched.blocks(src, me))
-    return cost.acc_elem_bytes(elem_bytes, most_per_row(block_spans(blocks, side)))
+    return cost.acc_elem_bytes(elem_bytes, one_partial(last, block_spans(blocks, side)))

@@ -22,6 +22,7 @@ every micro-batch has one shape and Megatron's CUDA graphs replay it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -126,9 +127,10 @@ def _megatron_graph_warmup() -> bool:
     return warming is not None and bool(warming())
 
 
+@functools.lru_cache(maxsize=1)
 def _cuda_graphs() -> Any:
     """Megatron's local CUDA graphs module, or None (a Megatron without them maps nothing
-    and warms nothing up)."""
+    and warms nothing up); looked up once, not at every layer's call."""
     try:
         from megatron.core.transformer import cuda_graphs
     except ImportError:

@@ -210,6 +210,15 @@ def most_per_row(spans: Sequence[tuple[int, int]]) -> int:
     return most
 
 
+def one_partial(last_step: int, spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether a travelling gradient accumulator takes at most one kernel partial per row:
+    one holder (its payload's last step is 1, so it goes home from there) whose calls touch
+    each row once (``spans``: their row ranges on the payload's side). Such an accumulator
+    travels in the inputs' dtype: the plan decides by this (``call_plan.PassPlan.wire``),
+    the byte contract counts by it (``topology.rank_bytes``)."""
+    return last_step == 1 and most_per_row(spans) <= 1
+
+
 def block_spans(blocks: Sequence[Block], side: str) -> list[tuple[int, int]]:
     """The query ('q') or key ('k') row range of each block."""
     return [(b.q_start, b.q_stop) if side == "q" else (b.k_start, b.k_stop) for b in blocks]
