@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 39: half of the backward's home step computes while the accumulator comes home
-# (``attention.home_halves``), before and after in one machine session (nvidia-h100-x2).
+# (commit e71aea2, reverted: benchmarks/results/h100x2_issue39_home_halves_rejected/ says
+# why), before and after in one machine session (nvidia-h100-x2). Any before/after pair of
+# packages serves: BEFORE_DIR holds one commit's megatron_burst/, this tree the other.
 # The benchmark scripts are this tree's; the package is BEFORE's (a copy of an earlier
 # commit's megatron_burst/) or this tree's, one after the other:
 #   part a: benchmarks/host_time.py at 8K and 32K/GPU (plain causal, eager and in a CUDA

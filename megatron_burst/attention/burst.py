@@ -16,8 +16,7 @@ Backward, two modes (``cost.py`` has their byte counts; ``options.resolve`` reso
 - ``ring``: Q, dO, O, lse stay home. K/V travel again, and their dK/dV accumulators travel
   one step behind them, landing home last.
 Gradients of a rank's own payload at step 0 never leave home; the travelling accumulators
-carry only the rows other ranks touch. Half of step 0's heads wait for the end, to compute
-while this rank's accumulator comes home (``home_halves``). Gradient accumulators are fp32, on the wire too, so
+carry only the rows other ranks touch. Gradient accumulators are fp32, on the wire too, so
 the error does not grow with G; one that takes a single kernel partial a row (CP=2) travels
 in the inputs' dtype, which holds that partial exactly (``call_plan.PassPlan.wire``).
 """
@@ -30,11 +29,10 @@ from ..comm.headers import CallTag
 from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
 from .bound_plan import BoundPlan
-from .home_halves import halves, run_calls
 from .travelling import Travelling
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
-from ..kernels.varlen import run_forward, seen_nothing
+from ..kernels.varlen import run_backward, run_forward, seen_nothing
 
 
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: BoundPlan,
@@ -119,33 +117,30 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     ``wide``: fp32 home accumulators, whatever the plan allows (``_home_dtype``)."""
     if bound.whole is not None:  # one kernel call: its gradients are the answer
         return _whole_backward(bound, dout, q, k, v, out, lse)
-    plan = bound.plan.backward
+    plan, kernel, scale = bound.plan.backward, bound.kernel, bound.scale
     qb, dob, ob = bound.bshd(q), bound.bshd(dout), bound.bshd(out)
     acc_dtype = working_dtype(q.dtype)
     fresh, (q_home, k_home) = plan.fresh, (_home_dtype(q.dtype, n, wide) for n in plan.uses)
-    split = halves(q.shape[-2], k.shape[-2]) if plan.defer_home else None
-    dq = _accumulator(q.shape, q_home, q.device, fresh[0] and split is None)
+    dq = _accumulator(q.shape, q_home, q.device, fresh[0])
     dq_b = bound.bshd(dq)
     ring, route = bound.movers(plan, (k, v), acc_dtype, "backward", tag)
     grads = Travelling(route, (_accumulator(k.shape, k_home, k.device, fresh[1]),
                                 _accumulator(v.shape, k_home, v.device, fresh[1])),
                         bound.row_dim)
-    kv, home = (k, v), None
+    kv = (k, v)
     for i, step in enumerate(plan.steps):
         if ring is not None:
             ring.post(step.hops, kv)
         target, acc = grads.target(i, step)
         if kv is not None:
-            tensors = (dob, qb, bound.bshd(kv[0]), bound.bshd(kv[1]), ob, lse, dq_b,
-                       bound.bshd(target[0]), bound.bshd(target[1]))
-            home = tensors if i == 0 else home
-            run_calls(bound, step.calls, tensors, fresh if i == 0 else (False, step.acc_fresh),
-                      split[0] if i == 0 and split else None)
+            kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
+            dk_b, dv_b = bound.bshd(target[0]), bound.bshd(target[1])
+            for call in step.calls:
+                run_backward(kernel, bound.launch(call), dob, qb, kb, vb, ob, lse, scale,
+                             dq_b, dk_b, dv_b, fresh if i == 0 else (False, step.acc_fresh))
         grads.pass_on(i, step, acc)
         if step.next is not None:  # (no ring: this rank neither sends nor receives)
             kv = ring.next(step.next) if ring is not None else None
-    if split is not None:  # while this rank's dK/dV come home; later steps added into dQ
-        run_calls(bound, plan.steps[0].calls, home, (False, fresh[1]), split[1])
     dk, dv = _finish(ring, grads)
     return dq, dk, dv
 
@@ -162,15 +157,14 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     held its K/V at step s of the forward: the same pairs, step for step, and the same
     early stop when a window or whole documents leave later steps empty.
     """
-    plan = bound.plan.backward
+    plan, kernel, scale = bound.plan.backward, bound.kernel, bound.scale
     kb, vb = bound.bshd(k), bound.bshd(v)
     acc_dtype = working_dtype(q.dtype)
     fresh, (q_home, k_home) = plan.fresh, (_home_dtype(q.dtype, n, wide) for n in plan.uses)
-    split = halves(q.shape[-2], k.shape[-2]) if plan.defer_home else None
-    dk = _accumulator(k.shape, k_home, k.device, fresh[1] and split is None)
-    dv = _accumulator(v.shape, k_home, v.device, fresh[1] and split is None)
+    dk = _accumulator(k.shape, k_home, k.device, fresh[1])
+    dv = _accumulator(v.shape, k_home, v.device, fresh[1])
     dk_b, dv_b = bound.bshd(dk), bound.bshd(dv)
-    bundle, home = (q, dout, lse, delta), None
+    bundle = (q, dout, lse, delta)
     ring, route = bound.movers(plan, bundle, acc_dtype, "backward", tag, (q,))
     grads = Travelling(route, (_accumulator(q.shape, q_home, q.device, fresh[0]),),
                         bound.row_dim)
@@ -180,19 +174,17 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         target, acc = grads.target(i, step)
         if bundle is not None:
             qj, doj, lsej, deltaj = bundle
-            doj_b = bound.bshd(doj)
+            qj_b, doj_b = bound.bshd(qj), bound.bshd(doj)
             oj_b = bound.bshd(out) if i == 0 else surrogate_out(doj_b, deltaj)
+            dq_b = bound.bshd(target[0])
             # The visitor's queries against our keys: the same blocks the forward computed.
-            tensors = (doj_b, bound.bshd(qj), kb, vb, oj_b, lsej, bound.bshd(target[0]),
-                       dk_b, dv_b)
-            home = tensors if i == 0 else home
-            run_calls(bound, step.calls, tensors, fresh if i == 0 else (step.acc_fresh, False),
-                      split[0] if i == 0 and split else None)
+            for call in step.calls:
+                run_backward(kernel, bound.launch(call), doj_b, qj_b, kb, vb, oj_b, lsej,
+                             scale, dq_b, dk_b, dv_b,
+                             fresh if i == 0 else (step.acc_fresh, False))
         grads.pass_on(i, step, acc)
         if step.next is not None:
             bundle = ring.next(step.next) if ring is not None else None
-    if split is not None:  # while this rank's dQ comes home; later steps added into dK/dV
-        run_calls(bound, plan.steps[0].calls, home, (fresh[0], False), split[1])
     (dq,) = _finish(ring, grads)
     return dq, dk, dv
 

@@ -32,7 +32,6 @@ from ..plan.blocks import most_per_row, one_partial
 from ..plan.packs import DocumentPack
 from ..plan.schedule import Block, Mask, RingSchedule, last_used_step
 from ..plan.slices import SliceMask
-from .home_halves import defers
 from .pair_calls import PairCalls
 from .sharding import group_ranks
 
@@ -137,8 +136,6 @@ class PassPlan:
     # accumulator travels in the inputs' own dtype: a kernel's gradients come in it, so the
     # one partial is held exactly (the same bits as fp32), in half the bytes.
     wire: tuple[bool, bool] = (False, False)
-    # Half of step 0's heads run after the last hops are posted (``home_halves``).
-    defer_home: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -223,8 +220,7 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
         uses = (_uses(backward.steps, n, "q"),
                 _uses(backward.steps[:1], n, "k", k_rows[me][1] if last else 0))
         wire = _one_partial(topo, last, calls, lambda holder, origin: (holder, origin), "k")
-    return forward, dataclasses.replace(backward, uses=uses, wire=wire,
-                                        defer_home=defers(backward.steps))
+    return forward, dataclasses.replace(backward, uses=uses, wire=wire)
 
 
 def _one_partial(ring: RingPositions, last: int, calls: PairCalls,
