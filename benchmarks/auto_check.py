@@ -48,20 +48,31 @@ class _Log(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _timed_ms(fn, iters: int, warmup: int, device) -> float:
-    """Median wall milliseconds of ``fn()`` (fwd+bwd), every rank starting together."""
-    times = []
-    for i in range(warmup + iters):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
+def _warm(fn, warmup: int) -> None:
+    """``fn()`` ``warmup`` times (auto's first use measures and checks in these)."""
+    for _ in range(warmup):
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-    box = [statistics.median(times)]
+
+
+def _interleaved_ms(fns: dict, iters: int, device) -> dict[str, float]:
+    """Median wall milliseconds of each ``fns[name]()`` (fwd+bwd), timed in rounds: one call
+    of each method per round, every rank starting each call together. Interleaving puts
+    every method under the same clock: a GPU's clock falls as a run heats it (5-12% on
+    H100, ``sustained_rate.py``), which timing the methods one after another charged to
+    the later ones (and made a method timed first look faster or slower than the same
+    topology forced)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(iters):
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    box = [{name: statistics.median(t) for name, t in times.items()}]
     dist.broadcast_object_list(box, src=0)  # rank 0's, as auto reads its timings
     return box[0]
 
@@ -103,7 +114,8 @@ def _inputs(per_gpu: int, hq: int, hkv: int, d: int, docs: bool, world: int, dev
 
 
 def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
-    """One cell: auto first (its first use measures and checks), then every forced topology;
+    """One cell: auto warmed first (its first use measures and checks), then every forced
+    topology warmed; then all of them timed in interleaved rounds (``_interleaved_ms``);
     every row with the model's prediction from the profile auto decided with."""
     import megatron_burst as mb
     from megatron_burst.attention import decision_check, prepare
@@ -129,8 +141,9 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
 
     seen, checks = {id(p) for p in prepare.PREPARED.values()}, set(decision_check.CHECKS)
     auto = dict(ulysses_size="auto", intra_node_size="auto", backward="auto")
-    rows = [dict(method="auto", ms=_timed_ms(call(auto, "auto"), args.iters, args.warmup,
-                                             device))]
+    fns = {"auto": call(auto, "auto")}
+    _warm(fns["auto"], args.warmup)  # first: its first use measures, its first calls check
+    rows = [dict(method="auto")]
     mine = [p for p in prepare.PREPARED.values() if id(p) not in seen
             and p.decision is not None and p.decision.ranked]
     if not mine:
@@ -145,17 +158,22 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
                            if k not in checks])
     for name, opts in _forced(world, hq, hkv, docs).items():
         try:
-            rows.append(dict(method=name, ms=_timed_ms(call(opts, name), args.iters,
-                                                       args.warmup, device)))
+            _warm(call(opts, name), args.warmup)
         except Exception as e:  # a topology this cell cannot run is reported, not fatal
             rows.append(dict(method=name, error=f"{type(e).__name__}: {str(e)[:160]}"))
             continue
+        fns[name] = call(opts, name)
+        rows.append(dict(method=name))
         tops[name] = CPTopology.build(world, ulysses=opts["ulysses_size"],
                                       intra_node_size=opts.get("intra_node_size"),
                                       backward=opts["backward"], heads=decision.key[1])
         rows[-1]["topology"] = tops[name].describe()
         rows[-1]["rel_err_vs_auto"] = float((outs[name].float() - outs["auto"].float()).norm()
                                             / outs["auto"].float().norm())
+    ms = _interleaved_ms(fns, args.iters, device)
+    for r in rows:
+        if r["method"] in ms:
+            r["ms"] = ms[r["method"]]
     for r in rows:  # the model's time for every row, from auto's own profile
         if r["method"] in tops:
             pred = (predict(tops[r["method"]], decision.profile, tokens=per_gpu, causal=True,
