@@ -96,21 +96,36 @@ def _forced(world: int, hq: int, hkv: int, docs: bool) -> dict[str, dict]:
     return rows
 
 
-def _inputs(per_gpu: int, hq: int, hkv: int, d: int, docs: bool, world: int, device, dtype):
+def _inputs(per_gpu: int, hq: int, hkv: int, d: int, docs: bool, world: int, device, dtype,
+            packs: int) -> list[tuple]:
+    """The cell's calls' inputs: one plain sequence, or ``packs`` document packs of the
+    same lengths in other orders (training feeds a new pack every micro-batch: each call
+    plans its pack anew, and a pack's placement, and so its balance, moves with the
+    order). Each: (this rank's q, k, v shards, dO, burst_attn keywords)."""
+    import random
+
     import megatron_burst as mb
 
     total = per_gpu * world
     gen = torch.Generator(device="cpu").manual_seed(per_gpu + hq + hkv)
     full = [torch.randn(1, total, h, d, generator=gen).to(device, dtype) for h in (hq, hkv, hkv)]
-    cu, kw = None, dict(causal=True)
+    orders = [None]
     if docs:
         lens = [int(total * f) for f in DOC_MIX]
         lens[0] += total - sum(lens)
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-        kw.update(layout="whole_docs", cu_seqlens=cu)
-    local = [mb.shard_seq(t, layout=kw.get("layout", "zigzag"), cu_seqlens=cu) for t in full]
-    do = torch.randn(local[0].shape, generator=gen).to(device, dtype)
-    return local, do, kw
+        shuffle = random.Random(total + hq + hkv)
+        orders = [lens] + [shuffle.sample(lens, len(lens)) for _ in range(packs - 1)]
+    do = torch.randn(1, per_gpu, hq, d, generator=gen).to(device, dtype)
+    out = []
+    for lens in orders:
+        kw = dict(causal=True)
+        cu = None
+        if lens is not None:
+            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+            kw.update(layout="whole_docs", cu_seqlens=cu)
+        local = [mb.shard_seq(t, layout=kw.get("layout", "zigzag"), cu_seqlens=cu) for t in full]
+        out.append((local, do.view(local[0].shape), kw))
+    return out
 
 
 def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
@@ -125,16 +140,22 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
 
     from megatron_burst.decide.pack_load import PackLoad
 
-    local, do, kw = _inputs(per_gpu, hq, hkv, args.head_dim, docs, world, device, dtype)
-    cu = kw.get("cu_seqlens")  # the cell's pack: its own load predicts its rows
-    pack = None if cu is None else PackLoad.of_pack(tuple(torch.diff(cu).tolist()),
-                                                    kw["layout"])
-    params = [t.clone().requires_grad_() for t in local]
+    cases = _inputs(per_gpu, hq, hkv, args.head_dim, docs, world, device, dtype, args.packs)
+    # Each pack's own load predicts its calls (``predict_pack``); a row's prediction is the
+    # median over the cell's packs, which its calls ran in turn.
+    loads = [None if kw.get("cu_seqlens") is None else
+             PackLoad.of_pack(tuple(torch.diff(kw["cu_seqlens"]).tolist()), kw["layout"])
+             for _, _, kw in cases]
+    params = [[t.clone().requires_grad_() for t in local] for local, _, _ in cases]
     outs = {}
 
     def call(opts, name):
+        turn = iter(range(10**9))  # every method walks the packs in the same order
+
         def step():
-            out = mb.burst_attn(*params, **kw, **opts)
+            i = next(turn) % len(cases)
+            _, do, kw = cases[i]
+            out = mb.burst_attn(*params[i], **kw, **opts)
             out.backward(do)
             outs[name] = out.detach()
         return step
@@ -176,10 +197,12 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
             r["ms"] = ms[r["method"]]
     for r in rows:  # the model's time for every row, from auto's own profile
         if r["method"] in tops:
-            pred = (predict(tops[r["method"]], decision.profile, tokens=per_gpu, causal=True,
-                            max_intra_node_size=decision.key[3]) if pack is None else
-                    predict_pack(tops[r["method"]], decision.profile, pack,
-                                 max_intra_node_size=decision.key[3])).total_s * 1e3
+            pred = statistics.median(
+                (predict(tops[r["method"]], decision.profile, tokens=per_gpu, causal=True,
+                         max_intra_node_size=decision.key[3]) if load is None else
+                 predict_pack(tops[r["method"]], decision.profile, load,
+                              max_intra_node_size=decision.key[3])).total_s * 1e3
+                for load in loads)
             r.update(predicted_ms=pred, measured_over_predicted=r["ms"] / pred)
     return _label(rows, per_gpu, hq, hkv, docs, world)
 
@@ -230,6 +253,9 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--packs", type=int, default=8,
+                        help="document cells: packs of the same lengths in other orders, "
+                             "one a call in turn (1: the same pack every call)")
     parser.add_argument("--cache", default=None,
                         help="the profile cache (default OUT/profile-cache)")
     parser.add_argument("--smoke", action="store_true",

@@ -120,11 +120,13 @@ def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: to
 
     dense, varlen = [], []
     for n in sorted(tokens, reverse=settle_s > 0):  # the largest first: it settles the clock
-        gen = torch.Generator(device="cpu").manual_seed(n)
-        q, do = (torch.randn(1, n, heads, head_dim, generator=gen).to(device, dtype)
+        # Drawn on the device: drawing 32K tokens' tensors on the host took seconds of
+        # first use, and the GPU's clock climbed back while it sat idle between sizes.
+        gen = torch.Generator(device=device).manual_seed(n)
+        q, do = (torch.randn(1, n, heads, head_dim, generator=gen, device=device, dtype=dtype)
                  for _ in range(2))
-        k, v = (torch.randn(1, n, kv_heads or heads, head_dim, generator=gen).to(device, dtype)
-                for _ in range(2))
+        k, v = (torch.randn(1, n, kv_heads or heads, head_dim, generator=gen, device=device,
+                            dtype=dtype) for _ in range(2))
         kern, scale = select_kernel(q, k), head_dim ** -0.5
         blk = Block(0, n, 0, n, "causal")
 

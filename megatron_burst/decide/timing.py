@@ -184,10 +184,18 @@ def attention_flops(pairs: float, hq: int, head_dim: int, v_head_dim: int | None
 
 def elementwise_seconds(topology: CPTopology, prof: Profile, tokens: int) -> float:
     """The fp32 accumulators' memory passes per call: ~3 over out/lse (V's head dim)
-    forward, ~9 over dq/dk/dv (Q/K's) backward."""
+    forward, ~9 over dq/dk/dv (Q/K's) backward. The burst backward adds its delta,
+    rowsum(dO * O) in fp32 (28 bytes an element of Q: both cast, multiplied, summed), and
+    each visiting step's surrogate O' (6: a norm over dO, and dO scaled); measured on 2x
+    H100 the burst backward ran 0.4 ms (8K tokens a GPU) and 1.6 ms (32K) behind the ring
+    backward with 32:32 heads, where both send as many bytes (these bytes price 0.41 and
+    1.64; ``benchmarks/results/h100x2_issue41_interleaved/``)."""
     h = topology.heads
     hq, member = topology.ring_heads[0], tokens * topology.ulysses
-    return member * hq * (3 * h.v_head_dim + 9 * h.head_dim) * 4 / (prof.memory_gbps * 1e9)
+    nbytes = member * hq * (3 * h.v_head_dim + 9 * h.head_dim) * 4
+    if topology.backward == "burst" and topology.ring_size > 1:
+        nbytes += member * hq * h.head_dim * (28 + 6 * (topology.ring_size - 1))
+    return nbytes / (prof.memory_gbps * 1e9)
 
 
 def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int,

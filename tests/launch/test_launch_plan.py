@@ -121,8 +121,12 @@ def test_ring_traffic_comes_from_the_cost_model():
     assert t["forward"] == cost.forward_bytes(cfg.parallel.context, tokens, hkv, 128, 2)
     # GQA 32:8 -> the ring backward sends less, and auto picks it.
     assert t["topology"].backward == "ring" and t["backward"] < t["other_backward"]
+    # MHA: the burst backward sends less; but where the links hide both, its extra passes
+    # (delta in fp32, each visitor's surrogate O') make it the slower, and auto picks the
+    # ring (measured on 2x H100, also under emulated 25 GB/s links:
+    # benchmarks/results/h100x2_issue41_interleaved/).
     mha = ring_traffic(_cfg("llama2-7b-128k"))
-    assert mha["topology"].backward == "burst" and mha["backward"] < mha["other_backward"]
+    assert mha["topology"].backward == "ring" and mha["backward"] > mha["other_backward"]
 
 
 def test_plan_speaks_one_unit_family_and_counts_in_words():

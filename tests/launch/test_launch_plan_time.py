@@ -65,7 +65,15 @@ def test_auto_chooses_what_the_table_ranks_first(path):
 def test_excluded_topologies_say_why():
     text = make_plan(_cfg("llama3-8b-128k"))  # ulysses_size: 1 on a group that could split
     assert "excluded: burst.ulysses_size is 1 (auto would consider it)" in text
-    assert "predict the chosen one's time" in text  # burst and ring tie: said, not hidden
+    # The burst and ring backward no longer tie (the burst's extra passes are priced), but a
+    # tie, where there is one, is said, not hidden:
+    from megatron_burst.launch.planning.topology_candidates import TopologyRow, tie_note
+
+    rows = topology_rows(_cfg("llama3-8b-128k"))
+    chosen = next(r for r in rows if r.chosen)
+    twin = TopologyRow(chosen.ulysses + 1, chosen.prediction, None, False)
+    assert "predict the chosen one's time" in tie_note([chosen, twin])
+    assert tie_note([chosen]) is None
     text = make_plan(_cfg("llama2-70b-128k"))  # TP=8: one CP rank per node
     # Ulysses 2 would run its all-to-all across the nodes: priced on InfiniBand, shown.
     across = [line for line in text.splitlines() if "ulysses 2 x flat ring 1" in line]
