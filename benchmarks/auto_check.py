@@ -48,27 +48,29 @@ class _Log(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _warm(fn, warmup: int) -> None:
-    """``fn()`` ``warmup`` times (auto's first use measures and checks in these)."""
+def _warm(method, warmup: int) -> None:
+    """``warmup`` calls of ``method`` (auto's first use measures and checks in these)."""
     for _ in range(warmup):
-        fn()
+        method.stage()
+        method()
 
 
-def _interleaved_ms(fns: dict, iters: int, device) -> dict[str, float]:
-    """Median wall milliseconds of each ``fns[name]()`` (fwd+bwd), timed in rounds: one call
-    of each method per round, every rank starting each call together. Interleaving puts
-    every method under the same clock: a GPU's clock falls as a run heats it (5-12% on
-    H100, ``sustained_rate.py``), which timing the methods one after another charged to
-    the later ones (and made a method timed first look faster or slower than the same
-    topology forced)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, float]:
+    """Median wall milliseconds of each method's call (fwd+bwd), timed in rounds: one call
+    of each method per round, its inputs staged before the clock starts, every rank
+    starting each call together. Interleaving puts every method under the same clock: a
+    GPU's clock falls as a run heats it (5-12% on H100, ``sustained_rate.py``), which
+    timing the methods one after another charged to the later ones (and made a method timed
+    first look faster or slower than the same topology forced)."""
+    times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(iters):
-        for name, fn in fns.items():
+        for name, method in methods.items():
+            method.stage()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dist.barrier()
             t0 = time.perf_counter()
-            fn()
+            method()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times[name].append((time.perf_counter() - t0) * 1e3)
@@ -96,36 +98,61 @@ def _forced(world: int, hq: int, hkv: int, docs: bool) -> dict[str, dict]:
     return rows
 
 
-def _inputs(per_gpu: int, hq: int, hkv: int, d: int, docs: bool, world: int, device, dtype,
-            packs: int) -> list[tuple]:
-    """The cell's calls' inputs: one plain sequence, or ``packs`` document packs of the
-    same lengths in other orders (training feeds a new pack every micro-batch: each call
-    plans its pack anew, and a pack's placement, and so its balance, moves with the
-    order). Each: (this rank's q, k, v shards, dO, burst_attn keywords)."""
-    import random
+class _Cell:
+    """A cell's inputs: the whole sequence's q, k, v and dO, drawn once, and for document
+    cells a stream of packs of the same lengths in ever new orders. Training feeds a new
+    pack every micro-batch, so every call here, of every method, gets a pack no call ran
+    before: none finds a plan another method's call made (two methods of one topology
+    share the plan cache, as a micro-batch's layers do), and a pack's placement, so its
+    balance, moves with the order."""
 
-    import megatron_burst as mb
+    def __init__(self, per_gpu, hq, hkv, d, docs, world, device, dtype):
+        import random
 
-    total = per_gpu * world
-    gen = torch.Generator(device="cpu").manual_seed(per_gpu + hq + hkv)
-    full = [torch.randn(1, total, h, d, generator=gen).to(device, dtype) for h in (hq, hkv, hkv)]
-    orders = [None]
-    if docs:
-        lens = [int(total * f) for f in DOC_MIX]
-        lens[0] += total - sum(lens)
-        shuffle = random.Random(total + hq + hkv)
-        orders = [lens] + [shuffle.sample(lens, len(lens)) for _ in range(packs - 1)]
-    do = torch.randn(1, per_gpu, hq, d, generator=gen).to(device, dtype)
-    out = []
-    for lens in orders:
-        kw = dict(causal=True)
-        cu = None
-        if lens is not None:
+        total = per_gpu * world
+        gen = torch.Generator(device="cpu").manual_seed(per_gpu + hq + hkv)
+        self.full = [torch.randn(1, total, h, d, generator=gen).to(device, dtype)
+                     for h in (hq, hkv, hkv)]
+        self.do = torch.randn(1, per_gpu, hq, d, generator=gen).to(device, dtype)
+        self.lens = None
+        if docs:
+            self.lens = [int(total * f) for f in DOC_MIX]
+            self.lens[0] += total - sum(self.lens)
+        self._orders = random.Random(total + hq + hkv)
+        self.ran: list = []  # the orders handed out, in turn
+
+    def next(self) -> tuple[list, torch.Tensor, dict]:
+        """(q, k, v shards needing grad, dO, burst_attn keywords) of the next call."""
+        import megatron_burst as mb
+
+        kw, cu = dict(causal=True), None
+        if self.lens is not None:
+            lens = self.lens if not self.ran else self._orders.sample(self.lens, len(self.lens))
+            self.ran.append(tuple(lens))
             cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
             kw.update(layout="whole_docs", cu_seqlens=cu)
-        local = [mb.shard_seq(t, layout=kw.get("layout", "zigzag"), cu_seqlens=cu) for t in full]
-        out.append((local, do.view(local[0].shape), kw))
-    return out
+        local = [mb.shard_seq(t, layout=kw.get("layout", "zigzag"), cu_seqlens=cu)
+                 .detach().requires_grad_() for t in self.full]
+        return local, self.do.view(local[0].shape), kw
+
+
+class _Method:
+    """One row's calls: ``stage()`` takes the cell's next inputs (untimed), a call runs them."""
+
+    def __init__(self, cell: _Cell, opts: dict, outs: dict, name: str):
+        self.cell, self.opts, self.outs, self.name = cell, opts, outs, name
+        self._staged = None
+
+    def stage(self) -> None:
+        self._staged = self.cell.next()
+
+    def __call__(self) -> None:
+        import megatron_burst as mb
+
+        local, do, kw = self._staged
+        out = mb.burst_attn(*local, **kw, **self.opts)
+        out.backward(do)
+        self.outs[self.name] = out.detach()
 
 
 def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
@@ -140,30 +167,13 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
 
     from megatron_burst.decide.pack_load import PackLoad
 
-    cases = _inputs(per_gpu, hq, hkv, args.head_dim, docs, world, device, dtype, args.packs)
-    # Each pack's own load predicts its calls (``predict_pack``); a row's prediction is the
-    # median over the cell's packs, which its calls ran in turn.
-    loads = [None if kw.get("cu_seqlens") is None else
-             PackLoad.of_pack(tuple(torch.diff(kw["cu_seqlens"]).tolist()), kw["layout"])
-             for _, _, kw in cases]
-    params = [[t.clone().requires_grad_() for t in local] for local, _, _ in cases]
+    cell = _Cell(per_gpu, hq, hkv, args.head_dim, docs, world, device, dtype)
     outs = {}
-
-    def call(opts, name):
-        turn = iter(range(10**9))  # every method walks the packs in the same order
-
-        def step():
-            i = next(turn) % len(cases)
-            _, do, kw = cases[i]
-            out = mb.burst_attn(*params[i], **kw, **opts)
-            out.backward(do)
-            outs[name] = out.detach()
-        return step
-
     seen, checks = {id(p) for p in prepare.PREPARED.values()}, set(decision_check.CHECKS)
     auto = dict(ulysses_size="auto", intra_node_size="auto", backward="auto")
-    fns = {"auto": call(auto, "auto")}
+    fns = {"auto": _Method(cell, auto, outs, "auto")}
     _warm(fns["auto"], args.warmup)  # first: its first use measures, its first calls check
+    first = cell.ran[0] if cell.ran else None
     rows = [dict(method="auto")]
     mine = [p for p in prepare.PREPARED.values() if id(p) not in seen
             and p.decision is not None and p.decision.ranked]
@@ -178,23 +188,35 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
                    checks=[_check_json(decision_check.CHECKS[k]) for k in decision_check.CHECKS
                            if k not in checks])
     for name, opts in _forced(world, hq, hkv, docs).items():
+        fns[name] = _Method(cell, opts, outs, name)
         try:
-            _warm(call(opts, name), args.warmup)
+            _warm(fns[name], args.warmup)
         except Exception as e:  # a topology this cell cannot run is reported, not fatal
             rows.append(dict(method=name, error=f"{type(e).__name__}: {str(e)[:160]}"))
+            del fns[name]
             continue
-        fns[name] = call(opts, name)
         rows.append(dict(method=name))
         tops[name] = CPTopology.build(world, ulysses=opts["ulysses_size"],
                                       intra_node_size=opts.get("intra_node_size"),
                                       backward=opts["backward"], heads=decision.key[1])
         rows[-1]["topology"] = tops[name].describe()
-        rows[-1]["rel_err_vs_auto"] = float((outs[name].float() - outs["auto"].float()).norm()
-                                            / outs["auto"].float().norm())
     ms = _interleaved_ms(fns, args.iters, device)
+    # Exactness: every method once more on one shared pack (untimed), against auto's output.
+    shared = cell.next()
+    for name, method in fns.items():
+        method._staged = shared
+        method()
+        if name != "auto":
+            row = next(r for r in rows if r["method"] == name)
+            row["rel_err_vs_auto"] = float((outs[name].float() - outs["auto"].float()).norm()
+                                           / outs["auto"].float().norm())
     for r in rows:
         if r["method"] in ms:
             r["ms"] = ms[r["method"]]
+    # Every order of the cell's lengths has its own placement: the row's prediction is the
+    # median over the orders the cell ran (``predict_pack`` of each one's load).
+    loads = ([PackLoad.of_pack(order, "whole_docs") for order in cell.ran]
+             if cell.lens is not None else [None])
     for r in rows:  # the model's time for every row, from auto's own profile
         if r["method"] in tops:
             pred = statistics.median(
@@ -204,6 +226,8 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
                               max_intra_node_size=decision.key[3])).total_s * 1e3
                 for load in loads)
             r.update(predicted_ms=pred, measured_over_predicted=r["ms"] / pred)
+    if first is not None:
+        rows[0]["packs"] = dict(first=list(first), orders_run=len(cell.ran))
     return _label(rows, per_gpu, hq, hkv, docs, world)
 
 
@@ -253,9 +277,6 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--packs", type=int, default=8,
-                        help="document cells: packs of the same lengths in other orders, "
-                             "one a call in turn (1: the same pack every call)")
     parser.add_argument("--cache", default=None,
                         help="the profile cache (default OUT/profile-cache)")
     parser.add_argument("--smoke", action="store_true",
