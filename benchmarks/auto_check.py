@@ -100,35 +100,43 @@ def _forced(world: int, hq: int, hkv: int, docs: bool) -> dict[str, dict]:
 
 class _Cell:
     """A cell's inputs: the whole sequence's q, k, v and dO, drawn once, and for document
-    cells a stream of packs of the same lengths in ever new orders. Training feeds a new
-    pack every micro-batch, so every call here, of every method, gets a pack no call ran
-    before: none finds a plan another method's call made (two methods of one topology
-    share the plan cache, as a micro-batch's layers do), and a pack's placement, so its
+    cells packs of the same lengths in other orders. Training feeds a new pack every
+    micro-batch: each method's c-th call gets the c-th order (the same for every method, so
+    they time the same packs), and nothing planned for it before (``stage`` empties the plan
+    cache: two methods of one topology would otherwise share the plan of a pack, as one
+    micro-batch's layers do, and the second would look faster). A pack's placement, so its
     balance, moves with the order."""
 
     def __init__(self, per_gpu, hq, hkv, d, docs, world, device, dtype):
-        import random
-
         total = per_gpu * world
         gen = torch.Generator(device="cpu").manual_seed(per_gpu + hq + hkv)
         self.full = [torch.randn(1, total, h, d, generator=gen).to(device, dtype)
                      for h in (hq, hkv, hkv)]
         self.do = torch.randn(1, per_gpu, hq, d, generator=gen).to(device, dtype)
-        self.lens = None
+        self.lens, self.seed = None, total + hq + hkv
         if docs:
             self.lens = [int(total * f) for f in DOC_MIX]
             self.lens[0] += total - sum(self.lens)
-        self._orders = random.Random(total + hq + hkv)
-        self.ran: list = []  # the orders handed out, in turn
+        self.ran: set = set()  # the orders called
 
-    def next(self) -> tuple[list, torch.Tensor, dict]:
-        """(q, k, v shards needing grad, dO, burst_attn keywords) of the next call."""
+    def order(self, c: int) -> tuple[int, ...] | None:
+        """The lengths of the c-th call's pack (None: a plain sequence)."""
+        import random
+
+        if self.lens is None:
+            return None
+        return tuple(self.lens if c == 0 else random.Random(self.seed * 1000 + c).sample(
+            self.lens, len(self.lens)))
+
+    def inputs(self, c: int) -> tuple[list, torch.Tensor, dict]:
+        """(q, k, v shards needing grad, dO, burst_attn keywords) of the c-th call."""
         import megatron_burst as mb
+        from megatron_burst.attention import call_plan
 
-        kw, cu = dict(causal=True), None
-        if self.lens is not None:
-            lens = self.lens if not self.ran else self._orders.sample(self.lens, len(self.lens))
-            self.ran.append(tuple(lens))
+        kw, cu, lens = dict(causal=True), None, self.order(c)
+        if lens is not None:
+            call_plan.clear()  # nothing planned for this pack (see the class docstring)
+            self.ran.add(lens)
             cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
             kw.update(layout="whole_docs", cu_seqlens=cu)
         local = [mb.shard_seq(t, layout=kw.get("layout", "zigzag"), cu_seqlens=cu)
@@ -137,14 +145,15 @@ class _Cell:
 
 
 class _Method:
-    """One row's calls: ``stage()`` takes the cell's next inputs (untimed), a call runs them."""
+    """One row's calls: ``stage()`` takes its next call's inputs (untimed), a call runs them."""
 
     def __init__(self, cell: _Cell, opts: dict, outs: dict, name: str):
         self.cell, self.opts, self.outs, self.name = cell, opts, outs, name
-        self._staged = None
+        self.calls, self._staged = 0, None
 
-    def stage(self) -> None:
-        self._staged = self.cell.next()
+    def stage(self, c: int | None = None) -> None:
+        self._staged = self.cell.inputs(self.calls if c is None else c)
+        self.calls += c is None
 
     def __call__(self) -> None:
         import megatron_burst as mb
@@ -173,7 +182,7 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
     auto = dict(ulysses_size="auto", intra_node_size="auto", backward="auto")
     fns = {"auto": _Method(cell, auto, outs, "auto")}
     _warm(fns["auto"], args.warmup)  # first: its first use measures, its first calls check
-    first = cell.ran[0] if cell.ran else None
+    first = cell.order(0)
     rows = [dict(method="auto")]
     mine = [p for p in prepare.PREPARED.values() if id(p) not in seen
             and p.decision is not None and p.decision.ranked]
@@ -202,9 +211,8 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
         rows[-1]["topology"] = tops[name].describe()
     ms = _interleaved_ms(fns, args.iters, device)
     # Exactness: every method once more on one shared pack (untimed), against auto's output.
-    shared = cell.next()
     for name, method in fns.items():
-        method._staged = shared
+        method.stage(10**6)
         method()
         if name != "auto":
             row = next(r for r in rows if r["method"] == name)
@@ -215,7 +223,7 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
             r["ms"] = ms[r["method"]]
     # Every order of the cell's lengths has its own placement: the row's prediction is the
     # median over the orders the cell ran (``predict_pack`` of each one's load).
-    loads = ([PackLoad.of_pack(order, "whole_docs") for order in cell.ran]
+    loads = ([PackLoad.of_pack(order, "whole_docs") for order in sorted(cell.ran)]
              if cell.lens is not None else [None])
     for r in rows:  # the model's time for every row, from auto's own profile
         if r["method"] in tops:
