@@ -57,14 +57,19 @@ def _warm(method, warmup: int) -> None:
 
 def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, float]:
     """Median wall milliseconds of each method's call (fwd+bwd), timed in rounds: one call
-    of each method per round, its inputs staged before the clock starts, every rank
-    starting each call together. Interleaving puts every method under the same clock: a
+    of each method per round, each round starting one method later, its inputs staged
+    before the clock starts, every rank starting each call together. Interleaving puts every method under the same clock: a
     GPU's clock falls as a run heats it (5-12% on H100, ``sustained_rate.py``), which
     timing the methods one after another charged to the later ones (and made a method timed
     first look faster or slower than the same topology forced)."""
     times: dict[str, list[float]] = {name: [] for name in methods}
-    for _ in range(iters):
-        for name, method in methods.items():
+    names = list(methods)
+    for i in range(iters):
+        # Each round starts at the next method: none always follows the same one (in the
+        # run of commit 6eb3af6, auto, always first after the Ulysses row, ran its topology
+        # 7-11% slower than the same topology forced at 8K/GPU with documents).
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            method = methods[name]
             method.stage()
             if device.type == "cuda":
                 torch.cuda.synchronize()
