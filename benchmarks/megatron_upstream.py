@@ -13,8 +13,9 @@ seed through both entry points (the small Llama shape: 4 layers, hidden 1024, 16
 2. --burst-document-mask: the losses of both (equal to bf16 tolerance), and against 1;
 3. full recompute with and without --burst-remat-aware, through both: the speedup;
 4. document masks with layout pack_zigzag in Megatron's CUDA graphs (--cuda-graph-impl
-   local), and a prefix-LM slice mask per micro-batch (--burst-mask-builder
-   megatron_burst.megatron.mask_batches:prefix_lm): the losses of both ways in.
+   local), and a prefix-LM and a shared-question slice mask per micro-batch
+   (--burst-mask-builder megatron_burst.megatron.mask_batches:prefix_lm, :shared_question):
+   the losses of both ways in.
 """
 from __future__ import annotations
 
@@ -44,12 +45,14 @@ def cases(base, gpus: int, iters: int):
     # per micro-batch from a builder (issue 42): the same losses through both entry points.
     zigzag = dataclasses.replace(masks, data=dataclasses.replace(
         masks.data, document_layout="pack_zigzag", document_capacity=32))
-    prefix = dataclasses.replace(small, data=dataclasses.replace(
-        small.data, mask_builder="megatron_burst.megatron.mask_batches:prefix_lm"))
+    prefix, shared = (dataclasses.replace(small, data=dataclasses.replace(
+        small.data, mask_builder=f"megatron_burst.megatron.mask_batches:{builder}"))
+        for builder in ("prefix_lm", "shared_question"))
     return [("default flags", small, (DENSE_OFF,), ()), ("document masks", masks, (), ()),
             ("full recompute", full, (), ()), ("full recompute + remat-aware", remat, (), ()),
             ("documents pack_zigzag, CUDA graphs", zigzag, (), GRAPHS),
-            ("prefix-LM mask builder", prefix, (), ())]
+            ("prefix-LM mask builder", prefix, (), ()),
+            ("shared-question mask builder", shared, (), ())]
 
 
 def main() -> None:
