@@ -88,3 +88,22 @@ def test_a_ulysses_group_may_span_nodes_priced_on_the_inter_node_link():
     assert across.alltoall_s > 50 * inside.alltoall_s
     # On a slow inter-node link the ring, which hides its hops, still wins.
     assert choose(2, HEADS, tokens=8192, prof=slow, max_intra_node_size=1)[0].topology.ulysses == 1
+
+
+def test_the_burst_backward_pays_its_delta_and_surrogate_passes():
+    """The burst backward's own memory passes (``elementwise_seconds``): delta = rowsum(dO
+    * O) in fp32 (28 bytes an element of Q) and each visiting step's surrogate O' (6 more);
+    the ring backward's are the accumulators' alone, and one member has no visitors."""
+    from megatron_burst.decide.timing import elementwise_seconds
+
+    tokens, q_elems = 8192, 8192 * HEADS.hq * HEADS.head_dim
+    for cp in (2, 4):
+        ring, burst = (CPTopology.build(cp, ulysses=1, backward=b, heads=HEADS)
+                       for b in ("ring", "burst"))
+        extra = elementwise_seconds(burst, FAST, tokens) - elementwise_seconds(ring, FAST, tokens)
+        assert extra == pytest.approx(q_elems * (28 + 6 * (cp - 1)) / (FAST.memory_gbps * 1e9))
+        assert predict(burst, FAST, tokens=tokens).total_s > predict(ring, FAST,
+                                                                     tokens=tokens).total_s
+    alone = CPTopology.build(2, ulysses=2, backward="burst", heads=HEADS)
+    same = CPTopology.build(2, ulysses=2, backward="ring", heads=HEADS)
+    assert elementwise_seconds(alone, FAST, tokens) == elementwise_seconds(same, FAST, tokens)

@@ -1,0 +1,34 @@
+"""``benchmarks/auto_check.py --smoke`` on two CPU ranks: the benchmark runs end to end and
+its JSON says what it timed. Every method of a cell runs the same packs, each a new pack
+(the same lengths in a new order), and every forced topology computes what auto's does."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_auto_check_smoke_times_every_method_on_new_packs(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MEGATRON_BURST_EMULATE": ""}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          str(REPO / "benchmarks" / "auto_check.py"), "--smoke", "--out",
+                          str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads((tmp_path / "auto_check.json").read_text())
+    cells: dict = {}
+    for r in out["rows"]:
+        cells.setdefault((r["per_gpu"], r["heads"], r["mask"]), []).append(r)
+    assert len(cells) == 8
+    for (per_gpu, heads, mask), rows in cells.items():
+        auto, *forced = rows
+        assert auto["method"] == "auto" and "topology" in auto and len(forced) >= 3
+        assert all(r["ms"] > 0 and r["predicted_ms"] > 0 for r in rows)
+        assert all(r["rel_err_vs_auto"] < 1e-5 for r in forced), forced  # fp32, one pack
+        if mask == "documents":
+            # smoke: 1 warm-up and 2 rounds; the c-th call of every method the c-th order
+            assert auto["packs"]["orders_run"] == 1 + 2 + 1  # and the shared exactness pack
+            assert sorted(auto["packs"]["first"], reverse=True) == auto["packs"]["first"]
