@@ -244,3 +244,25 @@ def test_a_plain_call_s_host_runs_ahead_of_its_gpu_and_a_step_adds_them():
         assert pack.total_s == pytest.approx(pack.serial_s)
     slow = predict(top, slow_host, tokens=8192)
     assert slow.total_s == slow.host_s > slow.compute_s  # host-bound: the host's time
+
+
+def _kernel_points(rank: int, world: int) -> tuple:
+    import torch
+
+    from megatron_burst.attention.measure import measure_kernels
+
+    dense, varlen = measure_kernels([32, 128], 2, 16, torch.device("cpu"), torch.float32,
+                                    repeat=1)
+    return dense.points, varlen.points
+
+
+def test_first_use_measures_the_kernel_on_long_documents_too():
+    """``measure_kernels``: a dense point at every size, and varlen points for documents of
+    n/8 tokens at every size and of n/2 at the largest (a pack's long documents carry most of
+    its work; past its last point a kernel's rate is held flat)."""
+    from .distributed import run_ranks
+
+    (dense, varlen), = run_ranks(1, _kernel_points, timeout=120)
+    assert [n for n, _ in dense] == [32, 128]
+    assert sorted(n for n, _ in varlen) == [4, 16, 64]
+    assert all(rate > 0 for _, rate in (*dense, *varlen))

@@ -108,14 +108,14 @@ def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: to
                     dtype: torch.dtype, repeat: int, group: dist.ProcessGroup | None = None,
                     kv_heads: int | None = None, settle_s: float = 0.0) -> tuple[Kernel, Kernel]:
     """(dense, varlen) fwd+bwd rates of this rank's local kernel on causal blocks of each
-    of ``tokens`` (varlen: the same tokens as 8 documents in one call).
+    of ``tokens`` (varlen: the same tokens as 8 documents in one call, and at the largest
+    size as 2 too).
 
     ``settle_s``: seconds of back-to-back calls at the largest size first. A GPU that sat
     idle runs its first calls at its highest clock; under training's sustained load an
     H100 settles 5-12% slower (1980 against 1500-1700 MHz at 700 W,
     ``benchmarks/sustained_rate.py``), and the model predicts training."""
     from ..kernels.selection import select_kernel
-    from ..kernels.varlen import plan_calls
     from ..plan.schedule import Block
 
     dense, varlen = [], []
@@ -137,18 +137,29 @@ def measure_kernels(tokens: Sequence[int], heads: int, head_dim: int, device: to
         flops = 3.5 * 4 * n * n / 2 * heads * head_dim
         _busy(dense_step, device, settle_s if not dense else 0.0)
         dense.append((n, flops / timed(dense_step, device, repeat, group) / 1e12))
-        docs = 8
-        (call,) = plan_calls([Block(i * n // docs, (i + 1) * n // docs, i * n // docs,
-                                    (i + 1) * n // docs, "causal") for i in range(docs)],
-                             varlen=True, dense_min_area=float("inf"))
-
-        def varlen_step():
-            out, lse = kern.forward_varlen(q[0], k[0], v[0], call, scale)
-            kern.backward_varlen(do[0], q[0], k[0], v[0], out, lse, call, scale)
-
-        varlen.append((n // docs, flops / docs / timed(varlen_step, device, repeat, group)
-                       / 1e12))
+        # Documents of n/8 tokens at every size, and of n/2 at the largest: a document
+        # longer than the longest measured was priced at that one's rate (on 2x H100 4K
+        # tokens at 274 TFLOP/s, the dense kernel 512 at 8K), and a pack's long documents
+        # carry most of its work.
+        for docs in (8, 2) if n == max(tokens) else (8,):
+            varlen.append((n // docs, flops / docs / timed(
+                _varlen_step(kern, q, k, v, do, n, docs, scale), device, repeat, group) / 1e12))
     return fit_kernel(dense), fit_kernel(varlen)
+
+
+def _varlen_step(kern, q, k, v, do, n: int, docs: int, scale: float) -> Callable[[], None]:
+    """One varlen fwd+bwd over ``docs`` causal documents of n/docs tokens each."""
+    from ..kernels.varlen import plan_calls
+    from ..plan.schedule import Block
+
+    size = n // docs
+    (call,) = plan_calls([Block(i * size, (i + 1) * size, i * size, (i + 1) * size, "causal")
+                          for i in range(docs)], varlen=True, dense_min_area=float("inf"))
+
+    def step() -> None:
+        out, lse = kern.forward_varlen(q[0], k[0], v[0], call, scale)
+        kern.backward_varlen(do[0], q[0], k[0], v[0], out, lse, call, scale)
+    return step
 
 
 def _busy(step: Callable[[], object], device: torch.device, seconds: float) -> None:
