@@ -17,28 +17,20 @@ set -uo pipefail
 part=${1:?a or b}; top=${2:?output folder}; before=${3:-.before}
 out=/tmp/run_$part; mkdir -p "$out"
 . benchmarks/session_env.sh "$out"
+part_a() {  # the package $which is on PYTHONPATH
+  timeout 200 torchrun --nproc_per_node=2 benchmarks/host_time.py --iters 15 \
+    --per-gpu 8192,32768 --out "$out/$which/host_time.json" > "$out/$which/host_time_log.txt" 2>&1
+  echo "$which host_time rc=$?"
+  timeout 200 torchrun --nproc_per_node=2 benchmarks/documents.py --per-gpu 8192,16384 \
+    --heads 32:8:128,16:4:64 --mixes lognormal,uniform --cudnn-cases none \
+    --layouts whole_docs,pack_zigzag+graph \
+    --out "$out/$which/documents.json" > "$out/$which/documents_log.txt" 2>&1
+  echo "$which documents rc=$?"
+}
 if [ "$part" = a ]; then
-  for which in before after; do
-    pkg=$PWD; [ "$which" = before ] && pkg=$(cd "$before" && pwd)
-    mkdir -p "$out/$which"
-    export PYTHONPATH=$pkg:/tmp/site
-    timeout 200 torchrun --nproc_per_node=2 benchmarks/host_time.py --iters 15 \
-      --per-gpu 8192,32768 --out "$out/$which/host_time.json" > "$out/$which/host_time_log.txt" 2>&1
-    echo "$which host_time rc=$?"
-    timeout 200 torchrun --nproc_per_node=2 benchmarks/documents.py --per-gpu 8192,16384 \
-      --heads 32:8:128,16:4:64 --mixes lognormal,uniform --cudnn-cases none \
-      --layouts whole_docs,pack_zigzag+graph \
-      --out "$out/$which/documents.json" > "$out/$which/documents_log.txt" 2>&1
-    echo "$which documents rc=$?"
-  done
+  each_package "$before" part_a
 else
-  export PYTHONPATH=$PWD:/tmp/site
-  timeout 330 python3 -m pytest tests/test_gpu.py tests/test_gpu_pack_zigzag.py -q -s \
-    -p no:cacheprovider > "$out/gpu_tests.txt" 2>&1
-  echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | tail -4
-  timeout 150 torchrun --nproc_per_node=2 benchmarks/kernel_profile.py --per-gpu 16384 \
-    --heads 32:8:128 --mix uniform --layouts pack_zigzag+graph \
-    --timeline --out "$out/timeline" > "$out/timeline_log.txt" 2>&1
-  echo "timeline rc=$?"; head -3 "$out"/timeline/*_timeline_rank0.txt
+  all_gpu_tests 330
+  pack_timeline pack_zigzag+graph
 fi
 mkdir -p "$top"; tar -czf "$top/$part.tgz" -C /tmp "run_$part"

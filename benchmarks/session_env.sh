@@ -13,3 +13,27 @@ gpu_tests() {
     -p no:cacheprovider -k "$2" > "$SESSION_OUT/gpu_tests.txt" 2>&1
   echo "tests rc=$?"; quiet < "$SESSION_OUT/gpu_tests.txt" | tail -3
 }
+# each_package BEFORE_DIR FUNCTION: FUNCTION run twice, with $which = before (PYTHONPATH on
+# BEFORE_DIR's megatron_burst/) and after (this tree's), OUTDIR/$which made for it.
+each_package() {
+  local before=$1 fn=$2
+  for which in before after; do
+    local pkg=$PWD; [ "$which" = before ] && pkg=$(cd "$before" && pwd)
+    mkdir -p "$SESSION_OUT/$which"
+    PYTHONPATH=$pkg:/tmp/site "$fn"
+  done
+}
+# all_gpu_tests SECONDS: tests/test_gpu.py and tests/test_gpu_pack_zigzag.py, log in
+# OUTDIR/gpu_tests.txt. pack_timeline LAYOUTS: each rank's GPU timeline of those layouts'
+# calls at 16K/GPU 32:8 d128 (kernel_profile.py --timeline), in OUTDIR/timeline.
+all_gpu_tests() {
+  PYTHONPATH=$PWD:/tmp/site timeout "$1" python3 -m pytest tests/test_gpu.py \
+    tests/test_gpu_pack_zigzag.py -q -s -p no:cacheprovider > "$SESSION_OUT/gpu_tests.txt" 2>&1
+  echo "tests rc=$?"; quiet < "$SESSION_OUT/gpu_tests.txt" | tail -4
+}
+pack_timeline() {
+  PYTHONPATH=$PWD:/tmp/site timeout 150 torchrun --nproc_per_node=2 \
+    benchmarks/kernel_profile.py --per-gpu 16384 --heads 32:8:128 --mix uniform \
+    --layouts "$1" --timeline --out "$SESSION_OUT/timeline" > "$SESSION_OUT/timeline_log.txt" 2>&1
+  echo "timeline rc=$?"; head -3 "$SESSION_OUT"/timeline/*_timeline_rank0.txt
+}
