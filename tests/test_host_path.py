@@ -166,3 +166,42 @@ def test_a_cp2_call_and_a_new_pack_stay_within_their_python_budget():
         for name, budget in BUDGETS.items():
             assert counts[name] <= budget, (rank, name, counts)
         assert counts["environment read"] == {name: [] for name in [*BUDGETS, "auto"]}, counts
+
+
+def _auto_and_forced_new_pack_calls(rank: int, world: int) -> tuple[float, float, str]:
+    """Python calls per new-pack fwd+bwd of 'auto' and of the topology it chose, forced."""
+    import random
+
+    from megatron_burst.attention import prepare
+
+    gen = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, 64, h, 16, generator=gen, requires_grad=True) for h in (4, 2, 2))
+    do = torch.randn(1, 64, 4, 16, generator=gen)
+    lens, orders = [40, 30, 20, 10, 8, 6, 6, 8], random.Random(0)
+    packs = iter(torch.tensor([0, *itertools.accumulate(orders.sample(lens, len(lens)))],
+                              dtype=torch.int32) for _ in range(1000))
+    auto = dict(backward="auto", ulysses_size=1, intra_node_size="auto")
+
+    def call(**kw):
+        mb.burst_attn(q, k, v, causal=True, layout="whole_docs", cu_seqlens=next(packs),
+                      **kw).backward(do)
+
+    call(**auto)
+    chosen = [p for p in prepare.PREPARED.values() if p.decision is not None][-1].topology
+    counts = []
+    for kw in (auto, dict(backward=chosen.backward, ulysses_size=1)):
+        for _ in range(3):
+            call(**kw)
+        counts.append(sum(_all_calls(lambda: call(**kw)) for _ in range(5)) / 5)
+    return counts[0], counts[1], chosen.describe()
+
+
+def test_auto_costs_a_new_pack_little_more_than_its_topology_forced(monkeypatch):
+    """'auto' decides a document call once per shape; a new pack then costs the host the
+    decision's lookups, not a decision: at most 100 Python calls more than the same topology
+    forced (193 more before the profile kept its hash, about 80 after)."""
+    from .distributed import run_ranks
+
+    monkeypatch.setenv("MEGATRON_BURST_AUTO_MEASURE", "off")
+    for auto, forced, chosen in run_ranks(2, _auto_and_forced_new_pack_calls, timeout=300):
+        assert auto - forced <= 100, (auto, forced, chosen)

@@ -266,3 +266,20 @@ def test_first_use_measures_the_kernel_on_long_documents_too():
     assert [n for n, _ in dense] == [32, 128]
     assert sorted(n for n, _ in varlen) == [4, 16, 64]
     assert all(rate > 0 for _, rate in (*dense, *varlen))
+
+
+def test_a_profile_hashes_by_value_once_and_pickles_without_its_hash():
+    """``Profile.__hash__`` is computed once (every new pack's decision hashes it) and by
+    value: equal profiles hash alike, a changed one differently, and a pickled one carries
+    no hash made in another process."""
+    import dataclasses
+    import pickle
+
+    prof = load_profile("h200-nvlink")
+    same, other = dataclasses.replace(prof), dataclasses.replace(prof, memory_gbps=1.0)
+    assert hash(prof) == hash(same) and prof == same and {prof: 1}[same] == 1
+    assert hash(prof) != hash(other) and prof != other
+    assert "_hash" in prof.__dict__
+    back = pickle.loads(pickle.dumps(prof))
+    assert back == prof and "_hash" not in back.__dict__ and hash(back) == hash(prof)
+    assert "_hash" not in prof.to_json()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -62,6 +63,19 @@ class Profile:
     machine: tuple = ()
     measured: str = ""
 
+    def __hash__(self) -> int:
+        """By value, as the dataclass's own, but computed once: every new document pack's
+        decision hashes its profile in three caches' keys (``options.decide``)."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        """Pickled without the cached hash: another process hashes its strings otherwise."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "machine": dict(self.machine)}
 
@@ -90,12 +104,13 @@ def profile_key(name_or_path: str | None = None) -> tuple[str, int | None, int |
     time and size, so a profile rewritten by ``tune`` is never served from a cache."""
     name = name_or_path or current().profile or DEFAULT_PROFILE
     try:
-        st = _profile_path(name).stat()
+        st = os.stat(_profile_path(name))
     except OSError:
         return name, None, None
     return name, st.st_mtime_ns, st.st_size
 
 
+@functools.lru_cache(maxsize=64)  # asked at every new document pack's decision: made once
 def _profile_path(name: str) -> Path:
     return PROFILES_DIR / f"{name}.json" if not Path(name).suffix else Path(name)
 
