@@ -157,8 +157,10 @@ class _Method:
         self.calls, self._staged = 0, None
 
     def stage(self, c: int | None = None) -> None:
-        self._staged = self.cell.inputs(self.calls if c is None else c)
-        self.calls += c is None
+        """Its next call's inputs, or (``c``) the c-th order's, outside its own count."""
+        if c is None:
+            c, self.calls = self.calls, self.calls + 1
+        self._staged = self.cell.inputs(c)
 
     def __call__(self) -> None:
         import megatron_burst as mb

@@ -251,15 +251,16 @@ class PeerComm:
                          [(torch.tensor([*words, buf.flat.nbytes]), to) for buf, to in sends],
                          [(g, frm) for g, (_, frm) in zip(got, recvs)], None, peers)
         Batch(works, peers=peers, device=cpu).wait()
-        for (buf, frm), header in zip(recvs, got):
+        for (buf, frm), header in zip(recvs, got):  # (the rank is read only for an error)
             header = tuple(header.tolist())
             if self.check is not None and header[:4] != tuple(words):
                 raise ValueError(headers.mismatch(dist.get_rank(), frm, header[:4],
                                                   tuple(words)))
             if header[4] != buf.flat.nbytes:
-                raise ValueError(f"burst_attn: rank {dist.get_rank()} expects a message of {buf.flat.nbytes} "
-                                 f"bytes from rank {frm} ({self.phase}), which sends "
-                                 f"{header[4]}: the ranks' calls pair up wrongly (other shapes)")
+                raise ValueError(f"burst_attn: rank {dist.get_rank()} expects a message of "
+                                 f"{buf.flat.nbytes} bytes from rank {frm} ({self.phase}), "
+                                 f"which sends {header[4]}: the ranks' calls pair up wrongly "
+                                 f"(other shapes)")
 
 
 def post_ops(group: dist.ProcessGroup | None, device: torch.device,

@@ -38,7 +38,7 @@ def wait_bounded(work: dist.Work, device: torch.device, waiting_for: "str | Call
         return
     start = time.monotonic()
     try:
-        work.wait(timeout=datetime.timedelta(seconds=current().timeout_s))  # (timeout_s())
+        work.wait(timeout=datetime.timedelta(seconds=current().timeout_s))  # timeout_s(), inlined
     except RuntimeError as e:  # gloo's timeout, or the peer's connection closing
         words = waiting_for(*args) if callable(waiting_for) else waiting_for
         raise RuntimeError(f"rank {dist.get_rank()} waited {time.monotonic() - start:.1f} s "

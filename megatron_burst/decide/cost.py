@@ -52,6 +52,16 @@ def burst_row_bytes(hq: int, head_dim: int, elem_bytes: int, v_head_dim: int | N
     return payload, hq * head_dim * acc_bytes
 
 
+def backward_row_bytes(mode: str, hq: int, hkv: int, head_dim: int, elem_bytes: int,
+                       v_head_dim: int | None, acc_bytes: int) -> tuple[int, int]:
+    """(payload, accumulator) bytes of one travelling token in the backward ring of ``mode``:
+    'ring', K/V and their dK/dV (``acc_bytes`` an element); 'burst', ``burst_row_bytes``."""
+    if mode == "burst":
+        return burst_row_bytes(hq, head_dim, elem_bytes, v_head_dim, acc_bytes)
+    return (kv_row_bytes(hkv, head_dim, elem_bytes, v_head_dim),
+            kv_row_bytes(hkv, head_dim, acc_bytes, v_head_dim))
+
+
 def forward_bytes(world: int, tokens: int, hkv: int, head_dim: int, elem_bytes: int,
                   hops: int | None = None, *, v_head_dim: int | None = None) -> int:
     """Bytes one rank sends in the forward ring.
@@ -82,10 +92,8 @@ def backward_bytes(mode: str, world: int, tokens: int, hq: int, hkv: int, head_d
         raise ValueError(f"backward must be 'burst' or 'ring', got {mode!r}")
     if hops == 0:
         return 0
-    if mode == "ring":  # K/V at e bytes, then dK/dV: the same elements
-        kv = kv_row_bytes(hkv, head_dim, 1, v_head_dim)
-        return hops * tokens * kv * (elem_bytes + acc_bytes)
-    payload, acc = burst_row_bytes(hq, head_dim, elem_bytes, v_head_dim, acc_bytes)
+    payload, acc = backward_row_bytes(mode, hq, hkv, head_dim, elem_bytes, v_head_dim,
+                                      acc_bytes)
     return hops * tokens * (payload + acc)
 
 

@@ -152,11 +152,10 @@ def _row_bytes(topology: CPTopology, backward: bool, holders: int) -> tuple[int,
     accumulators added to by ``holders`` members (``cost.acc_elem_bytes``)."""
     h = topology.heads
     hq, hkv = topology.ring_heads
-    acc = cost.acc_elem_bytes(h.elem_bytes, holders == 1)
-    if backward and topology.backward == "burst":
-        return cost.burst_row_bytes(hq, h.head_dim, h.elem_bytes, h.v_head_dim, acc)
-    kv = cost.kv_row_bytes(hkv, h.head_dim, h.elem_bytes, h.v_head_dim)
-    return kv, (cost.kv_row_bytes(hkv, h.head_dim, acc, h.v_head_dim) if backward else 0)
+    if not backward:
+        return cost.kv_row_bytes(hkv, h.head_dim, h.elem_bytes, h.v_head_dim), 0
+    return cost.backward_row_bytes(topology.backward, hq, hkv, h.head_dim, h.elem_bytes,
+                                   h.v_head_dim, cost.acc_elem_bytes(h.elem_bytes, holders == 1))
 
 
 def _step_compute(topology: CPTopology, rate, sched: RingSchedule, batch: int,

@@ -201,15 +201,11 @@ class CPTopology:
             kv_row = batch * cost.kv_row_bytes(hkv, d, e, dv)
             k_rows = sched.needed_rows(topo.source, "k")
             fwd = cost.ring_pass_bytes(topo, k_rows, kv_row)
-            if self.backward == "ring":
-                acc = cost.kv_row_bytes(hkv, d, _acc_elem_bytes(sched, topo, k_rows, "k", e), dv)
-                bwd = cost.ring_pass_bytes(topo, k_rows, kv_row, batch * acc)
-            else:
-                rev = topo.reversed()
-                q_rows = sched.needed_rows(rev.source, "q")
-                payload, acc = cost.burst_row_bytes(
-                    hq, d, e, dv, _acc_elem_bytes(sched, rev, q_rows, "q", e))
-                bwd = cost.ring_pass_bytes(rev, q_rows, batch * payload, batch * acc)
+            ring, side = (topo, "k") if self.backward == "ring" else (topo.reversed(), "q")
+            rows = k_rows if side == "k" else sched.needed_rows(ring.source, "q")
+            payload, acc = cost.backward_row_bytes(
+                self.backward, hq, hkv, d, e, dv, _acc_elem_bytes(sched, ring, rows, side, e))
+            bwd = cost.ring_pass_bytes(ring, rows, batch * payload, batch * acc)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, batch * s_local, h.hq, h.hkv, d,
                                               e, lse_returned=lse_returned, v_head_dim=dv)
         return fwd + a2a_fwd, bwd + a2a_bwd
