@@ -142,22 +142,20 @@ def posting_breakdown(fn, iters: int) -> dict:
 
     real_post, real_wait = messages.post_ops, messages.Batch.wait
 
-    def post_ops(group, device, sends, recvs):
-        pg = group if group is not None else dist.group.WORLD
+    def post_ops(group, device, sends, recvs, resolved=None, peers=()):
+        pg, peer, coalesce = resolved or real_process_group(group, device.type)
 
         class Spy:
             def __getattr__(self, attr):
                 return timed(attr, getattr(pg, attr))
-        return timed("post_ops", real_post)(Spy() if device.type == "cuda" else group,
-                                            device, sends, recvs)
+        spied = (Spy(), peer, coalesce) if device.type == "cuda" else (pg, peer, coalesce)
+        return timed("post_ops", real_post)(group, device, sends, recvs, spied, peers)
 
     def wait(self):
         return timed("Batch.wait", real_wait)(self)
 
-    messages.post_ops, messages.Batch.wait = post_ops, wait
     real_process_group = messages._process_group
-    messages._process_group = lambda group, t: (group, real_process_group(
-        None, t)[1], real_process_group(None, t)[2])
+    messages.post_ops, messages.Batch.wait = post_ops, wait
     try:
         for _ in range(iters):
             torch.cuda.synchronize()
@@ -165,7 +163,6 @@ def posting_breakdown(fn, iters: int) -> dict:
             fn()
     finally:
         messages.post_ops, messages.Batch.wait = real_post, real_wait
-        messages._process_group = real_process_group
     return {k: dict(median_us=statistics.median(v), calls=len(v) / iters)
             for k, v in times.items()}
 
