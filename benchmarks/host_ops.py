@@ -80,7 +80,6 @@ def building_blocks(dev, rank: int) -> dict:
         "pinned H2D 32 B": per_call_us(lambda: host.pin_memory().to(dev, non_blocking=True)),
         "event record": per_call_us(lambda: torch.cuda.Event().record()),
         "is_current_stream_capturing": per_call_us(torch.cuda.is_current_stream_capturing),
-        **header_passes(dev),
     }
     peer = 1 - rank
     a = torch.empty(1 << 16, dtype=torch.uint8, device=dev)
@@ -103,32 +102,6 @@ def building_blocks(dev, rank: int) -> dict:
         dist.barrier()
         res[name] = per_call_us(fn, 300)
     return res
-
-
-def header_passes(dev) -> dict:
-    """One pass's header work (a pass that sends one message and receives one): with the
-    pooled pinned rows and event (``headers.HeaderCheck``), and the pinned buffer and event
-    made anew that each pass had made before the pool."""
-    from megatron_burst.comm import consensus, headers
-    tag = headers.CallTag(1, 2, 3)
-    sent, got = (torch.zeros(4, dtype=torch.int64, device=dev) for _ in range(2))
-
-    def pooled():
-        check = headers.HeaderCheck(tag, "forward", dev, 0, 1)
-        check.stamp(sent)
-        check.received(got, 1)
-        check.finish()
-        consensus.poll()
-
-    def made_anew():
-        host = torch.tensor([tag.words("forward")] * 2, dtype=torch.int64, pin_memory=True)
-        sent.copy_(host[0], non_blocking=True)
-        host[1].copy_(got, non_blocking=True)
-        torch.cuda.Event().record()
-
-    got.copy_(torch.tensor(tag.words("forward")))
-    return {"header pass, pooled rows and event": per_call_us(pooled),
-            "header pass, pinned rows and event made anew": per_call_us(made_anew)}
 
 
 def call_cases(dev, rank: int, world: int):

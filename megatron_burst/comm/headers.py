@@ -74,24 +74,17 @@ class HeaderCheck:
     On CUDA one pinned host buffer per pass holds the pass's words (row 0, what every send
     is stamped with by one host-to-device copy) and, row by row, the headers received (one
     device-to-host copy each): nothing else is allocated or launched for the headers, and
-    the host never waits for them. The buffer and its event come from a pool
-    (``_PinnedRows``): a new pinned buffer and a new event had cost about 100 us of host
-    time a pass on an H100 host. ``receives``: how many messages the pass expects (more are
-    taken in a second buffer)."""
+    the host never waits for them. ``receives``: how many messages the pass expects (more
+    are taken in a second buffer)."""
 
     def __init__(self, tag: CallTag, phase: str, device: torch.device, rank: int,
                  receives: int = 4):
         self.tag, self.phase, self.device, self.rank = tag, phase, device, rank
         self._words = tag.words(phase)
         self._cuda = device.type == "cuda"
-        if self._cuda:
-            self._rows = _PinnedRows.take(1 + receives)
-            self._host, self._views = self._rows.host, self._rows.views
-            self._host.numpy()[0] = self._words  # a host write: no op, no copy
-        else:
-            self._host = torch.tensor([self._words], dtype=torch.int64)
-            self._views = (self._host[0],)
-        self._stamp = self._views[0]
+        self._host = torch.tensor([self._words] * (1 + receives if self._cuda else 1),
+                                  dtype=torch.int64, pin_memory=self._cuda)
+        self._stamp = self._host[0]
         self._got: list[torch.Tensor] = []  # CUDA: the host rows the headers arrive in
         self._senders: list[int] = []
 
@@ -109,67 +102,19 @@ class HeaderCheck:
         row = len(self._got) + 1
         if row >= self._host.shape[0]:  # more messages than expected: another buffer
             self._host = torch.empty((row + 4, 4), dtype=torch.int64, pin_memory=True)
-            self._views = self._host.unbind(0)
-        slot = self._views[row]
+        slot = self._host[row]
         slot.copy_(header, non_blocking=True)  # waits for nothing: read in ``consensus.poll``
         self._got.append(slot)
         self._senders.append(sender)
 
     def finish(self) -> None:
         """CUDA: every header this pass received is on its way to the host; mark where the
-        copies end (``consensus.poll`` compares them once they are there, without waiting),
-        and hand the buffer back to the pool for when they are compared."""
-        if not self._cuda:
+        copies end (``consensus.poll`` compares them once they are there, without waiting)."""
+        if not self._got:
             return
-        rows, self._rows = self._rows, None
-        if rows is None:  # finished already
-            return
-        rows.event.record()  # after this pass's stamps and copies home
         got, senders, words, rank = self._got, self._senders, self._words, self.rank
+        consensus.defer(lambda: _compare(rank, senders, got, words))
         self._got, self._senders = [], []
-        if got:
-            def check() -> None:
-                try:
-                    _compare(rank, senders, got, words)
-                finally:
-                    rows.checked = True
-            consensus.defer(check, rows.event)
-        else:
-            rows.checked = True
-        rows.give_back()
-
-
-class _PinnedRows:
-    """A pinned [rows, 4] int64 buffer with the event recorded after its pass's last copy.
-
-    Reused only once that event has passed (no stamp copy still reads row 0, no header
-    still lands in the rows) and the pass's headers were compared (``checked``). The pool
-    is per row count, oldest first, and holds at most ``_KEEP`` buffers a size: a process
-    whose checks never run (nothing polls) allocates anew, as before the pool."""
-
-    __slots__ = ("host", "views", "event", "checked")
-    _free: dict[int, list["_PinnedRows"]] = {}
-    _KEEP = 16
-
-    def __init__(self, rows: int):
-        self.host = torch.empty((rows, 4), dtype=torch.int64, pin_memory=True)
-        self.views = self.host.unbind(0)  # each row's view, made once
-        self.event = torch.cuda.Event()
-        self.checked = False
-
-    @classmethod
-    def take(cls, rows: int) -> "_PinnedRows":
-        pool = cls._free.get(rows)
-        if pool and pool[0].checked and pool[0].event.query():
-            item = pool.pop(0)
-            item.checked = False
-            return item
-        return cls(rows)
-
-    def give_back(self) -> None:
-        pool = self._free.setdefault(self.host.shape[0], [])
-        if len(pool) < self._KEEP:
-            pool.append(self)
 
 
 def _compare(rank: int, senders: list[int], rows: list[torch.Tensor],
