@@ -207,7 +207,7 @@ def _ulysses_burst(q, k, v, bound, tag, group, peers, seq_first, kept, sinks,
         k = k.repeat_interleave(u // k.shape[2], dim=2)
         v = v.repeat_interleave(u // v.shape[2], dim=2)
     as_bshd = (lambda t: t.transpose(0, 1)) if seq_first else (lambda t: t)
-    qs, ks, vs = (heads_to_sequence(as_bshd(t), peers, group, 1, 2, tag) for t in (q, k, v))
+    qs, ks, vs = heads_to_sequence([as_bshd(t) for t in (q, k, v)], peers, group, 1, 2, tag)
     if sinks is not None:  # this rank's ring holds head slice u of every member's heads
         sinks = sinks.chunk(u)[peers.index(dist.get_rank())]
     ring = BurstAttentionFunction.apply(qs, ks, vs, bound, tag, kept, sinks, return_lse)

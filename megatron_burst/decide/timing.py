@@ -223,8 +223,9 @@ def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int,
     a2a_fwd, a2a_bwd = cost.ulysses_bytes(topology.ulysses, tokens, h.hq, h.hkv, h.head_dim,
                                           h.elem_bytes, v_head_dim=h.v_head_dim)
     link = prof.inter if topology.ulysses > (max_intra_node_size or topology.cp) else prof.alltoall
-    # Each all-to-all spreads its bytes over U-1 peers at once: 4 in forward, 4 in backward.
-    return 8 * link.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (link.gbps * 1e9)
+    # Each all-to-all spreads its bytes over U-1 peers at once: 2 in forward (Q, K and V in
+    # one; the output back), 2 in backward (dO in; dQ, dK and dV in one).
+    return 4 * link.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (link.gbps * 1e9)
 
 
 def _ring_exposed(topology: CPTopology, prof: Profile, max_intra_node_size: int,
