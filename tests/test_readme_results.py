@@ -800,6 +800,17 @@ def test_auto_with_rotated_rounds_is_the_runs_on_file():
           f"iteration)")
 
 
+def test_ulysses_one_alltoall_is_the_runs_on_file():
+    folder = "h100x2_ulysses_one_alltoall/"
+    ms = {run: [r["ms"] for r in _load(f"{folder}auto_check_{run}.json")["rows"]
+                if r["method"].startswith("ulysses")]
+          for run in ("before1", "after1", "before2", "after2")}
+    before, after = ms["before1"] + ms["before2"], ms["after1"] + ms["after2"]
+    faster = sum(a < b for a, b in zip(after, before))
+    _says(f"averaged {sum(before) / 8:.2f} ms before and {sum(after) / 8:.2f} ms after "
+          f"(faster in {faster} of 8 pairs)")
+
+
 def test_home_halves_rejection_is_the_runs_on_file():
     folder = "h100x2_issue39_home_halves_rejected/"
     eff = {}
