@@ -811,6 +811,22 @@ def test_ulysses_one_alltoall_is_the_runs_on_file():
           f"(faster in {faster} of 8 pairs)")
 
 
+def test_host_breakdown_this_session_is_the_run_on_file():
+    ops = _load("h100x2_issue39_header_pool_rejected/host_ops.json")
+    blocks, calls = ops["building_blocks_us"], {c["case"]: c for c in ops["calls"]}
+    host = [calls[c]["host_ms"] for c in ("plain causal, ring bwd", "plain causal, burst bwd",
+                                          "new whole_docs pack each call")]
+    _says(f"{host[0]:.2f} ms for the plain ring, {host[1]:.2f} ms for the burst backward, "
+          f"{host[2]:.2f} ms for a new whole_docs pack")
+    post = {k: f"{v['median_us']:.0f}" for k, v in calls["plain causal, ring bwd"]["posting"].items()}
+    _says(f"costs {post['post_ops']} us of host time in the process group's calls (`send` "
+          f"{post['send']} us, `recv` {post['recv']} us, `_end_coalescing` "
+          f"{post['_end_coalescing']} us), against {blocks['hop via pg coalescing + wait']:.0f} "
+          f"us for a lone hop")
+    _says(f"({blocks['header pass, pooled rows and event']:.1f} against "
+          f"{blocks['header pass, pinned rows and event made anew']:.1f} us a pass")
+
+
 def test_home_halves_rejection_is_the_runs_on_file():
     folder = "h100x2_issue39_home_halves_rejected/"
     eff = {}
