@@ -818,7 +818,8 @@ def test_host_breakdown_this_session_is_the_run_on_file():
                                           "new whole_docs pack each call")]
     _says(f"{host[0]:.2f} ms for the plain ring, {host[1]:.2f} ms for the burst backward, "
           f"{host[2]:.2f} ms for a new whole_docs pack")
-    post = {k: f"{v['median_us']:.0f}" for k, v in calls["plain causal, ring bwd"]["posting"].items()}
+    post = {k: f"{v['median_us']:.0f}"
+            for k, v in calls["plain causal, ring bwd"]["posting"].items()}
     _says(f"costs {post['post_ops']} us of host time in the process group's calls (`send` "
           f"{post['send']} us, `recv` {post['recv']} us, `_end_coalescing` "
           f"{post['_end_coalescing']} us), against {blocks['hop via pg coalescing + wait']:.0f} "
