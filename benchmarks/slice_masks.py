@@ -26,7 +26,8 @@ that record cleared, as a model with this one mask would: its same-mask rows pla
 mask does, and its new-pack row turns shape-free from the first new pack.
 
 Efficiency is burst's TFLOP/s per GPU over the faster single-GPU method's, forward and
-backward apart. Each row also states the area balance: the largest rank's share of the
+backward apart. ``--graph`` also times burst_attn on the same mask captured once in CUDA
+graphs and replayed (``captured efficiency``): what is left once the host's share is gone. Each row also states the area balance: the largest rank's share of the
 visible area over an even share (1.00 = perfect), for 'area' and for zigzag.
 
 Document lengths (the families with documents): Pile-like, log-normal with median e^7
@@ -179,6 +180,8 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
     flops = 4.0 * mask.area * args.hq * args.d
     burst = lambda a, b, c: mb.burst_attn(a, b, c, mask=mask)  # noqa: E731
     fwd, both = fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True)
+    captured = _captured(burst, (q, k, v), local[3], dev, args, flops, world) \
+        if args.graph else None
     areas = rank_areas("area", world, total, mask)
     zig = rank_areas("zigzag", world, total, mask)
     row = dict(family=name, slices=len(mask.kinds), documents=len(lens), area=mask.area,
@@ -186,6 +189,8 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
                balance_zigzag=max(zig) / (sum(zig) / world) if sum(zig) else 1.0,
                burst=_speed(fwd, both, flops, world),
                burst_fresh=fresh_packs(name, args, world, dev, full))
+    if captured is not None:
+        row["burst_graph"] = captured
     fq, fk, fv = (t.detach().clone().requires_grad_() for t in full[:3])
     with torch.no_grad():  # exactness on the GPUs: burst's output against one GPU's
         got = mb.unshard_seq(mb.burst_attn(*(t.detach() for t in local[:3]), mask=mask),
@@ -208,6 +213,17 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
     return row
 
 
+def _captured(fn, inputs, do, dev, args, flops: float, gpus: int) -> dict:
+    """``fn`` (the same mask every call) captured once in CUDA graphs
+    (``torch.cuda.make_graphed_callables``, forward and backward) and replayed, timed as the
+    eager rows are: what the forward costs once the host's share is gone."""
+    try:
+        graphed = torch.cuda.make_graphed_callables(fn, tuple(inputs), num_warmup_iters=3)
+        return _speed(*fwd_and_fwdbwd(graphed, inputs, do, dev, args, align=True), flops, gpus)
+    except Exception as err:  # noqa: BLE001  (report it, keep the run)
+        return dict(error=f"{type(err).__name__}: {err}"[:200])
+
+
 def _speed(fwd_ms: float, both_ms: float, flops: float, gpus: int) -> dict:
     bwd_ms = both_ms - fwd_ms  # not positive only in timing noise (tiny CPU runs)
     return dict(fwd_ms=fwd_ms, fwd_bwd_ms=both_ms,
@@ -221,6 +237,8 @@ def _efficiency(row: dict) -> None:
     for part in ("fwd", "bwd", "fwd_bwd"):
         best = max(s[f"{part}_tflops"] for s in singles)
         row[f"efficiency_{part}"] = row["burst"][f"{part}_tflops"] / best
+        if "fwd_tflops" in row.get("burst_graph", {}):
+            row[f"efficiency_graph_{part}"] = row["burst_graph"][f"{part}_tflops"] / best
 
 
 def table(meta: dict, rows: list[dict]) -> str:
@@ -229,16 +247,20 @@ def table(meta: dict, rows: list[dict]) -> str:
              f"{meta['dtype']}", f"command: `{meta['command']}`", "",
              "| family | slices | balance area / zigzag | burst fwd / bwd TFLOP/s/GPU | "
              "burst fwd+bwd same mask / new pack | 1 GPU plan fwd / bwd | "
-             "1 GPU Flex fwd / bwd | efficiency fwd / bwd | rel err |",
-             "|" + "---|" * 9]
+             "1 GPU Flex fwd / bwd | efficiency fwd / bwd | captured efficiency fwd / bwd | "
+             "rel err |",
+             "|" + "---|" * 10]
     pair = lambda s: (f"{s['fwd_tflops']:.3g} / {s['bwd_tflops']:.3g}"  # noqa: E731
                       if s and "fwd_tflops" in s else (s or {}).get("error", "-")[:40])
     for r in rows:
-        eff = (f"{r['efficiency_fwd']:.2f} / {r['efficiency_bwd']:.2f}"
-               if "efficiency_fwd" in r else "-")
+        eff, graph = (f"{r[f'{e}fwd']:.2f} / {r[f'{e}bwd']:.2f}" if f"{e}fwd" in r else "-"
+                      for e in ("efficiency_", "efficiency_graph_"))
+        if "error" in r.get("burst_graph", {}):
+            graph = r["burst_graph"]["error"][:40]
         lines.append(f"| {r['family']} | {r['slices']} | {r['balance_area']:.3f} / "
                      f"{r['balance_zigzag']:.3f} | {pair(r['burst'])} | {_fresh(r)} | "
                      f"{pair(r.get('one_gpu_plan'))} | {pair(r.get('one_gpu_flex'))} | {eff} | "
+                     f"{graph} | "
                      f"{r.get('rel_err_vs_one_gpu', float('nan')):.1e} |")
     return "\n".join(lines)
 
@@ -260,6 +282,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    p.add_argument("--graph", action="store_true",
+                   help="also time burst_attn captured in CUDA graphs (GPU only)")
     p.add_argument("--fresh-kernel", default=None,
                    help="the kernel the new-pack row forces (e.g. torch-flash, which builds "
                         "nothing per block shape); default: the automatic choice")
@@ -273,6 +297,7 @@ def main() -> None:
     if args.cpu_smoke:
         args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
         args.warmup, args.iters, args.no_flex, args.scale = 1, 2, True, 1 / 64
+        args.graph = False  # CUDA graphs: GPU only
     # The group (and this rank's GPU, and $MEGATRON_BURST_EMULATE's slowed links) as every
     # GPU benchmark starts them.
     rank, world = start_ranks("gloo") if args.cpu_smoke else start_ranks()
