@@ -27,8 +27,9 @@ mask does, and its new-pack row turns shape-free from the first new pack.
 
 Efficiency is burst's TFLOP/s per GPU over the faster single-GPU method's, forward and
 backward apart. ``--graph`` also times burst_attn on the same mask captured once in CUDA
-graphs and replayed (``captured efficiency``): what is left once the host's share is gone. Each row also states the area balance: the largest rank's share of the
-visible area over an even share (1.00 = perfect), for 'area' and for zigzag.
+graphs and replayed (``captured efficiency``): what is left once the host's share is gone.
+Each row also states the area balance: the largest rank's share of the visible area over an
+even share (1.00 = perfect), for 'area' and for zigzag.
 
 Document lengths (the families with documents): Pile-like, log-normal with median e^7
 (about 1.1K tokens), sigma 1.2, clipped to [16, 12288] (LongCA-bench samples Pile lengths up
