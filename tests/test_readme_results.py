@@ -828,6 +828,21 @@ def test_host_breakdown_this_session_is_the_run_on_file():
           f"{blocks['header pass, pinned rows and event made anew']:.1f} us a pass")
 
 
+def test_captured_mask_families_are_the_runs_on_file():
+    rows = {r["family"]: r for f in ("slice_masks_graph", "slice_masks_graph_b")
+            for r in _load(f"h100x2_issue42_captured/{f}.json")["rows"]}
+    for name, words in (("causal_document", "causal documents"),
+                        ("shared_question", "shared question"),
+                        ("block_causal_document", "block-causal documents")):
+        r = rows[name]
+        _says(f"{words} {r['efficiency_fwd']:.2f} -> {r['efficiency_graph_fwd']:.2f}")
+        assert r["efficiency_graph_fwd"] >= 0.75 > r["efficiency_fwd"]
+    rest = [rows[n]["efficiency_graph_fwd"] for n in ("causal_blockwise", "sliding_window",
+                                                       "global_sliding_window",
+                                                       "sliding_window_causal")]
+    _says(f"blockwise stay below ({_span(rest)} captured)")
+
+
 def test_home_halves_rejection_is_the_runs_on_file():
     folder = "h100x2_issue39_home_halves_rejected/"
     eff = {}
