@@ -58,10 +58,11 @@ def _warm(method, warmup: int) -> None:
 def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, float]:
     """Median wall milliseconds of each method's call (fwd+bwd), timed in rounds: one call
     of each method per round, each round starting one method later, its inputs staged
-    before the clock starts, every rank starting each call together. Interleaving puts every method under the same clock: a
-    GPU's clock falls as a run heats it (5-12% on H100, ``sustained_rate.py``), which
-    timing the methods one after another charged to the later ones (and made a method timed
-    first look faster or slower than the same topology forced)."""
+    before the clock starts, every rank starting each call together. Interleaving puts
+    every method under the same clock: a GPU's clock falls as a run heats it (5-12% on
+    H100, ``sustained_rate.py``), which timing the methods one after another charged to the
+    later ones (and made a method timed first look faster or slower than the same topology
+    forced)."""
     times: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
     for i in range(iters):

@@ -229,9 +229,9 @@ def _one_partial(ring: RingPositions, last: int, calls: PairCalls,
     one it receives home, each take at most one kernel partial per row. That needs a single
     holder (``last == 1``: it goes home from there, nothing added on the way) whose calls
     on the payload (those of ``pair(holder, origin)``, its (query, key) members) touch each
-    of its rows once (``plan.blocks.one_partial``). The holder's calls are planned here from the same key
-    (``PairCalls.elsewhere``), so sender and receiver decide the same (a mismatch would
-    garble the message)."""
+    of its rows once (``plan.blocks.one_partial``). The holder's calls are planned here from
+    the same key (``PairCalls.elsewhere``), so sender and receiver decide the same (a
+    mismatch would garble the message)."""
     if last != 1:  # (not one holder: no need to plan the holder's calls)
         return False, False
     me = ring.index

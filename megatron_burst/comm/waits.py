@@ -28,7 +28,8 @@ def wait_bounded(work: dist.Work, device: torch.device, waiting_for: "str | Call
     """Wait for ``work``; on CPU give up after ``timeout_s()`` with an error naming the peer.
 
     ``waiting_for`` completes "rank R waited T s ..." (e.g. "for a ring hop from rank 0
-    (forward)"); a function, it makes those words from ``args``, only if they are needed. On CUDA (NCCL) nothing is bounded here, because ``wait()`` only makes the
+    (forward)"); a function, it makes those words from ``args``, only if they are needed.
+    On CUDA (NCCL) nothing is bounded here, because ``wait()`` only makes the
     current stream wait and the host never blocks: a dead peer is caught by the process
     group's own timeout (``init_process_group(timeout=...)``), whose watchdog aborts the
     communicator when ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is on (the default).
@@ -38,7 +39,7 @@ def wait_bounded(work: dist.Work, device: torch.device, waiting_for: "str | Call
         return
     start = time.monotonic()
     try:
-        work.wait(timeout=datetime.timedelta(seconds=current().timeout_s))  # timeout_s(), inlined
+        work.wait(timeout=datetime.timedelta(seconds=current().timeout_s))
     except RuntimeError as e:  # gloo's timeout, or the peer's connection closing
         words = waiting_for(*args) if callable(waiting_for) else waiting_for
         raise RuntimeError(f"rank {dist.get_rank()} waited {time.monotonic() - start:.1f} s "
