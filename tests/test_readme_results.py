@@ -841,6 +841,14 @@ def test_captured_mask_families_are_the_runs_on_file():
                                                        "global_sliding_window",
                                                        "sliding_window_causal")]
     _says(f"blockwise stay below ({_span(rest)} captured)")
+    docs = [rows[n] for n in ("causal_document", "shared_question", "causal_blockwise",
+                              "block_causal_document")]
+    fresh = [r["burst_fresh"]["tflops"] for r in docs]
+    same = [r["burst"]["fwd_bwd_tflops"] for r in docs]
+    graph = [r["burst_graph"]["fwd_bwd_tflops"] for r in docs]
+    _says(f"at {_span(fresh, '{:.0f}')} TFLOP/s per GPU with a new pack every call (eager) "
+          f"against {_span(same, '{:.0f}')} on one mask eager and {_span(graph, '{:.0f}')} "
+          f"captured")
 
 
 def test_home_halves_rejection_is_the_runs_on_file():
