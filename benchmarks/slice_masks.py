@@ -315,7 +315,8 @@ def main() -> None:
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
-                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
+                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
+                    flex_bands=flex_band_signatures())
         text = table(meta, rows)
         print(text)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -324,6 +325,17 @@ def main() -> None:
         with open(args.out + ".md", "w") as f:
             f.write(text + "\n")
     dist.destroy_process_group()
+
+
+def flex_band_signatures() -> list[dict] | None:
+    """The band forwards FlexAttention ran on this rank (``kernels.flex``): each one's
+    band, query/key rows and whether it passed its check; None for a package without it."""
+    try:
+        from megatron_burst.kernels.flex import signatures
+    except ImportError:
+        return None
+    return [dict(band=list(key[4:6]), rows=[key[6][0][1], key[7][0][1]], passed=passed)
+            for key, passed in signatures().items()]
 
 
 def _spawn_smoke(args) -> None:
