@@ -315,8 +315,7 @@ def main() -> None:
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
-                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
-                    flex_bands=flex_band_signatures())
+                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         text = table(meta, rows)
         print(text)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -324,18 +323,11 @@ def main() -> None:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         with open(args.out + ".md", "w") as f:
             f.write(text + "\n")
+    dist.barrier()  # no rank leaves while rank 0 still writes
+    if args.graph:  # NCCL's teardown after CUDA graphs hung on these hosts (2x H100, torch
+        torch.cuda.synchronize()  # 2.11; as in host_time.py): every rank leaves together
+        os._exit(0)
     dist.destroy_process_group()
-
-
-def flex_band_signatures() -> list[dict] | None:
-    """The band forwards FlexAttention ran on this rank (``kernels.flex``): each one's
-    band, query/key rows and whether it passed its check; None for a package without it."""
-    try:
-        from megatron_burst.kernels.flex import signatures
-    except ImportError:
-        return None
-    return [dict(band=list(key[4:6]), rows=[key[6][0][1], key[7][0][1]], passed=passed)
-            for key, passed in signatures().items()]
 
 
 def _spawn_smoke(args) -> None:
