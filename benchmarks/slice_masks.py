@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import math
 import os
 import random
@@ -57,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import varying_masks  # noqa: E402
+from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
 from ranks import start_ranks  # noqa: E402
@@ -169,7 +171,8 @@ def fresh_packs(name, args, world, dev, full) -> dict | None:
 
 
 def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
-    varying_masks.clear()  # this family's mask is the first its call shape sees
+    varying_masks.clear()  # this family's mask is the first its call shape sees, and 'auto'
+    loads.clear()  # decides it as a fresh run would (not from another family's masks)
     total = args.tokens * world
     lens = pile_like(total, seed=zlib.crc32(name.encode()), scale=args.scale)  # same everywhere
     mask = mf.family(name, lens, **knobs(total, args.scale))
@@ -291,7 +294,12 @@ def main() -> None:
     p.add_argument("--cpu-smoke", action="store_true",
                    help="gloo on CPU at tiny sizes (spawns --world ranks itself)")
     p.add_argument("--world", type=int, default=2, help="ranks of --cpu-smoke")
+    p.add_argument("--log-auto", action="store_true",
+                   help="print 'auto''s decisions (each with its prediction) and its checks")
     args = p.parse_args()
+    if args.log_auto:  # the package's INFO lines only, through the root's handler
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("megatron_burst").setLevel(logging.INFO)
     args.scale = 1.0
     if args.cpu_smoke and "RANK" not in os.environ:
         return _spawn_smoke(args)

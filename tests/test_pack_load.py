@@ -1,6 +1,7 @@
 """The time model's document term (``decide.pack_load``, issue 41): a pack's work from the
-layout's own placement, bucketed so new packs share decisions; and Ulysses groups that span
-nodes as candidates, priced on the inter-node link."""
+layout's own placement, bucketed so new packs share decisions; a slice mask's or a window's
+the same way (``decide.loads``: decided per mask until masks follow the data); and Ulysses
+groups that span nodes as candidates, priced on the inter-node link."""
 from __future__ import annotations
 
 import dataclasses
@@ -107,3 +108,119 @@ def test_the_burst_backward_pays_its_delta_and_surrogate_passes():
     alone = CPTopology.build(2, ulysses=2, backward="burst", heads=HEADS)
     same = CPTopology.build(2, ulysses=2, backward="ring", heads=HEADS)
     assert elementwise_seconds(alone, FAST, tokens) == elementwise_seconds(same, FAST, tokens)
+
+
+def test_a_mask_or_a_window_is_priced_from_its_visible_pairs():
+    """A slice mask (and a sliding window) changes the work as documents do: priced as the
+    full sequence it is not, a window family came out 3.4x its measured time on 2x H100.
+    Its compute follows its visible pairs (at the dense kernel's rate for the keys its rows
+    see, so a little more a pair than full attention's), and a window given as
+    ``window_size`` is priced like the same band given as a slice mask."""
+    from megatron_burst.decide.timing import elementwise_seconds
+    from megatron_burst.plan import mask_families as mf
+    from megatron_burst.plan.schedule import Mask
+
+    ring = CPTopology.build(2, ulysses=1, backward="ring", heads=HEADS)
+    total = 16384
+    floor = elementwise_seconds(ring, FAST, total // 2)
+    full = predict(ring, FAST, tokens=total // 2, causal=False).compute_s - floor
+    masks = {"window": mf.sliding_window(total, 1024),
+             "causal window": mf.sliding_window_causal(total, 1024),
+             "prefix-LM": mf.family("prefix_lm_causal", (total,), prefix=4096)}
+    for name, mask in masks.items():
+        got = predict_pack(ring, FAST, PackLoad.of_mask(mask, "area", total)).compute_s - floor
+        share = mask.area / total ** 2
+        assert share <= got / full <= 2 * share, name
+    as_window = PackLoad.of_mask(Mask(True, (1024, 0)), "zigzag", total)
+    assert as_window.pairs() == masks["causal window"].area
+    assert predict_pack(ring, FAST, as_window).compute_s == pytest.approx(
+        predict_pack(ring, FAST, PackLoad.of_mask(masks["causal window"], "area",
+                                                  total)).compute_s, rel=0.1)
+    assert PackLoad.of_mask(masks["window"], "area", 0) is None
+
+
+@pytest.mark.parametrize("window, causal", [((5, 3), False), ((7, 0), True), ((-1, 4), False),
+                                            ((3, -1), False)])
+def test_a_windows_pairs_are_counted_exactly(window, causal):
+    import numpy as np
+
+    from megatron_burst.plan.schedule import Mask
+
+    left, right = window
+
+    def seen(n: int) -> int:
+        diff = np.arange(n)[None, :] - np.arange(n)[:, None]
+        ok = np.ones((n, n), bool)
+        if left >= 0:
+            ok &= diff >= -left
+        if causal:
+            ok &= diff <= 0
+        elif right >= 0:
+            ok &= diff <= right
+        return int(ok.sum())
+
+    lens = (37, 50, 1)
+    assert PackLoad.of_pack(lens, "whole_docs", causal, window).pairs() == sum(map(seen, lens))
+    assert PackLoad.of_mask(Mask(causal, window), "zigzag", 50).pairs() == seen(50)
+
+
+def test_masks_are_decided_each_on_its_own_until_they_follow_the_data():
+    """A model's layers with two fixed masks get a decision for each; masks that change every
+    micro-batch (past ``WORKS_PER_SHAPE`` distinct ones for a call shape) share one key, and
+    the first of them is the only one whose load is made."""
+    from megatron_burst.decide import loads
+    from megatron_burst.decide.options import BurstOptions, decide
+    from megatron_burst.plan import mask_families as mf
+
+    loads.clear()
+    total, made = 16384, []
+
+    def call(mask):
+        def make():
+            made.append(mask)
+            return PackLoad.of_mask(mask, "area", total)
+        return decide(BurstOptions(backward="auto", ulysses_size="auto"), cp=2, heads=HEADS,
+                      tokens=total // 2, max_intra_node_size=None, causal=False,
+                      machine=FAST, pack=make, work=mask)
+
+    window, prefix = mf.sliding_window(total, 1024), mf.family("prefix_lm_causal", (total,),
+                                                                 prefix=4096)
+    a, b, again = call(window), call(prefix), call(window)
+    assert a.key != b.key and again.key == a.key and made == [window, prefix]
+    assert a.ranked[0].total_s < b.ranked[0].total_s  # each priced from its own pairs
+    varying = [mf.sliding_window(total, w) for w in (128, 256, 512, 2048, 4096)]
+    keys = [call(m).key for m in varying]
+    own = loads.WORKS_PER_SHAPE - 2  # the slots the window and the prefix left
+    assert len(set(keys[:own])) == own and len(set(keys[own:])) == 1  # the rest share one
+    assert keys[own] not in keys[:own]
+    assert made == [window, prefix, *varying[:own + 1]]  # ... and its first mask's load
+    plain = decide(BurstOptions(backward="auto", ulysses_size="auto"), cp=2, heads=HEADS,
+                   tokens=total // 2, max_intra_node_size=None, causal=False, machine=FAST)
+    assert plain.key not in {*keys, a.key, b.key}
+
+
+def test_the_work_of_a_call_is_its_pack_its_mask_or_its_window():
+    """``prepare._work``: what 'auto' keys a call by and the load it prices."""
+    import types
+
+    import torch
+
+    from megatron_burst.attention.prepare import _work
+    from megatron_burst.plan import mask_families as mf
+    from megatron_burst.plan.schedule import Mask
+
+    q = torch.zeros(2, 512, 4, 8)  # bshd: batch 2, 512 tokens a rank
+    base = dict(device_docs=False, cu_seqlens=None, qkv_format="bshd", mask=None,
+                window_size=(-1, -1), causal=True, layout="zigzag")
+    call = lambda **kw: types.SimpleNamespace(**{**base, **kw})  # noqa: E731
+    assert _work(call(), 2, q) == (None, None)  # plain causal: timing.predict
+    work, load = _work(call(window_size=(128, 0)), 2, q)
+    assert work == Mask(True, (128, 0))
+    assert load() == PackLoad.of_mask(Mask(True, (128, 0)), "zigzag", 1024, batch=2)
+    mask = mf.sliding_window(1024, 64)
+    work, load = _work(call(mask=mask, causal=False, layout="area"), 2, q)
+    assert work == mask and load().mask == mask and load().lens == (1024,)
+    pack = types.SimpleNamespace(lens=(300, 724))
+    work, load = _work(call(cu_seqlens=pack, layout="whole_docs"), 2, q[:1])
+    assert work == "documents" and load() == PackLoad.of_pack((300, 724), "whole_docs")
+    assert _work(call(cu_seqlens=pack, device_docs=True), 2, q[:1]) == (None, None)

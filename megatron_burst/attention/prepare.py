@@ -273,12 +273,31 @@ def _topology(group, world: int, q, k, v, call: BurstCall
             profile_gpus=deciding_profile(options, measured).gpus_per_node)
         max_intra_node_size = cluster.max_intra_node_size(
             world, gpus, group_ranks=group_ranks(group, world), rank=dist.get_rank())
-    pack = None if call.cu_seqlens is None or call.device_docs else lambda: PackLoad.of_pack(
-        call.cu_seqlens.lens, call.layout, call.causal)
+    work, pack = _work(call, world, q)
     decision = decide(options, cp=world, heads=heads, tokens=tokens,
                       max_intra_node_size=max_intra_node_size, causal=call.causal,
-                      machine=measured, pack=pack)
+                      machine=measured, pack=pack, work=work)
     kept = decision_check.verdict(group, decision, call)
     if kept is not None:
         return kept, decision, None
     return decision.topology, decision, "check" if decision_check.wanted(decision) else None
+
+
+def _work(call: BurstCall, world: int, q: torch.Tensor):
+    """(what 'auto' keys a call's work by beyond its shape, the callable that makes its load)
+    for a call whose work is not a plain causal or full sequence's: a document pack (its
+    packs share the first one's load, ``decide.loads.first_load``), a slice mask (by value), a
+    window (by value); (None, None) for a plain call (``timing.predict`` prices it)."""
+    if call.device_docs:  # planned as a plain sequence, the documents read on the GPU
+        return None, None
+    if call.cu_seqlens is not None:
+        return "documents", lambda: PackLoad.of_pack(call.cu_seqlens.lens, call.layout,
+                                                     call.causal, call.window_size)
+    seq_first = call.qkv_format == "sbhd"
+    total, batch = q.shape[0 if seq_first else 1] * world, q.shape[1 if seq_first else 0]
+    mask = call.mask
+    if mask is None and tuple(call.window_size) != (-1, -1):
+        mask = Mask(call.causal, tuple(call.window_size))
+    if mask is None:
+        return None, None
+    return mask, lambda: PackLoad.of_mask(mask, call.layout, total, batch)

@@ -25,13 +25,14 @@ import dataclasses
 import functools
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 from .not_given import NOT_GIVEN, NotGiven, is_given  # noqa: F401 (re-exported)
 from .topology import BACKWARD_MODES, CPTopology, HeadShape
 from ..plan.layouts import DOCUMENT_LAYOUTS, layout_named
 from ..comm.settings import current
 from .machine import measured_when, with_emulated_links
+from .loads import first_load, work_key
 from .scheduled_time import predict_pack
 from .timing import Profile, choose, load_profile
 
@@ -235,18 +236,22 @@ class Decision:
 def decide(options: BurstOptions, *, cp: int, heads: HeadShape, tokens: int,
            max_intra_node_size: int | None, causal: bool = True,
            machine: Profile | None = None,
-           pack: Callable[[], PackLoad | None] | None = None) -> Decision:
+           pack: Callable[[], PackLoad | None] | None = None,
+           work: Hashable = "documents") -> Decision:
     """``resolve``'s decision with its ranking (see ``resolve``). The profile: the one
     named (``options.profile``, else ``$MEGATRON_BURST_PROFILE``), else ``machine``, else the
     shipped default; with ``$MEGATRON_BURST_EMULATE`` set its inter-node link is the
-    emulated one (``machine.with_emulated_links``). ``pack``: makes a document pack's load
-    (``pack_load``), called for the first pack of a decision's key only (``_first_pack``)."""
+    emulated one (``machine.with_emulated_links``). ``pack``: makes the call's load
+    (``pack_load``: a document pack, a window, a slice mask), called for the first call of
+    a decision's key only (``loads.first_load``); ``work``: what that key holds of it beyond
+    the shape (``loads.work_key``)."""
     if cp == 1 or not options.has_auto:  # nothing for the time model to say
         return Decision(fixed_topology(options, cp=cp, heads=heads))
     prof = with_emulated_links(deciding_profile(options, machine), current().emulate)
     key = (cp, heads, tokens, max_intra_node_size, bool(causal), options.backward,
-           options.ulysses_size, options.intra_node_size, prof, pack is not None)
-    ranked = _ranked(*key[:-1], _first_pack(key, pack))
+           options.ulysses_size, options.intra_node_size, prof)
+    key += (None if pack is None else work_key(key, work),)
+    ranked = _ranked(*key[:-1], first_load(key, pack))
     return Decision(ranked[0].topology, ranked, prof, key)
 
 
@@ -255,24 +260,6 @@ def deciding_profile(options: BurstOptions, machine: Profile | None = None) -> P
     ``$MEGATRON_BURST_PROFILE``), else ``machine`` (this machine's), else the shipped default."""
     named = options.profile or current().profile
     return machine if machine is not None and not named else load_profile(named)
-
-
-_FIRST_PACKS: dict[tuple, PackLoad] = {}  # decision key -> the first pack's load seen for it
-
-
-def _first_pack(key: tuple, pack: Callable[[], PackLoad | None] | None) -> PackLoad | None:
-    """The load a document decision is made from: its first pack's, for every later pack of
-    the same key. Training feeds a new pack every micro-batch from one mix; deciding (and
-    checking, ``attention.decision_check``) per pack cost a timed check every call (issue
-    41, 2x H200: 89 ms a new 8K pack). Every rank sees the same packs in the same order, so
-    every rank keeps the same one."""
-    if pack is None:
-        return None
-    if key not in _FIRST_PACKS:
-        if len(_FIRST_PACKS) >= 256:
-            _FIRST_PACKS.pop(next(iter(_FIRST_PACKS)))  # the oldest: the same on every rank
-        _FIRST_PACKS[key] = pack()
-    return _FIRST_PACKS[key]
 
 
 def fixed_topology(options: BurstOptions, *, cp: int, heads: HeadShape) -> CPTopology:

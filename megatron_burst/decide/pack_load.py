@@ -11,32 +11,75 @@ placement its layout makes, each member's blocks at each step, the rows each hop
 'auto' decides a document call once per shape, from the first pack it sees
 (``options.decide``): training's packs come from one mix, and a decision (and a timed check
 of it) per pack cost a check every micro-batch (89 ms a new 8K pack on 2x H200).
+
+A sliding window and a slice mask change the work the same way, so a call with one is
+priced from its schedule too (``of_mask``): priced as the plain causal or full sequence it
+is not, a window family's call came out 3.4x its measured time on 2x H100 (the first-use
+check then timed the runner-up). Their blocks run on the dense kernel, as a plain sequence's.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from ..plan.blocks import Mask
+from ..plan.slices import SliceMask, band_area
+
 
 @dataclasses.dataclass(frozen=True)
 class PackLoad:
-    """A document pack as the time model prices it: its layout, document lengths (all
-    ranks'), and whether each document is causal. A key by value."""
+    """A call's work as the time model prices it: its layout, its sequences' lengths (all
+    ranks'), whether each is causal, and ``mask``: a window (``Mask``) or a ``SliceMask``
+    where the call has one. ``documents``: the lengths are a pack's documents (the varlen
+    kernel's rates) rather than one sequence under a mask (the dense kernel's, ``batch``
+    sequences of it). A key by value."""
 
     layout: str
     lens: tuple[int, ...]
     causal: bool = True
+    mask: Mask | SliceMask | None = None
+    documents: bool = True
+    batch: int = 1
 
     @staticmethod
-    def of_pack(lens: tuple[int, ...], layout: str, causal: bool = True) -> "PackLoad | None":
+    def of_pack(lens: tuple[int, ...], layout: str, causal: bool = True,
+                window: tuple[int, int] = (-1, -1)) -> "PackLoad | None":
         """The pack of documents ``lens`` in ``layout`` (placed on the group of the topology
-        it is priced for); None where it has no tokens (nothing to model)."""
+        it is priced for), each under ``window``; None where it has no tokens (nothing to
+        model)."""
         lens = tuple(int(n) for n in lens if n > 0)
-        return PackLoad(layout, lens, bool(causal)) if lens else None
+        mask = None if tuple(window) == (-1, -1) else Mask(bool(causal), tuple(window))
+        return PackLoad(layout, lens, bool(causal), mask) if lens else None
+
+    @staticmethod
+    def of_mask(mask: Mask | SliceMask, layout: str, total: int,
+                batch: int = 1) -> "PackLoad | None":
+        """``batch`` sequences of ``total`` tokens (all ranks') under ``mask`` in
+        ``layout``; None where there are no tokens."""
+        causal = mask.causal if isinstance(mask, Mask) else False
+        return (PackLoad(layout, (int(total),), causal, mask, documents=False,
+                         batch=int(batch)) if total > 0 and batch > 0 else None)
+
+    @property
+    def schedule_mask(self) -> Mask | SliceMask:
+        """The mask the call's schedule is made with."""
+        return self.mask if self.mask is not None else Mask(self.causal, (-1, -1))
 
     def pairs(self) -> int:
-        """Visible (query, key) pairs of the whole pack."""
+        """Visible (query, key) pairs of one sequence (a pack's: all its documents)."""
+        if isinstance(self.mask, SliceMask):
+            return self.mask.area
+        if self.mask is not None and not self.mask.plain:
+            left, right = self.mask.window
+            return sum(int(band_area(n, n, -(n - 1) if left < 0 else -left,
+                                     0 if self.causal else (n - 1 if right < 0 else right)))
+                       for n in self.lens)
         return sum(n * (n + 1) // 2 if self.causal else n * n for n in self.lens)
 
     def describe(self) -> str:
-        return (f"{len(self.lens)} documents in {self.layout}, "
-                f"{self.pairs() / sum(self.lens) ** 2:.3g} of tokens squared visible")
+        seen = f"{self.pairs() / sum(self.lens) ** 2:.3g} of tokens squared visible"
+        if self.documents:
+            window = "" if self.mask is None else f" under window {self.mask.window}"
+            return f"{len(self.lens)} documents in {self.layout}{window}, {seen}"
+        what = (self.mask.described if isinstance(self.mask, SliceMask)
+                else f"window {self.mask.window}")
+        return f"{what} in {self.layout}, {seen}"

@@ -49,16 +49,22 @@ def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_loca
 
 def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
                  max_intra_node_size: int | None = None) -> Prediction:
-    """Seconds of one call on a document pack (``pack_load``): the schedule its layout
-    places, each block at the varlen kernel's rate for its documents (a causal document of n
-    tokens is the measured point n: its rows see n/2 keys on average)."""
-    from ..plan.schedule import Mask, RingSchedule  # as above
+    """Seconds of one call on a document pack or under a mask (``pack_load``): the schedule
+    its layout places. A pack's blocks run at the varlen kernel's rate for its documents (a
+    causal document of n tokens is the measured point n: its rows see n/2 keys on average),
+    and its host work adds to the GPU's; a sequence under a mask runs, as ``predict_scheduled``
+    prices a window, at the dense kernel's rate for the keys its rows see, the host ahead."""
+    from ..plan.schedule import RingSchedule  # as above
 
-    sched = RingSchedule.of(pack.layout, topology.cp, pack.lens, Mask(pack.causal, (-1, -1)),
+    sched = RingSchedule.of(pack.layout, topology.cp, pack.lens, pack.schedule_mask,
                             topology.ulysses)
+    tokens = pack.batch * sum(pack.lens) // topology.cp
+    if not pack.documents:
+        return _predict(topology, prof, sched, pack.batch, tokens, max_intra_node_size,
+                        lambda pairs, rows: prof.dense.tflops(pairs / rows),
+                        host_overlaps=True)
     per_row = 2 if pack.causal else 1
-    return _predict(topology, prof, sched, 1, sum(pack.lens) // topology.cp,
-                    max_intra_node_size,
+    return _predict(topology, prof, sched, 1, tokens, max_intra_node_size,
                     lambda pairs, rows: prof.varlen.tflops(per_row * pairs / rows))
 
 
