@@ -119,6 +119,7 @@ def test_a_mask_or_a_window_is_priced_from_its_visible_pairs():
     from megatron_burst.decide.timing import elementwise_seconds
     from megatron_burst.plan import mask_families as mf
     from megatron_burst.plan.schedule import Mask
+    from megatron_burst.plan.slices import SliceMask as mb_slice_mask
 
     ring = CPTopology.build(2, ulysses=1, backward="ring", heads=HEADS)
     total = 16384
@@ -137,6 +138,14 @@ def test_a_mask_or_a_window_is_priced_from_its_visible_pairs():
         predict_pack(ring, FAST, PackLoad.of_mask(masks["causal window"], "area",
                                                   total)).compute_s, rel=0.1)
     assert PackLoad.of_mask(masks["window"], "area", 0) is None
+    # One causal (or full) slice over the whole sequence is the plain call, priced as one.
+    for kind, causal in (("causal", True), ("full", False)):
+        whole = mb_slice_mask([(0, total)], [(0, total)], [kind])
+        got = predict_pack(ring, FAST, PackLoad.of_mask(whole, "area", total))
+        assert got == predict(ring, FAST, tokens=total // 2, causal=causal)
+    part = mb_slice_mask([(0, total // 2)], [(0, total // 2)], ["causal"])
+    assert PackLoad.of_mask(part, "area", total).plain is None
+    assert PackLoad.of_mask(Mask(True, (-1, -1)), "zigzag", total).plain is True
 
 
 @pytest.mark.parametrize("window, causal", [((5, 3), False), ((7, 0), True), ((-1, 4), False),

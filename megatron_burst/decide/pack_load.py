@@ -60,6 +60,21 @@ class PackLoad:
                          batch=int(batch)) if total > 0 and batch > 0 else None)
 
     @property
+    def plain(self) -> bool | None:
+        """Whether the load is one plain sequence's, causal (True) or full (False): a mask
+        of one causal or full slice over the whole sequence, or no window; None if not. Such
+        a call is priced as the plain call it is (``timing.predict``), the same either way
+        it is asked for."""
+        if self.documents:
+            return None
+        if isinstance(self.mask, SliceMask):
+            n = self.lens[0]
+            whole = self.mask.q_ranges == ((0, n),) == self.mask.k_ranges
+            return self.mask.kinds[0] == "causal" if whole and self.mask.kinds[0] in (
+                "causal", "full") else None
+        return self.causal if self.mask is None or self.mask.plain else None
+
+    @property
     def schedule_mask(self) -> Mask | SliceMask:
         """The mask the call's schedule is made with."""
         return self.mask if self.mask is not None else Mask(self.causal, (-1, -1))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from . import cost
 from .topology import CPTopology
 from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, attention_flops,
-                     elementwise_seconds)
+                     elementwise_seconds, predict)
 
 if TYPE_CHECKING:
     from ..plan.schedule import RingSchedule
@@ -53,12 +53,16 @@ def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
     its layout places. A pack's blocks run at the varlen kernel's rate for its documents (a
     causal document of n tokens is the measured point n: its rows see n/2 keys on average),
     and its host work adds to the GPU's; a sequence under a mask runs, as ``predict_scheduled``
-    prices a window, at the dense kernel's rate for the keys its rows see, the host ahead."""
+    prices a window, at the dense kernel's rate for the keys its rows see, the host ahead;
+    a mask that is one plain causal or full sequence as that call (``PackLoad.plain``)."""
     from ..plan.schedule import RingSchedule  # as above
 
+    tokens = pack.batch * sum(pack.lens) // topology.cp
+    if pack.plain is not None:
+        return predict(topology, prof, tokens=tokens, causal=pack.plain,
+                       max_intra_node_size=max_intra_node_size)
     sched = RingSchedule.of(pack.layout, topology.cp, pack.lens, pack.schedule_mask,
                             topology.ulysses)
-    tokens = pack.batch * sum(pack.lens) // topology.cp
     if not pack.documents:
         return _predict(topology, prof, sched, pack.batch, tokens, max_intra_node_size,
                         lambda pairs, rows: prof.dense.tflops(pairs / rows),
