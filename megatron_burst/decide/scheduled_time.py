@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import cost
-from .topology import CPTopology
+from .topology import CPTopology, accumulator_wire_bytes
 from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, attention_flops,
                      elementwise_seconds, predict)
 
@@ -130,15 +130,18 @@ class _HopPlan:
     def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):
         # The comm package imports torch: not for plan.
         from ..comm.ring_positions import RingPositions
-        from ..plan.schedule import last_used_step
 
         self.ring = topology.ring_size
         self.inner = topology.positions_per_node if topology.double else self.ring
         self.burst = backward and topology.backward == "burst"
         topo = RingPositions(range(self.ring), 0, self.inner)
         self.topo = topo.reversed() if self.burst else topo
-        self.rows = sched.needed_rows(self.topo.source, "q" if self.burst else "k")
-        payload, acc = _row_bytes(topology, backward, last_used_step(self.rows))
+        side = "q" if self.burst else "k"
+        self.rows = sched.needed_rows(self.topo.source, side)
+        # The accumulator's width as the call's plan decides it (``topology``'s rule).
+        acc_bytes = accumulator_wire_bytes(sched, self.topo, self.rows, side,
+                                           topology.heads.elem_bytes) if backward else 0
+        payload, acc = _row_bytes(topology, backward, acc_bytes)
         self.payload, self.acc = batch * payload, batch * acc
 
     def hops(self, member: int, step: int) -> list[tuple[str, int]]:
@@ -157,15 +160,15 @@ class _HopPlan:
         return out
 
 
-def _row_bytes(topology: CPTopology, backward: bool, holders: int) -> tuple[int, int]:
-    """(payload, gradient accumulator) bytes per travelling row of one sequence, its
-    accumulators added to by ``holders`` members (``cost.acc_elem_bytes``)."""
+def _row_bytes(topology: CPTopology, backward: bool, acc_bytes: int) -> tuple[int, int]:
+    """(payload, gradient accumulator) bytes per travelling row of one sequence, the
+    accumulator ``acc_bytes`` an element (``topology.accumulator_wire_bytes``)."""
     h = topology.heads
     hq, hkv = topology.ring_heads
     if not backward:
         return cost.kv_row_bytes(hkv, h.head_dim, h.elem_bytes, h.v_head_dim), 0
     return cost.backward_row_bytes(topology.backward, hq, hkv, h.head_dim, h.elem_bytes,
-                                   h.v_head_dim, cost.acc_elem_bytes(h.elem_bytes, holders == 1))
+                                   h.v_head_dim, acc_bytes)
 
 
 def _step_compute(topology: CPTopology, rate, sched: RingSchedule, batch: int,

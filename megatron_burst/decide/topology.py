@@ -203,8 +203,9 @@ class CPTopology:
             fwd = cost.ring_pass_bytes(topo, k_rows, kv_row)
             ring, side = (topo, "k") if self.backward == "ring" else (topo.reversed(), "q")
             rows = k_rows if side == "k" else sched.needed_rows(ring.source, "q")
-            payload, acc = cost.backward_row_bytes(
-                self.backward, hq, hkv, d, e, dv, _acc_elem_bytes(sched, ring, rows, side, e))
+            payload, acc = cost.backward_row_bytes(self.backward, hq, hkv, d, e, dv,
+                                                   accumulator_wire_bytes(sched, ring, rows,
+                                                                          side, e))
             bwd = cost.ring_pass_bytes(ring, rows, batch * payload, batch * acc)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, batch * s_local, h.hq, h.hkv, d,
                                               e, lse_returned=lse_returned, v_head_dim=dv)
@@ -276,7 +277,7 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _acc_elem_bytes(sched, topo, rows, side: str, elem_bytes: int) -> int:
+def accumulator_wire_bytes(sched, topo, rows, side: str, elem_bytes: int) -> int:
     """Bytes per element of the gradient accumulator position ``topo.index`` fills and
     sends, as its call's plan decides (``call_plan.PassPlan.wire``): the inputs' own where it
     is the only holder (the payload's last step is 1) and its blocks, as the kernels run them
