@@ -38,13 +38,13 @@ def predict_scheduled(topology: CPTopology, prof: Profile, *, batch: int, s_loca
                       window: tuple[int, int], causal: bool = True,
                       max_intra_node_size: int | None = None) -> Prediction:
     """Seconds of one attention call (fwd+bwd) of ``batch`` sequences of ``s_local`` tokens
-    per CP rank under ``window`` (flash-attn's (left, right)), zigzag as Megatron shards."""
-    from ..plan.schedule import Mask, RingSchedule  # numpy, for windowed layers only: not for plan
+    per CP rank under ``window`` (flash-attn's (left, right)), zigzag as Megatron shards: the
+    load a call with that window makes (``PackLoad.of_mask``), priced as ``auto`` prices it."""
+    from ..plan.schedule import Mask  # numpy, for windowed layers only: not for plan
+    from .pack_load import PackLoad
 
-    sched = RingSchedule.of("zigzag", topology.cp, (s_local * topology.cp,),
-                            Mask(causal, tuple(window)), topology.ulysses)
-    return _predict(topology, prof, sched, batch, batch * s_local, max_intra_node_size,
-                    lambda pairs, rows: prof.dense.tflops(pairs / rows), host_overlaps=True)
+    load = PackLoad.of_mask(Mask(causal, tuple(window)), "zigzag", s_local * topology.cp, batch)
+    return predict_pack(topology, prof, load, max_intra_node_size=max_intra_node_size)
 
 
 def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
