@@ -231,5 +231,11 @@ def test_the_work_of_a_call_is_its_pack_its_mask_or_its_window():
     assert work == mask and load().mask == mask and load().lens == (1024,)
     pack = types.SimpleNamespace(lens=(300, 724))
     work, load = _work(call(cu_seqlens=pack, layout="whole_docs"), 2, q[:1])
-    assert work == "documents" and load() == PackLoad.of_pack((300, 724), "whole_docs")
+    assert work == ("documents", (-1, -1))
+    assert load() == PackLoad.of_pack((300, 724), "whole_docs")
+    # The same packs under a window (a model's windowed layers): another work, its own load.
+    work, load = _work(call(cu_seqlens=pack, layout="whole_docs", window_size=(128, 0)), 2,
+                       q[:1])
+    assert work == ("documents", (128, 0))
+    assert load() == PackLoad.of_pack((300, 724), "whole_docs", True, (128, 0))
     assert _work(call(cu_seqlens=pack, device_docs=True), 2, q[:1]) == (None, None)

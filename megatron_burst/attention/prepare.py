@@ -290,9 +290,9 @@ def _work(call: BurstCall, world: int, q: torch.Tensor):
     window (by value); (None, None) for a plain call (``timing.predict`` prices it)."""
     if call.device_docs:  # planned as a plain sequence, the documents read on the GPU
         return None, None
-    if call.cu_seqlens is not None:
-        return "documents", lambda: PackLoad.of_pack(call.cu_seqlens.lens, call.layout,
-                                                     call.causal, call.window_size)
+    if call.cu_seqlens is not None:  # a model's windowed and full layers: two works
+        return ("documents", tuple(call.window_size)), lambda: PackLoad.of_pack(
+            call.cu_seqlens.lens, call.layout, call.causal, call.window_size)
     seq_first = call.qkv_format == "sbhd"
     total, batch = q.shape[0 if seq_first else 1] * world, q.shape[1 if seq_first else 0]
     mask = call.mask

@@ -28,7 +28,7 @@ def work_key(shape: tuple, work: Hashable) -> Hashable:
     a model whose layers have two masks is decided for each) for the first
     ``WORKS_PER_SHAPE`` distinct works of a call shape; past them the shape's masks follow the
     data (a new one every micro-batch) and share one key, so the load of the first of them,
-    as a pack's documents do ('documents' is one work)."""
+    as a pack's documents do (a pack's documents under one window are one work)."""
     seen = _WORKS.setdefault(shape, [])
     if work in seen:
         return work
