@@ -179,7 +179,8 @@ def test_mla_prediction_sits_between_its_two_head_dims():
 
 
 @pytest.mark.parametrize("cp, intra_node_size, mode", [(4, None, "ring"), (8, None, "burst"),
-                                                       (8, 4, "ring"), (4, 2, "burst")])
+                                                       (8, 4, "ring"), (4, 2, "burst"),
+                                                       (2, None, "ring"), (2, None, "burst")])
 def test_the_scheduled_model_times_exactly_the_bytes_the_ring_sends(cp, intra_node_size, mode):
     topology = CPTopology.build(cp, backward=mode, intra_node_size=intra_node_size,
                                 heads=HeadShape(8, 2, 24, 2, v_head_dim=16))

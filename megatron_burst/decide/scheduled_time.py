@@ -136,13 +136,23 @@ class _HopPlan:
         self.burst = backward and topology.backward == "burst"
         topo = RingPositions(range(self.ring), 0, self.inner)
         self.topo = topo.reversed() if self.burst else topo
-        side = "q" if self.burst else "k"
-        self.rows = sched.needed_rows(self.topo.source, side)
-        # The accumulator's width as the call's plan decides it (``topology``'s rule).
-        acc_bytes = accumulator_wire_bytes(sched, self.topo, self.rows, side,
-                                           topology.heads.elem_bytes) if backward else 0
-        payload, acc = _row_bytes(topology, backward, acc_bytes)
-        self.payload, self.acc = batch * payload, batch * acc
+        self.side = "q" if self.burst else "k"
+        self.rows = sched.needed_rows(self.topo.source, self.side)
+        self.topology, self.sched, self.batch, self.backward = topology, sched, batch, backward
+        self.payload = batch * _row_bytes(topology, backward, 4)[0]
+        self._acc: dict[int, int] = {}
+
+    def acc(self, member: int, mine) -> int:
+        """Bytes per row of the gradient accumulator ``member`` fills and passes on, as wide
+        as the call's plan makes it there (``topology.accumulator_wire_bytes``: one holder
+        whose blocks touch each row once sends it in the inputs' dtype)."""
+        if not self.backward:
+            return 0
+        if member not in self._acc:
+            width = accumulator_wire_bytes(self.sched, mine, self.rows, self.side,
+                                           self.topology.heads.elem_bytes)
+            self._acc[member] = self.batch * _row_bytes(self.topology, True, width)[1]
+        return self._acc[member]
 
     def hops(self, member: int, step: int) -> list[tuple[str, int]]:
         """(kind, bytes) of each hop ``member`` posts at ``step``: 'intra' and 'inter'
@@ -152,11 +162,10 @@ class _HopPlan:
 
         mine = RingPositions(range(self.ring), member, self.inner, self.topo.direction)
         origin = mine.source(member, step)
-        out = []
         out = [(kind, sent * self.payload) for kind, _, sent, _, _ in
                payload_hops(mine, step, lambda o, s: self.rows[o][s])]
-        if self.acc and step and self.rows[origin][step]:
-            out.append(("acc", self.rows[origin][1] * self.acc))
+        if self.backward and step and self.rows[origin][step]:
+            out.append(("acc", self.rows[origin][1] * self.acc(member, mine)))
         return out
 
 
