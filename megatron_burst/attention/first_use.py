@@ -176,8 +176,9 @@ def _links(group, world: int, per: int | None, tops, heads: HeadShape, tokens: i
     uniform = len({len(m) for m in nodes.values()}) == 1
     mine = nodes[me // per if per else 0]
     local, order, cap = mine.index(me), sorted(nodes), 2**22 if device.type == "cpu" else 2**28
-    sizes = _sizes([b for t in tops if t.ring_size > 1 for b in _hop_bytes(t, heads, tokens)],
-                   cap)
+    hops = [b for t in tops if t.ring_size > 1
+            for b in (t.hop_bytes(tokens), t.backward_hop_bytes(tokens))]
+    sizes = _sizes(hops, cap)
 
     def fit(to: int, frm: int):
         return measure.link_of([(n, measure.timed(measure.hop(to, frm, n, device), device,
@@ -201,13 +202,6 @@ def _links(group, world: int, per: int | None, tops, heads: HeadShape, tokens: i
     return intra, inter, a2a
 
 
-def _hop_bytes(t, heads: HeadShape, tokens: int) -> tuple[int, int]:
-    """(forward, backward) bytes of one hop of topology ``t``'s ring."""
-    hq, hkv = t.ring_heads
-    member, d, e, dv = tokens * t.ulysses, heads.head_dim, heads.elem_bytes, heads.v_head_dim
-    return (cost.forward_bytes(2, member, hkv, d, e, v_head_dim=dv),
-            cost.backward_bytes(t.backward, 2, member, hq, hkv, d, e, v_head_dim=dv,
-                                holders=t.ring_size - 1))
 
 
 def _sizes(nbytes: list[int], cap: int) -> list[int]:

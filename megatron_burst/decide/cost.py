@@ -76,18 +76,17 @@ def forward_bytes(world: int, tokens: int, hkv: int, head_dim: int, elem_bytes: 
 
 def backward_bytes(mode: str, world: int, tokens: int, hq: int, hkv: int, head_dim: int,
                    elem_bytes: int, hops: int | None = None, *,
-                   v_head_dim: int | None = None, holders: int | None = None,
-                   wide: bool = False) -> int:
+                   v_head_dim: int | None = None, acc_bytes: int | None = None) -> int:
     """Bytes one rank sends in the backward ring of ``mode`` ('burst' or 'ring').
 
     The payload makes ``hops`` hops and so do the gradient accumulators (the last one home).
-    ``holders``: how many ranks add to an accumulator (default ``hops``), which sets its
-    dtype on the wire (``acc_elem_bytes``): a caller pricing one hop of a longer ring says so.
-    ``wide``: fp32 accumulators whatever the holders (an upper bound).
+    ``acc_bytes``: the accumulators' bytes per element on the wire; by default as a ring of
+    ``hops`` holders sends them (``acc_elem_bytes``: the inputs' own for one holder). A
+    caller pricing one hop of a longer ring, or an upper bound (4), says so.
     """
     hops = world - 1 if hops is None else hops
-    acc_bytes = 4 if wide else acc_elem_bytes(elem_bytes,
-                                              (hops if holders is None else holders) == 1)
+    if acc_bytes is None:
+        acc_bytes = acc_elem_bytes(elem_bytes, hops == 1)
     if mode not in ("burst", "ring"):
         raise ValueError(f"backward must be 'burst' or 'ring', got {mode!r}")
     if hops == 0:

@@ -162,7 +162,7 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
     ``max_intra_node_size``: ranks of the group per node (None: all); hops that cross nodes
     use the inter-node link. A document pack: ``scheduled_time.predict_pack``."""
     h = topology.heads
-    hq, hkv = topology.ring_heads
+    hq = topology.ring_heads[0]
     ring, member = topology.ring_size, tokens * topology.ulysses
     vis = 0.5 if causal else 1.0
     max_intra_node_size = max_intra_node_size or topology.cp
@@ -172,11 +172,7 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
     host = prof.call_overhead_us * 1e-6 + 2 * ring * prof.step_overhead_us * 1e-6
     exposed = 0.0
     if ring > 1:
-        fwd_hop = cost.forward_bytes(2, member, hkv, h.head_dim, h.elem_bytes,
-                                     v_head_dim=h.v_head_dim)
-        bwd_hop = cost.backward_bytes(topology.backward, 2, member, hq, hkv, h.head_dim,
-                                      h.elem_bytes, v_head_dim=h.v_head_dim,
-                                      holders=ring - 1)
+        fwd_hop, bwd_hop = topology.hop_bytes(tokens), topology.backward_hop_bytes(tokens)
         step_fwd = compute / FWD_BWD_PASSES / ring
         step_bwd = compute * (FWD_BWD_PASSES - 1) / FWD_BWD_PASSES / ring
         exposed = (_ring_exposed(topology, prof, max_intra_node_size, step_fwd, fwd_hop)

@@ -172,7 +172,7 @@ class CPTopology:
         fwd = cost.forward_bytes(self.ring_size, tokens, hkv, h.head_dim, h.elem_bytes,
                                  v_head_dim=h.v_head_dim)
         bwd = cost.backward_bytes(self.backward, self.ring_size, tokens, hq, hkv, h.head_dim,
-                                  h.elem_bytes, v_head_dim=h.v_head_dim, wide=True)
+                                  h.elem_bytes, v_head_dim=h.v_head_dim, acc_bytes=4)
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, tokens_local, h.hq, h.hkv,
                                               h.head_dim, h.elem_bytes,
                                               lse_returned=lse_returned,
@@ -216,6 +216,16 @@ class CPTopology:
         h = self._need_heads()
         return cost.forward_bytes(2, tokens_local * self.ulysses, self.ring_heads[1],
                                   h.head_dim, h.elem_bytes, v_head_dim=h.v_head_dim)
+
+    def backward_hop_bytes(self, tokens_local: int) -> int:
+        """Bytes of one backward hop (payload and accumulator), the accumulator as wide as
+        a ring of this size sends it (the inputs' dtype with one holder, else fp32)."""
+        h = self._need_heads()
+        hq, hkv = self.ring_heads
+        return cost.backward_bytes(self.backward, 2, tokens_local * self.ulysses, hq, hkv,
+                                   h.head_dim, h.elem_bytes, v_head_dim=h.v_head_dim,
+                                   acc_bytes=cost.acc_elem_bytes(h.elem_bytes,
+                                                                 self.ring_size == 2))
 
     def _need_heads(self) -> HeadShape:
         if self.heads is None:
