@@ -36,11 +36,15 @@ class BoundPlan:
     # The plan's device launches bound to this call's boundaries, where the GPU reads the
     # documents (``device_calls``): made once a call, read by every pass.
     launches: tuple | None = None
+    boundaries: torch.Tensor | None = None  # what ``launches`` were made from
+    # Whether the ring passes replay from CUDA graphs once their work repeated (``replay``).
+    replay: bool = False
 
     def with_boundaries(self, cu_seqlens: torch.Tensor) -> "BoundPlan":
         """This plan bound to one call's boundaries (``layout='pack_zigzag'``): its launches'
         boundaries made on the boundaries' device, nothing read on the host."""
-        return dataclasses.replace(self, launches=self.plan.sides.bind(cu_seqlens))
+        return dataclasses.replace(self, launches=self.plan.sides.bind(cu_seqlens),
+                                   boundaries=cu_seqlens)
 
     def launch(self, call: KernelLaunch):
         """The kernel call as the kernels run it: a device launch bound to this call's

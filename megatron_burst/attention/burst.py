@@ -28,6 +28,7 @@ from ..comm import consensus
 from ..comm.headers import CallTag
 from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
+from . import replay
 from .bound_plan import BoundPlan
 from .travelling import Travelling
 from ..plan.schedule import Block
@@ -209,7 +210,8 @@ class BurstAttentionFunction(torch.autograd.Function):
             if bound.whole is not None:  # one kernel call is the whole answer
                 out, lse = _whole_forward(bound, q, k, v)
             else:
-                out, lse = ring_forward(q, k, v, bound, tag)
+                out, lse = replay.run("forward", bound, (q, k, v), _untagged_forward) or \
+                    ring_forward(q, k, v, bound, tag)
             if sinks is not None:
                 out, lse = merge_sinks(out, lse, sinks, bound.seq_first)
         # An unused lse then arrives as None, not a tensor of zeros, so the ring backward
@@ -234,11 +236,23 @@ class BurstAttentionFunction(torch.autograd.Function):
         if dlse is None and ctx.lse_returned:  # in no loss here; maybe in a peer's
             dlse = torch.zeros_like(lse)
         if dlse is None:
-            dq, dk, dv = _backward(bound, tag, q, k, v, dout, out, lse, None)
+            dq, dk, dv = replay.run("backward", bound, (q, k, v, dout, out, lse),
+                                    _untagged_backward) or \
+                _backward(bound, tag, q, k, v, dout, out, lse, None)
         else:
             dq, dk, dv = _backward_with_lse(bound, tag, q, k, v, dout, out, lse, dlse)
         consensus.poll()  # a pass that received another call's message raises here
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, dsinks, None
+
+
+def _untagged_forward(bound: BoundPlan, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward ring as a replay captures it: no headers (``replay``)."""
+    return ring_forward(q, k, v, bound, None)
+
+
+def _untagged_backward(bound: BoundPlan, q, k, v, dout, out, lse) -> Grads:
+    """The backward rings given O, as a replay captures them: no headers (``replay``)."""
+    return _backward(bound, None, q, k, v, dout, out, lse, None)
 
 
 def _whole_forward(bound: BoundPlan, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ..comm.settings import current
 from ..decide.topology import CPTopology
 from ..kernels.selection import KERNEL_NAMES
 from ..decide.options import NOT_GIVEN, BurstOptions, is_given
@@ -164,7 +165,9 @@ TENSOR_FIELDS = ("batch", "s_local", "hq", "hkv", "head_dim", "v_head_dim", "dty
 TOPOLOGY_FIELDS = ("backward", "ulysses_size", "intra_node_size")
 _SIGNED = tuple(f.name for f in dataclasses.fields(BurstCall)
                 if f.name not in ("options", "topology"))
-SIGNATURE_FIELDS = (*TENSOR_FIELDS, *_SIGNED, *TOPOLOGY_FIELDS, "error")
+# ``replay``: the setting (``attention.replay``), so ranks that would capture differently
+# refuse together.
+SIGNATURE_FIELDS = (*TENSOR_FIELDS, *_SIGNED, *TOPOLOGY_FIELDS, "replay", "error")
 
 
 # ``burst_attn``'s arguments besides its tensors and group, each a field of the call (named
@@ -250,7 +253,7 @@ def signature(call: BurstCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         value = getattr(call, name)
         sig[name] = value.described if isinstance(value, (DocumentPack, SliceMask)) else value
     sig.update(backward=topology.backward, ulysses_size=topology.ulysses,
-               intra_node_size=topology.intra_node_size, error=None)
+               intra_node_size=topology.intra_node_size, replay=current().replay, error=None)
     return sig
 
 

@@ -35,6 +35,7 @@ from .call_plan import plan_for, plan_key, ring_key
 from .bound_plan import BoundPlan
 from ..plan.schedule import Block, Mask
 from ..plan.slices import SliceMask
+from .replay import wanted as replays
 from .sinks import check_sinks
 from .sharding import group_name, group_ranks
 from ..decide.pack_load import PackLoad
@@ -243,7 +244,8 @@ def _bind_plan(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     if world > 1 and fuses(q.device, q.dtype, v.shape[3]) and not capturing(q):
         compile_variants(q.device, q.dtype, v.shape[3])  # not at a later pack's first merge
     scale = call.softmax_scale if call.softmax_scale is not None else default_scale(q.shape[3])
-    return BoundPlan(group, plan, scale, seq_first and u == 1, kernel)
+    return BoundPlan(group, plan, scale, seq_first and u == 1, kernel,
+                     replay=replays(call, q, plan))
 
 
 def _topology(group, world: int, q, k, v, call: BurstCall

@@ -51,3 +51,24 @@ def record_sent(nbytes: int, phase: str) -> None:
         else:
             stats.backward_bytes += nbytes
             stats.backward_messages += 1
+
+
+@contextlib.contextmanager
+def captured() -> Iterator[CommStats]:
+    """What a CUDA graph's capture posts, counted apart from the open counters: nothing leaves
+    until the graph is replayed, and each replay counts it then (``replayed``)."""
+    saved, stats = _ACTIVE[:], CommStats()
+    _ACTIVE[:] = [stats]
+    try:
+        yield stats
+    finally:
+        _ACTIVE[:] = saved
+
+
+def replayed(sent: CommStats) -> None:
+    """Add one replay's sends (what its capture counted) to every open counter."""
+    for stats in _ACTIVE:
+        stats.forward_bytes += sent.forward_bytes
+        stats.backward_bytes += sent.backward_bytes
+        stats.forward_messages += sent.forward_messages
+        stats.backward_messages += sent.backward_messages

@@ -23,6 +23,9 @@ The settings, all optional (a process runs with none set):
 - ``MEGATRON_BURST_AUTO_MEASURE``: whether 'auto' measures this machine (``on``, ``off``);
 - ``MEGATRON_BURST_PREFETCH``: the Megatron data path makes batches ahead (1) or on the step;
 - ``MEGATRON_BURST_TRACE``: ``DIR[:FIRST:COUNT]``, micro-batches the Megatron path profiles;
+- ``MEGATRON_BURST_REPLAY``: whether an eager call's ring passes are captured once and
+  replayed as CUDA graphs (``off``, the default; ``auto``: where a rank holds at most
+  ``REPLAY_MAX_TOKENS``; ``on``), ``attention.replay``;
 
 and what the launcher says: torchrun's ``LOCAL_WORLD_SIZE`` (ranks per node) and ``RANK``.
 This module is torch-free (the planner reads it).
@@ -47,6 +50,8 @@ MEASURE_ENV = "MEGATRON_BURST_AUTO_MEASURE"
 MEASURE_VALUES = ("on", "off")
 PREFETCH_ENV = "MEGATRON_BURST_PREFETCH"  # 1 (default): make batches ahead; 0: on the step
 TRACE_ENV = "MEGATRON_BURST_TRACE"
+REPLAY_ENV = "MEGATRON_BURST_REPLAY"
+REPLAY_VALUES = ("auto", "on", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +67,7 @@ class BurstSettings:
     auto_measure: bool = True
     prefetch: bool = True
     trace: tuple[str, int, int] | None = None  # (folder, first micro-batch, count)
+    replay: str = "off"
     local_world_size: int | None = None
     launcher_rank: int = 0
 
@@ -82,6 +88,7 @@ class BurstSettings:
             auto_measure=_choice(env, MEASURE_ENV, MEASURE_VALUES, "on") == "on",
             prefetch=_switch(env, PREFETCH_ENV),
             trace=parse_trace(env[TRACE_ENV]) if env.get(TRACE_ENV) else None,
+            replay=_choice(env, REPLAY_ENV, REPLAY_VALUES, "off"),
             local_world_size=int(local) if local.isdigit() and int(local) > 0 else None,
             launcher_rank=int(rank) if rank.isdigit() else 0)
 

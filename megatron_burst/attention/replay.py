@@ -1,0 +1,150 @@
+"""Eager calls at a CUDA graph's host cost: a ring pass whose work repeats is captured once
+and replayed (``MEGATRON_BURST_REPLAY=auto`` or ``on``; ``off`` by default, ``comm.settings``).
+
+Why: at 8-16K tokens per GPU an eager CP=2 call is host-bound. Its passes post three hops
+(about 150 us of host time each in the process group's own calls), launch a dozen kernels
+and run the loops' Python: 2-3 ms of host time a call, against 1-3 ms of GPU work (README,
+issue 39). The same passes replayed from a CUDA graph cost the host a few launches. Users
+who capture their whole step get that already; this gives it to the eager step, wherever a
+pass's work is the same from call to call: a plain sequence's plan, and a pack whose
+documents the GPU reads (layout ``pack_zigzag``: the boundaries are one of the graph's
+inputs, so one graph serves every pack). A ``whole_docs`` pack has new hops and kernel calls
+every micro-batch, so its passes always run eagerly (``wanted``).
+
+How: each pass (the forward ring; the backward rings given O) is keyed by value: which pass,
+the plan's key, the kernel, scale and format, the group's name, and every input's shape,
+stride and dtype. Its key's first call runs eagerly (it warms every kernel, the merge's
+compile and the peers' communicators); its second is captured, and every later one replays:
+the call's tensors are copied into the graph's own inputs on the GPU, in stream order, the
+graph is replayed, and its outputs are cloned out, since the next replay writes over them.
+The backward's graph takes the tensors the forward saved, so layers may run in any order
+(layer 2's forward between layer 1's forward and backward overwrites nothing layer 1 needs).
+At most ``KEPT`` graphs are held, each with its buffers; ``auto`` replays only where a rank
+holds at most ``REPLAY_MAX_TOKENS`` tokens, where the host bounds the call and the graph's
+buffers are small.
+
+Exact: a replay runs the kernels the eager pass ran, in its order, on copies of the same
+values. The decision is the same on every rank: the setting is part of the call's
+signature (``call.signature``), and a key's calls are counted alike on ranks whose calls
+agree. What a replay does not do, as in a user's own capture: stamp and check the messages'
+headers (``comm.headers``); the call's arguments were compared at its signature's first
+call (``agree``), eagerly.
+
+Why off by default: on 2x H100 (torch 2.11, NCCL), a CUDA graph captured by the user
+(``torch.cuda.make_graphed_callables``) after calls that replayed failed for one of three
+calls (the ring backward's, in ``benchmarks/host_time.py``: the capture was invalidated
+before the forward's first merge, in two runs of two), so a run that captures its own
+graphs (Megatron's ``--cuda-graph-impl``) must not replay. A capture while this process
+holds replay graphs raises ValueError naming the setting, on every rank (``run``).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable, Sequence
+
+import torch
+
+from ..comm import accounting, consensus
+from ..comm.settings import REPLAY_ENV, current
+from .sharding import group_name
+
+KEPT = 8  # graphs held (a model's attention shapes: its layers share one per pass)
+REPLAY_MAX_TOKENS = 16384  # ``auto``: tokens a rank holds, at most (batch x local sequence)
+
+
+def wanted(call, q: torch.Tensor, plan) -> bool:
+    """Whether this prepared call's ring passes may replay (a value of its ``BoundPlan``):
+    CUDA, a plan whose passes move something, the same work every call (no pack planned on
+    the host, nothing kept for a recompute), and the setting."""
+    mode = current().replay
+    if mode == "off" or not q.is_cuda or plan.topo is None or plan.whole is not None:
+        return False
+    if call.keep or (call.cu_seqlens is not None and not call.device_docs):
+        return False
+    return mode == "on" or q.shape[0] * q.shape[1] <= REPLAY_MAX_TOKENS  # batch x sequence
+
+
+@dataclasses.dataclass
+class _Graph:
+    """One captured pass: its graph, its own inputs and outputs."""
+
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+    sent: accounting.CommStats  # what a replay sends (``count_comm`` counts it each replay)
+
+
+_GRAPHS: "collections.OrderedDict[tuple, _Graph | None]" = collections.OrderedDict()
+CAPTURED: list[tuple] = []  # keys captured in this process, in order (tests, benchmarks)
+
+
+def run(name: str, bound, tensors: Sequence[torch.Tensor],
+        pass_: Callable[..., tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...] | None:
+    """``pass_(bound, *tensors)`` (untagged) from a replay of its graph, captured at its
+    key's second call; None where the caller must run the pass eagerly (not wanted, inside a
+    user's capture, or the key's first call)."""
+    if not bound.replay:
+        return None
+    if consensus.capturing():  # a user's own capture: the pass is captured as it runs
+        if any(graph is not None for graph in _GRAPHS.values()):
+            raise ValueError(f"burst_attn in a CUDA graph capture after calls that replayed "
+                             f"their passes ({REPLAY_ENV}={current().replay}): a capture "
+                             f"after such replays failed on 2x H100; set {REPLAY_ENV}=off "
+                             f"in a run that captures its own graphs")
+        return None
+    key = _key(name, bound, tensors)
+    found = _GRAPHS.get(key, _FIRST)
+    if found is _FIRST:  # first call: eager (it warms what the capture will need)
+        _remember(key, None)
+        return None
+    _GRAPHS.move_to_end(key)
+    if found is None:
+        found = _capture(bound, tensors, pass_)
+        _remember(key, found)
+        CAPTURED.append(key)
+    given = tensors if bound.boundaries is None else (*tensors, bound.boundaries)
+    for mine, value in zip(found.inputs, given):
+        mine.copy_(value)
+    found.graph.replay()
+    accounting.replayed(found.sent)
+    return tuple(t.clone() for t in found.outputs)
+
+
+_FIRST = object()  # a key not seen yet
+
+
+def clear() -> None:
+    """Drop every graph (tests; a process that changes its settings)."""
+    _GRAPHS.clear()
+    CAPTURED.clear()
+
+
+def _remember(key: tuple, graph: _Graph | None) -> None:
+    _GRAPHS[key] = graph
+    if len(_GRAPHS) > KEPT:
+        _GRAPHS.popitem(last=False)  # the oldest: the same on every rank whose calls agree
+
+
+def _key(name: str, bound, tensors: Sequence[torch.Tensor]) -> tuple:
+    """What a pass's graph holds for, by value (the module docstring)."""
+    cu = bound.boundaries
+    return (name, group_name(bound.group), bound.plan.key, type(bound.kernel).__qualname__,
+            bound.kernel.name, bound.scale, bound.seq_first, str(tensors[0].device),
+            tuple((t.shape, t.stride(), t.dtype) for t in tensors),
+            None if cu is None else (cu.shape, cu.dtype))
+
+
+def _capture(bound, tensors: Sequence[torch.Tensor],
+             pass_: Callable[..., tuple[torch.Tensor, ...]]) -> _Graph:
+    """Capture ``pass_`` on inputs of its own (the boundaries too, where the GPU reads them:
+    the launches are made from them inside the graph). Runs nothing: the caller replays."""
+    inputs = tuple(torch.empty_like(t) for t in tensors)
+    cu = None if bound.boundaries is None else torch.empty_like(bound.boundaries)
+    graph = torch.cuda.CUDAGraph()
+    with accounting.captured() as sent, torch.cuda.graph(graph):
+        captured = bound if cu is None else bound.with_boundaries(cu)
+        outputs = tuple(pass_(captured, *inputs))
+    if cu is not None:
+        inputs = (*inputs, cu)
+    return _Graph(graph, inputs, outputs, sent)

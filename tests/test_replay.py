@@ -1,0 +1,122 @@
+"""The replay of eager ring passes from CUDA graphs (``attention.replay``), on CPU: the setting
+is validated where it is read, a call says whether it replays by rule, ranks that set it
+differently refuse together, and a pass's graph is keyed by value. The replays themselves
+run on GPUs (``tests/test_gpu_replay.py``)."""
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import torch
+
+import megatron_burst as mb
+from megatron_burst.attention import replay
+from megatron_burst.attention.call import call_of
+from megatron_burst.comm import settings
+
+from .distributed import run_ranks
+
+
+def test_the_setting_is_checked_where_it_is_read(monkeypatch):
+    assert settings.BurstSettings.from_env({}).replay == "off"  # opt in (attention.replay)
+    for value in ("on", "OFF", " auto "):
+        assert settings.BurstSettings.from_env({settings.REPLAY_ENV: value}).replay == \
+            value.strip().lower()
+    with pytest.raises(ValueError, match=settings.REPLAY_ENV):
+        settings.BurstSettings.from_env({settings.REPLAY_ENV: "sometimes"})
+
+
+def _plan(travels: bool = True, whole=None):
+    return types.SimpleNamespace(topo=object() if travels else None, whole=whole)
+
+
+def _call(**given):
+    arguments = dict(causal=True, softmax_scale=None, window_size=(-1, -1), layout="zigzag", qkv_format="bshd",
+                     kernel=None, call_label=None, topology=None, cu_seqlens=None, keep=None,
+                     sinks=None, return_lse=False, mask=None, backward="ring",
+                     ulysses_size=1, intra_node_size=None)
+    arguments.update(given)
+    return call_of(arguments)
+
+
+def test_which_calls_replay(monkeypatch):
+    """CUDA only, a ring that moves something, the same work every call; ``auto`` up to
+    REPLAY_MAX_TOKENS a rank, ``on`` any size, ``off`` (the default) none."""
+    assert not replay.wanted(_call(), types.SimpleNamespace(is_cuda=True, shape=(1, 64)),
+                             _plan())
+    monkeypatch.setenv(settings.REPLAY_ENV, "auto")
+    small = torch.empty(1, 64, 2, 8, device="meta")
+    big = torch.empty(1, replay.REPLAY_MAX_TOKENS + 1, 2, 8, device="meta")
+    cuda_like = types.SimpleNamespace(is_cuda=True, shape=small.shape)
+    cuda_big = types.SimpleNamespace(is_cuda=True, shape=big.shape)
+    plain = _call()
+    assert not replay.wanted(plain, small, _plan())  # not CUDA
+    assert replay.wanted(plain, cuda_like, _plan())
+    assert not replay.wanted(plain, cuda_big, _plan())  # auto: host-bound sizes only
+    assert not replay.wanted(plain, cuda_like, _plan(travels=False))  # one member
+    assert not replay.wanted(plain, cuda_like, _plan(whole=object()))
+    pack = _call(layout="whole_docs", cu_seqlens=torch.tensor([0, 30, 64], dtype=torch.int32))
+    assert not replay.wanted(pack, cuda_like, _plan())  # a new plan every pack
+    device_docs = _call(layout="pack_zigzag", cu_seqlens=torch.tensor([0, 30, 64]))
+    assert replay.wanted(device_docs, cuda_like, _plan())  # the GPU reads the documents
+    monkeypatch.setenv(settings.REPLAY_ENV, "on")
+    assert replay.wanted(plain, cuda_big, _plan())
+    monkeypatch.setenv(settings.REPLAY_ENV, "off")
+    assert not replay.wanted(plain, cuda_like, _plan())
+
+
+def _bound(group_name: str = "g", plan_key=("plan", 1), scale: float = 0.125,
+           boundaries=None):
+    kernel = types.SimpleNamespace(name="torch-flash")
+    return types.SimpleNamespace(group=types.SimpleNamespace(group_name=group_name),
+                                 plan=types.SimpleNamespace(key=plan_key), kernel=kernel,
+                                 scale=scale, seq_first=False, boundaries=boundaries)
+
+
+def test_a_pass_graph_is_keyed_by_value(monkeypatch):
+    """Equal values give one key whatever the objects; any difference of the plan, scale,
+    group, shape, stride, dtype or boundaries' shape gives another."""
+    monkeypatch.setattr(replay, "group_name", lambda group: group.group_name)
+    t = torch.zeros(1, 8, 2, 4)
+    key = replay._key("forward", _bound(), (t,))
+    assert key == replay._key("forward", _bound(plan_key=("plan", 1)), (torch.ones(1, 8, 2, 4),))
+    others = [replay._key("backward", _bound(), (t,)),
+              replay._key("forward", _bound(plan_key=("plan", 2)), (t,)),
+              replay._key("forward", _bound(scale=0.5), (t,)),
+              replay._key("forward", _bound(group_name="h"), (t,)),
+              replay._key("forward", _bound(), (torch.zeros(1, 9, 2, 4),)),
+              replay._key("forward", _bound(), (torch.zeros(1, 2, 8, 4).transpose(1, 2),)),
+              replay._key("forward", _bound(), (t.double(),)),
+              replay._key("forward", _bound(boundaries=torch.zeros(9, dtype=torch.int32)),
+                          (t,))]
+    assert len({key, *others}) == 1 + len(others)
+
+
+def test_a_cpu_call_never_replays():
+    q, k, v = (torch.randn(1, 16, 2, 8, requires_grad=True) for _ in range(3))
+    mb.burst_attn(q, k, v, causal=True).sum().backward()
+    assert replay.CAPTURED == []
+
+
+def mixed_worker(rank, world):
+    os.environ[settings.REPLAY_ENV] = "off" if rank == 0 else "auto"
+    settings.reload()
+    gen = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
+    try:
+        mb.burst_attn(q, k, v, causal=True, backward="ring")
+    except ValueError as error:
+        return str(error)
+    finally:  # a rank process may serve later tests
+        os.environ.pop(settings.REPLAY_ENV, None)
+        settings.reload()
+    return None
+
+
+def test_ranks_that_set_it_differently_refuse_together():
+    """A rank that would capture while its peer runs eagerly (no headers against headers)
+    would pair its messages wrongly: the setting is in the call's signature."""
+    said = run_ranks(2, mixed_worker, timeout=120)
+    assert said[0] is not None and said[0] == said[1], said
+    assert "'replay'" in said[0] and "'off'" in said[0] and "'auto'" in said[0], said[0]
