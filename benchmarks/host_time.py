@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -130,6 +131,7 @@ def efficiency_rows(args, n: int, world: int, rank: int, dev) -> list[dict]:
         try:
             graph = ring.parts(args.iters, graphed=True)
         except Exception as e:  # noqa: BLE001
+            traceback.print_exc()  # the row keeps the start of it; the log, all of it
             graph = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
         # K/V heads expanded to hq: the same FLOPs, on the fastest kernel (cuDNN).
         single = Case(cudnn_sdpa, [(1, hq, n * world, d)] * 3, dev, rank).parts(args.iters)
@@ -164,6 +166,7 @@ def main() -> None:
                 rows.append(dict(part="host", case=name, mode="CUDA graph",
                                  **case.parts(args.iters, graphed=True)))
             except Exception as e:  # noqa: BLE001  (recorded: a case that cannot be captured)
+                traceback.print_exc()
                 rows.append(dict(part="host", case=name, mode="CUDA graph",
                                  error=f"{type(e).__name__}: {str(e)[:300]}"))
         if rank == 0:
