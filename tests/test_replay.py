@@ -42,14 +42,16 @@ def _call(**given):
 
 def test_which_calls_replay(monkeypatch):
     """CUDA only, a ring that moves something, the same work every call; ``auto`` up to
-    REPLAY_MAX_TOKENS a rank, ``on`` any size, ``off`` (the default) none."""
-    assert not replay.wanted(_call(), types.SimpleNamespace(is_cuda=True, shape=(1, 64)),
-                             _plan())
-    monkeypatch.setenv(settings.REPLAY_ENV, "auto")
+    REPLAY_MAX_ELEMENTS of queries a rank (8K tokens of 16 heads of 128 in, one token more
+    out), ``on`` any size, ``off`` (the default) none."""
+    def cuda(*shape):
+        return types.SimpleNamespace(is_cuda=True, shape=shape,
+                                     numel=lambda: int(torch.Size(shape).numel()))
+
     small = torch.empty(1, 64, 2, 8, device="meta")
-    big = torch.empty(1, replay.REPLAY_MAX_TOKENS + 1, 2, 8, device="meta")
-    cuda_like = types.SimpleNamespace(is_cuda=True, shape=small.shape)
-    cuda_big = types.SimpleNamespace(is_cuda=True, shape=big.shape)
+    cuda_like, cuda_big = cuda(1, 8192, 16, 128), cuda(1, 8193, 16, 128)
+    assert not replay.wanted(_call(), cuda_like, _plan())
+    monkeypatch.setenv(settings.REPLAY_ENV, "auto")
     plain = _call()
     assert not replay.wanted(plain, small, _plan())  # not CUDA
     assert replay.wanted(plain, cuda_like, _plan())

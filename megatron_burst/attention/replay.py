@@ -19,9 +19,9 @@ the call's tensors are copied into the graph's own inputs on the GPU, in stream 
 graph is replayed, and its outputs are cloned out, since the next replay writes over them.
 The backward's graph takes the tensors the forward saved, so layers may run in any order
 (layer 2's forward between layer 1's forward and backward overwrites nothing layer 1 needs).
-At most ``KEPT`` graphs are held, each with its buffers; ``auto`` replays only where a rank
-holds at most ``REPLAY_MAX_TOKENS`` tokens, where the host bounds the call and the graph's
-buffers are small.
+At most ``KEPT`` graphs are held, each with its buffers; ``auto`` replays only where a rank's
+queries are small (``REPLAY_MAX_ELEMENTS``): there the host bounds the call, and the copies
+in and out and the graph's buffers are small.
 
 Exact: a replay runs the kernels the eager pass ran, in its order, on copies of the same
 values. The decision is the same on every rank: the setting is part of the call's
@@ -50,7 +50,12 @@ from ..comm.settings import REPLAY_ENV, current
 from .sharding import group_name
 
 KEPT = 8  # graphs held (a model's attention shapes: its layers share one per pass)
-REPLAY_MAX_TOKENS = 16384  # ``auto``: tokens a rank holds, at most (batch x local sequence)
+# ``auto``: where a rank's queries hold at most this many elements (tokens x heads x head
+# dim: 8K tokens of 16 heads of 128, 16K of 16 of 64). Measured on 2x H100 (README): at 8K
+# tokens of 16:4 heads d64 a replayed call ran 0.81 of one GPU's kernel against 0.56-0.66
+# eager, while at 8K of 32 heads of 128 it gained nothing, the copies in and out costing what
+# the host saved (0.76-0.86 replayed against 0.78-0.92 eager, two runs).
+REPLAY_MAX_ELEMENTS = 1 << 24
 
 
 def wanted(call, q: torch.Tensor, plan) -> bool:
@@ -62,7 +67,7 @@ def wanted(call, q: torch.Tensor, plan) -> bool:
         return False
     if call.keep or (call.cu_seqlens is not None and not call.device_docs):
         return False
-    return mode == "on" or q.shape[0] * q.shape[1] <= REPLAY_MAX_TOKENS  # batch x sequence
+    return mode == "on" or q.numel() <= REPLAY_MAX_ELEMENTS
 
 
 @dataclasses.dataclass

@@ -24,8 +24,8 @@ The settings, all optional (a process runs with none set):
 - ``MEGATRON_BURST_PREFETCH``: the Megatron data path makes batches ahead (1) or on the step;
 - ``MEGATRON_BURST_TRACE``: ``DIR[:FIRST:COUNT]``, micro-batches the Megatron path profiles;
 - ``MEGATRON_BURST_REPLAY``: whether an eager call's ring passes are captured once and
-  replayed as CUDA graphs (``off``, the default; ``auto``: where a rank holds at most
-  ``REPLAY_MAX_TOKENS``; ``on``), ``attention.replay``;
+  replayed as CUDA graphs (``off``, the default; ``auto``: where a rank's queries are
+  small, ``REPLAY_MAX_ELEMENTS``; ``on``), ``attention.replay``;
 
 and what the launcher says: torchrun's ``LOCAL_WORLD_SIZE`` (ranks per node) and ``RANK``.
 This module is torch-free (the planner reads it).
