@@ -938,3 +938,52 @@ def test_mask_pricing_is_the_runs_on_file():
            ).read_text()
     assert "predicted 29.66 ms, measured 8.64 ms" in log
     _says("predicted at 29.7 ms and measured 8.6 ms")
+
+
+def _replay_rows(run: str, mode: str) -> dict:
+    rows = _load(f"h100x2_issue39_replay/{run}/{mode}/host_time.json")["rows"]
+    return {r["case"]: r for r in rows if r.get("mode") == "eager"}
+
+
+def _pack_zigzag_fresh(mode: str) -> dict:
+    """run1's pack_zigzag eager efficiency, a new pack every call, by (tokens, heads, mix),
+    from the table ``layouts_table.py`` makes of its file."""
+    import importlib.util
+
+    path = RESULTS.parent / "layouts_table.py"
+    spec = importlib.util.spec_from_file_location("layouts_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = module.table(str(RESULTS / f"h100x2_issue39_replay/run1/{mode}/documents.json"))
+    found = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 8 and cells[0].endswith("K"):
+            found[tuple(cells[:3])] = cells[5].split()[0]
+    return found
+
+
+def test_replay_figures_are_the_runs_on_file():
+    """The README's replay paragraph and the results folder's tables, from the runs' files."""
+    ring, d64 = "burst causal, ring bwd", "causal GQA 16:4 d64, 8192/GPU"
+    runs = {(run, mode): _replay_rows(run, mode) for run in ("run1", "run2")
+            for mode in ("off", "auto")}
+    host = [f"{runs[run, 'off'][ring]['host_ms']:.3f} -> {runs[run, 'auto'][ring]['host_ms']:.3f}"
+            for run in ("run1", "run2")]
+    _says(f"{host[0]} and {host[1]} ms (ring backward, two runs")
+    eff = [f"{runs[run, 'off'][d64]['efficiency']:.3f} -> "
+           f"{runs[run, 'auto'][d64]['efficiency']:.3f}" for run in ("run1", "run2")]
+    _says(f"GQA 16:4 d64, {eff[0]} and {eff[1]} of one GPU's kernel")
+    mha = runs["run1", "off"]["causal MHA 32:32 d128, 8192/GPU"]["efficiency"], \
+        runs["run1", "auto"]["causal MHA 32:32 d128, 8192/GPU"]["efficiency"]
+    gqa = runs["run2", "off"]["causal GQA 32:8 d128, 8192/GPU"]["efficiency"], \
+        runs["run2", "auto"]["causal GQA 32:8 d128, 8192/GPU"]["efficiency"]
+    _says(f"(MHA {mha[0]:.3f} -> {mha[1]:.3f} in the first run, GQA {gqa[0]:.3f} -> "
+          f"{gqa[1]:.3f} in the second")
+    off, auto = _pack_zigzag_fresh("off"), _pack_zigzag_fresh("auto")
+    key_u, key_l = ("8K", "16:4 d64", "uniform"), ("8K", "32:8 d128", "lognormal")
+    _says(f"8K/GPU {off[key_u]} -> {auto[key_u]} (16:4 d64 uniform) and {off[key_l]} -> "
+          f"{auto[key_l]} (32:8 d128 lognormal)")
+    table = (RESULTS / "h100x2_issue39_replay" / "README.md").read_text()
+    for (tokens, heads, mix), value in off.items():
+        assert f"| {tokens} | {heads} | {mix} | {value} | {auto[tokens, heads, mix]} |" in table
