@@ -22,7 +22,8 @@ if [ "$part" = a ]; then
   for mode in off auto; do
     mkdir -p "$out/$mode"
     MEGATRON_BURST_REPLAY=$mode timeout 150 torchrun --nproc_per_node=2 benchmarks/host_time.py \
-      --iters 15 --per-gpu 8192 --out "$out/$mode/host_time.json" > "$out/$mode/host_time_log.txt" 2>&1
+      --iters 15 --per-gpu 8192 --out "$out/$mode/host_time.json" \
+      > "$out/$mode/host_time_log.txt" 2>&1
     echo "$mode host_time rc=$?"
   done
 else

@@ -32,8 +32,9 @@ def _plan(travels: bool = True, whole=None):
 
 
 def _call(**given):
-    arguments = dict(causal=True, softmax_scale=None, window_size=(-1, -1), layout="zigzag", qkv_format="bshd",
-                     kernel=None, call_label=None, topology=None, cu_seqlens=None, keep=None,
+    arguments = dict(causal=True, softmax_scale=None, window_size=(-1, -1), layout="zigzag",
+                     qkv_format="bshd", kernel=None, call_label=None, topology=None,
+                     cu_seqlens=None, keep=None,
                      sinks=None, return_lse=False, mask=None, backward="ring",
                      ulysses_size=1, intra_node_size=None)
     arguments.update(given)

@@ -31,11 +31,13 @@ headers (``comm.headers``); the call's arguments were compared at its signature'
 call (``agree``), eagerly.
 
 Why off by default: on 2x H100 (torch 2.11, NCCL), a CUDA graph captured by the user
-(``torch.cuda.make_graphed_callables``) after calls that replayed failed for one of three
-calls (the ring backward's, in ``benchmarks/host_time.py``: the capture was invalidated
-before the forward's first merge, in two runs of two), so a run that captures its own
-graphs (Megatron's ``--cuda-graph-impl``) must not replay. A capture while this process
-holds replay graphs raises ValueError naming the setting, on every rank (``run``).
+(``torch.cuda.make_graphed_callables``) after calls that replayed failed on one machine
+(``cudaErrorStreamCaptureInvalidated`` before the forward's first merge) where a host sync or
+a collective came between a call's forward and its backward, and once in that pattern without
+replay too; on another machine every such capture worked (``benchmarks/capture_after_eager.py``,
+README). Not understood, so a capture while this process holds replay graphs raises
+ValueError naming the setting, on every rank (``run``): a run that captures its own graphs
+(Megatron's ``--cuda-graph-impl``) keeps it off.
 """
 from __future__ import annotations
 
@@ -94,9 +96,9 @@ def run(name: str, bound, tensors: Sequence[torch.Tensor],
     if consensus.capturing():  # a user's own capture: the pass is captured as it runs
         if any(graph is not None for graph in _GRAPHS.values()):
             raise ValueError(f"burst_attn in a CUDA graph capture after calls that replayed "
-                             f"their passes ({REPLAY_ENV}={current().replay}): a capture "
-                             f"after such replays failed on 2x H100; set {REPLAY_ENV}=off "
-                             f"in a run that captures its own graphs")
+                             f"their passes ({REPLAY_ENV}={current().replay}): such captures "
+                             f"failed on a 2x H100 machine (not understood); set "
+                             f"{REPLAY_ENV}=off in a run that captures its own graphs")
         return None
     key = _key(name, bound, tensors)
     found = _GRAPHS.get(key, _FIRST)
