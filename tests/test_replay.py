@@ -123,3 +123,21 @@ def test_ranks_that_set_it_differently_refuse_together():
     said = run_ranks(2, mixed_worker, timeout=120)
     assert said[0] is not None and said[0] == said[1], said
     assert "'replay'" in said[0] and "'off'" in said[0] and "'auto'" in said[0], said[0]
+
+
+def test_a_replay_counts_what_its_capture_posted():
+    """What a capture posts is counted apart (nothing leaves then), and each replay adds it
+    to every open counter, nested ones too (``accounting.captured``, ``replayed``)."""
+    from megatron_burst.comm import accounting
+
+    with mb.count_comm() as outer:
+        with accounting.captured() as sent:
+            accounting.record_sent(100, "forward")
+            accounting.record_sent(40, "backward")
+        assert outer.total_bytes == 0
+        assert (sent.forward_bytes, sent.backward_bytes) == (100, 40)
+        with mb.count_comm() as inner:
+            accounting.replayed(sent)
+            accounting.replayed(sent)
+        assert (inner.forward_bytes, inner.backward_messages) == (200, 2)
+    assert (outer.forward_bytes, outer.backward_bytes, outer.forward_messages) == (200, 80, 2)
