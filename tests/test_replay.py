@@ -141,3 +141,72 @@ def test_a_replay_counts_what_its_capture_posted():
             accounting.replayed(sent)
         assert (inner.forward_bytes, inner.backward_messages) == (200, 2)
     assert (outer.forward_bytes, outer.backward_bytes, outer.forward_messages) == (200, 80, 2)
+
+
+class _FakeGraph:
+    """Stands in for a CUDA graph: a replay doubles its input into its output."""
+
+    def __init__(self, inputs, outputs):
+        self.inputs, self.outputs, self.replays = inputs, outputs, 0
+
+    def replay(self):
+        self.replays += 1
+        self.outputs[0].copy_(self.inputs[0] * 2)
+
+
+def test_a_key_captures_at_its_second_call_and_keys_seen_once_push_out_no_graph(monkeypatch):
+    """First call eager (None), second captured and replayed, later replays; outputs are
+    copies (the next replay does not change them); a stream of keys each seen once (a mask
+    that changes every call) leaves the graphs held; past KEPT graphs the oldest goes."""
+    monkeypatch.setattr(replay, "group_name", lambda group: group.group_name)
+    monkeypatch.setattr(replay.consensus, "capturing", lambda: False)
+    captures = []
+
+    def capture(bound, tensors, pass_):
+        inputs = tuple(torch.empty_like(t) for t in tensors)
+        outputs = (torch.empty_like(tensors[0]),)
+        captures.append(bound.plan.key)
+        return replay._Graph(_FakeGraph(inputs, outputs), inputs, outputs,
+                             replay.accounting.CommStats())
+
+    monkeypatch.setattr(replay, "_capture", capture)
+    replay.clear()
+    bound = _bound()
+    bound.replay = True
+    eager = lambda b, x: (x * 2,)  # noqa: E731  (what the pass computes)
+    x = torch.arange(4.0)
+    assert replay.run("forward", bound, (x,), eager) is None  # first call: eager
+    first = replay.run("forward", bound, (x,), eager)  # captured, then replayed
+    again = replay.run("forward", bound, (x + 1,), eager)
+    assert captures == [("plan", 1)] and torch.equal(first[0], x * 2)
+    assert torch.equal(again[0], (x + 1) * 2) and torch.equal(first[0], x * 2)  # a copy
+    for i in range(replay.SEEN_KEPT + 5):  # keys seen once each
+        other = _bound(plan_key=("mask", i))
+        other.replay = True
+        assert replay.run("forward", other, (x,), eager) is None
+    assert list(replay._GRAPHS) and replay.run("forward", bound, (x,), eager) is not None
+    assert len(replay._SEEN) == replay.SEEN_KEPT and len(captures) == 1
+    for i in range(replay.KEPT):  # KEPT more graphs: the first one goes
+        other = _bound(plan_key=("shape", i))
+        other.replay = True
+        for _ in range(2):
+            replay.run("forward", other, (x,), eager)
+    assert len(replay._GRAPHS) == replay.KEPT and len(captures) == 1 + replay.KEPT
+    assert replay.run("forward", bound, (x,), eager) is None  # seen anew: eager again
+    replay.clear()
+
+
+def test_a_capture_while_graphs_are_held_is_refused(monkeypatch):
+    """Inside a capture of the user's: the pass runs as captured (None) while no graph is
+    held, and raises ValueError naming the variable once one is (``replay`` docstring)."""
+    monkeypatch.setattr(replay.consensus, "capturing", lambda: True)
+    replay.clear()
+    bound = _bound()
+    bound.replay = True
+    assert replay.run("forward", bound, (torch.zeros(2),), lambda b, x: (x,)) is None
+    replay._GRAPHS[("held",)] = object()
+    try:
+        with pytest.raises(ValueError, match=settings.REPLAY_ENV):
+            replay.run("forward", bound, (torch.zeros(2),), lambda b, x: (x,))
+    finally:
+        replay.clear()

@@ -52,6 +52,7 @@ from ..comm.settings import REPLAY_ENV, current
 from .sharding import group_name
 
 KEPT = 8  # graphs held (a model's attention shapes: its layers share one per pass)
+SEEN_KEPT = 256  # keys called once, remembered (a mask that changes every call is one each)
 # ``auto``: where a rank's queries hold at most this many elements (tokens x heads x head
 # dim: 8K tokens of 16 heads of 128, 16K of 16 of 64). Measured on 2x H100 (README): at 8K
 # tokens of 16:4 heads d64 a replayed call ran 0.81 of one GPU's kernel against 0.56-0.66
@@ -82,7 +83,11 @@ class _Graph:
     sent: accounting.CommStats  # what a replay sends (``count_comm`` counts it each replay)
 
 
-_GRAPHS: "collections.OrderedDict[tuple, _Graph | None]" = collections.OrderedDict()
+# Keys called once, and keys captured: apart, so that keys seen once (a slice mask or a pack
+# length that changes every call) never push out a graph. Both bounded, oldest out first,
+# the same on every rank whose calls agree.
+_SEEN: "collections.OrderedDict[tuple, None]" = collections.OrderedDict()
+_GRAPHS: "collections.OrderedDict[tuple, _Graph]" = collections.OrderedDict()
 CAPTURED: list[tuple] = []  # keys captured in this process, in order (tests, benchmarks)
 
 
@@ -94,21 +99,23 @@ def run(name: str, bound, tensors: Sequence[torch.Tensor],
     if not bound.replay:
         return None
     if consensus.capturing():  # a user's own capture: the pass is captured as it runs
-        if any(graph is not None for graph in _GRAPHS.values()):
+        if _GRAPHS:
             raise ValueError(f"burst_attn in a CUDA graph capture after calls that replayed "
                              f"their passes ({REPLAY_ENV}={current().replay}): such captures "
                              f"failed on a 2x H100 machine (not understood); set "
                              f"{REPLAY_ENV}=off in a run that captures its own graphs")
         return None
     key = _key(name, bound, tensors)
-    found = _GRAPHS.get(key, _FIRST)
-    if found is _FIRST:  # first call: eager (it warms what the capture will need)
-        _remember(key, None)
+    found = _GRAPHS.get(key)
+    if found is not None:
+        _GRAPHS.move_to_end(key)
+    elif key not in _SEEN:  # first call: eager (it warms what the capture will need)
+        _keep(_SEEN, key, None, SEEN_KEPT)
         return None
-    _GRAPHS.move_to_end(key)
-    if found is None:
+    else:
+        del _SEEN[key]
         found = _capture(bound, tensors, pass_)
-        _remember(key, found)
+        _keep(_GRAPHS, key, found, KEPT)
         CAPTURED.append(key)
     given = tensors if bound.boundaries is None else (*tensors, bound.boundaries)
     for mine, value in zip(found.inputs, given):
@@ -118,19 +125,17 @@ def run(name: str, bound, tensors: Sequence[torch.Tensor],
     return tuple(t.clone() for t in found.outputs)
 
 
-_FIRST = object()  # a key not seen yet
-
-
 def clear() -> None:
-    """Drop every graph (tests; a process that changes its settings)."""
+    """Drop every graph and every key seen (tests; a process that changes its settings)."""
+    _SEEN.clear()
     _GRAPHS.clear()
     CAPTURED.clear()
 
 
-def _remember(key: tuple, graph: _Graph | None) -> None:
-    _GRAPHS[key] = graph
-    if len(_GRAPHS) > KEPT:
-        _GRAPHS.popitem(last=False)  # the oldest: the same on every rank whose calls agree
+def _keep(table: collections.OrderedDict, key: tuple, value, most: int) -> None:
+    table[key] = value
+    if len(table) > most:
+        table.popitem(last=False)  # the oldest: the same on every rank whose calls agree
 
 
 def _key(name: str, bound, tensors: Sequence[torch.Tensor]) -> tuple:
