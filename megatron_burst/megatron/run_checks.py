@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from megatron_burst.comm.settings import AGREE_ENV, current
+from megatron_burst.comm.settings import AGREE_ENV, REPLAY_ENV, current
 from megatron_burst.megatron.arguments import refuse_dense_mask_flags
 from megatron_burst.plan.layouts import PACK_ZIGZAG
 
@@ -80,6 +80,11 @@ def check_cuda_graphs(args: Any, documents: Optional[str]) -> None:
     if current().agree == "always":
         raise ValueError(f"{AGREE_ENV}=always checks every call with a collective, "
                          "which a CUDA graph cannot capture; use first (the default)")
+    if current().replay != "off":  # attention.replay: refused there too, mid-run
+        raise ValueError(f"{REPLAY_ENV}={current().replay} with --cuda-graph-impl {impl}: a "
+                         f"capture after calls that replayed their own graphs failed on 2x "
+                         f"H100; a run that captures its step replays it anyway (use off, "
+                         f"the default)")
 
 
 def refuse_failing_resume(args: Any) -> None:

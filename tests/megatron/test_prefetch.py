@@ -259,6 +259,25 @@ def test_cuda_graphs_take_document_batches_of_one_shape_only(layout, capacity, r
         check_cuda_graphs(args, layout)
 
 
+def test_cuda_graphs_refuse_the_eager_replay(monkeypatch):
+    """MEGATRON_BURST_REPLAY on with --cuda-graph-impl: refused at start-up, naming both,
+    not at the capture mid-run (``attention.replay``); off (the default) passes."""
+    from types import SimpleNamespace
+
+    from megatron_burst.comm import settings
+    from megatron_burst.megatron.run_checks import check_cuda_graphs
+
+    args = SimpleNamespace(cuda_graph_impl="local", burst_remat_aware=False)
+    check_cuda_graphs(args, None)
+    for mode in ("auto", "on"):
+        monkeypatch.setenv(settings.REPLAY_ENV, mode)
+        with pytest.raises(ValueError, match=f"{settings.REPLAY_ENV}={mode} with "
+                                             f"--cuda-graph-impl local"):
+            check_cuda_graphs(args, None)
+    args.cuda_graph_impl = "none"
+    check_cuda_graphs(args, None)  # no graphs: replay is the user's choice
+
+
 def test_document_params_survive_megatrons_cuda_graph_mapping():
     """Megatron's CUDA graph runner maps a layer's arguments with its own ``tree_map``, which
     rebuilds a dataclass (``__post_init__`` included) with an ``ArgMetadata`` or a weak
