@@ -983,7 +983,7 @@ def test_replay_figures_are_the_runs_on_file():
     off, auto = _pack_zigzag_fresh("off"), _pack_zigzag_fresh("auto")
     key_u, key_l = ("8K", "16:4 d64", "uniform"), ("8K", "32:8 d128", "lognormal")
     _says(f"8K/GPU {off[key_u]} -> {auto[key_u]} (16:4 d64 uniform) and {off[key_l]} -> "
-          f"{auto[key_l]} (32:8 d128 lognormal)")
+          f"{auto[key_l]} (32:8 d128 lognormal;")
     table = (RESULTS / "h100x2_issue39_replay" / "README.md").read_text()
     for (tokens, heads, mix), value in off.items():
         assert f"| {tokens} | {heads} | {mix} | {value} | {auto[tokens, heads, mix]} |" in table
