@@ -10,6 +10,7 @@ messages carry the call's header.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.distributed as dist
@@ -33,23 +34,35 @@ class BoundPlan:
     scale: float
     seq_first: bool  # tensors are [s, b, h, d]
     kernel: LocalAttention  # chosen and checked by ``prepare``
-    # The plan's device launches bound to this call's boundaries, where the GPU reads the
-    # documents (``device_calls``): made once a call, read by every pass.
-    launches: tuple | None = None
-    boundaries: torch.Tensor | None = None  # what ``launches`` were made from
+    # This call's boundaries, where the GPU reads the documents (``device_calls``): the
+    # plan's device launches are bound to them once a call (``_launches``), for every pass.
+    boundaries: torch.Tensor | None = None
     # Whether the ring passes replay from CUDA graphs once their work repeated (``replay``).
     replay: bool = False
 
     def with_boundaries(self, cu_seqlens: torch.Tensor) -> "BoundPlan":
         """This plan bound to one call's boundaries (``layout='pack_zigzag'``): its launches'
-        boundaries made on the boundaries' device, nothing read on the host."""
-        return dataclasses.replace(self, launches=self.plan.sides.bind(cu_seqlens),
-                                   boundaries=cu_seqlens)
+        boundaries made on the boundaries' device, nothing read on the host.
+
+        Where the passes may replay, the launches are bound only if a pass runs eagerly: a
+        replayed pass binds the boundaries inside its graph, so binding them here too would
+        be some fifteen launches a call for nothing. The boundaries are then kept as this
+        call saw them (a copy on the device): a backward that binds or replays later must
+        not read what the caller has written into ``cu_seqlens`` since."""
+        if self.replay:
+            return dataclasses.replace(self, boundaries=cu_seqlens.clone())
+        bound = dataclasses.replace(self, boundaries=cu_seqlens)
+        bound._launches  # noqa: B018  (bound now, as the forward runs: the same reason)
+        return bound
+
+    @functools.cached_property
+    def _launches(self) -> tuple:
+        return self.plan.sides.bind(self.boundaries)
 
     def launch(self, call: KernelLaunch):
         """The kernel call as the kernels run it: a device launch bound to this call's
         boundaries, any other call as it is."""
-        return call if self.launches is None else self.launches[call.index]
+        return call if self.boundaries is None else self._launches[call.index]
 
     @property
     def topo(self) -> RingPositions | None:

@@ -155,7 +155,9 @@ def _capture(bound, tensors: Sequence[torch.Tensor],
     cu = None if bound.boundaries is None else torch.empty_like(bound.boundaries)
     graph = torch.cuda.CUDAGraph()
     with accounting.captured() as sent, torch.cuda.graph(graph):
-        captured = bound if cu is None else bound.with_boundaries(cu)
+        # Inside the graph the pass runs as an eager one, its launches bound to ``cu``.
+        captured = bound if cu is None else dataclasses.replace(
+            bound, replay=False).with_boundaries(cu)
         outputs = tuple(pass_(captured, *inputs))
     if cu is not None:
         inputs = (*inputs, cu)
