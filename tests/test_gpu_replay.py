@@ -141,3 +141,37 @@ def test_a_users_capture_after_replays_is_refused_on_every_rank():
     for held, error in said:
         assert held == 2 and error is not None and "MEGATRON_BURST_REPLAY" in error, said
     assert len({error for _, error in said}) == 1, said
+
+def teardown_worker(rank, world, _):
+    """Calls that replayed, then the process group's teardown: (graphs held, seconds)."""
+    import time
+
+    import torch.distributed as dist
+
+    from megatron_burst.attention import prepare, replay
+    from megatron_burst.comm import settings
+
+    dev = torch.device("cuda", rank)
+    os.environ[settings.REPLAY_ENV] = "auto"
+    settings.reload()
+    replay.clear()
+    prepare.PREPARED.clear()
+    inputs = [torch.randn(1, 1024, h, 64, device=dev, dtype=torch.bfloat16,
+                          requires_grad=True) for h in (8, 2, 2)]
+    for _ in range(4):
+        mb.burst_attn(*inputs, causal=True, backward="ring").sum().backward()
+    held = len(replay._GRAPHS)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    dist.destroy_process_group()
+    return held, time.perf_counter() - start
+
+
+@pytest.mark.skipif(NGPU < 2, reason="needs 2 GPUs")
+def test_the_teardown_after_replays_does_not_hang():
+    """With replay graphs held, NCCL's teardown waited for good (both ranks, killed after
+    60 s); ``destroy_process_group`` now drops them first (``replay``), and returns."""
+    said = run_ranks(NGPU, teardown_worker, None, backend="nccl", timeout=120, barrier=False)
+    for held, seconds in said:
+        assert held == 2 and seconds < 30, said
+

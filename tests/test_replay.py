@@ -210,3 +210,24 @@ def test_a_capture_while_graphs_are_held_is_refused(monkeypatch):
             replay.run("forward", bound, (torch.zeros(2),), lambda b, x: (x,))
     finally:
         replay.clear()
+
+
+def test_the_teardown_drops_the_graphs_first(monkeypatch):
+    """NCCL's teardown waits for graphs that hold its kernels (it hung with replay graphs
+    held, 2x H100): the first capture wraps ``destroy_process_group`` once, and the wrapper
+    drops the graphs before the group goes (on GPUs: ``tests/test_gpu_replay.py``)."""
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(dist, "destroy_process_group",
+                        lambda *a, **k: calls.append((dict(replay._GRAPHS), a, k)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("synchronized"))
+    replay._release_before_teardown()
+    wrapped = dist.destroy_process_group
+    replay._release_before_teardown()  # once: no wrapper around the wrapper
+    assert dist.destroy_process_group is wrapped and wrapped.releases_burst_replays
+    monkeypatch.setitem(replay._GRAPHS, ("a key",), "a graph")
+    dist.destroy_process_group("a group")
+    assert calls == ["synchronized", ({}, ("a group",), {})] and not replay._GRAPHS
+    dist.destroy_process_group()  # nothing held: straight through
+    assert calls[-1] == ({}, (), {})

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import torch
@@ -115,6 +116,7 @@ def run(name: str, bound, tensors: Sequence[torch.Tensor],
     else:
         del _SEEN[key]
         found = _capture(bound, tensors, pass_)
+        _release_before_teardown()
         _keep(_GRAPHS, key, found, KEPT)
         CAPTURED.append(key)
     given = tensors if bound.boundaries is None else (*tensors, bound.boundaries)
@@ -130,6 +132,36 @@ def clear() -> None:
     _SEEN.clear()
     _GRAPHS.clear()
     CAPTURED.clear()
+
+
+def _release_before_teardown() -> None:
+    """Make ``torch.distributed.destroy_process_group`` drop this module's graphs first.
+
+    Why: a graph holding NCCL's kernels keeps its communicator busy, and the teardown waits
+    for it: with replay graphs held, ``destroy_process_group`` hung on both ranks (2x H100,
+    torch 2.11, NCCL 2.28: killed after 60 s), and returned in 0.1-0.5 s with them dropped
+    first (``tests/test_gpu_replay.py``). The graphs are this module's own, made without the
+    user asking for graphs, so it is this module's job to let them go; it wraps the function
+    once, at the process's first capture, and any group's teardown drops them all (they are
+    captured again where calls go on)."""
+    import gc
+
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+    if getattr(destroy, "releases_burst_replays", False):
+        return
+
+    @functools.wraps(destroy)
+    def releasing(*args, **kwargs):
+        if _GRAPHS:
+            torch.cuda.synchronize()  # no graph is destroyed while it runs
+            clear()
+            gc.collect()
+        return destroy(*args, **kwargs)
+
+    releasing.releases_burst_replays = True
+    dist.destroy_process_group = releasing
 
 
 def _keep(table: collections.OrderedDict, key: tuple, value, most: int) -> None:
