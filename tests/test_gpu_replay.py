@@ -62,12 +62,13 @@ def replay_worker(rank, world, cases):
             prepare.PREPARED.clear()  # a prepared call holds whether it replays
             with mb.count_comm() as stats:
                 got[mode] = _calls(dev, opts, heads, seq_first, docs, TRIALS)
-            captured[mode] = [key[0] for key in replay.CAPTURED]
+            captured[mode] = sorted(key[1] if key[0] == "function" else key[0]
+                                    for key in replay.CAPTURED)
             sent[mode] = (stats.forward_bytes, stats.backward_bytes, stats.forward_messages,
                           stats.backward_messages)
         for i, (eager, replayed) in enumerate(zip(got["off"], got["on"])):
             found.append(dict(
-                case=name, call=i, captured_on=captured["on"], captured_off=captured["off"],
+                case=name, docs=docs, call=i, captured_on=captured["on"], captured_off=captured["off"],
                 sent_on=sent["on"], sent_off=sent["off"],
                 same_bits=[bool(torch.equal(a, b)) for a, b in zip(eager, replayed)],
                 rel=[float(((a.double() - b.double()).norm() / b.double().norm().clamp_min(
@@ -83,7 +84,8 @@ def test_replayed_calls_give_the_eager_calls_results_over_nccl():
     """out bit for bit; the gradients within the rounding of the kernels' atomic
     sums (flash's and cuDNN's backward add dQ's partials in any order). The replays happened:
     each case captured its forward and its backward, and 'off' captured nothing; and the
-    bytes counted (``count_comm``) are the same: a replay counts what its capture posted."""
+    bytes counted (``count_comm``) are the same: a replay counts what its capture posted.
+    A pack's boundaries check replays from a graph of its own too."""
     cases = [("causal, ring backward", dict(causal=True, backward="ring"), (8, 2), False,
               False),
              ("causal, burst backward, sbhd", dict(causal=True, backward="burst",
@@ -99,7 +101,9 @@ def test_replayed_calls_give_the_eager_calls_results_over_nccl():
             print(r)
             assert r["captured_off"] == [], r
             assert r["sent_on"] == r["sent_off"] and r["sent_on"][0] > 0, r
-            assert sorted(r["captured_on"]) == ["backward", "forward"], r
+            passes = ["backward", "forward"]  # and a pack's boundaries check (agree)
+            assert r["captured_on"] == (["backward", "boundaries", "forward"] if r["docs"]
+                                        else passes), r
             assert r["same_bits"][0], r  # out
             assert max(r["rel"]) < 5e-3, r  # NaN fails too
 
@@ -142,6 +146,7 @@ def test_a_users_capture_after_replays_is_refused_on_every_rank():
         assert held == 2 and error is not None and "MEGATRON_BURST_REPLAY" in error, said
     assert len({error for _, error in said}) == 1, said
 
+
 def teardown_worker(rank, world, _):
     """Calls that replayed, then the process group's teardown: (graphs held, seconds)."""
     import time
@@ -175,3 +180,54 @@ def test_the_teardown_after_replays_does_not_hang():
     for held, seconds in said:
         assert held == 2 and seconds < 30, said
 
+
+def bad_boundaries_worker(rank, world, case):
+    """Packs whose boundaries check replays from its graph, then one bad pack: what each
+    rank's next call raises."""
+    from megatron_burst.attention import prepare, replay
+    from megatron_burst.comm import settings
+
+    dev = torch.device("cuda", rank)
+    os.environ[settings.REPLAY_ENV] = "auto"
+    settings.reload()
+    replay.clear()
+    prepare.PREPARED.clear()
+    try:
+        total = 2048 * world
+        q, k, v = (torch.randn(1, 2048, h, 64, device=dev, dtype=torch.bfloat16)
+                   for h in (8, 2, 2))
+        call = lambda cu: mb.burst_attn(q, k, v, causal=True, layout="pack_zigzag",  # noqa
+                                        cu_seqlens=cu)
+        for seed in range(4):
+            call(boundaries(pack(total, 64, 1500, seed=seed), 48, dev))
+        checks = [key for key in replay.CAPTURED if key[1] == "boundaries"]
+        bad = boundaries(pack(total, 64, 1500, seed=9), 48, dev)
+        if case == "one rank differs" and rank == 1:
+            bad[3] += 1
+        if case == "decreasing":
+            bad[2], bad[3] = bad[3].clone(), bad[2].clone()
+        call(bad)
+        torch.cuda.synchronize()
+        try:
+            call(boundaries(pack(total, 64, 1500, seed=5), 48, dev))
+        except ValueError as error:
+            return len(checks), str(error)
+        return len(checks), "no error"
+    finally:
+        os.environ.pop(settings.REPLAY_ENV, None)
+        settings.reload()
+        replay.clear()
+        prepare.PREPARED.clear()
+
+
+@pytest.mark.skipif(NGPU < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("case", ["one rank differs", "decreasing"])
+def test_a_replayed_boundaries_check_still_refuses_bad_packs_on_every_rank(case):
+    """With replay on, the boundaries' digest and gather replay from a graph of their own
+    (``agree.check_boundaries``); a bad pack after it was captured still raises the same
+    ValueError on every rank at the call after."""
+    said = run_ranks(NGPU, bad_boundaries_worker, case, backend="nccl", timeout=300)
+    assert all(checks == 1 for checks, _ in said), said
+    assert len({error for _, error in said}) == 1, said
+    expected = "different cu_seqlens" if case == "one rank differs" else "must start at 0"
+    assert expected in said[0][1], said

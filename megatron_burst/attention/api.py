@@ -141,7 +141,8 @@ def _bound(prepared, group, cu_seqlens, q: torch.Tensor):
     if not prepared.call.device_docs:
         return prepared.bound
     cu = _boundaries(cu_seqlens, q.device)
-    agree.check_boundaries(group, cu, prepared.bound.plan.sides, prepared.call.layout)
+    agree.check_boundaries(group, cu, prepared.bound.plan.sides, prepared.call.layout,
+                           replays=prepared.bound.replay)
     return prepared.bound.with_boundaries(cu)
 
 

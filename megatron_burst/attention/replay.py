@@ -82,6 +82,9 @@ class _Graph:
     inputs: tuple[torch.Tensor, ...]
     outputs: tuple[torch.Tensor, ...]
     sent: accounting.CommStats  # what a replay sends (``count_comm`` counts it each replay)
+    # What the capture read from outside the graph (a plan's device tables, a function's
+    # closure), held as long as the graph: the graph reads their memory at every replay.
+    holds: object = None
 
 
 # Keys called once, and keys captured: apart, so that keys seen once (a slice mask or a pack
@@ -106,7 +109,31 @@ def run(name: str, bound, tensors: Sequence[torch.Tensor],
                              f"failed on a 2x H100 machine (not understood); set "
                              f"{REPLAY_ENV}=off in a run that captures its own graphs")
         return None
-    key = _key(name, bound, tensors)
+    given = tensors if bound.boundaries is None else (*tensors, bound.boundaries)
+    return _replayed(_key(name, bound, tensors), given,
+                     lambda: _capture(bound, tensors, pass_))
+
+
+def function(key: tuple, fn: Callable[..., tuple[torch.Tensor, ...]],
+             tensors: Sequence[torch.Tensor], fresh: bool = True
+             ) -> tuple[torch.Tensor, ...] | None:
+    """``fn(*tensors)`` from a replay of its graph, captured at ``key``'s second call; None
+    where the caller runs it eagerly (the key's first call, or inside any capture). ``fn``:
+    device work and collectives only, called alike on every rank (the boundaries' check,
+    ``agree.check_boundaries``); ``key``: what its graph holds for, by value, the inputs'
+    shapes, strides and dtypes added here. ``fresh=False``: the graph's own outputs, for a
+    caller that reads them in stream order before any later replay (no copies out)."""
+    if consensus.capturing():
+        return None
+    key = ("function", *key, tuple((t.shape, t.stride(), t.dtype, str(t.device))
+                                   for t in tensors))
+    return _replayed(key, tensors, lambda: _capture_function(fn, tensors), fresh)
+
+
+def _replayed(key: tuple, given: Sequence[torch.Tensor], capture: Callable[[], "_Graph"],
+              fresh: bool = True) -> tuple[torch.Tensor, ...] | None:
+    """The graph of ``key`` replayed on ``given`` (``capture`` makes it at the key's second
+    call); None at the key's first call."""
     found = _GRAPHS.get(key)
     if found is not None:
         _GRAPHS.move_to_end(key)
@@ -115,16 +142,15 @@ def run(name: str, bound, tensors: Sequence[torch.Tensor],
         return None
     else:
         del _SEEN[key]
-        found = _capture(bound, tensors, pass_)
+        found = capture()
         _release_before_teardown()
         _keep(_GRAPHS, key, found, KEPT)
         CAPTURED.append(key)
-    given = tensors if bound.boundaries is None else (*tensors, bound.boundaries)
     for mine, value in zip(found.inputs, given):
         mine.copy_(value)
     found.graph.replay()
     accounting.replayed(found.sent)
-    return tuple(t.clone() for t in found.outputs)
+    return tuple(t.clone() for t in found.outputs) if fresh else found.outputs
 
 
 def clear() -> None:
@@ -132,6 +158,16 @@ def clear() -> None:
     _SEEN.clear()
     _GRAPHS.clear()
     CAPTURED.clear()
+
+
+def _capture_function(fn: Callable[..., tuple[torch.Tensor, ...]],
+                      tensors: Sequence[torch.Tensor]) -> _Graph:
+    """Capture ``fn`` on inputs of its own. Runs nothing: the caller replays."""
+    inputs = tuple(torch.empty_like(t) for t in tensors)
+    graph = torch.cuda.CUDAGraph()
+    with accounting.captured() as sent, torch.cuda.graph(graph):
+        outputs = tuple(fn(*inputs))
+    return _Graph(graph, inputs, outputs, sent, fn)
 
 
 def _release_before_teardown() -> None:
@@ -193,4 +229,4 @@ def _capture(bound, tensors: Sequence[torch.Tensor],
         outputs = tuple(pass_(captured, *inputs))
     if cu is not None:
         inputs = (*inputs, cu)
-    return _Graph(graph, inputs, outputs, sent)
+    return _Graph(graph, inputs, outputs, sent, captured)

@@ -14,7 +14,8 @@ Each of those states what it compares; how the numbers travel is stated here, on
   (``waits``) and its error says who was waited for and why;
 - ``minimum``: an elementwise minimum over the ranks (every rank has it only if all do);
 - ``Gathered``: every rank's one int64 without making the host wait for the GPU: on CUDA
-  gathered on the device and copied home into pinned memory behind an event;
+  gathered on the device (``device_table``, which a CUDA graph can hold) and copied home
+  into pinned memory behind an event;
 - ``defer`` and ``poll``: checks whose data is still on its way home from the GPU, run in
   order once it is there, never waiting for it (one queue per process: ``poll`` raises for
   the first check that failed, at the next call);
@@ -99,18 +100,26 @@ class Gathered:
         # pageable memory, which makes the host wait for the stream's queued work.
         mine = value.reshape(1).to(where, torch.int64) if isinstance(value, torch.Tensor) \
             else torch.full((1,), value, dtype=torch.int64, device=where)
+        self.event: Any = None
+        if where.type == "cuda":
+            self._home(device_table(group, mine) if peers else mine)
+            return
         table = mine
         if peers:
             table = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=where)
             work = dist.all_gather_into_tensor(table, mine, group=group, async_op=True)
-        self.event: Any = None
-        if where.type == "cpu":
-            if peers:
-                wait_bounded(work, where, waiting_for)
-            self._host = table
-            return
-        if peers:
-            work.wait()  # the current stream waits for the gather; the host does not
+            wait_bounded(work, where, waiting_for)
+        self._host = table
+
+    @classmethod
+    def arrived(cls, table: torch.Tensor) -> "Gathered":
+        """A table the GPU gathered already (``device_table``, replayed from a CUDA graph by
+        ``attention.replay``), brought home as a gather's is."""
+        gathered = cls.__new__(cls)
+        gathered._home(table)
+        return gathered
+
+    def _home(self, table: torch.Tensor) -> None:
         self._host = torch.empty(table.shape, dtype=torch.int64, pin_memory=True)
         self._host.copy_(table, non_blocking=True)
         self.event = torch.cuda.Event()
@@ -121,6 +130,16 @@ class Gathered:
         if self.event is not None:
             self.event.synchronize()
         return self._host.tolist()
+
+
+def device_table(group: dist.ProcessGroup, value: torch.Tensor) -> torch.Tensor:
+    """Every rank's one int64 ``value`` (a CUDA tensor, ``group`` NCCL) as a [world] table on
+    the GPU, the current stream waiting for the gather and the host not: device work and one
+    collective only, so a CUDA graph can hold it (``Gathered.arrived`` brings it home)."""
+    table = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=value.device)
+    dist.all_gather_into_tensor(table, value.reshape(1).to(torch.int64), group=group,
+                                async_op=True).wait()
+    return table
 
 
 _PENDING: list[tuple[Any, Callable[[], None]]] = []  # (event, check), oldest first

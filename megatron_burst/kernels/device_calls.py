@@ -167,13 +167,6 @@ class BoundarySides:
         k_rows = torch.stack((none, k_cut, n_k, n_k), 1).add_(off_k[:, None])
         return torch.stack((q_rows, k_rows))
 
-    def framed(self, cu: torch.Tensor) -> torch.Tensor:
-        """(cu_0, 0, cu..., total, cu_N): nondecreasing exactly when ``cu`` starts at 0,
-        never decreases and ends at the total (what ``check_boundaries`` reads)."""
-        ends = self._on(cu.device, cu.dtype)[-1]
-        return torch.cat((cu[:1], ends[:1], cu, ends[1:], cu[-1:]))
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class DeviceLaunch(KernelLaunch):
     """A varlen call whose boundaries a call's table holds (rows ``q_table`` and
