@@ -9,6 +9,8 @@ output and gradients.
 """
 from __future__ import annotations
 
+import os
+
 import random
 
 import pytest
@@ -102,7 +104,12 @@ def test_pack_zigzag_fresh_packs_over_nccl():
 
 def graph_worker(rank, world, backward):
     """Captured once (make_graphed_callables, boundaries a graph input), replayed on new
-    packs, against the eager call on the same inputs and pack."""
+    packs, against the eager call on the same inputs and pack. A run that captures its own
+    graphs keeps the package's replay off (``attention.replay``), whatever the environment."""
+    from megatron_burst.comm import settings
+
+    os.environ[settings.REPLAY_ENV] = "off"
+    settings.reload()
     dev = torch.device("cuda", rank)
     total, count = 4096 * world, 64
     gen = torch.Generator(device=dev).manual_seed(rank + 11)
