@@ -267,6 +267,7 @@ def timed_rows(args, layout, burst, cus, later, flops, later_flops, meta, world,
         import pstats
         print(f"## host profile, {meta} {layout}")
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(50)
     # As training runs: new packs back to back, no synchronise between calls, so a call's
     # host work may overlap the GPU work of the one before.
     torch.cuda.synchronize()
@@ -438,8 +439,11 @@ def main() -> None:
             f.write(md)
         plot(rows, os.path.splitext(args.out)[0] + ".png")
         print(md)
-    if "graph" not in args.layouts:  # with NCCL calls captured in graphs, the teardown hung
-        dist.destroy_process_group()  # (2x H200, torch 2.11): the process exit frees them
+    # With NCCL calls captured in graphs, the teardown hung (2x H200, torch 2.11): the
+    # process exit frees them. The package's own replay graphs it drops first (since
+    # 2026-11-26, ``attention.replay``), but a package from before did not.
+    if "graph" not in args.layouts and os.environ.get("MEGATRON_BURST_REPLAY", "off") == "off":
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 39, on a 2-GPU kind, one machine session: what an eager pack_zigzag call's host
+# work outside its replayed passes costs, before (BEFORE_DIR's package) and after (this
+# tree's: the launches bound only where a pass runs eagerly, the boundaries check replayed
+# from a graph of its own), with MEGATRON_BURST_REPLAY=auto:
+#   tests/test_gpu_replay.py and tests/test_gpu_pack_zigzag.py (this tree);
+#   benchmarks/documents.py, pack_zigzag, a new pack every call, 8K/GPU, 16:4 d64 uniform
+#     and 32:8 d128 lognormal, before and after;
+#   Megatron with document masks, eager, this tree (benchmarks/megatron_graphs.py
+#     --documents 32, the small model): CP=2 pack_zigzag with replay auto, and CP=1.
+# Usage: bash benchmarks/run_2gpu_replay_checks.sh BEFORE_DIR OUTDIR   (wheels in .whl/)
+set -uo pipefail
+before=${1:?the package before}; top=${2:?output folder}; out=/tmp/run_r; mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  .whl/*.whl > "$out/pip.txt" 2>&1
+. benchmarks/session_env.sh "$out"
+export PYTHONPATH=$PWD:/tmp/site MEGATRON_BURST_REPLAY=auto
+timeout 240 python3 -m pytest tests/test_gpu_replay.py tests/test_gpu_pack_zigzag.py -q -s \
+  -p no:cacheprovider > "$out/gpu_tests.txt" 2>&1
+echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | grep -E "passed|failed|Error|assert" | tail -6
+docs() {
+  timeout 150 torchrun --nproc_per_node=2 benchmarks/documents.py --per-gpu 8192 \
+    --heads 16:4:64,32:8:128 --mixes uniform,lognormal --cudnn-cases none \
+    --layouts pack_zigzag --out "$out/$which/documents.json" > "$out/$which/documents_log.txt" 2>&1
+  echo "$which documents rc=$?"; grep "burst pack_zigzag" "$out/$which/documents.md"
+}
+each_package "$before" docs
+for only in "CP=2, documents pack_zigzag, eager" "CP=1, documents whole_docs"; do
+  slug=${only%%,*}; slug=${slug/=/}
+  timeout 200 python3 benchmarks/megatron_graphs.py --shape small --documents 32 --iters 8 \
+    --timeout 150 --only "$only" --out "$out/megatron_$slug.json" > "$out/megatron_$slug.txt" 2>&1
+  echo "megatron $slug rc=$?"; tail -1 "$out/megatron_$slug.md" 2>/dev/null
+done
+mkdir -p "$top"; tar -czf "$top/r.tgz" -C /tmp run_r
