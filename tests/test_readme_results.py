@@ -987,3 +987,37 @@ def test_replay_figures_are_the_runs_on_file():
     table = (RESULTS / "h100x2_issue39_replay" / "README.md").read_text()
     for (tokens, heads, mix), value in off.items():
         assert f"| {tokens} | {heads} | {mix} | {value} | {auto[tokens, heads, mix]} |" in table
+
+
+def _checks_rows(call: str, which: str) -> dict:
+    """(heads, mix, method) -> row of a documents.py run of the replay-checks session."""
+    rows = _load(f"h100x2_issue39_replay_checks/{call}/{which}/documents.json")["rows"]
+    return {(r["heads"], r["mix"], r["method"]): r for r in rows}
+
+
+def _checks_step(name: str) -> int:
+    (run,) = _load(f"h100x2_issue39_replay_checks/{name}.json")["runs"]
+    assert run["rc"] == 0, run
+    return round(run["steady_ms"])
+
+
+def test_replay_checks_figures_are_the_runs_on_file():
+    """The README's paragraph on the host work outside the replayed passes, from the files."""
+    before, after = _checks_rows("call4", "before"), _checks_rows("call4", "after")
+    fresh, b2b = "burst pack_zigzag, new pack each call", \
+        "burst pack_zigzag, new packs back to back (no sync)"
+    eff = lambda rows, mix, method: f"{rows['16:4', mix, method]['efficiency_vs_1gpu']:.2f}"  # noqa
+    host = lambda rows: f"{rows['16:4', 'uniform', fresh]['host_ms']:.2f}"  # noqa
+    _says(f"16:4 d64: {eff(before, 'uniform', fresh)} -> {eff(after, 'uniform', fresh)} of one "
+          f"GPU's varlen kernel (uniform; host {host(before)} -> {host(after)} ms a call) and "
+          f"{eff(before, 'lognormal', fresh)} -> {eff(after, 'lognormal', fresh)} (lognormal)")
+    _says(f"{eff(before, 'uniform', b2b)} -> {eff(after, 'uniform', b2b)} and "
+          f"{eff(before, 'lognormal', b2b)} -> {eff(after, 'lognormal', b2b)}: there the GPU")
+    one = after["16:4", "uniform", "1 GPU varlen flash, new pack each call"]["ms"]
+    _says(f"({after['16:4', 'uniform', b2b]['ms']:.2f} ms against one GPU's {one:.2f} for the "
+          f"whole pack, uniform)")
+    cp2, cp1 = _checks_step("call4/megatron_CP2"), _checks_step("call4/megatron_CP1")
+    _says(f"CP=2 {cp2} ms a step against CP=1's {cp1} ms, {cp1 / cp2:.2f}x")
+    _says(f"({_checks_step('call5/megatron_CP2_before')} ms before, in another machine "
+          f"session of the same kind, where CP=1 took {_checks_step('call1/megatron_cp1')}; "
+          f"{_checks_step('call1/megatron_replay_off')} ms with replay off")
