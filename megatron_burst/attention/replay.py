@@ -19,6 +19,10 @@ the call's tensors are copied into the graph's own inputs on the GPU, in stream 
 graph is replayed, and its outputs are cloned out, since the next replay writes over them.
 The backward's graph takes the tensors the forward saved, so layers may run in any order
 (layer 2's forward between layer 1's forward and backward overwrites nothing layer 1 needs).
+The same machinery replays a call's other device work that repeats (``function``: a pack's
+boundaries check, ``agree.check_boundaries``). A graph holds what its capture read from
+outside it (``_Graph.holds``), and the process group's teardown drops every graph first
+(``_release_before_teardown``: NCCL's teardown waits for graphs that hold its kernels).
 At most ``KEPT`` graphs are held, each with its buffers; ``auto`` replays only where a rank's
 queries are small (``REPLAY_MAX_ELEMENTS``): there the host bounds the call, and the copies
 in and out and the graph's buffers are small.
