@@ -3,6 +3,7 @@ a replayed call gives what the eager call gives, on new inputs every call, with 
 interleaved as a model runs them (forward A, forward B, backward B, backward A)."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -16,6 +17,37 @@ from .test_gpu_pack_zigzag import boundaries, pack
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
 TRIALS = 4  # the first call of each pass runs eagerly, the second captures, then replays
+
+
+def _fresh(mode: str | None) -> None:
+    """The replay setting ``mode`` (None: unset) from a fresh start: no graph held, no
+    prepared call (a prepared call holds whether it replays)."""
+    from megatron_burst.attention import prepare, replay
+    from megatron_burst.comm import settings
+
+    if mode is None:
+        os.environ.pop(settings.REPLAY_ENV, None)
+    else:
+        os.environ[settings.REPLAY_ENV] = mode
+    settings.reload()
+    replay.clear()
+    prepare.PREPARED.clear()
+
+
+@contextlib.contextmanager
+def _replaying():
+    """Replay ``auto`` for the block, then unset, nothing held."""
+    _fresh("auto")
+    try:
+        yield
+    finally:
+        _fresh(None)
+
+
+def _small(dev) -> list[torch.Tensor]:
+    """q, k, v of a small call: 1,024 tokens a rank, 8:2 heads, d 64, bf16."""
+    return [torch.randn(1, 1024, h, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            for h in (8, 2, 2)]
 
 
 def _calls(dev, opts: dict, heads, seq_first: bool, docs: bool, trials: int):
@@ -48,18 +80,14 @@ def _calls(dev, opts: dict, heads, seq_first: bool, docs: bool, trials: int):
 
 
 def replay_worker(rank, world, cases):
-    from megatron_burst.attention import prepare, replay
-    from megatron_burst.comm import settings
+    from megatron_burst.attention import replay
 
     dev = torch.device("cuda", rank)
     found = []
     for name, opts, heads, seq_first, docs in cases:
         got, captured, sent = {}, {}, {}
         for mode in ("off", "on"):
-            os.environ[settings.REPLAY_ENV] = mode
-            settings.reload()
-            replay.clear()
-            prepare.PREPARED.clear()  # a prepared call holds whether it replays
+            _fresh(mode)
             with mb.count_comm() as stats:
                 got[mode] = _calls(dev, opts, heads, seq_first, docs, TRIALS)
             captured[mode] = sorted(key[1] if key[0] == "function" else key[0]
@@ -68,14 +96,14 @@ def replay_worker(rank, world, cases):
                           stats.backward_messages)
         for i, (eager, replayed) in enumerate(zip(got["off"], got["on"])):
             found.append(dict(
-                case=name, docs=docs, call=i, captured_on=captured["on"], captured_off=captured["off"],
+                case=name, docs=docs, call=i, captured_on=captured["on"],
+                captured_off=captured["off"],
                 sent_on=sent["on"], sent_off=sent["off"],
                 same_bits=[bool(torch.equal(a, b)) for a, b in zip(eager, replayed)],
                 rel=[float(((a.double() - b.double()).norm() / b.double().norm().clamp_min(
                     1e-30)).item()) if torch.isfinite(a).all() else float("nan")
                      for a, b in zip(eager, replayed)]))
-    os.environ.pop(settings.REPLAY_ENV, None)
-    settings.reload()
+    _fresh(None)
     return found
 
 
@@ -110,17 +138,10 @@ def test_replayed_calls_give_the_eager_calls_results_over_nccl():
 
 def capture_worker(rank, world, _):
     """Calls that replayed, then the user's own capture of the same call."""
-    from megatron_burst.attention import prepare, replay
-    from megatron_burst.comm import settings
+    from megatron_burst.attention import replay
 
-    dev = torch.device("cuda", rank)
-    os.environ[settings.REPLAY_ENV] = "auto"
-    settings.reload()
-    replay.clear()
-    prepare.PREPARED.clear()
-    try:
-        inputs = [torch.randn(1, 1024, h, 64, device=dev, dtype=torch.bfloat16,
-                              requires_grad=True) for h in (8, 2, 2)]
+    with _replaying():
+        inputs = _small(torch.device("cuda", rank))
         fn = lambda q, k, v: mb.burst_attn(q, k, v, causal=True, backward="ring")  # noqa
         for _ in range(3):
             fn(*inputs).sum().backward()
@@ -130,11 +151,6 @@ def capture_worker(rank, world, _):
         except ValueError as error:
             return held, str(error)
         return held, None
-    finally:
-        os.environ.pop(settings.REPLAY_ENV, None)
-        settings.reload()
-        replay.clear()
-        prepare.PREPARED.clear()
 
 
 @pytest.mark.skipif(NGPU < 2, reason="needs 2 GPUs")
@@ -153,23 +169,17 @@ def teardown_worker(rank, world, _):
 
     import torch.distributed as dist
 
-    from megatron_burst.attention import prepare, replay
-    from megatron_burst.comm import settings
+    from megatron_burst.attention import replay
 
-    dev = torch.device("cuda", rank)
-    os.environ[settings.REPLAY_ENV] = "auto"
-    settings.reload()
-    replay.clear()
-    prepare.PREPARED.clear()
-    inputs = [torch.randn(1, 1024, h, 64, device=dev, dtype=torch.bfloat16,
-                          requires_grad=True) for h in (8, 2, 2)]
-    for _ in range(4):
-        mb.burst_attn(*inputs, causal=True, backward="ring").sum().backward()
-    held = len(replay._GRAPHS)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    dist.destroy_process_group()
-    return held, time.perf_counter() - start
+    with _replaying():
+        inputs = _small(torch.device("cuda", rank))
+        for _ in range(4):
+            mb.burst_attn(*inputs, causal=True, backward="ring").sum().backward()
+        held = len(replay._GRAPHS)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dist.destroy_process_group()
+        return held, time.perf_counter() - start
 
 
 @pytest.mark.skipif(NGPU < 2, reason="needs 2 GPUs")
@@ -184,15 +194,10 @@ def test_the_teardown_after_replays_does_not_hang():
 def bad_boundaries_worker(rank, world, case):
     """Packs whose boundaries check replays from its graph, then one bad pack: what each
     rank's next call raises."""
-    from megatron_burst.attention import prepare, replay
-    from megatron_burst.comm import settings
+    from megatron_burst.attention import replay
 
     dev = torch.device("cuda", rank)
-    os.environ[settings.REPLAY_ENV] = "auto"
-    settings.reload()
-    replay.clear()
-    prepare.PREPARED.clear()
-    try:
+    with _replaying():
         total = 2048 * world
         q, k, v = (torch.randn(1, 2048, h, 64, device=dev, dtype=torch.bfloat16)
                    for h in (8, 2, 2))
@@ -213,11 +218,6 @@ def bad_boundaries_worker(rank, world, case):
         except ValueError as error:
             return len(checks), str(error)
         return len(checks), "no error"
-    finally:
-        os.environ.pop(settings.REPLAY_ENV, None)
-        settings.reload()
-        replay.clear()
-        prepare.PREPARED.clear()
 
 
 @pytest.mark.skipif(NGPU < 2, reason="needs 2 GPUs")
