@@ -167,6 +167,7 @@ class BoundarySides:
         k_rows = torch.stack((none, k_cut, n_k, n_k), 1).add_(off_k[:, None])
         return torch.stack((q_rows, k_rows))
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class DeviceLaunch(KernelLaunch):
     """A varlen call whose boundaries a call's table holds (rows ``q_table`` and
