@@ -202,8 +202,6 @@ def _links(group, world: int, per: int | None, tops, heads: HeadShape, tokens: i
     return intra, inter, a2a
 
 
-
-
 def _sizes(nbytes: list[int], cap: int) -> list[int]:
     """At most four of the call's message sizes (capped), and a small one for latency."""
     sizes = sorted({max(1, min(b, cap)) for b in nbytes})

@@ -33,7 +33,6 @@ from .timing import PROFILES_DIR, Link, Profile, load_profile
 logger = logging.getLogger(__name__)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class MachineKey:
     """What a profile is measured on (see the module docstring); every field a string or
