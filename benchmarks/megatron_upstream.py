@@ -12,8 +12,9 @@ seed through both entry points (the small Llama shape: 4 layers, hidden 1024, 16
    patch turns the dense mask off), against the entry point: iteration time;
 2. --burst-document-mask: the losses of both (equal to bf16 tolerance), and against 1;
 3. full recompute with and without --burst-remat-aware, through both: the speedup;
-4. document masks with layout pack_zigzag in Megatron's CUDA graphs (--cuda-graph-impl
-   local), and a prefix-LM and a shared-question slice mask per micro-batch
+4. document masks with layout pack_zigzag eager (with ``MEGATRON_BURST_REPLAY=auto`` in the
+   environment its passes replay from the package's own graphs) and in Megatron's CUDA
+   graphs (--cuda-graph-impl local), and a prefix-LM and a shared-question slice mask per micro-batch
    (--burst-mask-builder megatron_burst.megatron.mask_batches:prefix_lm, :shared_question):
    the losses of both ways in.
 """
@@ -50,6 +51,7 @@ def cases(base, gpus: int, iters: int):
         for builder in ("prefix_lm", "shared_question"))
     return [("default flags", small, (DENSE_OFF,), ()), ("document masks", masks, (), ()),
             ("full recompute", full, (), ()), ("full recompute + remat-aware", remat, (), ()),
+            ("documents pack_zigzag, eager", zigzag, (), ()),
             ("documents pack_zigzag, CUDA graphs", zigzag, (), GRAPHS),
             ("prefix-LM mask builder", prefix, (), ()),
             ("shared-question mask builder", shared, (), ())]
