@@ -49,11 +49,11 @@ except ImportError as _missing:  # megatron-core < 0.17, or a checkout for a new
         sys.exit(2)
     raise ImportError(missing_training_message(_missing)) from _missing
 
-from megatron_burst.megatron import entry
+from megatron_burst.megatron import entry, model_parts
 from megatron_burst.megatron.arguments import add_burst_args
 from megatron_burst.megatron.document_model import as_document_model
 from megatron_burst.megatron.documents import BATCH_KEYS
-from megatron_burst.megatron.spec import get_gpt_layer_burst_spec
+from megatron_burst.megatron.loss import token_loss
 
 _NEW_PRETRAIN = "cfg_container" in inspect.signature(pretrain).parameters  # megatron-core 0.17+
 
@@ -83,12 +83,9 @@ def get_batch(data_iterator: Optional[Iterator]) -> Tuple[Any, ...]:
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Token-summed loss, token count, and the 'lm loss' report Megatron logs."""
-    losses = output_tensor.view(-1).float()
-    loss_mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses * loss_mask)
-    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
-    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1)])}
+    """Token-summed loss, token count, and the 'lm loss' report Megatron logs, after the loss
+    checks Megatron-LM's own pretrain_gpt.py takes (`megatron_burst.megatron.loss`)."""
+    return token_loss(loss_mask, output_tensor, get_args())
 
 
 def forward_step(data_iterator: Iterator, model: torch.nn.Module):
@@ -137,17 +134,6 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage: Opt
 train_valid_test_datasets_provider.is_distributed = True
 
 
-def _layer_spec(args: Any, config: Any, run: Any) -> Any:
-    """The layer spec with the run's topology bound in (`entry.BurstRun.bind_spec`)."""
-    spec = None
-    if args.spec is not None:
-        from megatron.core.transformer.spec_utils import import_module
-
-        spec = import_module(args.spec)
-    spec = run.bind_spec(spec) if run.uses_burst else (spec or get_gpt_layer_burst_spec)
-    return spec(config) if callable(spec) and not isinstance(spec, type) else spec
-
-
 _RUN: Optional[Any] = None  # entry.BurstRun, made once per run
 
 
@@ -169,7 +155,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     args = get_args()
     config = core_transformer_config_from_args(args)
     run = configure(args)
-    spec = _layer_spec(args, config, run)
+    spec = model_parts.layer_spec(args, config, run, vp_stage)
     model = GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
@@ -178,6 +164,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling,
+        **model_parts.virtual_stage(GPTModel, vp_stage),
     )
     return as_document_model(model) if run.documents or run.mask_builder else model
 

@@ -24,8 +24,14 @@ _DOCUMENT_CONFLICTS = (
 )
 
 # What this package's entry point (megatron_burst.megatron.pretrain_gpt) cannot build in any
-# CP mode: its datasets are GPTDataset / MockGPTDataset only.
-_OWN_ENTRY_DATASETS = (("sft", "--sft"), ("fim_data", "--fim-data"))
+# CP mode: its datasets are GPTDataset / MockGPTDataset only, its model has no MTP block, and
+# its loss is the token loss (no offline distillation from cached teacher logits).
+_OWN_ENTRY_LACKS = (("sft", "--sft", "builds GPT datasets only"),
+                    ("fim_data", "--fim-data", "builds GPT datasets only"),
+                    ("mtp_num_layers", "--mtp-num-layers", "builds no multi-token prediction "
+                                                           "block"),
+                    ("logits_load_dir", "--logits-load-dir", "trains on the token loss only "
+                                                             "(no distillation loss)"))
 
 
 def refuse_unhonoured(args: Any, documents: Optional[str]) -> None:
@@ -47,14 +53,14 @@ def refuse_unhonoured(args: Any, documents: Optional[str]) -> None:
 
 def check_own_entry(args: Any) -> None:
     """Raise ValueError for Megatron flags this package's entry point would ignore, with or
-    without BurstAttention: datasets it does not build, and (without document masks)
+    without BurstAttention: datasets, model parts and losses it does not build, and (without document masks)
     --reset-* flags, since it builds no dense mask and GPTModel's RoPE ignores position_ids.
     Megatron-LM's own pretrain_gpt.py honours them without BurstAttention, so `configure_run`
     leaves such runs alone."""
-    for name, option in _OWN_ENTRY_DATASETS:
-        if getattr(args, name, False):
-            raise ValueError(f"{option}: megatron_burst.megatron.pretrain_gpt builds GPT "
-                             f"datasets only; use Megatron-LM's pretrain_gpt.py with the patch")
+    for name, option, lacks in _OWN_ENTRY_LACKS:
+        if getattr(args, name, None):
+            raise ValueError(f"{option}: megatron_burst.megatron.pretrain_gpt {lacks}; use "
+                             f"Megatron-LM's pretrain_gpt.py with the patch")
     if not getattr(args, "burst_document_mask", False):
         refuse_dense_mask_flags(args)
 

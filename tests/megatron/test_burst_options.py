@@ -164,10 +164,13 @@ def test_runs_without_burst_attention_are_left_alone() -> None:
     ([], dict(reset_position_ids=True), "--reset-position-ids"),
     (["--sft"], {}, "--sft"),
     ([], dict(fim_data=True), "--fim-data"),
+    ([], dict(mtp_num_layers=1), "--mtp-num-layers"),
+    ([], dict(logits_load_dir="/teacher/logits"), "--logits-load-dir"),
 ])
 def test_this_entry_point_refuses_what_it_would_ignore(extra, megatron, match) -> None:
-    """This package's entry point builds no dense mask and GPT datasets only, whatever the
-    CP mode: those flags stop the run instead of doing nothing."""
+    """This package's entry point builds no dense mask, GPT datasets only, no MTP block and
+    the token loss only, whatever the CP mode: those flags stop the run instead of doing
+    nothing."""
     for comm in (["--cp-comm-type", "p2p"], BURST):
         args = parser().parse_args(comm + extra)
         for key, value in megatron.items():

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The package's entry point against Megatron-LM's pretrain_gpt.py with patches/ applied, on a
+# 2-GPU kind, one machine session, after the entry point took Megatron's loss checks
+# (--check-for-nan-in-loss-and-grad, --check-for-spiky-loss) and the virtual pipeline stage:
+#   document masks, pack_zigzag, eager, MEGATRON_BURST_REPLAY=auto: both ways in, with the
+#     checks (Megatron's default) and with --no-check-for-nan-in-loss-and-grad;
+#   an interleaved pipeline (PP=2, 2 chunks a stage, CP=1) through both ways: the losses;
+#   the entry point's CP=2 pack_zigzag eager step against its CP=1 step (megatron_graphs.py).
+# Usage: bash benchmarks/run_2gpu_own_entry_checks.sh OUTDIR MEGATRON_LM_TARBALL (wheels in .whl/)
+set -uo pipefail
+top=${1:?output folder}; tarball=${2:?Megatron-LM tarball}; out=/tmp/run_o; mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  .whl/*.whl > "$out/pip.txt" 2>&1
+. benchmarks/session_env.sh "$out"
+export PYTHONPATH=$PWD:/tmp/site MEGATRON_BURST_REPLAY=auto
+lm=/tmp/Megatron-LM
+rm -rf "$lm" && mkdir -p "$lm" && tar -xzf "$tarball" -C "$lm"
+(cd "$lm" && git init -q && git apply "$OLDPWD/patches/megatron-lm-core_v0.19.0-burst.patch" \
+  && echo "patch applied") > "$out/upstream_patch.txt" 2>&1
+(cd "$lm/megatron/core/datasets" && make >/dev/null 2>&1 && echo "dataset helpers built")
+both() {  # both ways in: NAME ONLY [EXTRA]
+  timeout 170 python3 benchmarks/megatron_upstream.py --megatron-lm "$lm" --gpus 2 --iters 12 \
+    --timeout 80 --only "$2" --extra "${3:-}" --out "$out/upstream_$1.json" \
+    > "$out/upstream_$1.txt" 2>&1
+  echo "upstream $1 rc=$?"; tail -2 "$out/upstream_$1.md" 2>/dev/null
+}
+both zigzag_checks "documents pack_zigzag, eager"
+both zigzag_nocheck "documents pack_zigzag, eager" "--no-check-for-nan-in-loss-and-grad"
+both interleaved "default flags" \
+  "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --context-parallel-size 1"
+for only in "CP=2, documents pack_zigzag, eager" "CP=1, documents whole_docs, eager"; do
+  slug=${only%%,*}; slug=${slug/=/}
+  timeout 120 python3 benchmarks/megatron_graphs.py --shape small --documents 32 --iters 8 \
+    --timeout 100 --only "$only" --out "$out/megatron_$slug.json" > "$out/megatron_$slug.txt" 2>&1
+  echo "megatron $slug rc=$?"; tail -1 "$out/megatron_$slug.md" 2>/dev/null
+done
+mkdir -p "$top"; tar -czf "$top/o.tgz" -C /tmp run_o
