@@ -20,7 +20,7 @@ rm -rf "$lm" && mkdir -p "$lm" && tar -xzf "$tarball" -C "$lm"
 (cd "$lm/megatron/core/datasets" && make >/dev/null 2>&1 && echo "dataset helpers built")
 both() {  # both ways in: NAME ONLY [EXTRA]
   timeout 170 python3 benchmarks/megatron_upstream.py --megatron-lm "$lm" --gpus 2 --iters 12 \
-    --timeout 80 --only "$2" --extra "${3:-}" --out "$out/upstream_$1.json" \
+    --timeout 80 --only "$2" --extra="${3:-}" --out "$out/upstream_$1.json" \
     > "$out/upstream_$1.txt" 2>&1
   echo "upstream $1 rc=$?"; tail -2 "$out/upstream_$1.md" 2>/dev/null
 }
