@@ -1021,3 +1021,50 @@ def test_replay_checks_figures_are_the_runs_on_file():
     _says(f"({_checks_step('call5/megatron_CP2_before')} ms before, in another machine "
           f"session of the same kind, where CP=1 took {_checks_step('call1/megatron_cp1')}; "
           f"{_checks_step('call1/megatron_replay_off')} ms with replay off")
+
+
+def _upstream_replay(name: str) -> list[dict]:
+    runs = _load(f"h100x2_issue39_upstream_replay/{name}.json")["runs"]
+    assert all(r["rc"] == 0 for r in runs), runs
+    return runs
+
+
+def test_upstream_replay_figures_are_the_runs_on_file():
+    """The README's sentences on the loss checks, the interleaved pipeline and the step trace,
+    from the files."""
+    ms = lambda runs: [round(r["steady_ms"]) for r in runs]  # noqa: E731
+    last = lambda runs: [r["losses"][-1] for r in runs]  # noqa: E731
+    checks = _upstream_replay("call2/upstream_zigzag_checks")
+    before = _upstream_replay("call1/upstream_documents_pack_zigzag_eager")
+    (up, own), (up_loss, own_loss) = ms(checks), last(checks)
+    _says(f"the two ways in took {up} and {own} ms a step with the\n   same losses ({up_loss} "
+          f"and {own_loss} after 12 iterations), where they took {ms(before)[0]} and "
+          f"{ms(before)[1]} ms\n   before")
+    interleaved = last(_upstream_replay("call2/upstream_interleaved"))
+    _says(f"losses {interleaved[0]} and {interleaved[1]} through both\n   ways in")
+    summary = _load("h100x2_issue39_upstream_replay/call1/trace_summary_rank0.json")
+    _says(f"its GPU was busy {summary['gpu_busy_ms']:.1f} ms of the\ntraced "
+          f"{summary['span_ms']:.1f} ms")
+    cp2, cp1 = (round(_upstream_replay(f"call2/megatron_CP{n}")[0]["steady_ms"]) for n in (2, 1))
+    _says(f"CP=2 took {cp2} ms against CP=1's {cp1} ({cp1 / cp2:.2f}x")
+
+
+def test_agree_readback_figures_are_the_runs_on_file():
+    """The README's paragraph on the argument check of a new whole_docs pack, from the files."""
+    def fresh(run: str, heads: str) -> str:
+        rows = _load(f"h100x2_issue41_agree_readback/{run}.json")["rows"]
+        (row,) = [r for r in rows if r["heads"] == heads
+                  and r["method"] == "burst whole_docs, new pack each call"]
+        return f"{row['ms']:.2f}"
+
+    for heads, words in (("16:4", "16:4 d64"), ("32:8", "32:8 d128")):
+        _says(f"{fresh('docs_1first', heads)} / {fresh('docs_3first', heads)} ms against "
+              f"{fresh('docs_2off', heads)} / {fresh('docs_4off', heads)} ({words})"
+              if heads == "16:4" else
+              f"{fresh('docs_1first', heads)} / {fresh('docs_3first', heads)}\nagainst "
+              f"{fresh('docs_2off', heads)} / {fresh('docs_4off', heads)} ({words})")
+    ratios = [row["auto_over_best"] for run in ("auto_1first", "auto_2off", "auto_3first",
+                                                 "auto_4off")
+              for row in _load(f"h100x2_issue41_agree_readback/{run}.json")["rows"]
+              if row.get("auto_over_best")]
+    _says(f"moved between {min(ratios):.2f} and {max(ratios):.2f}")
