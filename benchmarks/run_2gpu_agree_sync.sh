@@ -26,11 +26,7 @@ for round in 1 2 3 4; do
     > "$out/docs_${round}_$mode.txt" 2>&1
   echo "documents round $round ($mode) rc=$?"; grep "burst whole_docs" "$out/docs_$round$mode/documents.md"
 done
-lm=/tmp/Megatron-LM
-rm -rf "$lm" && mkdir -p "$lm" && tar -xzf "$tarball" -C "$lm"
-(cd "$lm" && git init -q && git apply "$OLDPWD/patches/megatron-lm-core_v0.19.0-burst.patch" \
-  && echo "patch applied") > "$out/upstream_patch.txt" 2>&1
-(cd "$lm/megatron/core/datasets" && make >/dev/null 2>&1 && echo "dataset helpers built")
+lm=/tmp/Megatron-LM; megatron_lm_checkout "$tarball"
 MEGATRON_BURST_REPLAY=auto timeout 170 python3 benchmarks/megatron_upstream.py \
   --megatron-lm "$lm" --gpus 2 --iters 12 --timeout 80 --only "documents pack_zigzag, eager" \
   --extra="--no-check-for-nan-in-loss-and-grad" --out "$out/upstream_zigzag_nocheck.json" \

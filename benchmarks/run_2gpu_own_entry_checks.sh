@@ -13,11 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
   .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
 export PYTHONPATH=$PWD:/tmp/site MEGATRON_BURST_REPLAY=auto
-lm=/tmp/Megatron-LM
-rm -rf "$lm" && mkdir -p "$lm" && tar -xzf "$tarball" -C "$lm"
-(cd "$lm" && git init -q && git apply "$OLDPWD/patches/megatron-lm-core_v0.19.0-burst.patch" \
-  && echo "patch applied") > "$out/upstream_patch.txt" 2>&1
-(cd "$lm/megatron/core/datasets" && make >/dev/null 2>&1 && echo "dataset helpers built")
+lm=/tmp/Megatron-LM; megatron_lm_checkout "$tarball"
 both() {  # both ways in: NAME ONLY [EXTRA]
   timeout 170 python3 benchmarks/megatron_upstream.py --megatron-lm "$lm" --gpus 2 --iters 12 \
     --timeout 80 --only "$2" --extra="${3:-}" --out "$out/upstream_$1.json" \

@@ -17,11 +17,7 @@ git rev-parse HEAD > "$out/device_git_head.txt" 2>/dev/null
 timeout 200 python3 -m pytest tests/test_gpu_replay.py tests/test_gpu_pack_zigzag.py -q -s \
   -p no:cacheprovider > "$out/gpu_tests.txt" 2>&1
 echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | grep -E "passed|failed|Error|assert" | tail -6
-lm=/tmp/Megatron-LM
-rm -rf "$lm" && mkdir -p "$lm" && tar -xzf "$tarball" -C "$lm"
-(cd "$lm" && git init -q && git apply "$OLDPWD/patches/megatron-lm-core_v0.19.0-burst.patch" \
-  && echo "patch applied") > "$out/upstream_patch.txt" 2>&1
-(cd "$lm/megatron/core/datasets" && make >/dev/null 2>&1 && echo "dataset helpers built")
+lm=/tmp/Megatron-LM; megatron_lm_checkout "$tarball"
 for only in "document masks" "documents pack_zigzag, eager"; do
   slug=${only// /_}; slug=${slug//,/}
   timeout 200 python3 benchmarks/megatron_upstream.py --megatron-lm "$lm" --gpus 2 --iters 12 \

@@ -37,3 +37,13 @@ pack_timeline() {
     --layouts "$1" --timeline --out "$SESSION_OUT/timeline" > "$SESSION_OUT/timeline_log.txt" 2>&1
   echo "timeline rc=$?"; head -3 "$SESSION_OUT"/timeline/*_timeline_rank0.txt
 }
+# megatron_lm_checkout TARBALL: Megatron-LM's tree (core_v0.19.0, carried as a tarball in an
+# ignored folder) in /tmp/Megatron-LM with patches/ applied and its dataset helpers built;
+# "patch applied" in OUTDIR/upstream_patch.txt.
+megatron_lm_checkout() {
+  local lm=/tmp/Megatron-LM repo=$PWD
+  rm -rf "$lm" && mkdir -p "$lm" && tar -xzf "$1" -C "$lm"
+  (cd "$lm" && git init -q && git apply "$repo/patches/megatron-lm-core_v0.19.0-burst.patch" \
+    && echo "patch applied") > "$SESSION_OUT/upstream_patch.txt" 2>&1
+  (cd "$lm/megatron/core/datasets" && make >/dev/null 2>&1 && echo "dataset helpers built")
+}
