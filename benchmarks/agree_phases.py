@@ -50,7 +50,7 @@ def timed(module, name: str, phase: str) -> None:
 
 
 def main() -> None:
-    rank, world = start_ranks("gloo" if DRY else "nccl")
+    rank, world = start_ranks("gloo") if DRY else start_ranks()
     dev = torch.device("cpu") if DRY else torch.device("cuda", torch.cuda.current_device())
     sync = (lambda: None) if DRY else torch.cuda.synchronize
     hq, hkv, d = (int(os.environ.get(k, v)) for k, v in (("HQ", 32), ("HKV", 8), ("D", 128)))
