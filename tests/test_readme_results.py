@@ -178,8 +178,8 @@ def test_upstream_patch_figures_are_the_runs_on_file():
     _says(f"({plain[up]:.0f} -> {remat[up]:.0f} ms against {plain[ours]:.0f} -> "
           f"{remat[ours]:.0f} ms)")
     default = {way: r["default flags", way]["steady_ms"] for way in (up, ours)}
-    _says(f"Upstream's own step is {default[up] / default[ours] - 1:.0%} slower than the entry "
-          f"point's here ({default[up]:.0f} vs {default[ours]:.0f} ms; {docs_up['steady_ms']:.0f}"
+    _says(f"Upstream's own step was {default[up] / default[ours] - 1:.0%} slower than the entry "
+          f"point's there ({default[up]:.0f} vs {default[ours]:.0f} ms; {docs_up['steady_ms']:.0f}"
           f" vs {docs_ours['steady_ms']:.0f} ms with document masks)")
 
 

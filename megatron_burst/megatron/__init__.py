@@ -5,8 +5,9 @@ arguments; `softmax_offset`: the sinks it holds), `resolve` reads a run's CP top
 Megatron's settings (`machine_profile`: 'auto' from this machine's measured profile),
 `spec` the BackendSpecProvider and layer specs (which hand the topology to every layer),
 `arguments` the extra command-line options, `norms` a sequence-parallel torch norm.
-`pretrain_gpt` is the training entry point (`python -m megatron_burst.megatron.pretrain_gpt`);
-`entry` is what it and Megatron-LM's
+`pretrain_gpt` is the training entry point (`python -m megatron_burst.megatron.pretrain_gpt`),
+with `loss` (the token loss and Megatron's loss checks) and `model_parts` (each model chunk's
+layer spec and virtual stage); `entry` is what it and Megatron-LM's
 patched pretrain_gpt.py call: the run's choices (`burst_run`), the refusals (`run_checks`,
 with `resume` deciding what a run resumes), the document micro-batches (`run_batches`), the
 FLOPs (`run_flops`) and the rank-0 printer (`printer`). Packed documents: `documents`
