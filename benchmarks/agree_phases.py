@@ -1,6 +1,7 @@
 """What the argument check costs a whole_docs call on a new pack (issue 41), rank by rank.
 
-    MEGATRON_BURST_AGREE=first HQ=32 HKV=8 D=128 torchrun --nproc_per_node=2 benchmarks/agree_phases.py
+    MEGATRON_BURST_AGREE=first HQ=32 HKV=8 D=128 \
+        torchrun --nproc_per_node=2 benchmarks/agree_phases.py
     DRY=1 HQ=4 HKV=2 D=16 torchrun --nproc_per_node=2 benchmarks/agree_phases.py   # CPU, gloo
 
 Every call gets a new pack (documents of 1..4096 tokens, seeded), 8K tokens per GPU (1K on

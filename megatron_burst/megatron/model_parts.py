@@ -5,9 +5,9 @@ Why a module of its own: with an interleaved pipeline (``--num-layers-per-virtua
 stage``) Megatron builds one model chunk per virtual stage and says which with ``vp_stage``:
 which layers the chunk holds and their numbers follow from it (megatron-core 0.19 asserts
 when it is missing, so this entry point could not train such a pipeline). Megatron-LM's own
-builder passes it to the spec function and to GPTModel, and so does this entry point. Kept apart from
-``pretrain_gpt`` (which needs ``megatron.training``) so that it is tested where only
-megatron-core imports.
+builder passes it to the spec function and to GPTModel, and so does this entry point. Kept
+apart from ``pretrain_gpt`` (which needs ``megatron.training``) so that it is tested where
+only megatron-core imports.
 """
 from __future__ import annotations
 

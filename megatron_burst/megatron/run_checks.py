@@ -53,8 +53,9 @@ def refuse_unhonoured(args: Any, documents: Optional[str]) -> None:
 
 def check_own_entry(args: Any) -> None:
     """Raise ValueError for Megatron flags this package's entry point would ignore, with or
-    without BurstAttention: datasets, model parts and losses it does not build, and (without document masks)
-    --reset-* flags, since it builds no dense mask and GPTModel's RoPE ignores position_ids.
+    without BurstAttention: datasets, model parts and losses it does not build, and
+    (without document masks) --reset-* flags, since it builds no dense mask and GPTModel's
+    RoPE ignores position_ids.
     Megatron-LM's own pretrain_gpt.py honours them without BurstAttention, so `configure_run`
     leaves such runs alone."""
     for name, option, lacks in _OWN_ENTRY_LACKS:
