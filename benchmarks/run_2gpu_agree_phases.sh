@@ -5,9 +5,8 @@
 # Usage: bash benchmarks/run_2gpu_agree_phases.sh OUTDIR   (wheels in .whl/)
 set -uo pipefail
 top=${1:?output folder}; out=/tmp/run_p; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
+install_wheels
 export PYTHONPATH=$PWD:/tmp/site
 for mode in first off first off; do
   for heads in "32 8 128" "16 4 64"; do

@@ -9,9 +9,8 @@
 # Usage: bash benchmarks/run_2gpu_agree_sync.sh OUTDIR MEGATRON_LM_TARBALL (wheels in .whl/)
 set -uo pipefail
 top=${1:?output folder}; tarball=${2:?Megatron-LM tarball}; out=/tmp/run_a; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
+install_wheels
 export PYTHONPATH=$PWD:/tmp/site
 for round in 1 2 3 4; do
   mode=first; [ $((round % 2)) = 0 ] && mode=off

@@ -9,9 +9,8 @@
 # Usage: PARTS="p m c" bash benchmarks/run_2gpu_megatron_replay.sh OUTDIR (wheels in .whl/)
 set -uo pipefail
 top=${1:?output folder}; out=/tmp/run_s; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
+install_wheels
 export PYTHONPATH=$PWD:/tmp/site
 for part in ${PARTS:-p m c}; do
   case $part in

@@ -9,9 +9,8 @@
 # Usage: bash benchmarks/run_2gpu_own_entry_checks.sh OUTDIR MEGATRON_LM_TARBALL (wheels in .whl/)
 set -uo pipefail
 top=${1:?output folder}; tarball=${2:?Megatron-LM tarball}; out=/tmp/run_o; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
+install_wheels
 export PYTHONPATH=$PWD:/tmp/site MEGATRON_BURST_REPLAY=auto
 lm=/tmp/Megatron-LM; megatron_lm_checkout "$tarball"
 both() {  # both ways in: NAME ONLY [EXTRA]
@@ -24,10 +23,5 @@ both zigzag_checks "documents pack_zigzag, eager"
 both zigzag_nocheck "documents pack_zigzag, eager" "--no-check-for-nan-in-loss-and-grad"
 both interleaved "default flags" \
   "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --context-parallel-size 1"
-for only in "CP=2, documents pack_zigzag, eager" "CP=1, documents whole_docs, eager"; do
-  slug=${only%%,*}; slug=${slug/=/}
-  timeout 120 python3 benchmarks/megatron_graphs.py --shape small --documents 32 --iters 8 \
-    --timeout 100 --only "$only" --out "$out/megatron_$slug.json" > "$out/megatron_$slug.txt" 2>&1
-  echo "megatron $slug rc=$?"; tail -1 "$out/megatron_$slug.md" 2>/dev/null
-done
+megatron_steps 120 100
 mkdir -p "$top"; tar -czf "$top/o.tgz" -C /tmp run_o

@@ -11,9 +11,8 @@
 # Usage: bash benchmarks/run_2gpu_replay_checks.sh BEFORE_DIR OUTDIR   (wheels in .whl/)
 set -uo pipefail
 before=${1:?the package before}; top=${2:?output folder}; out=/tmp/run_r; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
+install_wheels
 export PYTHONPATH=$PWD:/tmp/site MEGATRON_BURST_REPLAY=auto
 timeout 240 python3 -m pytest tests/test_gpu_replay.py tests/test_gpu_pack_zigzag.py -q -s \
   -p no:cacheprovider > "$out/gpu_tests.txt" 2>&1
@@ -25,10 +24,5 @@ docs() {
   echo "$which documents rc=$?"; grep "burst pack_zigzag" "$out/$which/documents.md"
 }
 each_package "$before" docs
-for only in "CP=2, documents pack_zigzag, eager" "CP=1, documents whole_docs"; do
-  slug=${only%%,*}; slug=${slug/=/}
-  timeout 200 python3 benchmarks/megatron_graphs.py --shape small --documents 32 --iters 8 \
-    --timeout 150 --only "$only" --out "$out/megatron_$slug.json" > "$out/megatron_$slug.txt" 2>&1
-  echo "megatron $slug rc=$?"; tail -1 "$out/megatron_$slug.md" 2>/dev/null
-done
+megatron_steps 200 150
 mkdir -p "$top"; tar -czf "$top/r.tgz" -C /tmp run_r

@@ -8,9 +8,8 @@
 # BEFORE_DIR: a whole tree of the commit before, with .whl/ not needed)
 set -uo pipefail
 before=${1:?the package before}; top=${2:?output folder}; out=/tmp/run_rb; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
+install_wheels
 PYTHONPATH=$PWD:/tmp/site timeout 150 python3 -m pytest tests/test_gpu_pack_zigzag.py -q -s \
   -p no:cacheprovider > "$out/gpu_tests.txt" 2>&1
 echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | grep -E "passed|failed" | tail -3

@@ -6,9 +6,8 @@
 # Usage: bash benchmarks/run_2gpu_timeline_8k.sh OUTDIR   (wheels in .whl/)
 set -uo pipefail
 top=${1:?output folder}; out=/tmp/run_t; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
+install_wheels
 export PYTHONPATH=$PWD:/tmp/site
 for mode in auto off; do
   layouts=pack_zigzag; [ $mode = off ] && layouts=pack_zigzag+graph

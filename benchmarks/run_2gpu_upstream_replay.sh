@@ -9,9 +9,8 @@
 # Usage: bash benchmarks/run_2gpu_upstream_replay.sh OUTDIR MEGATRON_LM_TARBALL (wheels in .whl/)
 set -uo pipefail
 top=${1:?output folder}; tarball=${2:?Megatron-LM tarball}; out=/tmp/run_u; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl > "$out/pip.txt" 2>&1
 . benchmarks/session_env.sh "$out"
+install_wheels
 export PYTHONPATH=$PWD:/tmp/site MEGATRON_BURST_REPLAY=auto
 git rev-parse HEAD > "$out/device_git_head.txt" 2>/dev/null
 timeout 200 python3 -m pytest tests/test_gpu_replay.py tests/test_gpu_pack_zigzag.py -q -s \

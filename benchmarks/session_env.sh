@@ -1,12 +1,32 @@
-# Sourced by the 2-GPU session scripts (run_2gpu_nov26_*.sh) with their output folder:
-# NVLink multicast off (every command on these hosts), unbuffered Python, `quiet` (a log
-# without its warnings), and the device's name in OUTDIR/device.txt.
+# Sourced by the 2-GPU session scripts (run_2gpu_*.sh) with their output folder: NVLink
+# multicast off (every command on these hosts), unbuffered Python, `quiet` (a log without its
+# warnings), the device's name in OUTDIR/device.txt, and the steps the scripts share (each
+# function below says what it does).
 # Usage: . benchmarks/session_env.sh OUTDIR
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 quiet() { grep -v -E "Warning:|warnings\.warn|^\*\*\*|OMP_NUM|return func|^W[0-9]|Guessing device"; }
 SESSION_OUT=${1:?output folder}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$SESSION_OUT/device.txt"
+# install_wheels: the wheels carried in .whl/ (megatron-core, einops) into /tmp/site, pip's log
+# in OUTDIR/pip.txt; the scripts then put $PWD:/tmp/site on PYTHONPATH.
+install_wheels() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl > "$SESSION_OUT/pip.txt" 2>&1
+}
+# megatron_steps OUTER INNER: benchmarks/megatron_graphs.py's small model with document masks,
+# CP=2 pack_zigzag eager and CP=1 whole_docs eager (each run's Megatron within INNER seconds,
+# the whole within OUTER), in OUTDIR/megatron_CP{2,1}.*.
+megatron_steps() {
+  local only slug
+  for only in "CP=2, documents pack_zigzag, eager" "CP=1, documents whole_docs, eager"; do
+    slug=${only%%,*}; slug=${slug/=/}
+    timeout "$1" python3 benchmarks/megatron_graphs.py --shape small --documents 32 --iters 8 \
+      --timeout "$2" --only "$only" --out "$SESSION_OUT/megatron_$slug.json" \
+      > "$SESSION_OUT/megatron_$slug.txt" 2>&1
+    echo "megatron $slug rc=$?"; tail -1 "$SESSION_OUT/megatron_$slug.md" 2>/dev/null
+  done
+}
 # gpu_tests SECONDS "K EXPRESSION": tests/test_gpu.py's tests that match, log in OUTDIR/gpu_tests.txt.
 gpu_tests() {
   PYTHONPATH=$PWD:/tmp/site timeout "$1" python3 -m pytest tests/test_gpu.py -q -s \
