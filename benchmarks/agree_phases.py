@@ -11,7 +11,8 @@ preparation, ``prepare.lookup``), ``check`` (``agree.check_agreement``: the sign
 digest and its exchange), ``gather`` (``consensus.gather``, the exchange alone), the call's
 host time and its wall time (to the GPU's end). Run with ``MEGATRON_BURST_AGREE=first``
 (the default: every new pack is a new signature, checked) and ``off`` to see the check's
-share.
+share, and with ``MEGATRON_BURST_HOST_CHANNEL=gloo`` (the default: the exchange over a gloo
+twin of the group) and ``group`` (over the NCCL group itself) to see the channel's.
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def main() -> None:
     result = {k: round(statistics.median(v), 3) for k, v in PHASES.items() if v}
     result.update(host_call=round(statistics.median(h for h, _ in walls), 3),
                   wall_call=round(statistics.median(w for _, w in walls), 3),
-                  agree=os.environ.get("MEGATRON_BURST_AGREE", "first"), rank=rank)
+                  agree=os.environ.get("MEGATRON_BURST_AGREE", "first"),
+                  channel=os.environ.get("MEGATRON_BURST_HOST_CHANNEL", "gloo"), rank=rank)
     print(json.dumps(result), flush=True)
     os._exit(0)  # no teardown wait: nothing of this run is needed after its line
 

@@ -225,7 +225,7 @@ def test_the_teardown_drops_the_graphs_first(monkeypatch):
     replay._release_before_teardown()
     wrapped = dist.destroy_process_group
     replay._release_before_teardown()  # once: no wrapper around the wrapper
-    assert dist.destroy_process_group is wrapped and wrapped.releases_burst_replays
+    assert dist.destroy_process_group is wrapped and wrapped.releases_burst_state
     monkeypatch.setitem(replay._GRAPHS, ("a key",), "a graph")
     dist.destroy_process_group("a group")
     assert calls == ["synchronized", ({}, ("a group",), {})] and not replay._GRAPHS

@@ -47,12 +47,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from typing import Callable, Sequence
 
 import torch
 
-from ..comm import accounting, consensus
+from ..comm import accounting, consensus, teardown
 from ..comm.settings import REPLAY_ENV, current
 from .sharding import group_name
 
@@ -181,27 +180,19 @@ def _release_before_teardown() -> None:
     for it: with replay graphs held, ``destroy_process_group`` hung on both ranks (2x H100,
     torch 2.11, NCCL 2.28: killed after 60 s), and returned in 0.1-0.5 s with them dropped
     first (``tests/test_gpu_replay.py``). The graphs are this module's own, made without the
-    user asking for graphs, so it is this module's job to let them go; it wraps the function
-    once, at the process's first capture, and any group's teardown drops them all (they are
-    captured again where calls go on)."""
-    import gc
+    user asking for graphs, so it is this module's job to let them go; it registers at the
+    process's first capture (``comm.teardown``), and any group's teardown drops them all
+    (they are captured again where calls go on)."""
+    teardown.on_destroy(_drop_graphs)
 
-    import torch.distributed as dist
 
-    destroy = dist.destroy_process_group
-    if getattr(destroy, "releases_burst_replays", False):
-        return
+def _drop_graphs(_group) -> None:
+    if _GRAPHS:
+        import gc
 
-    @functools.wraps(destroy)
-    def releasing(*args, **kwargs):
-        if _GRAPHS:
-            torch.cuda.synchronize()  # no graph is destroyed while it runs
-            clear()
-            gc.collect()
-        return destroy(*args, **kwargs)
-
-    releasing.releases_burst_replays = True
-    dist.destroy_process_group = releasing
+        torch.cuda.synchronize()  # no graph is destroyed while it runs
+        clear()
+        gc.collect()
 
 
 def _keep(table: collections.OrderedDict, key: tuple, value, most: int) -> None:

@@ -13,6 +13,10 @@ One module per job:
 - ``waits``: host-blocking waits that give up, naming the peer (``wait_bounded``);
 - ``consensus``: how the ranks of a group learn what the others hold: the device a group's
   collectives take, bounded gathers, checks deferred until the GPU's result is home;
+- ``host_channel``: the gloo twin of an NCCL group that those gathers travel on, so the host
+  never waits for the GPU's queue to read what its peers said;
+- ``teardown``: what the package holds on process groups (replayed graphs, twins), let go
+  before ``destroy_process_group``;
 - ``headers``: the header every message starts with, checked by its receiver;
 - ``messages``: one buffer per hop (``Packed``), posted one batch per step (``PeerComm``);
 - ``ring_positions``: who holds what at each step of a flat or double ring (``RingPositions``),

@@ -10,8 +10,9 @@ Each of those states what it compares; how the numbers travel is stated here, on
 - ``device``: where a collective's tensors live for a group's backend (the GPU where the
   group is NCCL only, else the CPU);
 - ``shared``: whether a group has peers to agree with at all;
-- ``gather``: every rank's few int64s, one all-gather; on CPU the wait is bounded
-  (``waits``) and its error says who was waited for and why;
+- ``gather``: every rank's few int64s, one all-gather, over an NCCL group's gloo twin
+  (``host_channel``: the host never waits for the GPU); the wait is bounded (``waits``)
+  and its error says who was waited for and why;
 - ``minimum``: an elementwise minimum over the ranks (every rank has it only if all do);
 - ``Gathered``: every rank's one int64 without making the host wait for the GPU: on CUDA
   gathered on the device (``device_table``, which a CUDA graph can hold) and copied home
@@ -30,6 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from . import host_channel
 from .waits import wait_bounded
 
 WHY = "that rank failed or is stuck"
@@ -62,8 +64,24 @@ def error_text(error: BaseException) -> str:
 def gather(group: dist.ProcessGroup | None, values: Sequence[int], waiting_for: str,
            why: str = WHY) -> list[list[int]]:
     """Every rank's ``values`` (int64s, as many on every rank), in group rank order: one
-    all-gather, bounded on CPU (``waiting_for`` and ``why`` word the timeout's error)."""
+    all-gather, bounded (``waiting_for`` and ``why`` word the timeout's error). An NCCL
+    group's goes over its gloo twin (``host_channel``), so the host never waits for the
+    GPU's queue."""
     where = device(group)
+    if where.type == "cuda":
+        made = host_channel.twin(group, lambda said: _gather_on(group, said, where,
+                                                                  waiting_for, why))
+        if made is not None:
+            work, rows = host_channel.all_gather(made, torch.tensor(list(values),
+                                                                    dtype=torch.int64))
+            wait_bounded(work, torch.device("cpu"), waiting_for, why=why)
+            return torch.stack(rows).tolist()
+    return _gather_on(group, values, where, waiting_for, why)
+
+
+def _gather_on(group: dist.ProcessGroup | None, values: Sequence[int], where: torch.device,
+               waiting_for: str, why: str) -> list[list[int]]:
+    """``gather`` over ``group`` itself, its tensors on ``where``."""
     mine = torch.tensor(list(values), dtype=torch.int64, device=where)
     rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     work = dist.all_gather(rows, mine, group=group, async_op=True)

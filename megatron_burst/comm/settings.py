@@ -26,6 +26,9 @@ The settings, all optional (a process runs with none set):
 - ``MEGATRON_BURST_REPLAY``: whether an eager call's ring passes are captured once and
   replayed as CUDA graphs (``off``, the default; ``auto``: where a rank's queries are
   small, ``REPLAY_MAX_ELEMENTS``; ``on``), ``attention.replay``;
+- ``MEGATRON_BURST_HOST_CHANNEL``: how the ranks of an NCCL group trade the numbers their
+  hosts read (``gloo``, the default: a gloo twin of the group, ``comm.host_channel``;
+  ``group``: the group itself, each read waiting for the GPU's queue);
 
 and what the launcher says: torchrun's ``LOCAL_WORLD_SIZE`` (ranks per node) and ``RANK``.
 This module is torch-free (the planner reads it).
@@ -52,6 +55,8 @@ PREFETCH_ENV = "MEGATRON_BURST_PREFETCH"  # 1 (default): make batches ahead; 0: 
 TRACE_ENV = "MEGATRON_BURST_TRACE"
 REPLAY_ENV = "MEGATRON_BURST_REPLAY"
 REPLAY_VALUES = ("auto", "on", "off")
+HOST_CHANNEL_ENV = "MEGATRON_BURST_HOST_CHANNEL"
+HOST_CHANNELS = ("gloo", "group")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +73,7 @@ class BurstSettings:
     prefetch: bool = True
     trace: tuple[str, int, int] | None = None  # (folder, first micro-batch, count)
     replay: str = "off"
+    host_channel: str = "gloo"
     local_world_size: int | None = None
     launcher_rank: int = 0
 
@@ -89,6 +95,7 @@ class BurstSettings:
             prefetch=_switch(env, PREFETCH_ENV),
             trace=parse_trace(env[TRACE_ENV]) if env.get(TRACE_ENV) else None,
             replay=_choice(env, REPLAY_ENV, REPLAY_VALUES, "off"),
+            host_channel=_choice(env, HOST_CHANNEL_ENV, HOST_CHANNELS, "gloo"),
             local_world_size=int(local) if local.isdigit() and int(local) > 0 else None,
             launcher_rank=int(rank) if rank.isdigit() else 0)
 
