@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from megatron_burst.comm.settings import AGREE_ENV, REPLAY_ENV, current
+from megatron_burst.comm.settings import AGREE_ENV, HOST_CHANNEL_ENV, REPLAY_ENV, current
 from megatron_burst.megatron.arguments import refuse_dense_mask_flags
 from megatron_burst.plan.layouts import PACK_ZIGZAG
 
@@ -43,6 +43,12 @@ def refuse_unhonoured(args: Any, documents: Optional[str]) -> None:
     if getattr(args, "dataloader_inter_document_masking", False) and not documents:
         raise ValueError("--dataloader-inter-document-masking with BurstAttention: use "
                          "--burst-document-mask (documents from EOD, sharded whole_docs)")
+    if getattr(args, "use_gloo_process_groups", True) is False \
+            and current().host_channel == "gloo":
+        raise ValueError(f"--disable-gloo-process-groups: BurstAttention's ranks trade what "
+                         f"their hosts read over gloo twins of their groups ({HOST_CHANNEL_ENV}"
+                         f"=gloo, the default); set {HOST_CHANNEL_ENV}=group to keep that on "
+                         f"the NCCL groups")
     refuse_failing_resume(args)
     check_cuda_graphs(args, documents)
     if documents:

@@ -180,6 +180,21 @@ def test_this_entry_point_refuses_what_it_would_ignore(extra, megatron, match) -
     entry.check_own_entry(parser().parse_args(BURST))  # a plain run passes
 
 
+def test_a_run_without_gloo_groups_names_the_host_channel(monkeypatch) -> None:
+    """Megatron's --disable-gloo-process-groups (a cluster where gloo cannot connect) with
+    the agreements' gloo twins (``comm.host_channel``, the default) stops at start-up naming
+    the setting that keeps them on NCCL, instead of failing at the first call."""
+    from megatron_burst.comm import settings
+
+    args = parser().parse_args(BURST)
+    args.use_gloo_process_groups = False
+    with pytest.raises(ValueError, match="--disable-gloo-process-groups: .*"
+                                         "MEGATRON_BURST_HOST_CHANNEL=group"):
+        entry.configure_run(args)
+    monkeypatch.setenv(settings.HOST_CHANNEL_ENV, "group")
+    assert entry.configure_run(args).topology is not None
+
+
 def test_the_patch_s_batch_call_honours_a_mask_builder(monkeypatch) -> None:
     """Megatron-LM's pretrain_gpt.py with the patch calls entry.document_batch for every
     batch the package makes: under --burst-mask-builder that must be the builder's mask
