@@ -279,3 +279,60 @@ def test_the_check_runs_once_per_signature_by_default() -> None:
         assert seen == {"first": 2, "repeat": 0, "new shape": 1, "old shape": 0,
                         "always": [1, 1, 1], "off": 0, "after off": 1,
                         "documents": [1] * 5, "newest again": 0, "evicted again": 1}
+
+
+# ------------------------------------------------------------ the check travels while planning
+
+
+def overlap_worker(rank: int, world: int) -> dict:
+    """A new signature's exchange is posted once the call is signed, read after its plan;
+    a plan that fails after that raises alike everywhere, or the disagreement comes first."""
+    from megatron_burst.comm import consensus
+
+    events, plan = [], prepare._bind_plan
+    exchange_init, exchange_values = consensus.Exchange.__init__, consensus.Exchange.values
+
+    def posted(self, *a, **k):
+        events.append("posted")
+        exchange_init(self, *a, **k)
+
+    def read(self):
+        events.append("read")
+        return exchange_values(self)
+
+    def planned(*a, **k):
+        events.append("planned")
+        if os.environ.get("FAIL_PLAN") in ("all", str(rank)):
+            raise ValueError(f"a plan refused on rank {rank}")
+        return plan(*a, **k)
+
+    consensus.Exchange.__init__, consensus.Exchange.values = posted, read
+    prepare._bind_plan = planned
+    call(rank, docs=(4, 12))
+    order = list(events)
+    said = {}
+    for case, fail, docs, odd in (
+            ("all fail", "all", (8, 8), {}),
+            ("disagree, rank 0 fails", "0", (12, 4), {"causal": False} if rank == 1 else {})):
+        os.environ["FAIL_PLAN"] = fail
+        try:
+            call(rank, docs=docs, **odd)
+            said[case] = "no error"
+        except ValueError as e:
+            said[case] = str(e)
+    os.environ.pop("FAIL_PLAN")
+    out = call(rank, docs=(16,))  # the group is healthy after
+    return {"order": order, "said": said, "finite": bool(torch.isfinite(out).all())}
+
+
+def test_a_new_signature_is_checked_while_the_call_is_planned() -> None:
+    results = run_ranks(2, overlap_worker, timeout=120)
+    for r in results:
+        # The group's first check compares the modes first (posted, read), then the call's.
+        assert r["order"][-3:] == ["posted", "planned", "read"], r["order"]
+        assert r["finite"]
+    all_fail = [r["said"]["all fail"] for r in results]
+    assert all_fail == ["a plan refused on rank 0", "a plan refused on rank 1"]
+    disagree = [r["said"]["disagree, rank 0 fails"] for r in results]
+    assert disagree[0] == disagree[1] and "'causal': rank 0 passed True, rank 1 passed False" \
+        in disagree[0], disagree

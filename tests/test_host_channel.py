@@ -84,7 +84,7 @@ def test_ranks_with_different_channels_all_raise_the_same_error():
 
 
 def _routed(rank: int, world: int, channel: str) -> dict:
-    """``consensus.gather`` with the group said to be on CUDA (the gather over the group
+    """``consensus.gather`` with the group said to be on CUDA (the exchanges over the group
     itself kept on CPU): over the twin unless the setting says the group."""
     import torch.distributed as dist
 
@@ -93,15 +93,17 @@ def _routed(rank: int, world: int, channel: str) -> dict:
     os.environ[settings.HOST_CHANNEL_ENV] = channel
     settings.reload()
     on_group = []
-    plain = consensus._gather_on
+    post = consensus.Exchange._post
 
-    def gather_on(group, values, where, waiting_for, why):
+    def post_on_cpu(group, values, where):
         on_group.append(list(values))
-        return plain(group, values, torch.device("cpu"), waiting_for, why)
+        return post(group, values, torch.device("cpu"))
 
-    consensus._gather_on = gather_on
+    consensus.Exchange._post = staticmethod(post_on_cpu)
     consensus.device = lambda group: torch.device("cuda", 0)
-    tables = [consensus.gather(None, [rank, 7 + i], "for a test") for i in range(3)]
+    tables = [consensus.gather(None, [rank, 7 + i], "for a test") for i in range(2)]
+    started = consensus.Exchange(None, [rank, 9], "for a test")  # posted now, read later
+    tables.append(started.values())
     held = host_channel._TWINS[(0, 1)]
     dist.destroy_process_group()
     return {"tables": tables, "on_group": on_group, "twin": held is not None,

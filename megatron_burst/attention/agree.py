@@ -13,7 +13,10 @@ Cost. ``MEGATRON_BURST_AGREE`` (the same on every rank) picks when to check:
 every call (debugging), ``off`` never. Verified signatures are cached per group, so
 steady-state training repeats known signatures and pays nothing. With packed documents
 every batch brings new boundaries, hence a new signature: those calls are all checked
-(one all-gather of a few hundred bytes; the boundaries are already on the host).
+(one all-gather of one digest; the boundaries are already on the host). The exchange goes
+over the group's gloo twin (``comm.host_channel``), so the host never waits for the GPU's
+queue, and a new signature's is posted as soon as the call is signed (``begin``, from
+``api``) and read after its plan is made: it travels while the host plans.
 
 Why the cache cannot make ranks diverge: a rank skips the collective only on a cache hit,
 so all ranks of the group must always agree on hit or miss, or one would wait in the
@@ -78,25 +81,16 @@ def require_member(group: dist.ProcessGroup | None) -> None:
             f"leaves out): pass the context-parallel group this rank belongs to")
 
 
-def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) -> None:
+def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
+                    begun: consensus.Exchange | None = None) -> None:
     """Raise the same ValueError on every rank of ``group`` if their ``sig`` differ.
 
     Call on every rank, with the same mode, before the call's first communication.
+    ``begun``: the exchange ``begin`` posted for this ``sig`` (read here, not posted again).
     """
-    mode = current().agree
-    if not dist.is_available() or not dist.is_initialized():
+    name = _wanted(group, sig) if begun is None else group_name(group)
+    if name is None:
         return
-    pg = group if group is not None else dist.group.WORLD
-    if pg.group_name not in _MODES and dist.get_world_size(group) > 1:
-        _agree_on_mode(group, pg.group_name, mode)
-    if mode == "off":
-        return
-    cache = _CACHES.setdefault(pg.group_name, collections.OrderedDict())
-    key = tuple(sig.items())
-    if mode == "first" and key in cache:
-        return  # verified with every rank before; see the module docstring for why
-    if dist.get_world_size(group) < 2:
-        return  # nobody to disagree with
     if consensus.capturing():
         raise ValueError(
             "burst_attn inside a CUDA graph capture needs its arguments checked before: run "
@@ -105,15 +99,52 @@ def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object]) 
     names = sorted(sig)
     # One number per rank: the whole signature's digest. Only where they differ (every
     # rank sees it, so every rank takes this path) are the fields traded to name them.
-    whole = _exchange(group, [digest_text(repr([(n, sig[n]) for n in names]))])
+    whole = (begun or _posted(group, sig)).values()
     if len({row[0] for row in whole}) > 1:
         table = _exchange(group, [_field_hash(n, sig[n]) for n in names])
         differing = [i for i, column in enumerate(zip(*table)) if len(set(column)) > 1]
         raise ValueError(_disagreement(group, sig, [names[i] for i in differing],
                                        [[row[i] for i in differing] for row in table]))
-    cache[key] = None
+    cache = _CACHES[name]
+    cache[tuple(sig.items())] = None
     if len(cache) > CACHE_SIZE:
         cache.popitem(last=False)  # the oldest: the same one on every rank
+
+
+def begin(group: dist.ProcessGroup | None,
+          sig: Mapping[str, object]) -> consensus.Exchange | None:
+    """Post the check of ``sig`` now, where ``check_agreement`` will want one, so that it
+    travels while the call is planned; ``check_agreement(group, sig, begun)`` reads it. The
+    same decision as there (mode, cache, peers), so every rank posts alike. Not inside a
+    graph capture (``check_agreement`` raises there)."""
+    if consensus.capturing() or _wanted(group, sig) is None:
+        return None
+    return _posted(group, sig)
+
+
+def _wanted(group: dist.ProcessGroup | None, sig: Mapping[str, object]) -> str | None:
+    """The group's name where ``sig`` is to be checked now (the mode, agreed at the group's
+    first check, asks for it, it was not verified before under ``first``, and the group has
+    peers), else None."""
+    mode = current().agree
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    name, peers = group_name(group), dist.get_world_size(group) > 1
+    if name not in _MODES and peers:
+        _agree_on_mode(group, name, mode)
+    if mode == "off":
+        return None
+    cache = _CACHES.setdefault(name, collections.OrderedDict())
+    if mode == "first" and tuple(sig.items()) in cache:
+        return None  # verified with every rank before; see the module docstring for why
+    return name if peers else None  # alone: nobody to disagree with
+
+
+def _posted(group: dist.ProcessGroup | None, sig: Mapping[str, object]) -> consensus.Exchange:
+    """The exchange of ``sig``'s digest, posted."""
+    names = sorted(sig)
+    return consensus.Exchange(group, [digest_text(repr([(n, sig[n]) for n in names]))],
+                              *_WAITING)
 
 
 _MODES: dict[str, str] = {}  # group name -> the mode its ranks agreed on
@@ -140,13 +171,15 @@ def _field_hash(name: str, value: object) -> int:
     return digest_text(f"{name}={value!r}")
 
 
-def _exchange(group: dist.ProcessGroup | None, fingerprint: list[int]) -> list[list[int]]:
-    """All ranks' fingerprints, in group rank order (``consensus.gather``)."""
-    return consensus.gather(
-        group, fingerprint, "for the other ranks to join burst_attn's argument check",
-        why="a rank failed, is stuck, or skipped the check because it repeated arguments the "
+_WAITING = ("for the other ranks to join burst_attn's argument check",
+            "a rank failed, is stuck, or skipped the check because it repeated arguments the "
             f"group verified earlier while this rank passed new ones (the ranks disagree; "
             f"{MODE_ENV}=always pins it down)")
+
+
+def _exchange(group: dist.ProcessGroup | None, fingerprint: list[int]) -> list[list[int]]:
+    """All ranks' fingerprints, in group rank order (``consensus.gather``)."""
+    return consensus.gather(group, fingerprint, *_WAITING)
 
 
 def _disagreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],

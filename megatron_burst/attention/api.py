@@ -89,15 +89,27 @@ def burst_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _agreed(group, q, k, v, world: int, arguments: dict):
     """The call (``BurstCall.of(arguments)``) prepared, and compared with the group's
-    other ranks; whatever fails, the peers learn of it instead of waiting."""
+    other ranks; whatever fails, the peers learn of it instead of waiting.
+
+    A new signature's check is posted as soon as the call is signed and read after its plan
+    is made, so the exchange travels while the host plans (``agree.begin``). A plan that
+    fails after that fails alike on every rank that signed alike (it is made from the
+    signature); where the signatures differ, the check's error comes first."""
+    begun: list = []
     try:
         call = call_of(arguments)
-        prepared = prepare.lookup(group, q, k, v, call, world, arguments["sinks"])
+        prepared = prepare.lookup(
+            group, q, k, v, call, world, arguments["sinks"],
+            signed=(lambda sig: begun.append((sig, agree.begin(group, sig))))
+            if world > 1 else None)
     except Exception as err:
+        if begun and begun[0][1] is not None:
+            agree.check_agreement(group, *begun[0])
+            raise
         agree.check_agreement(group, failed_signature(consensus.error_text(err)))
         raise
     if world > 1:
-        agree.check_agreement(group, prepared.sig)
+        agree.check_agreement(group, prepared.sig, begun[0][1] if begun else None)
         while prepared.pending is not None:  # 'auto''s first use: every rank, together
             prepared = _settle(group, q, k, v, world, call, arguments, prepared)
     return prepared

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -153,12 +154,14 @@ def call_key(group, q, k, v, call: BurstCall, world: int, sinks=None) -> tuple:
     return (group_name(group), world, call, tensors, torch.is_grad_enabled(), cluster_state)
 
 
-def lookup(group, q, k, v, call: BurstCall, world: int, sinks=None) -> Prepared:
-    """The prepared call for this key, preparing (and remembering) it on a miss."""
+def lookup(group, q, k, v, call: BurstCall, world: int, sinks=None,
+           signed: Callable[[dict], None] | None = None) -> Prepared:
+    """The prepared call for this key, preparing (and remembering) it on a miss (``signed``:
+    see ``prepare``)."""
     key = call_key(group, q, k, v, call, world, sinks)
     found = PREPARED.get(key)
     if found is None:
-        found = prepare(q, k, v, group, world, call, sinks)
+        found = prepare(q, k, v, group, world, call, sinks, signed)
         PREPARED[key] = found
         if len(PREPARED) > PREPARED_CACHE:
             PREPARED.popitem(last=False)
@@ -170,9 +173,11 @@ def forget(group, q, k, v, call: BurstCall, world: int, sinks=None) -> None:
     PREPARED.pop(call_key(group, q, k, v, call, world, sinks), None)
 
 
-def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared:
+def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None,
+            signed: Callable[[dict], None] | None = None) -> Prepared:
     """Validate, resolve the topology, choose the kernel, sign and plan one call (no
-    communication)."""
+    communication). ``signed(sig)`` runs once the call is signed, before its plan is made:
+    the ranks' check of the signature travels meanwhile (``api``)."""
     _validate(q, k, v, world, call)
     check_sinks(sinks, q.shape[2], q.device)
     topology, decision, pending = _topology(group, world, q, k, v, call)
@@ -188,6 +193,8 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None) -> Prepared
         raise ValueError("burst_attn with keep= cannot be captured in a CUDA graph: matching "
                          "a kept output to its recompute reads the host")
     sig = signature(call, q, k, v, topology, sinks)
+    if signed is not None:
+        signed(sig)
     bound = _bind_plan(q, k, v, group, world, topology, call)
     keep_key = headers.describe_call({n: x for n, x in sig.items()
                                       if n not in ("requires_grad", "error")})

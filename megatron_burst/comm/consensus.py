@@ -12,7 +12,8 @@ Each of those states what it compares; how the numbers travel is stated here, on
 - ``shared``: whether a group has peers to agree with at all;
 - ``gather``: every rank's few int64s, one all-gather, over an NCCL group's gloo twin
   (``host_channel``: the host never waits for the GPU); the wait is bounded (``waits``)
-  and its error says who was waited for and why;
+  and its error says who was waited for and why; ``Exchange``: the same, posted now and
+  read later;
 - ``minimum``: an elementwise minimum over the ranks (every rank has it only if all do);
 - ``Gathered``: every rank's one int64 without making the host wait for the GPU: on CUDA
   gathered on the device (``device_table``, which a CUDA graph can hold) and copied home
@@ -64,29 +65,55 @@ def error_text(error: BaseException) -> str:
 def gather(group: dist.ProcessGroup | None, values: Sequence[int], waiting_for: str,
            why: str = WHY) -> list[list[int]]:
     """Every rank's ``values`` (int64s, as many on every rank), in group rank order: one
-    all-gather, bounded (``waiting_for`` and ``why`` word the timeout's error). An NCCL
-    group's goes over its gloo twin (``host_channel``), so the host never waits for the
-    GPU's queue."""
-    where = device(group)
-    if where.type == "cuda":
-        made = host_channel.twin(group, lambda said: _gather_on(group, said, where,
-                                                                  waiting_for, why))
+    all-gather, bounded (``waiting_for`` and ``why`` word the timeout's error)."""
+    return Exchange(group, values, waiting_for, why).values()
+
+
+class Exchange:
+    """``gather`` posted now and read later (``values``), so the host can work meanwhile. An
+    NCCL group's goes over its gloo twin (``host_channel``): neither the posting nor the
+    reading waits for the GPU's queue."""
+
+    def __init__(self, group: dist.ProcessGroup | None, values: Sequence[int],
+                 waiting_for: str, why: str = WHY) -> None:
+        where = device(group)
+        made = None
+        if where.type == "cuda":
+            made = host_channel.twin(group, lambda said: Exchange._on_group(
+                group, said, where, waiting_for, why).values())
+        self._args = ("cpu" if made is not None else where, waiting_for, why)
         if made is not None:
-            work, rows = host_channel.all_gather(made, torch.tensor(list(values),
-                                                                    dtype=torch.int64))
-            wait_bounded(work, torch.device("cpu"), waiting_for, why=why)
-            return torch.stack(rows).tolist()
-    return _gather_on(group, values, where, waiting_for, why)
+            self._work, self._rows = host_channel.all_gather(
+                made, torch.tensor(list(values), dtype=torch.int64))
+        else:
+            self._work, self._rows = Exchange._post(group, values, where)
+
+    @staticmethod
+    def _on_group(group, values, where, waiting_for, why) -> "Exchange":
+        """The exchange over ``group`` itself, its tensors on ``where`` (the old way)."""
+        made = Exchange.__new__(Exchange)
+        made._args = (where, waiting_for, why)
+        made._work, made._rows = Exchange._post(group, values, where)
+        return made
+
+    @staticmethod
+    def _post(group, values, where: torch.device):
+        mine = torch.tensor(list(values), dtype=torch.int64, device=where)
+        rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        return dist.all_gather(rows, mine, group=group, async_op=True), rows
+
+    def values(self) -> list[list[int]]:
+        """Every rank's values, in group rank order (a bounded wait for the exchange)."""
+        where, waiting_for, why = self._args
+        wait_bounded(self._work, torch.device(where), waiting_for, why=why)
+        return torch.stack(self._rows).tolist()
 
 
 def _gather_on(group: dist.ProcessGroup | None, values: Sequence[int], where: torch.device,
                waiting_for: str, why: str) -> list[list[int]]:
-    """``gather`` over ``group`` itself, its tensors on ``where``."""
-    mine = torch.tensor(list(values), dtype=torch.int64, device=where)
-    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    work = dist.all_gather(rows, mine, group=group, async_op=True)
-    wait_bounded(work, where, waiting_for, why=why)
-    return torch.stack(rows).tolist()
+    """``gather`` over ``group`` itself, its tensors on ``where`` (benchmarks and tests
+    compare it with the twin)."""
+    return Exchange._on_group(group, values, where, waiting_for, why).values()
 
 
 def minimum(group: dist.ProcessGroup | None, values: torch.Tensor, waiting_for: str,
