@@ -8,7 +8,9 @@ Every call gets a new pack (documents of 1..4096 tokens, seeded), 8K tokens per 
 CPU), causal, ring backward; the ranks are lined up (a sync and a barrier) before each of 30
 timed calls. Each rank prints one JSON line of medians, in ms: ``lookup`` (the call's
 preparation, ``prepare.lookup``), ``check`` (``agree.check_agreement``: the signature's
-digest and its exchange), ``gather`` (``consensus.gather``, the exchange alone), the call's
+digest and its exchange), ``gather`` (``consensus.gather``, the exchange alone; where the
+check is posted while the call is planned, ``post``, ``agree.begin``, and ``read``, the wait
+for its result, ``consensus.Exchange.values``, in its place), the call's
 host time and its wall time (to the GPU's end). Run with ``MEGATRON_BURST_AGREE=first``
 (the default: every new pack is a new signature, checked) and ``off`` to see the check's
 share, and with ``MEGATRON_BURST_HOST_CHANNEL=gloo`` (the default: the exchange over a gloo
@@ -34,7 +36,8 @@ from megatron_burst.attention import agree, prepare  # noqa: E402
 from megatron_burst.comm import consensus  # noqa: E402
 
 DRY = bool(os.environ.get("DRY"))
-PHASES: dict[str, list[float]] = {"lookup": [], "check": [], "gather": []}
+PHASES: dict[str, list[float]] = {name: [] for name in ("lookup", "check", "gather", "post",
+                                                        "read")}
 
 
 def timed(module, name: str, phase: str) -> None:
@@ -62,6 +65,9 @@ def main() -> None:
     timed(prepare, "lookup", "lookup")
     timed(agree, "check_agreement", "check")
     timed(consensus, "gather", "gather")
+    if hasattr(consensus, "Exchange"):  # the check posted while planning, read after
+        timed(agree, "begin", "post")
+        timed(consensus.Exchange, "values", "read")
 
     def call(seed: int) -> tuple[float, float]:
         rng, lens, left = random.Random(seed), [], total

@@ -96,19 +96,35 @@ def check_agreement(group: dist.ProcessGroup | None, sig: Mapping[str, object],
             "burst_attn inside a CUDA graph capture needs its arguments checked before: run "
             "the same call once outside the capture first (make_graphed_callables' warm-up "
             f"does), with {MODE_ENV}=first (the default), not 'always'")
-    names = sorted(sig)
     # One number per rank: the whole signature's digest. Only where they differ (every
     # rank sees it, so every rank takes this path) are the fields traded to name them.
     whole = (begun or _posted(group, sig)).values()
     if len({row[0] for row in whole}) > 1:
-        table = _exchange(group, [_field_hash(n, sig[n]) for n in names])
-        differing = [i for i, column in enumerate(zip(*table)) if len(set(column)) > 1]
-        raise ValueError(_disagreement(group, sig, [names[i] for i in differing],
-                                       [[row[i] for i in differing] for row in table]))
+        _raise_differences(group, sig)
     cache = _CACHES[name]
     cache[tuple(sig.items())] = None
     if len(cache) > CACHE_SIZE:
         cache.popitem(last=False)  # the oldest: the same one on every rank
+
+
+def check_failed_plan(group: dist.ProcessGroup | None, begun: consensus.Exchange,
+                      error: Exception) -> None:
+    """This rank's plan failed after ``begin`` posted its signature. Where every rank signed
+    alike the plan fails alike on each (it is made from the signature): return, and the
+    caller raises its own error. Else the fields are traded as for a rank that failed
+    before signing, and every rank raises the same ValueError naming this failure."""
+    if len({row[0] for row in begun.values()}) > 1:
+        _raise_differences(group, failed_signature(consensus.error_text(error)))
+
+
+def _raise_differences(group: dist.ProcessGroup | None, sig: Mapping[str, object]) -> None:
+    """Trade ``sig``'s fields' hashes (the ranks' digests differed) and raise the ValueError
+    that names the fields that differ and who passed what, the same on every rank."""
+    names = sorted(sig)
+    table = _exchange(group, [_field_hash(n, sig[n]) for n in names])
+    differing = [i for i, column in enumerate(zip(*table)) if len(set(column)) > 1]
+    raise ValueError(_disagreement(group, sig, [names[i] for i in differing],
+                                   [[row[i] for i in differing] for row in table]))
 
 
 def begin(group: dist.ProcessGroup | None,

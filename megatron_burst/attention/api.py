@@ -94,22 +94,21 @@ def _agreed(group, q, k, v, world: int, arguments: dict):
     A new signature's check is posted as soon as the call is signed and read after its plan
     is made, so the exchange travels while the host plans (``agree.begin``). A plan that
     fails after that fails alike on every rank that signed alike (it is made from the
-    signature); where the signatures differ, the check's error comes first."""
+    signature); where the signatures differ, every rank hears of the failure."""
     begun: list = []
     try:
         call = call_of(arguments)
         prepared = prepare.lookup(
             group, q, k, v, call, world, arguments["sinks"],
-            signed=(lambda sig: begun.append((sig, agree.begin(group, sig))))
-            if world > 1 else None)
+            signed=(lambda sig: begun.append(agree.begin(group, sig))) if world > 1 else None)
     except Exception as err:
-        if begun and begun[0][1] is not None:
-            agree.check_agreement(group, *begun[0])
-            raise
-        agree.check_agreement(group, failed_signature(consensus.error_text(err)))
+        if begun and begun[0] is not None:
+            agree.check_failed_plan(group, begun[0], err)
+        else:
+            agree.check_agreement(group, failed_signature(consensus.error_text(err)))
         raise
     if world > 1:
-        agree.check_agreement(group, prepared.sig, begun[0][1] if begun else None)
+        agree.check_agreement(group, prepared.sig, begun[0] if begun else None)
         while prepared.pending is not None:  # 'auto''s first use: every rank, together
             prepared = _settle(group, q, k, v, world, call, arguments, prepared)
     return prepared
