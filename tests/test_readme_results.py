@@ -1068,3 +1068,32 @@ def test_agree_readback_figures_are_the_runs_on_file():
               for row in _load(f"h100x2_issue41_agree_readback/{run}.json")["rows"]
               if row.get("auto_over_best")]
     _says(f"moved between {min(ratios):.2f} and {max(ratios):.2f}")
+
+
+def test_host_channel_figures_are_the_runs_on_file():
+    """The README's paragraph on the check over the gloo twin, posted while planning."""
+    folder = "h100x2_issue41_host_channel"
+    exchange = {r["case"]: r["host_ms_median"]
+                for r in _load(f"{folder}/exchange/host_exchange.json")["rows"]}
+    _says(f"one exchange cost the host {exchange['gloo twin, busy']:.3f} ms over the twin "
+          f"against {exchange['NCCL group, busy']:.3f} ms over NCCL with 2 ms of work queued "
+          f"on the GPU, and {exchange['gloo twin, idle']:.3f} against "
+          f"{exchange['NCCL group, idle']:.3f} ms with the GPU idle")
+    phases = [line.split(" ", 2) for line in
+              (RESULTS / folder / "overlap" / "phases.txt").read_text().splitlines()]
+    before = [json.loads(p[2])["check"] for p in phases
+              if p[0] == "before" and json.loads(p[2])["channel"] == "gloo"]
+    after = [json.loads(p[2])["check"] + json.loads(p[2])["post"] for p in phases
+             if p[0] == "after" and json.loads(p[2])["channel"] == "gloo"]
+    _says(f"fell from {min(before):.2f}-{max(before):.2f} ms to "
+          f"{min(after):.2f}-{max(after):.2f} ms over the twin")
+
+    def ms(run: str, heads: str, method: str) -> str:
+        (row,) = [r for r in _load(f"{folder}/{run}.json")["rows"]
+                  if r["heads"] == heads and r["method"] == method]
+        return f"{row['ms']:.2f}"
+
+    b2b = "burst whole_docs, new packs back to back (no sync)"
+    _says(f"took {ms('docs_1gloo', '32:8', b2b)} and {ms('docs_3gloo', '32:8', b2b)} ms over "
+          f"the twin against {ms('docs_2group', '32:8', b2b)} and "
+          f"{ms('docs_4group', '32:8', b2b)} over NCCL")
