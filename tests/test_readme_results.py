@@ -1097,3 +1097,12 @@ def test_host_channel_figures_are_the_runs_on_file():
     _says(f"took {ms('docs_1gloo', '32:8', b2b)} and {ms('docs_3gloo', '32:8', b2b)} ms over "
           f"the twin against {ms('docs_2group', '32:8', b2b)} and "
           f"{ms('docs_4group', '32:8', b2b)} over NCCL")
+    steps = [megatron_step(f"{folder}/megatron/cp2_{i}_{c}.json")
+             for i, c in enumerate(("group", "gloo", "group", "gloo"), 1)]
+    _says("CP=2 step in turn: " + ", ".join(steps) + " ms over NCCL, the twin, NCCL, the twin")
+
+
+def megatron_step(name: str) -> str:
+    """The steady ms a step of a megatron_graphs.py result's one run."""
+    (run,) = _load(name)["runs"]
+    return f"{run['steady_ms']:.0f}"
