@@ -121,3 +121,21 @@ def test_an_nccl_groups_gather_goes_over_its_twin(channel):
         assert r["twin"] == (channel == "gloo") and r["dropped"]
         on_group = [] if channel == "gloo" else [[rank, 7 + i] for i in range(3)]
         assert r["on_group"] == [[code], *on_group]
+
+
+def _without_default_store(rank: int, world: int) -> str:
+    import torch.distributed as dist
+
+    from megatron_burst.comm import host_channel
+
+    del dist.distributed_c10d._get_default_store
+    with pytest.raises(ValueError) as err:
+        host_channel.twin(None, _over_group(None))
+    return str(err.value)
+
+
+def test_a_torch_without_the_default_store_names_the_setting():
+    """The twin is made on torch's default store (a private accessor): a torch without it
+    gets a ValueError naming the setting that keeps the exchanges on the group."""
+    said = run_ranks(2, _without_default_store, timeout=120)
+    assert said[0] == said[1] and "MEGATRON_BURST_HOST_CHANNEL=group" in said[0]

@@ -17,7 +17,8 @@ ranks this process made before (the members make them together, so the count agr
 Twins are kept by their ranks (two groups of the same ranks share one: each posts its
 exchanges in program order on every member), and dropped when their group or the world is
 destroyed (``teardown``). ``MEGATRON_BURST_HOST_CHANNEL=group`` keeps the exchanges on the
-group itself, for clusters where gloo cannot connect.
+group itself, for clusters where gloo cannot connect (gloo picks its network interface as
+Megatron's own gloo groups do: ``GLOO_SOCKET_IFNAME``).
 """
 from __future__ import annotations
 
@@ -61,7 +62,12 @@ HOST_CHANNEL_CODES = {"gloo": 1, "group": 2}
 
 def _make(ranks: tuple[int, ...], rank: int) -> Any:
     """A gloo backend among ``ranks`` on a prefix of the default store named by value."""
-    store = dist.distributed_c10d._get_default_store()
+    default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if default_store is None:  # the same torch on every rank: every rank raises this
+        raise ValueError(f"{HOST_CHANNEL_ENV}=gloo needs torch.distributed's default store, "
+                         f"which torch {torch.__version__} does not expose; set "
+                         f"{HOST_CHANNEL_ENV}=group")
+    store = default_store()
     count = _MADE.get(ranks, 0)
     _MADE[ranks] = count + 1
     prefix = f"megatron_burst/host_channel/{'-'.join(map(str, ranks))}/{count}/"
