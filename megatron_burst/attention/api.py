@@ -95,9 +95,9 @@ def _agreed(group, q, k, v, world: int, arguments: dict):
     is made, so the exchange travels while the host plans (``agree.begin``). A plan that
     fails after that fails alike on every rank that signed alike (it is made from the
     signature); where the signatures differ, every rank hears of the failure. What one rank
-    alone can meet there (its GPU out of memory as the plan uploads its boundaries, a kernel
-    probe or the merge's compile failing at a shape's first call) is then like a failure in
-    the ring: the peers, past the check, wait until the process group's timeout."""
+    alone can meet there (its GPU out of memory as the plan uploads its boundaries, a forced
+    kernel's probe failing at a shape's first call) is then like a failure in the ring: the
+    peers, past the check, wait until the process group's timeout."""
     begun: list = []
     try:
         call = call_of(arguments)

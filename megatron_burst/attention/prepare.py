@@ -192,6 +192,10 @@ def prepare(q, k, v, group, world: int, call: BurstCall, sinks=None,
     if capturing(q) and call.keep:
         raise ValueError("burst_attn with keep= cannot be captured in a CUDA graph: matching "
                          "a kept output to its recompute reads the host")
+    if world > 1 and fuses(q.device, q.dtype, v.shape[3]) and not capturing(q):
+        # Not at a later pack's first merge; and before the check is posted, so that a
+        # compile failing on one rank is told to its peers (``api._agreed``).
+        compile_variants(q.device, q.dtype, v.shape[3])
     sig = signature(call, q, k, v, topology, sinks)
     if signed is not None:
         signed(sig)
@@ -248,8 +252,6 @@ def _bind_plan(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
     check_kernel(kernel, call.kernel, *heads, blocks=plan.blocks, varlen=batch == 1,
                  dv=v.shape[3])
     plan.upload(q.device)  # a pack planned ahead on the host gets its boundaries here
-    if world > 1 and fuses(q.device, q.dtype, v.shape[3]) and not capturing(q):
-        compile_variants(q.device, q.dtype, v.shape[3])  # not at a later pack's first merge
     scale = call.softmax_scale if call.softmax_scale is not None else default_scale(q.shape[3])
     return BoundPlan(group, plan, scale, seq_first and u == 1, kernel,
                      replay=replays(call, q, plan))
