@@ -1106,3 +1106,22 @@ def megatron_step(name: str) -> str:
     """The steady ms a step of a megatron_graphs.py result's one run."""
     (run,) = _load(name)["runs"]
     return f"{run['steady_ms']:.0f}"
+
+
+def test_the_settings_table_names_every_setting():
+    """Every ``MEGATRON_BURST_*`` variable the package reads has its row in the README's
+    settings table, with the default the code has."""
+    import re
+
+    from megatron_burst.comm import emulated_nodes, settings
+    from .readme import REPO
+
+    names = {v for k, v in vars(settings).items() if k.endswith("_ENV")} | {emulated_nodes.ENV}
+    text = (REPO / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(MEGATRON_BURST_\w+)` \| ([^|]+) \|", text, re.M))
+    assert set(rows) == names, sorted(names ^ set(rows))
+    defaults = settings.BurstSettings()
+    assert rows[settings.AGREE_ENV].strip() == f"`{defaults.agree}`"
+    assert rows[settings.HOST_CHANNEL_ENV].strip() == f"`{defaults.host_channel}`"
+    assert rows[settings.REPLAY_ENV].strip() == f"`{defaults.replay}`"
+    assert rows[settings.TIMEOUT_ENV].strip() == f"`{defaults.timeout_s:g}`"
