@@ -1,0 +1,70 @@
+"""How many K/V rows a mask's forward ring sends against how many its receivers use (CPU).
+
+    python benchmarks/ring_rows.py --out benchmarks/results/cpu_issue42_ring_rows/ring_rows.json
+
+No GPU, no communication: the planner alone (``call_plan.build_plan``) on LongCA-bench's
+families as ``benchmarks/slice_masks.py`` builds them (8K tokens per rank, layout ``area``).
+For every rank it adds up the K/V rows its forward receives (the hops' ``n_recv``: a hop
+carries the *leading* rows of the sender's shard up to the last row any later step uses)
+and the distinct rows its blocks read from the other ranks' shards. Where a receiver needs
+rows from the end of a shard (a window reaching back across a rank's edge), the leading-rows
+rule sends the whole shard. On 2 ranks the ratio is what hops carrying row ranges would
+save; on more, a hop also relays rows that only a later holder reads, so it is a bound.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from slice_masks import knobs, pile_like  # noqa: E402
+
+from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key  # noqa: E402
+from megatron_burst.kernels.selection import VARLEN_DENSE_MIN_AREA  # noqa: E402
+from megatron_burst.plan import mask_families as mf  # noqa: E402
+
+
+def rows_of(name: str, world: int, per_rank: int) -> dict:
+    total = world * per_rank
+    lens = pile_like(total, seed=zlib.crc32(name.encode()))
+    mask = mf.family(name, lens, **knobs(total, per_rank / 8192))
+    sent = used = 0
+    for me in range(world):
+        plan = build_plan(plan_key("area", world, (total,), mask, 1,
+                                   RingKey(tuple(range(world)), me, None), "burst",
+                                   dense_min_area=VARLEN_DENSE_MIN_AREA))
+        sent += sum(h.n_recv for step in plan.forward.steps for h in step.hops)
+        for other in range(world):
+            if other != me:
+                read = set()
+                for b in plan.sched.split_blocks(me, other):
+                    read.update(range(b.k_start, b.k_stop))
+                used += len(read)
+    return {"family": name, "world": world, "rows_per_rank": per_rank,
+            "kv_rows_received": sent, "kv_rows_read": used,
+            "received_over_read": round(sent / used, 2) if used else None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--per-rank", type=int, default=8192)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    rows = [rows_of(name, w, a.per_rank) for w in a.world for name in mf.FAMILIES]
+    print("| family | ranks | K/V rows received | rows read | received / read |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['family']} | {r['world']} | {r['kv_rows_received']} | {r['kv_rows_read']} "
+              f"| {r['received_over_read']} |")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"meta": {"device": "CPU (the planner only)", "command": "python " + " ".join(
+            ["benchmarks/ring_rows.py", *sys.argv[1:]])}, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
