@@ -16,6 +16,16 @@ import torch
 from .distributed import run_ranks
 
 
+def test_the_setting_is_checked_where_it_is_read():
+    from megatron_burst.comm import settings
+
+    assert settings.BurstSettings.from_env({}).host_channel == "gloo"
+    assert settings.BurstSettings.from_env({settings.HOST_CHANNEL_ENV: " GROUP "}
+                                           ).host_channel == "group"
+    with pytest.raises(ValueError, match=settings.HOST_CHANNEL_ENV):
+        settings.BurstSettings.from_env({settings.HOST_CHANNEL_ENV: "nccl"})
+
+
 def _over_group(group):
     """The ``agree`` callable ``twin`` takes: a gather over ``group`` itself, on CPU."""
     import torch.distributed as dist

@@ -1079,6 +1079,11 @@ def test_host_channel_figures_are_the_runs_on_file():
           f"against {exchange['NCCL group, busy']:.3f} ms over NCCL with 2 ms of work queued "
           f"on the GPU, and {exchange['gloo twin, idle']:.3f} against "
           f"{exchange['NCCL group, idle']:.3f} ms with the GPU idle")
+    def ms(run: str, heads: str, method: str) -> str:
+        (row,) = [r for r in _load(f"{folder}/{run}.json")["rows"]
+                  if r["heads"] == heads and r["method"] == method]
+        return f"{row['ms']:.2f}"
+
     phases = [line.split(" ", 2) for line in
               (RESULTS / folder / "overlap" / "phases.txt").read_text().splitlines()]
     before = [json.loads(p[2])["check"] for p in phases
@@ -1087,11 +1092,16 @@ def test_host_channel_figures_are_the_runs_on_file():
              if p[0] == "after" and json.loads(p[2])["channel"] == "gloo"]
     _says(f"fell from {min(before):.2f}-{max(before):.2f} ms to "
           f"{min(after):.2f}-{max(after):.2f} ms over the twin")
-
-    def ms(run: str, heads: str, method: str) -> str:
-        (row,) = [r for r in _load(f"{folder}/{run}.json")["rows"]
-                  if r["heads"] == heads and r["method"] == method]
-        return f"{row['ms']:.2f}"
+    for heads, words in (("32:8:128", "32:8 d128"), ("16:4:64", "16:4 d64")):
+        walls = {tree: [json.loads(p[2])["wall_call"] for p in phases if p[0] == tree
+                        and p[1] == heads and json.loads(p[2])["channel"] == "gloo"]
+                 for tree in ("before", "after")}
+        _says(f"from {min(walls['before']):.2f}-{max(walls['before']):.2f} to "
+              f"{min(walls['after']):.2f}-{max(walls['after']):.2f} ms ({words})")
+    repeated = [ms(f"overlap/docs_{r}_{t}_{c}", "16:4", "burst whole_docs, same pack repeated")
+                for r in (1, 2) for t in ("before", "after") for c in ("gloo", "group")]
+    _says(f"moved between {min(repeated, key=float)} and {max(repeated, key=float)} ms at "
+          f"16:4 d64")
 
     b2b = "burst whole_docs, new packs back to back (no sync)"
     _says(f"took {ms('docs_1gloo', '32:8', b2b)} and {ms('docs_3gloo', '32:8', b2b)} ms over "
@@ -1125,3 +1135,5 @@ def test_the_settings_table_names_every_setting():
     assert rows[settings.HOST_CHANNEL_ENV].strip() == f"`{defaults.host_channel}`"
     assert rows[settings.REPLAY_ENV].strip() == f"`{defaults.replay}`"
     assert rows[settings.TIMEOUT_ENV].strip() == f"`{defaults.timeout_s:g}`"
+    assert rows[settings.PREFETCH_ENV].strip() == f"`{int(defaults.prefetch)}`"
+    assert rows[settings.MEASURE_ENV].strip() == f"`{'on' if defaults.auto_measure else 'off'}`"
