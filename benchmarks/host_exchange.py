@@ -39,9 +39,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args()
     rank, world = start_ranks("gloo") if DRY else start_ranks()
-    where = consensus.device(None)
     ways = {"gloo twin": lambda v: consensus.gather(None, v, "for a benchmark"),
-            "NCCL group": lambda v: consensus._gather_on(None, v, where, "for a benchmark", "")}
+            "NCCL group": lambda v: consensus.Exchange(None, v, "for a benchmark",
+                                                       on_group=True).values()}
     spin = (lambda: None) if DRY else _spinner(a.busy_ms)
     times: dict[str, list[float]] = {f"{w}, {g}": [] for w in ways for g in ("idle", "busy")}
     for i in range(a.calls + 10):

@@ -2,7 +2,8 @@
 (``comm.host_channel``), so the host reads its peers' values without waiting for the GPU.
 
 The proof that this test can fail: the same gather over the NCCL group itself
-(``consensus._gather_on``, what every agreement did before the twin) waits for the queue.
+(``consensus.Exchange(..., on_group=True)``, what every agreement did before the twin)
+waits for the queue.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def _busy_gather_worker(rank: int, world: int, _) -> dict:
     cycles = int(2e8 * 300 / start.elapsed_time(end))  # about 300 ms of queued GPU work
     times = {}
     for name, gather in (("twin", lambda: consensus.gather(None, [rank, 5], "for a test")),
-                         ("group", lambda: consensus._gather_on(
-                             None, [rank, 5], consensus.device(None), "for a test", ""))):
+                         ("group", lambda: consensus.Exchange(
+                             None, [rank, 5], "for a test", on_group=True).values())):
         torch.cuda._sleep(cycles)
         began = time.perf_counter()
         table = gather()

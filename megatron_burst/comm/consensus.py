@@ -72,29 +72,21 @@ def gather(group: dist.ProcessGroup | None, values: Sequence[int], waiting_for: 
 class Exchange:
     """``gather`` posted now and read later (``values``), so the host can work meanwhile. An
     NCCL group's goes over its gloo twin (``host_channel``): neither the posting nor the
-    reading waits for the GPU's queue."""
+    reading waits for the GPU's queue. ``on_group``: over ``group`` itself (the twin's own
+    setup, and benchmarks and tests comparing the two ways)."""
 
     def __init__(self, group: dist.ProcessGroup | None, values: Sequence[int],
-                 waiting_for: str, why: str = WHY) -> None:
+                 waiting_for: str, why: str = WHY, on_group: bool = False) -> None:
         where = device(group)
-        made = None
-        if where.type == "cuda":
-            made = host_channel.twin(group, lambda said: Exchange._on_group(
-                group, said, where, waiting_for, why).values())
-        self._args = ("cpu" if made is not None else where, waiting_for, why)
+        made = None if on_group or where.type != "cuda" else host_channel.twin(
+            group, lambda said: Exchange(group, said, waiting_for, why, on_group=True).values())
         if made is not None:
+            where = torch.device("cpu")
             self._work, self._rows = host_channel.all_gather(
                 made, torch.tensor(list(values), dtype=torch.int64))
         else:
             self._work, self._rows = Exchange._post(group, values, where)
-
-    @staticmethod
-    def _on_group(group, values, where, waiting_for, why) -> "Exchange":
-        """The exchange over ``group`` itself, its tensors on ``where`` (the old way)."""
-        made = Exchange.__new__(Exchange)
-        made._args = (where, waiting_for, why)
-        made._work, made._rows = Exchange._post(group, values, where)
-        return made
+        self._where, self._waiting_for, self._why = where, waiting_for, why
 
     @staticmethod
     def _post(group, values, where: torch.device):
@@ -104,16 +96,8 @@ class Exchange:
 
     def values(self) -> list[list[int]]:
         """Every rank's values, in group rank order (a bounded wait for the exchange)."""
-        where, waiting_for, why = self._args
-        wait_bounded(self._work, torch.device(where), waiting_for, why=why)
+        wait_bounded(self._work, self._where, self._waiting_for, why=self._why)
         return torch.stack(self._rows).tolist()
-
-
-def _gather_on(group: dist.ProcessGroup | None, values: Sequence[int], where: torch.device,
-               waiting_for: str, why: str) -> list[list[int]]:
-    """``gather`` over ``group`` itself, its tensors on ``where`` (benchmarks and tests
-    compare it with the twin)."""
-    return Exchange._on_group(group, values, where, waiting_for, why).values()
 
 
 def minimum(group: dist.ProcessGroup | None, values: torch.Tensor, waiting_for: str,

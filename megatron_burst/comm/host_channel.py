@@ -33,6 +33,7 @@ from .settings import HOST_CHANNEL_ENV, current
 
 _TWINS: dict[tuple[int, ...], Any] = {}  # members' global ranks -> twin (None: the group)
 _MADE: dict[tuple[int, ...], int] = {}  # members' global ranks -> twins made so far
+HOST_CHANNEL_CODES = {"gloo": 1, "group": 2}  # the setting, as the members compare it
 
 
 def twin(group: dist.ProcessGroup | None,
@@ -48,16 +49,14 @@ def twin(group: dist.ProcessGroup | None,
     said = agree([HOST_CHANNEL_CODES[channel]])
     if len({row[0] for row in said}) > 1:
         names = {code: name for name, code in HOST_CHANNEL_CODES.items()}
-        told = ", ".join(f"rank {r}: {names.get(row[0], row[0])!r}" for r, row in zip(ranks, said))
+        told = ", ".join(f"rank {r}: {names.get(row[0], row[0])!r}"
+                         for r, row in zip(ranks, said))
         raise ValueError(f"burst_attn: {HOST_CHANNEL_ENV} differs between the ranks of a group "
                          f"({told}); set it alike on every rank")
     made = _make(ranks, dist.get_rank(group)) if channel == "gloo" else None
     teardown.on_destroy(_drop)
     _TWINS[ranks] = made
     return made
-
-
-HOST_CHANNEL_CODES = {"gloo": 1, "group": 2}
 
 
 def _make(ranks: tuple[int, ...], rank: int) -> Any:
