@@ -104,10 +104,10 @@ def test_skipped_window_steps_send_nothing():
                                                  layout="contiguous", window=(3, 0))
         assert (fwd0, bwd0) == (0, 0)
     # One hop for each rank's K/V to its right neighbour (none from the last rank), and one
-    # dK/dV accumulator home for each: 3 hops in all, instead of 3 per rank.
-    assert sum(r[0] for r in results) == cost.forward_bytes(4, tokens, h, d, 4, hops=3)
-    assert sum(r[1] for r in results) == cost.backward_bytes("ring", 4, tokens, h, h, d, 4,
-                                                             hops=3)
+    # dK/dV accumulator home for each: 3 hops in all, instead of 3 per rank; each carries
+    # the 3 rows the window reads, the end of the sender's shard, not all 8.
+    assert sum(r[0] for r in results) == cost.forward_bytes(4, 3, h, d, 4, hops=3)
+    assert sum(r[1] for r in results) == cost.backward_bytes("ring", 4, 3, h, h, d, 4, hops=3)
 
 
 BAD = {

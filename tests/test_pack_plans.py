@@ -189,21 +189,23 @@ def test_large_packs_of_tiny_documents_plan_exactly():
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 def test_whole_documents_never_travel(world):
-    """What a hop carries (``needed_rows`` from step 1) covers every key row another member
-    uses, and stops before the rows of documents held whole."""
+    """What a hop carries (``needed_ranges`` from step 1) covers every key row another
+    member uses, and stops before the rows of documents held whole."""
     topo = RingPositions(list(range(world)), 0)
     for _, lens in packs(16, worlds=(world,)):
         for mask in MASKS:
             sched = RingSchedule("whole_docs", world, lens, mask)
-            rows = sched.needed_rows(topo.source)
+            spans = sched.needed_ranges(topo.source)
             for o in range(world):
                 shard = sched.shard(o)
                 tail = shard.rows.min(initial=shard.length)  # where whole documents start
                 for s in range(1, world):
-                    used = max((b.k_stop for m in range(world) for t in range(s, world)
-                                if topo.source(m, t) == o for b in sched.blocks(m, o)),
-                               default=0)
-                    assert used <= rows[o][s] <= tail
+                    used = [(b.k_start, b.k_stop) for m in range(world)
+                            for t in range(s, world) if topo.source(m, t) == o
+                            for b in sched.blocks(m, o)]
+                    first, stop = spans[o][s]
+                    assert all(first <= a and b <= stop for a, b in used)
+                    assert stop <= tail
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])

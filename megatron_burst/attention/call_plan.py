@@ -27,10 +27,10 @@ import torch.distributed as dist
 from ..comm.ring_positions import (AccumulatorStep, Hop, RingPositions, accumulator_steps,
                                    next_kind, route_hops)
 from ..kernels.device_calls import BoundarySides
-from ..kernels.varlen import KernelLaunch, covers, upload_boundaries
+from ..kernels.varlen import KernelLaunch, call_runs, covers, upload_boundaries
 from ..plan.blocks import most_per_row, one_partial
 from ..plan.packs import DocumentPack
-from ..plan.schedule import Block, Mask, RingSchedule, last_used_step
+from ..plan.schedule import Block, Mask, RingSchedule, last_spanned_step
 from ..plan.slices import SliceMask
 from .pair_calls import PairCalls
 from .sharding import group_ranks
@@ -202,23 +202,25 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
     step behind. Backward 'burst': the queries (with dO, lse, delta) go round the reversed
     ring, so at step s a member holds the queries that held its K/V at step s of the
     forward (the same pairs step for step, and the same last step); dQ one step behind."""
-    k_rows = sched.needed_rows(topo.source, "k")
-    last = last_used_step(k_rows)
+    k_spans = sched.needed_ranges(topo.source, "k")
+    last = last_spanned_step(k_spans)
     me, n = topo.index, sched.shard(topo.index).length
     own = _fresh(calls(me, me), n)
-    forward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, None)
+    forward = _pass(topo, last, k_spans, lambda src, at: calls(me, src, k_from=at), own, None)
     forward = dataclasses.replace(forward, uses=(_uses(forward.steps, n, "q"), 0))
     if key.backward == "burst":
         back = topo.reversed()
-        q_rows = sched.needed_rows(back.source, "q")
-        backward = _pass(back, last, q_rows, lambda src: calls(src, me), own, "q")
-        uses = (_uses(backward.steps[:1], n, "q", q_rows[me][1] if last else 0),
+        q_spans = sched.needed_ranges(back.source, "q")
+        backward = _pass(back, last, q_spans, lambda src, at: calls(src, me, q_from=at), own,
+                         "q")
+        uses = (_uses(backward.steps[:1], n, "q", q_spans[me][1] if last else None),
                 _uses(backward.steps, n, "k"))
         wire = _one_partial(back, last, calls, lambda holder, origin: (origin, holder), "q")
     else:
-        backward = _pass(topo, last, k_rows, lambda src: calls(me, src), own, "k")
+        backward = _pass(topo, last, k_spans, lambda src, at: calls(me, src, k_from=at), own,
+                         "k")
         uses = (_uses(backward.steps, n, "q"),
-                _uses(backward.steps[:1], n, "k", k_rows[me][1] if last else 0))
+                _uses(backward.steps[:1], n, "k", k_spans[me][1] if last else None))
         wire = _one_partial(topo, last, calls, lambda holder, origin: (holder, origin), "k")
     return forward, dataclasses.replace(backward, uses=uses, wire=wire)
 
@@ -240,20 +242,24 @@ def _one_partial(ring: RingPositions, last: int, calls: PairCalls,
     return one_partial(last, _spans(fills, side)), one_partial(last, _spans(comes_home, side))
 
 
-def _pass(topo: RingPositions, last: int, table: tuple[tuple[int, ...], ...],
-          calls_with: Callable[[int], tuple[KernelLaunch, ...]], fresh: tuple[bool, bool],
+def _pass(topo: RingPositions, last: int, spans: tuple[tuple[tuple[int, int], ...], ...],
+          calls_with: Callable[[int, int], tuple[KernelLaunch, ...]], fresh: tuple[bool, bool],
           accumulate: str | None) -> PassPlan:
-    """The steps of one pass round ``topo`` (``table``: its payload's row table);
-    ``accumulate``: the side ('k' or 'q') of the payload whose gradients travel, if any."""
-    rows = lambda origin, step: table[origin][step]  # noqa: E731
-    hops = route_hops(topo, last, rows)
-    accs = accumulator_steps(topo, last, rows) if accumulate else (None,) * (last + 1)
+    """The steps of one pass round ``topo`` (``spans``: its payload's span table,
+    ``RingSchedule.needed_ranges``); ``calls_with(source, row)``: the calls on the source's
+    payload held from that row; ``accumulate``: the side ('k' or 'q') of the payload whose
+    gradients travel, if any."""
+    rows = lambda origin, step: spans[origin][step][1] - spans[origin][step][0]  # noqa: E731
+    starts = lambda origin, step: spans[origin][step][0]  # noqa: E731
+    hops = route_hops(topo, last, rows, starts)
+    accs = accumulator_steps(topo, last, rows, starts) if accumulate else (None,) * (last + 1)
     steps = []
     for step in range(last + 1):
         source = topo.source(topo.index, step)
-        held = step == 0 or table[source][step] > 0  # else nothing of it is used here
-        calls, acc = calls_with(source) if held else (), accs[step]
-        acc_fresh = bool(acc is not None and acc.new_rows
+        first, stop = spans[source][step] if step else (0, 1)  # step 0: its own, whole
+        calls = calls_with(source, first) if stop > first else ()  # else nothing used here
+        acc = accs[step]
+        acc_fresh = bool(acc is not None and acc.new_rows and not acc.held_at
                          and covers(calls, acc.new_rows, accumulate))
         steps.append(StepPlan(source, calls, hops[step],
                               next_kind(topo, step) if step < last else None, acc, acc_fresh))
@@ -262,16 +268,17 @@ def _pass(topo: RingPositions, last: int, table: tuple[tuple[int, ...], ...],
     return PassPlan(tuple(steps), fresh, any(hops), receives)
 
 
-def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned: int = 0) -> int:
+def _uses(steps: tuple[StepPlan, ...], rows: int, side: str,
+          returned: tuple[int, int] | None = None) -> int:
     """The most kernel calls of ``steps`` that touch any one of the ``rows`` rows on
-    ``side``, with one more on the first ``returned`` rows (an accumulator come home)."""
+    ``side``, with one more on the ``returned`` rows (an accumulator come home)."""
     spans = _spans([call for step in steps for call in step.calls], side)
-    return most_per_row(spans + ([(0, returned)] if returned else []))
+    return most_per_row(spans + ([returned] if returned and returned[1] > returned[0] else []))
 
 
 def _spans(calls, side: str) -> list[tuple[int, int]]:
     """Every run of ``calls`` on ``side`` (a run as often as it appears)."""
-    return [run for call in calls for run in _runs(call, side)]
+    return [run for call in calls for run in call_runs(call, side)]
 
 
 def _fresh(own: tuple[KernelLaunch, ...], rows: int) -> tuple[bool, bool]:
@@ -281,20 +288,13 @@ def _fresh(own: tuple[KernelLaunch, ...], rows: int) -> tuple[bool, bool]:
 
 def _all_rows_see(forward: PassPlan, rows: int) -> bool:
     """Whether some block of the forward has each of ``rows`` query rows."""
-    spans = sorted((a, b) for s in forward.steps for c in s.calls for a, b in _runs(c, "q"))
+    spans = sorted((a, b) for s in forward.steps for c in s.calls for a, b in call_runs(c, "q"))
     reach = 0
     for a, b in spans:
         if a > reach:
             return False
         reach = max(reach, b)
     return reach >= rows
-
-
-def _runs(call: KernelLaunch, side: str):
-    if call.varlen:
-        return call.q_runs if side == "q" else call.k_runs
-    blk = call.blocks[0]
-    return ((blk.q_start, blk.q_stop),) if side == "q" else ((blk.k_start, blk.k_stop),)
 
 
 def _whole(key: PlanKey, sched: RingSchedule, topo: RingPositions | None, calls: PairCalls,

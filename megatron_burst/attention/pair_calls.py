@@ -8,12 +8,14 @@ launches bound to each call's boundary table (``device_calls``).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..comm.ring_positions import RingPositions
 from ..kernels.device_calls import BoundarySides, pair_launches
 from ..kernels.pack_calls import with_whole
 from ..kernels.varlen import KernelLaunch, plan_alone, plan_calls
 from ..plan.placement import local_length
-from ..plan.schedule import RingSchedule
+from ..plan.schedule import Block, RingSchedule
 
 
 class PairCalls:
@@ -27,17 +29,20 @@ class PairCalls:
         self.sides = BoundarySides(sum(key.lens)) if key.device_docs else None
         self._made: dict[tuple[int, int], tuple[KernelLaunch, ...]] = {}
 
-    def __call__(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
-        pair = (q_member, k_member)
+    def __call__(self, q_member: int, k_member: int, q_from: int = 0, k_from: int = 0
+                 ) -> tuple[KernelLaunch, ...]:
+        """The pair's calls on payloads held from row ``q_from`` of the query member's rows
+        and ``k_from`` of the key member's (a hop carries a span: ``needed_ranges``)."""
+        pair = (q_member, k_member, q_from, k_from)
         if pair not in self._made:
-            self._made[pair] = self._plan(q_member, k_member)
+            self._made[pair] = self._plan(q_member, k_member, q_from, k_from)
         return self._made[pair]
 
     def elsewhere(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
         """The calls of a pair another member runs, to read their shape (``call_plan``'s
         wire): planned as this member would, but never bound or launched here, so a device
         plan's launches (``sides``) stay the ones this member runs."""
-        if (q_member, k_member) in self._made or self.sides is None:
+        if (q_member, k_member, 0, 0) in self._made or self.sides is None:
             return self(q_member, k_member)
         own = self.sides
         self.sides = BoundarySides(own.total)
@@ -46,20 +51,35 @@ class PairCalls:
         finally:
             self.sides = own
 
-    def _plan(self, q_member: int, k_member: int) -> tuple[KernelLaunch, ...]:
+    def _plan(self, q_member: int, k_member: int, q_from: int = 0, k_from: int = 0
+              ) -> tuple[KernelLaunch, ...]:
         key, sched = self.key, self.sched
+        if (q_from or k_from) and (self.alone or self.sides is not None or q_member == k_member):
+            raise ValueError(f"PairCalls: members ({q_member}, {k_member}) planned on payloads "
+                             f"from rows ({q_from}, {k_from}); a member's own rows, a single "
+                             f"member's pack and device-read documents are held from row 0")
         if self.alone:  # a single member's pack: one varlen call from the boundaries
             return plan_alone(sched.doc_lens, sched.mask)
         if self.sides is not None:
             return pair_launches(sched.shard(q_member), sched.shard(k_member),
                                  key.mask.causal, self.sides)
         if not key.pack or not key.varlen:
-            return plan_calls(sched.blocks(q_member, k_member), varlen=key.varlen,
-                              dense_min_area=key.dense_min_area,
+            return plan_calls(_from(sched.blocks(q_member, k_member), q_from, k_from),
+                              varlen=key.varlen, dense_min_area=key.dense_min_area,
                               shape_free=key.dense_min_area is None)
         # A pack: the split documents' blocks, the whole ones from the shard's arrays.
-        calls = plan_calls(sched.split_blocks(q_member, k_member), varlen=True,
-                           dense_min_area=None, shape_free=True)
+        calls = plan_calls(_from(sched.split_blocks(q_member, k_member), q_from, k_from),
+                           varlen=True, dense_min_area=None, shape_free=True)
         if q_member == k_member:
             calls = with_whole(calls, sched.shard(q_member), sched.mask)
         return calls
+
+
+def _from(blocks: tuple[Block, ...], q_from: int, k_from: int) -> tuple[Block, ...]:
+    """``blocks`` on payloads held from rows ``q_from`` and ``k_from``: the same rectangles
+    moved (a band's bounds are counted from its block's corner, so they stay)."""
+    if not q_from and not k_from:
+        return blocks
+    return tuple(dataclasses.replace(b, q_start=b.q_start - q_from, q_stop=b.q_stop - q_from,
+                                     k_start=b.k_start - k_from, k_stop=b.k_stop - k_from)
+                 for b in blocks)

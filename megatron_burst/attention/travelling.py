@@ -30,7 +30,11 @@ class Travelling:
         if i == 0 or self.route is None:
             return self.home, None
         acc = self.route.new(step.acc, zero=not step.acc_fresh)
-        return (acc.views if acc is not None else None), acc
+        if acc is None:
+            return None, None
+        at = step.acc.held_at  # the held rows begin there in the accumulator
+        return (acc.views if not at else tuple(
+            t.narrow(self.row_dim, at, t.shape[self.row_dim] - at) for t in acc.views)), acc
 
     def pass_on(self, i: int, step: StepPlan, acc) -> None:
         """Fold in what earlier holders accumulated for this payload, and send it on."""
@@ -41,14 +45,14 @@ class Travelling:
                 mine += theirs
         self._incoming, home, batch = self.route.pass_on(step.acc, acc)
         if home is not None:
-            self._returns.append(home)
+            self._returns.append((home, step.acc.home_at))
         self._batches.append(batch)
 
     def finish(self) -> tuple[torch.Tensor, ...]:
         """This rank's gradients: its own, plus what the other holders sent home."""
-        for pending in self._returns:
+        for pending, at in self._returns:
             for mine, theirs in zip(self.home, pending.wait()):
-                mine.narrow(self.row_dim, 0, theirs.shape[self.row_dim]).add_(theirs)
+                mine.narrow(self.row_dim, at, theirs.shape[self.row_dim]).add_(theirs)
         for batch in self._batches:  # the sent buffers may be freed after this
             batch.wait()
         return self.home

@@ -57,12 +57,19 @@ class RingPositions:
 
 
 Rows = Callable[[int, int], int]  # (origin position, step) -> rows used from that step on
+# (origin position, step) -> the first of those rows, in the origin's payload
+Starts = Callable[[int, int], int]
+
+
+def _from_zero(origin: int, step: int) -> int:
+    return 0
 
 
 def payload_hops(topo: RingPositions, step: int, rows: Rows
-                 ) -> list[tuple[str, int, int, int, int]]:
+                 ) -> list[tuple[str, int, int, int, int, int]]:
     """The hops position ``topo.index`` posts at ``step``: (kind, to, rows sent, from,
-    rows received), positions not ranks.
+    rows received, the step from which the receiver uses what is sent), positions not
+    ranks.
 
     Intra: the payload held now goes to the next position of the node, which uses it from
     step+1. Inter (the first step of each round of L steps): it also goes to the same
@@ -81,12 +88,13 @@ def payload_hops(topo: RingPositions, step: int, rows: Rows
         first = (t + 1) * topo.intra
         hops.append(("inter", (n + sign) % topo.nodes * topo.intra + l_,
                      used(topo.source(p, step), first),
-                     (n - sign) % topo.nodes * topo.intra + l_, used(topo.source(p, first), first)))
+                     (n - sign) % topo.nodes * topo.intra + l_, used(topo.source(p, first), first),
+                     first))
     if u + 1 < topo.intra:
         hops.append(("intra", n * topo.intra + (l_ + sign) % topo.intra,
                       used(topo.source(p, step), step + 1),
                       n * topo.intra + (l_ - sign) % topo.intra,
-                      used(topo.source(p, step + 1), step + 1)))
+                      used(topo.source(p, step + 1), step + 1), step + 1))
     return hops
 
 
@@ -96,13 +104,15 @@ def payload_hops(topo: RingPositions, step: int, rows: Rows
 @dataclasses.dataclass(frozen=True)
 class Hop:
     """One transfer pair a position posts at a step, in global ranks: ``n_send`` rows of the
-    payload it holds to ``to``, ``n_recv`` rows from ``frm`` (zero: no message)."""
+    payload it holds, from its row ``send_from``, to ``to``; ``n_recv`` rows from ``frm``
+    (zero: no message)."""
 
     kind: str  # 'intra' (next position of the node) or 'inter' (the next node)
     to: int
     n_send: int
     frm: int
     n_recv: int
+    send_from: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,20 +121,41 @@ class AccumulatorStep:
     ``new_rows``, a zero accumulator for the payload it holds (0: none); ``send_to``, the
     global rank that accumulator goes to once this step's gradients are in it (the next
     holder, or its owner); ``recv_next`` and ``recv_home``, (rows, global rank) of the
-    accumulator of the payload it holds at s+1, and of its own coming home."""
+    accumulator of the payload it holds at s+1, and of its own coming home.
+
+    Rows are counted in the spans the schedule gives (``needed_ranges``): an accumulator
+    covers the payload's rows any other position uses; ``held_at`` is where the rows held
+    this step begin in it, and ``home_at`` where the one coming home begins in the own
+    payload's rows."""
 
     new_rows: int = 0
     send_to: int | None = None
     recv_next: tuple[int, int] | None = None
     recv_home: tuple[int, int] | None = None
+    held_at: int = 0
+    home_at: int = 0
 
 
-def route_hops(topo: RingPositions, last: int, rows: Rows) -> tuple[tuple[Hop, ...], ...]:
-    """The hops of steps 0..last (``payload_hops``, ranks global, empty hops left out)."""
-    return tuple(tuple(Hop(kind, topo.rank(to), n_send, topo.rank(frm), n_recv)
-                       for kind, to, n_send, frm, n_recv in payload_hops(topo, step, rows)
-                       if n_send or n_recv)
-                 for step in range(last + 1))
+def _held_from(starts: Starts, origin: int, step: int) -> int:
+    """The first row of origin's payload that its holder at ``step`` has: all of it at
+    step 0 (its own), else the span the hop that brought it carried."""
+    return starts(origin, step) if step else 0
+
+
+def route_hops(topo: RingPositions, last: int, rows: Rows, starts: Starts = _from_zero
+               ) -> tuple[tuple[Hop, ...], ...]:
+    """The hops of steps 0..last (``payload_hops``, ranks global, empty hops left out).
+    ``starts``: where the rows each hop carries begin in the origin's payload, so a hop
+    sends from its held payload's row ``starts(origin, first) - _held_from(origin, step)``."""
+    out = []
+    for step in range(last + 1):
+        origin = topo.source(topo.index, step)
+        held = _held_from(starts, origin, step)
+        out.append(tuple(Hop(kind, topo.rank(to), n_send, topo.rank(frm), n_recv,
+                             starts(origin, first) - held if n_send else 0)
+                         for kind, to, n_send, frm, n_recv, first
+                         in payload_hops(topo, step, rows) if n_send or n_recv))
+    return tuple(out)
 
 
 def next_kind(topo: RingPositions, step: int) -> str:
@@ -133,13 +164,13 @@ def next_kind(topo: RingPositions, step: int) -> str:
     return "intra" if step % topo.intra + 1 < topo.intra else "inter"
 
 
-def accumulator_steps(topo: RingPositions, last: int, rows: Rows
-                      ) -> tuple[AccumulatorStep, ...]:
+def accumulator_steps(topo: RingPositions, last: int, rows: Rows,
+                      starts: Starts = _from_zero) -> tuple[AccumulatorStep, ...]:
     """Each step's accumulator traffic (step 0's gradients stay home: an empty step).
 
     From step 1 the holder of origin o's payload adds its part to o's accumulator (the
-    payload's leading ``rows(o, 1)`` rows: all any other position touches) and passes it to
-    the next holder that still uses o's payload, or home after the last one."""
+    ``rows(o, 1)`` rows from ``starts(o, 1)``: all any other position touches) and passes it
+    to the next holder that still uses o's payload, or home after the last one."""
     def used(origin: int, step: int) -> int:
         return rows(origin, step) if step < topo.size else 0
 
@@ -157,5 +188,7 @@ def accumulator_steps(topo: RingPositions, last: int, rows: Rows
             recv_next = (used(nxt, 1), topo.rank(topo.holder(nxt, step)))
         if used(p, step) and not used(p, step + 1):  # the last use of our payload
             recv_home = (used(p, 1), topo.rank(topo.holder(p, step)))
-        out.append(AccumulatorStep(new, send_to, recv_next, recv_home))
+        out.append(AccumulatorStep(new, send_to, recv_next, recv_home,
+                                   starts(origin, step) - starts(origin, 1) if new else 0,
+                                   starts(p, 1) if recv_home else 0))
     return tuple(out)

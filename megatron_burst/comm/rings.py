@@ -42,9 +42,10 @@ class RowShape:
         return Packed([(self._shape(i, rows), dt) for i, dt in enumerate(self.dtypes)],
                       self.device, zero=zero)
 
-    def cut(self, tensors: Sequence[torch.Tensor], rows: int) -> list[torch.Tensor]:
-        """Views of the first ``rows`` rows of each tensor."""
-        return [t.narrow(d, 0, rows) for t, d in zip(tensors, self.row_dims)]
+    def cut(self, tensors: Sequence[torch.Tensor], rows: int, start: int = 0
+            ) -> list[torch.Tensor]:
+        """Views of ``rows`` rows of each tensor, from row ``start``."""
+        return [t.narrow(d, start, rows) for t, d in zip(tensors, self.row_dims)]
 
     def rows_of(self, tensors: Sequence[torch.Tensor]) -> int:
         return tensors[0].shape[self.row_dims[0]]
@@ -53,7 +54,7 @@ class RowShape:
 class PayloadRing:
     """Moves a payload so that each position holds, at each step, the payload its route
     says: ``post(hops, payload)`` starts the step's hops (``ring_positions.Hop``: each
-    carries only the leading rows its receiver still uses, nothing for a step no one
+    carries only the span of rows its receiver still uses, nothing for a step no one
     needs); ``next(kind)`` waits for the one that brings the next step's payload.
 
     Within a node the payload hops to the next position every step; at the first step of
@@ -72,7 +73,7 @@ class PayloadRing:
         sends, recvs, kinds = [], [], []
         for hop in hops:
             if hop.n_send:
-                sends.append((self._pack(payload, hop.n_send), hop.to))
+                sends.append((self._pack(payload, hop.send_from, hop.n_send), hop.to))
             if hop.n_recv:
                 recvs.append((self.row_shape.packed(hop.n_recv), hop.frm))
                 kinds.append(hop.kind)
@@ -88,12 +89,13 @@ class PayloadRing:
             self._outgoing.wait()
             self._outgoing = None
 
-    def _pack(self, payload: Sequence[torch.Tensor], rows: int) -> Packed:
+    def _pack(self, payload: Sequence[torch.Tensor], start: int, rows: int) -> Packed:
         held = self._held
-        if (held is not None and all(a is b for a, b in zip(payload, held.views))
+        if (held is not None and start == 0 and all(a is b for a, b in zip(payload, held.views))
                 and self.row_shape.rows_of(held.views) == rows):
             return held  # received by this ring, all of it still needed: send on as is
-        return Packed.holding(self.row_shape.cut(payload, rows))  # cut and packed: one copy
+        # cut and packed: one copy
+        return Packed.holding(self.row_shape.cut(payload, rows, start))
 
     def next(self, kind: str) -> tuple[torch.Tensor, ...] | None:
         """The payload the ``kind`` hop brings for the next step (waits for its transfer);

@@ -3,10 +3,10 @@ by step.
 
 ``timing.predict`` prices a causal or full layer from one step's work: under the zigzag
 layout every step of every rank does the same. A sliding window breaks that. Step 0 holds
-nearly all of a rank's work (its own band) and later steps a sliver or nothing, while the
-hops may still carry whole payloads: a hop carries the leading rows its receiver uses, so a
-rank that needs only the last W keys of a payload's second zigzag chunk receives the rows
-before them too. So here the schedule the ring runs (``schedule.RingSchedule``) gives, for
+nearly all of a rank's work (its own band) and later steps a sliver or nothing, and the
+hops carry the span of rows their receivers use (a rank that needs the last W keys of a
+payload's second zigzag chunk receives the rows of that span, the chunk between included).
+So here the schedule the ring runs (``schedule.RingSchedule``) gives, for
 every ring member and step, the visible (query, key) pairs it computes, and the hop plan the
 ring follows (``comm.ring_positions.payload_hops``) the rows each hop carries. A document
 pack (``predict_pack``) is the same walk over the schedule its layout places: every member's
@@ -162,7 +162,7 @@ class _HopPlan:
 
         mine = RingPositions(range(self.ring), member, self.inner, self.topo.direction)
         origin = mine.source(member, step)
-        out = [(kind, sent * self.payload) for kind, _, sent, _, _ in
+        out = [(kind, sent * self.payload) for kind, _, sent, *_ in
                payload_hops(mine, step, lambda o, s: self.rows[o][s])]
         if self.backward and step and self.rows[origin][step]:
             out.append(("acc", self.rows[origin][1] * self.acc(member, mine)))

@@ -240,12 +240,13 @@ def covers(calls: Sequence[KernelLaunch], rows: int, side: str) -> bool:
     Then their results can be written into uninitialised accumulators instead of being
     merged into (or added to) zeros: no fill, and one pass less over them.
     """
-    spans = sorted((a, b) for c in calls for a, b in _call_runs(c, side))
+    spans = sorted((a, b) for c in calls for a, b in call_runs(c, side))
     return (bool(spans) and spans[0][0] == 0 and spans[-1][1] == rows
             and all(x[1] == y[0] for x, y in zip(spans, spans[1:])))
 
 
-def _call_runs(call: KernelLaunch, side: str) -> Runs:
+def call_runs(call: KernelLaunch, side: str) -> Runs:
+    """The call's runs of rows on ``side`` ('q' or 'k'): a dense call's one block's."""
     if call.varlen:
         return call.q_runs if side == "q" else call.k_runs
     blk = call.blocks[0]

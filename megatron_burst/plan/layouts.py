@@ -33,6 +33,10 @@ class Layout:
     places: frozenset  # of PLAIN, DOCUMENTS, MASK
     pads = False  # whether documents are padded to the divisor (their ranks' rows vary)
     places_documents = True  # whether documents move tokens (not so in ``pack_zigzag``)
+    # Whether a hop carries a shard's leading rows, not the span its receiver reads: kernel
+    # launches bound on the GPU from a shard's first row (``pack_zigzag``) cannot start
+    # past it (``schedule.RingSchedule.needed_ranges``).
+    hops_from_first_row = False
 
     def divisor(self, world: int) -> int:
         """What the length of a sequence placed on ``world`` ranks must be a multiple of."""
@@ -92,6 +96,7 @@ class PackChunked(Chunked):
 
     pads = False
     places_documents = False
+    hops_from_first_row = True
 
     def padded(self, doc_lens: tuple[int, ...], world: int) -> tuple[int, ...]:
         total, parts = sum(doc_lens), self.divisor(world)

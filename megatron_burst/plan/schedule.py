@@ -4,9 +4,9 @@ The ring loops in ``burst.py`` are one loop for every mask and layout. What diff
 *which* rectangles of (local queries) x (keys held this step) are computed, with what mask
 inside each rectangle, and how many rows of each payload a hop must carry. This module
 answers both as data: ``RingSchedule.blocks`` gives a step's ``Block``s, and
-``RingSchedule.needed_rows`` how many leading rows of a member's payload anyone still uses
-from a step on (``placement`` puts the rows other ranks need first), so a hop sends only
-that prefix and a step nobody needs is not sent at all.
+``RingSchedule.needed_ranges`` which rows of a member's payload anyone still uses from a
+step on (``placement`` puts the rows other ranks need first), so a hop sends only that span
+and a step nobody needs is not sent at all.
 
 Who holds which positions is ``placement``'s job. With Ulysses, a ring member holds the
 segments of all U ranks of its group.
@@ -29,6 +29,7 @@ from collections import defaultdict
 from typing import Callable
 
 from .blocks import BLOCK_KINDS, INF, Block, Mask  # noqa: F401  (re-exported)
+from .layouts import MASK, PLAIN, layout_named
 from .mask_placement import mask_placement
 from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
 from .segments import Segment, Shard, concat
@@ -224,26 +225,53 @@ class RingSchedule:
         return tuple(sorted((*found, *whole), key=lambda b: (b.q_start, b.k_start)))
 
     def needed_rows(self, source: Source, side: str = "k") -> tuple[tuple[int, ...], ...]:
-        """``rows[o][s]``: leading rows of member o's payload used at step s or later.
+        """``rows[o][s]``: how many rows of member o's payload a hop carries to a member that
+        first uses it at step s (``needed_ranges``' spans; zero: nothing is sent)."""
+        return tuple(tuple(stop - start for start, stop in row)
+                     for row in self.needed_ranges(source, side))
+
+    def needed_ranges(self, source: Source, side: str = "k"
+                      ) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """``ranges[o][s]``: the rows [start, stop) of member o's payload used at step s or
+        later ((0, 0): none), the span of every block that reads it from step s on.
 
         side 'k': o's keys/values, held at step s by the member m with source(m, s) == o,
         which computes blocks(m, o). Side 'q': o's queries visiting m (the burst backward),
         which computes blocks(o, m). A hop that hands o's payload to a member that first
-        uses it at step s carries rows[o][s] rows; zero means nothing is sent.
+        uses it at step s carries these rows and no others: a window reaching back across
+        the members' edge reads the end of its neighbour's shard, and only that travels.
+        Spans only shrink from step to step, so a holder sends on a part of what it holds.
+        Step 0 is the member's own payload, held whole (its span starts at row 0). Layout
+        'pack_zigzag' reads its documents on the GPU, its kernel launches bound to each
+        call's boundaries from the shard's first row (``kernels.device_calls``): its spans
+        start at row 0 (leading rows: ``Layout.hops_from_first_row``).
         """
-        size = self.ring_size
-        sources = tuple(tuple(source(m, s) for s in range(size)) for m in range(size))
-        used = [[0] * size for _ in range(size)]
-        for m in range(size):
-            for s, o in enumerate(sources[m]):
-                blocks = self.split_blocks(m, o) if side == "k" else self.split_blocks(o, m)
-                used[o][s] = max((b.k_stop if side == "k" else b.q_stop for b in blocks),
-                                 default=0)
-                if m == o:  # its own whole documents, at step 0 (they never travel)
-                    used[o][s] = max(used[o][s], self.shard(o).whole_end)
-        for o in range(size):  # from a step on: the largest use at that step or later
+        size, on_keys = self.ring_size, side == "k"
+        used = [[(0, 0)] * size for _ in range(size)]
+        for m in range(size):  # (plain loops: a new pack plans this on the call's path)
+            for s in range(size):
+                o = source(m, s)
+                first, last = INF, 0
+                for b in (self.split_blocks(m, o) if on_keys else self.split_blocks(o, m)):
+                    a, z = (b.k_start, b.k_stop) if on_keys else (b.q_start, b.q_stop)
+                    first, last = (a if a < first else first), (z if z > last else last)
+                if m == o:  # its own payload (step 0), held whole: from row 0
+                    first, last = 0, max(last, self.shard(o).whole_end)
+                if last > first:
+                    used[o][s] = (first, last)
+        for row in used:  # from a step on: the span of every use then or later
+            a, z = row[size - 1]
             for s in range(size - 2, -1, -1):
-                used[o][s] = max(used[o][s], used[o][s + 1])
+                c, d = row[s]
+                if z > a and d > c:
+                    row[s] = a, z = (c if c < a else a, d if d > z else z)
+                elif d > c:
+                    a, z = c, d
+                else:
+                    row[s] = (a, z)
+        if layout_named(self.layout, MASK if isinstance(self.mask, SliceMask) else PLAIN
+                        ).hops_from_first_row:
+            used = [[(0, b) if b else (0, 0) for _, b in row] for row in used]
         return tuple(tuple(row) for row in used)
 
     def last_step(self, source: Source) -> int:
@@ -259,3 +287,15 @@ class RingSchedule:
 def last_used_step(rows: tuple[tuple[int, ...], ...]) -> int:
     """The last step of a row table (``RingSchedule.needed_rows``) that uses any row."""
     return max((s for r in rows for s, n in enumerate(r) if n), default=0)
+
+
+def last_spanned_step(spans: tuple[tuple[tuple[int, int], ...], ...]) -> int:
+    """``last_used_step`` of a span table (``RingSchedule.needed_ranges``), in plain loops:
+    a new pack plans this on the call's path."""
+    last = 0
+    for row in spans:
+        for step in range(len(row) - 1, last, -1):
+            if row[step][1]:
+                last = step
+                break
+    return last

@@ -171,8 +171,8 @@ def _window_lines(cfg: Config) -> list[str]:
         return []
     pred, fwd, bwd = figures
     line = (f"  sliding-window layers: the busiest rank sends {format_bytes(fwd)} forward and "
-            f"{format_bytes(bwd)} backward (zigzag hops carry the leading rows a receiver "
-            f"uses, so most of each payload still travels)")
+            f"{format_bytes(bwd)} backward (a hop carries the span of rows its receiver "
+            f"uses)")
     if not cfg.cluster.hardware.timed:
         return [line]
     ms = 1e3
