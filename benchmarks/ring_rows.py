@@ -1,15 +1,17 @@
 """How many K/V rows a mask's forward ring sends against how many its receivers use (CPU).
 
-    python benchmarks/ring_rows.py --out benchmarks/results/cpu_issue42_ring_rows/ring_rows.json
+    python benchmarks/ring_rows.py --out benchmarks/results/cpu_issue42_row_spans/ring_rows.json
 
 No GPU, no communication: the planner alone (``call_plan.build_plan``) on LongCA-bench's
 families as ``benchmarks/slice_masks.py`` builds them (8K tokens per rank, layout ``area``).
 For every rank it adds up the K/V rows its forward receives (the hops' ``n_recv``: a hop
-carries the *leading* rows of the sender's shard up to the last row any later step uses)
-and the distinct rows its blocks read from the other ranks' shards. Where a receiver needs
-rows from the end of a shard (a window reaching back across a rank's edge), the leading-rows
-rule sends the whole shard. On 2 ranks the ratio is what hops carrying row ranges would
-save; on more, a hop also relays rows that only a later holder reads, so it is a bound.
+carries the span of the sender's shard that its receiver and later holders use,
+``RingSchedule.needed_ranges``) and the distinct rows its blocks read from the other ranks'
+shards. On 2 ranks a span is exactly what the receiver reads, but for the rows inside it
+that no block reads (a gap between two runs of read rows); on more, a hop also relays rows
+that only a later holder reads, and one span holds both ends of a shard that two holders
+read. Before spans (``results/cpu_issue42_ring_rows/``) a hop carried the sender's leading
+rows up to the last one used, so a receiver reading the end of a shard got all of it.
 """
 from __future__ import annotations
 

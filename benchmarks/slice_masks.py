@@ -54,7 +54,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The repo's package after $PYTHONPATH's: a before/after run names the tree it times there.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import varying_masks  # noqa: E402
@@ -162,7 +163,8 @@ def fresh_packs(name, args, world, dev, full) -> dict | None:
         sync(dev)
         dist.barrier()
         t0 = time.perf_counter()
-        mb.burst_attn(q, k, v, mask=mask, kernel=args.fresh_kernel).backward(local[3])
+        mb.burst_attn(q, k, v, mask=mask, kernel=args.fresh_kernel,
+                      backward=args.backward).backward(local[3])
         sync(dev)
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
@@ -182,8 +184,16 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
     local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
     q, k, v = (t.requires_grad_() for t in local[:3])
     flops = 4.0 * mask.area * args.hq * args.d
-    burst = lambda a, b, c: mb.burst_attn(a, b, c, mask=mask)  # noqa: E731
+    def burst(a, b, c):
+        return mb.burst_attn(a, b, c, mask=mask, backward=args.backward)
+
     fwd, both = fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True)
+    with mb.count_comm() as sent:  # what one call sends from each rank (each pass), once
+        burst(q, k, v).backward(local[3])  # 'auto' has measured and checked its choice
+    ranks_sent = [torch.zeros(2, dtype=torch.float64, device=dev) for _ in range(world)]
+    dist.all_gather(ranks_sent, torch.tensor([sent.forward_bytes, sent.backward_bytes],
+                                             dtype=torch.float64, device=dev))
+    ranks_sent = [[round(x / 1e6, 3) for x in t.tolist()] for t in ranks_sent]
     captured = _captured(burst, (q, k, v), local[3], dev, args, flops, world) \
         if args.graph else None
     areas = rank_areas("area", world, total, mask)
@@ -192,6 +202,8 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
                balance_area=max(areas) / (sum(areas) / world) if sum(areas) else 1.0,
                balance_zigzag=max(zig) / (sum(zig) / world) if sum(zig) else 1.0,
                burst=_speed(fwd, both, flops, world),
+               sent_mb=dict(forward=max(f for f, _ in ranks_sent),  # the busiest rank's
+                            backward=max(b for _, b in ranks_sent), ranks=ranks_sent),
                burst_fresh=fresh_packs(name, args, world, dev, full))
     if captured is not None:
         row["burst_graph"] = captured
@@ -252,8 +264,8 @@ def table(meta: dict, rows: list[dict]) -> str:
              "| family | slices | balance area / zigzag | burst fwd / bwd TFLOP/s/GPU | "
              "burst fwd+bwd same mask / new pack | 1 GPU plan fwd / bwd | "
              "1 GPU Flex fwd / bwd | efficiency fwd / bwd | captured efficiency fwd / bwd | "
-             "rel err |",
-             "|" + "---|" * 10]
+             "rel err | burst fwd / fwd+bwd ms | busiest rank sends fwd / bwd MB |",
+             "|" + "---|" * 12]
     pair = lambda s: (f"{s['fwd_tflops']:.3g} / {s['bwd_tflops']:.3g}"  # noqa: E731
                       if s and "fwd_tflops" in s else (s or {}).get("error", "-")[:40])
     for r in rows:
@@ -265,7 +277,9 @@ def table(meta: dict, rows: list[dict]) -> str:
                      f"{r['balance_zigzag']:.3f} | {pair(r['burst'])} | {_fresh(r)} | "
                      f"{pair(r.get('one_gpu_plan'))} | {pair(r.get('one_gpu_flex'))} | {eff} | "
                      f"{graph} | "
-                     f"{r.get('rel_err_vs_one_gpu', float('nan')):.1e} |")
+                     f"{r.get('rel_err_vs_one_gpu', float('nan')):.1e} | "
+                     f"{r['burst']['fwd_ms']:.3f} / {r['burst']['fwd_bwd_ms']:.3f} | "
+                     f"{r['sent_mb']['forward']:.1f} / {r['sent_mb']['backward']:.1f} |")
     return "\n".join(lines)
 
 
@@ -286,6 +300,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    p.add_argument("--backward", default="auto", choices=("auto", "burst", "ring"),
+                   help="burst_attn's backward (default: 'auto', as a user calls it)")
     p.add_argument("--graph", action="store_true",
                    help="also time burst_attn captured in CUDA graphs (GPU only)")
     p.add_argument("--fresh-kernel", default=None,
@@ -323,6 +339,7 @@ def main() -> None:
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
+                    package=os.path.dirname(os.path.abspath(mb.__file__)),
                     date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         text = table(meta, rows)
         print(text)
