@@ -16,13 +16,17 @@
 #           slice_masks.py put the repo's package before $PYTHONPATH's): six families over
 #           NVLink, captured, before then after; the window families at 12.5 GB/s, ring
 #           before then after, burst after then before.
-# Usage: bash benchmarks/run_2gpu_row_spans.sh OUTDIR BEFORE_DIR PART   (PART: 1 to 4)
+#   part 5: BEFORE_DIR is this tree with the FlexAttention band forward of commit c97362c
+#           (reverted in 2aa79fa after a run that timed one tree twice): the three window
+#           families, captured, with FlexAttention's one-GPU bar: this tree, Flex, this tree.
+# Usage: bash benchmarks/run_2gpu_row_spans.sh OUTDIR BEFORE_DIR PART   (PART: 1 to 5)
 set -uo pipefail
 top=${1:?output folder}; before=$(cd "${2:?tree before}" && pwd); part=${3:?part}
 out="$top/part$part"; mkdir -p "$out"
 . benchmarks/session_env.sh "$out"
 FAMILIES=sliding_window,sliding_window_causal,global_sliding_window,block_causal_document,causal_document,shared_question
 WINDOWS=sliding_window,sliding_window_causal,global_sliding_window,block_causal_document
+THREE=sliding_window,sliding_window_causal,global_sliding_window
 masks() {  # masks TREE NAME ARGS...: slice_masks.py on TREE's package, OUT/NAME.{json,md}
   local tree=$1 name=$2; shift 2
   local pkg=$PWD; [ "$tree" = before ] && pkg=$before
@@ -65,6 +69,11 @@ elif [ "$part" = 3 ]; then  # the busiest rank's bytes (part 2 counted rank 0's)
   done
   masks before nvlink3_before --graph --no-flex --families "$WINDOWS"
   masks after nvlink3_after --graph --no-flex --families "$WINDOWS"
+elif [ "$part" = 5 ]; then  # FlexAttention for the bands (c97362c) on this tree, measured
+  # at last (its first run timed one tree twice); BEFORE_DIR: this tree with c97362c's kernel
+  masks after flex_off_1 --graph --families "$THREE"
+  masks before flex_on --graph --families "$THREE"
+  masks after flex_off_2 --graph --families "$THREE"
 else  # part 4: parts 1-3 ran this tree's package on both sides (slice_masks.py put the repo
   # first on sys.path); it now puts it after $PYTHONPATH's and records which it ran
   masks before nvlink_before --graph --no-flex --families "$FAMILIES"

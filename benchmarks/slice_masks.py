@@ -340,6 +340,7 @@ def main() -> None:
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
                     package=os.path.dirname(os.path.abspath(mb.__file__)),
+                    flex_bands=flex_band_signatures(),
                     date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         text = table(meta, rows)
         print(text)
@@ -353,6 +354,18 @@ def main() -> None:
         torch.cuda.synchronize()  # 2.11; as in host_time.py): every rank leaves together
         os._exit(0)
     dist.destroy_process_group()
+
+
+def flex_band_signatures() -> list[dict] | None:
+    """The band forwards FlexAttention ran on this rank (a package with ``kernels.flex``,
+    the trial of commit c97362c): each one's band, query/key rows and whether it passed its
+    check; None for a package without it (this one)."""
+    try:
+        from megatron_burst.kernels.flex import signatures
+    except ImportError:
+        return None
+    return [dict(band=list(key[4:6]), rows=[key[6][0][1], key[7][0][1]], passed=passed)
+            for key, passed in signatures().items()]
 
 
 def _spawn_smoke(args) -> None:

@@ -6,6 +6,7 @@ One module per job:
   of dense calls (``VarlenByLoop``), and ``surrogate_out`` for the backward;
 - ``reference``: the kernels that run anywhere (``ReferenceAttention``, ``CpuFlashAttention``);
 - ``cuda``: cuDNN, PyTorch's flash and the ``flash_attn`` package;
+- ``flex``: FlexAttention for the forward of large band blocks (windows), on CUDA;
 - ``selection``: which of them runs, checked against a call's blocks (``select_kernel``,
   ``BandDispatch``, ``KERNELS``);
 - ``merge``: the online-softmax merge of partial results (``merge_partial``);

@@ -14,8 +14,9 @@ the choice is checked against what the call will ask of it:
 
 Automatic choice: on CUDA, ``flash_attn`` when importable, then PyTorch's cuDNN and flash;
 ``BandDispatch`` sends each block to the fastest kernel that admits it (band blocks and
-small blocks to flash, which takes windows and any size). On CPU the CPU flash kernel, and
-the plain reference is the last resort everywhere.
+small blocks to flash, which takes windows and any size; the forward of large band blocks
+to FlexAttention, ``flex.FlexBandForward``). On CPU the CPU flash kernel, and the plain
+reference is the last resort everywhere.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..plan.schedule import Block
+from . import flex
 from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention
 from .padded import PaddedHeads
 from .protocol import Capabilities, LocalAttention, VarlenByLoop
@@ -165,7 +167,7 @@ class BandDispatch(VarlenByLoop):
 def has_native(kernel: LocalAttention, block: Block) -> bool:
     """Whether ``kernel`` computes ``block``'s output with aten's own autograd (``native``):
     then a single rank's call that needs no lse is that one differentiable op."""
-    if isinstance(kernel, BandDispatch):
+    if hasattr(kernel, "has_native"):  # a kernel of kernels: the one that runs the block
         return kernel.has_native(block)
     if isinstance(kernel, CudnnAttention) and kernel.expand_kv:
         return False
@@ -242,6 +244,8 @@ def _auto(dtype: torch.dtype, hq: int, hkv: int, d: int, device: torch.device, d
                  ReferenceAttention())
     band = next((c for c in ok if "band" in c.capabilities.kinds and c.capabilities.min_side == 1
                  and probe(c, "band")), ReferenceAttention())
+    if flex.available() and not isinstance(band, ReferenceAttention):
+        band = flex.FlexBandForward(band)  # large windows' forward: FlexAttention
     varlen = next((c for c in ok if c.capabilities.one_launch_varlen
                    and _probe_varlen(c, dtype, hq, hkv, d, device, dv)), None)
     return BandDispatch(dense, band, varlen)
