@@ -27,7 +27,8 @@ class PairCalls:
         self.alone = (topo is None and key.pack and key.ulysses == 1
                       and local_length(key.layout, key.world, key.lens) == sum(key.lens))
         self.sides = BoundarySides(sum(key.lens)) if key.device_docs else None
-        self._made: dict[tuple[int, int], tuple[KernelLaunch, ...]] = {}
+        # (query member, key member, q_from, k_from) -> its calls
+        self._made: dict[tuple[int, int, int, int], tuple[KernelLaunch, ...]] = {}
 
     def __call__(self, q_member: int, k_member: int, q_from: int = 0, k_from: int = 0
                  ) -> tuple[KernelLaunch, ...]:
