@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import baselines  # noqa: E402
-from ranks import emulated, start_ranks  # noqa: E402
+from ranks import emulated, ran_package, start_ranks  # noqa: E402
 from documents import pack_lengths  # noqa: E402
 
 import megatron_burst as mb  # noqa: E402
@@ -381,7 +381,8 @@ def main() -> None:
     if rank == 0:
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                     device=torch.cuda.get_device_name(0), gpus=world,
-                    torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                    torch=torch.__version__,
+                    package=ran_package(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
                     profile=timing.load_profile().name,
                     env={k: v for k, v in os.environ.items() if k.startswith("MEGATRON_BURST")})
         with open(args.out, "w") as f:

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import EMULATE_ENV, emulated, start_ranks  # noqa: E402
+from ranks import EMULATE_ENV, emulated, ran_package, start_ranks  # noqa: E402
 
 DOC_MIX = (0.40, 0.22, 0.15, 0.10, 0.06, 0.04, 0.02, 0.01)  # attention.py's "docs" pack
 
@@ -334,7 +334,7 @@ def _write(args, rows, lines, world, device, seconds) -> None:
               if "measured_over_predicted" in r]
     meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                 device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-                gpus=world, torch=torch.__version__,
+                gpus=world, torch=torch.__version__, package=ran_package(),
                 nccl=str(torch.cuda.nccl.version()) if device.type == "cuda" else None, date=time.strftime("%Y-%m-%d %H:%M:%S"), seconds=round(seconds, 1),
                 emulated=emulated(),
                 env={k: v for k, v in os.environ.items() if k.startswith("MEGATRON_BURST")},

@@ -31,8 +31,10 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# The repository after $PYTHONPATH's entries, so a run on another tree times that tree.
+sys.path.append(os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.documents import pack_lengths  # noqa: E402
+from benchmarks.ranks import ran_package  # noqa: E402
 
 
 def tiles_calls(cu: np.ndarray, g: int, c: int, m: int) -> list[tuple]:
@@ -185,6 +187,7 @@ def main() -> None:
             for mix in ("lognormal", "uniform", "tiny"):
                 rows += case(chunk, hq, hkv, d, mix)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                package=ran_package(),
                 command="python benchmarks/diagonal_grid.py " + " ".join(sys.argv[1:]))
     if args.out:
         with open(args.out, "w") as f:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import start_ranks  # noqa: E402
+from ranks import ran_package, start_ranks  # noqa: E402
 
 from megatron_burst.comm import consensus  # noqa: E402
 
@@ -62,7 +62,8 @@ def main() -> None:
              "host_ms_p90": round(sorted(v)[int(0.9 * len(v))], 4)} for k, v in times.items()]
     if rank == 0:
         device = "cpu" if DRY else f"{torch.cuda.get_device_name()} x{world}"
-        meta = {"device": device, "torch": torch.__version__, "calls": a.calls,
+        meta = {"device": device, "torch": torch.__version__,
+                "package": ran_package(), "calls": a.calls,
                 "busy_ms": a.busy_ms, "command": "torchrun --nproc_per_node=%d %s" % (
                     world, " ".join(["benchmarks/host_exchange.py", *sys.argv[1:]]))}
         print("| exchange, GPU | host ms (median) | p90 |\n|---|---|---|")

@@ -19,6 +19,8 @@ Every run's command, and a failed run's traceback, go into the JSON, which is re
 each run so a run cut off by a time limit keeps what finished. With ``$MEGATRON_BURST_EMULATE``
 set, every run's ranks emulate slower links between virtual nodes (the entry point's
 ``configure_run`` installs the emulator, burst or not), and the JSON records the variable.
+The ranks run ``python -m`` in this repository, so they import its package whatever
+``$PYTHONPATH`` says: to time another tree, run that tree's copy of this script from it.
 """
 from __future__ import annotations
 

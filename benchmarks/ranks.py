@@ -9,6 +9,8 @@ stay out, and `EMULATE_ENV` is the variable a result file records. The Megatron 
 (megatron_e2e.py and those built on it) need nothing here: their ranks run the package's
 entry point, whose `configure_run` reads the same variable. `host_and_wall_ms` is the
 host-time benchmarks' clock: the ranks aligned, the host's share and the GPU's wall.
+`ran_package` is the folder of the package a run imported, for its result file: a
+before-and-after pair on two trees (``$PYTHONPATH``) shows there which tree each side timed.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch.distributed as dist
 from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV
 from megatron_burst.comm.emulator import active, install_from_env
 
-__all__ = ["EMULATE_ENV", "emulated", "host_and_wall_ms", "start_ranks"]
+__all__ = ["EMULATE_ENV", "emulated", "host_and_wall_ms", "ran_package", "start_ranks"]
 
 
 def start_ranks(backend: str = "nccl") -> tuple[int, int]:
@@ -35,6 +37,13 @@ def start_ranks(backend: str = "nccl") -> tuple[int, int]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     install_from_env()
     return rank, world
+
+
+def ran_package() -> str:
+    """The folder of the ``megatron_burst`` this process imported."""
+    import megatron_burst
+
+    return os.path.dirname(os.path.abspath(megatron_burst.__file__))
 
 
 def emulated() -> bool:

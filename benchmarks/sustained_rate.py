@@ -24,7 +24,7 @@ from megatron_burst.kernels.selection import select_kernel
 from megatron_burst.plan.schedule import Block
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import start_ranks  # noqa: E402
+from ranks import ran_package, start_ranks  # noqa: E402
 
 
 def step_of(n: int, hq: int, hkv: int, dev):
@@ -81,6 +81,7 @@ def main() -> None:
                 print(rows[-1], flush=True)
     os.makedirs(args.out, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
+                package=ran_package(),
                 command=f"torchrun --nproc_per_node=1 benchmarks/sustained_rate.py --out {args.out}",
                 date=time.strftime("%Y-%m-%d %H:%M:%S"))
     with open(os.path.join(args.out, "sustained_rate.json"), "w") as f:
