@@ -920,6 +920,8 @@ def test_row_span_figures_are_the_runs_on_file():
     _says(f"The busiest rank's forward sends {fwd['before']['sliding_window']:.1f} MB before "
           f"and {fwd['after']['sliding_window']:.1f} MB after for both sliding windows, "
           f"{fwd['after']['block_causal_document']:.1f} MB for block-causal documents")
+    _says(f"({fwd['before']['sliding_window']:.1f} MB a rank's forward to "
+          f"{fwd['after']['sliding_window']:.1f} MB at 8K/GPU)")  # the peers' table
     graph = [nv[s]["sliding_window"]["burst_graph"]["fwd_bwd_ms"] for s in ("before", "after")]
     _says(f"(captured fwd+bwd, sliding window {graph[0]:.3f} -> {graph[1]:.3f} ms)")
     for backward, cases in (("ring", (("sliding_window", "ms (sliding window)"),
