@@ -49,7 +49,7 @@ import megatron_burst as mb
 from megatron_burst import kernels
 from megatron_burst.plan.schedule import Block, Mask
 from megatron_burst.kernels.varlen import plan_alone, plan_calls
-from ranks import EMULATE_ENV, start_ranks
+from ranks import EMULATE_ENV, ran_package, start_ranks
 
 MIXES = ("lognormal", "uniform", "tiny", "long")
 
@@ -431,7 +431,7 @@ def main() -> None:
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M:%S"),
                     emulate=os.environ.get(EMULATE_ENV),
-                    package=os.path.dirname(os.path.abspath(mb.__file__)))
+                    package=ran_package())
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         md = table(meta, rows)

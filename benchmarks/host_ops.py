@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 import megatron_burst as mb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import host_and_wall_ms, start_ranks  # noqa: E402
+from ranks import host_and_wall_ms, ran_package, start_ranks  # noqa: E402
 
 
 def per_call_us(fn, n: int = 300) -> float:
@@ -205,7 +205,7 @@ def main() -> None:
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                    package=os.path.dirname(os.path.abspath(mb.__file__)))
+                    package=ran_package())
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, building_blocks_us=blocks, calls=calls), f, indent=1)
         for c in calls:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import megatron_burst as mb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ranks import EMULATE_ENV, host_and_wall_ms, start_ranks  # noqa: E402
+from ranks import EMULATE_ENV, host_and_wall_ms, ran_package, start_ranks  # noqa: E402
 
 
 def timed(fn, iters: int) -> dict:
@@ -178,7 +178,7 @@ def main() -> None:
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M:%S"),
                     emulate=os.environ.get(EMULATE_ENV),
-                    package=os.path.dirname(os.path.abspath(mb.__file__)))
+                    package=ran_package())
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         lines = [f"{meta['device']} x{world}, torch {meta['torch']}, {meta['date']}",

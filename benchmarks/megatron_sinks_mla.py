@@ -29,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ranks import start_ranks
+from ranks import ran_package, start_ranks
 
 CASES = {"learnable sinks (GQA 8:2)": dict(softmax_type="learnable", num_query_groups=2),
          "MLA (Q/K 96, V 64)": dict(mla=True),
@@ -175,7 +175,7 @@ def main() -> None:
     meta = dict(command=" ".join(["torchrun", "--nproc_per_node=1", *sys.argv]),
                 device=torch.cuda.get_device_name(0), torch=torch.__version__,
                 date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                package=os.path.dirname(os.path.abspath(mb.__file__)))
+                package=ran_package())
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     lines = [f"{meta['device']}, torch {meta['torch']}, {meta['date']}",

@@ -62,7 +62,7 @@ from megatron_burst.attention import varying_masks  # noqa: E402
 from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
-from ranks import start_ranks  # noqa: E402
+from ranks import ran_package, start_ranks  # noqa: E402
 
 
 def pile_like(total: int, seed: int, scale: float = 1.0) -> tuple[int, ...]:
@@ -339,7 +339,7 @@ def main() -> None:
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
-                    package=os.path.dirname(os.path.abspath(mb.__file__)),
+                    package=ran_package(),
                     flex_bands=flex_band_signatures(),
                     date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         text = table(meta, rows)

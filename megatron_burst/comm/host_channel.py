@@ -41,8 +41,7 @@ def twin(group: dist.ProcessGroup | None,
     """The gloo twin of ``group`` (an NCCL group with peers), or None where the exchanges stay
     on the group itself. Call on every member together; ``agree(values)`` gathers every
     member's int64s over the group itself (used once, at the group's first exchange)."""
-    ranks = tuple(dist.get_process_group_ranks(group) if group not in (None, dist.group.WORLD)
-                  else range(dist.get_world_size()))
+    ranks = _ranks(group)
     if ranks in _TWINS:
         return _TWINS[ranks]
     channel = current().host_channel
@@ -80,10 +79,17 @@ def all_gather(made: Any, mine: torch.Tensor) -> tuple[Any, list[torch.Tensor]]:
     return made.allgather([rows], [mine]), rows
 
 
+def _ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
+    """The global ranks of ``group``'s members (None: the world), a twin's key."""
+    if group is None or group == dist.group.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
+
+
 def _drop(group: dist.ProcessGroup | None) -> None:
     """Before ``destroy_process_group(group)``: drop the twin of its ranks (every twin, for
     the world)."""
     if group is None or group == dist.group.WORLD:
         _TWINS.clear()
         return
-    _TWINS.pop(tuple(dist.get_process_group_ranks(group)), None)
+    _TWINS.pop(_ranks(group), None)
