@@ -14,6 +14,9 @@
 #               script (a Megatron run imports the tree it is started in), then after, then
 #               the replayed CP=2 document run.
 # Usage: bash benchmarks/run_2gpu_issue39_final.sh OUTDIR BEFORE_TREE PART
+#   part cp1: the CP=1 document-mask runs part megatron had no time left for (before, after),
+#               after benchmarks/newpack_cprofile.py (where a new whole_docs pack's host
+#               time goes, this tree).
 #   BEFORE_TREE: a whole tree of the earlier commit (git archive 7b3f129 | tar -x -C DIR).
 # Writes OUTDIR/<part>.tgz after every step (a device call returns at most 8 files).
 set -uo pipefail
@@ -66,4 +69,17 @@ elif [ "$part" = megatron ]; then
     --only "CP=2, document" --out "$out/megatron_small_replay.json" \
     > "$out/megatron_small_replay_log.txt" 2>&1
   echo "megatron replay rc=$?"; pack
+elif [ "$part" = cp1 ]; then
+  PYTHONPATH=$PWD timeout 90 torchrun --nproc_per_node=2 benchmarks/newpack_cprofile.py \
+    > "$out/newpack_cprofile.txt" 2>&1
+  echo "cprofile rc=$?"; grep "^===" "$out/newpack_cprofile.txt"; pack
+  install_wheels
+  (cd "$before" && PYTHONPATH=$before:/tmp/site timeout 100 python3 \
+    benchmarks/megatron_documents.py --shapes small --iters 8 --timeout 90 --only "CP=1, doc" \
+    --out "$out/megatron_cp1_before.json" > "$out/megatron_cp1_before_log.txt" 2>&1)
+  echo "megatron before rc=$?"; pack
+  PYTHONPATH=$PWD:/tmp/site MEGATRON_BURST_REPLAY=off timeout 100 python3 \
+    benchmarks/megatron_documents.py --shapes small --iters 8 --timeout 90 --only "CP=1, doc" \
+    --out "$out/megatron_cp1_after.json" > "$out/megatron_cp1_after_log.txt" 2>&1
+  echo "megatron after rc=$?"; pack
 fi
