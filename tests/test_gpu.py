@@ -457,7 +457,9 @@ def merge_variants_worker(rank, world, _):
     q, k, v = (torch.randn(1, s, h, 64, device=dev, generator=gen, dtype=torch.bfloat16,
                            requires_grad=True) for h in (8, 2, 2))
     counts = []
-    for cuts in ((0, s, 2 * s), (0, s // 2, s + s // 2, 2 * s)):  # held whole; one split
+    whole = [i * s for i in range(world + 1)]  # a document a rank: held whole, merges nothing
+    split = [0, *(i * s + s // 2 for i in range(world)), world * s]  # each across two ranks
+    for cuts in (whole, split):
         cu = torch.tensor(cuts, dtype=torch.int32)
         mb.burst_attn(q, k, v, causal=True, layout="whole_docs", cu_seqlens=cu,
                       backward="ring").backward(torch.ones_like(q))
