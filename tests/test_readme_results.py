@@ -1197,3 +1197,57 @@ def test_the_settings_table_names_every_setting():
     assert rows[settings.TIMEOUT_ENV].strip() == f"`{defaults.timeout_s:g}`"
     assert rows[settings.PREFETCH_ENV].strip() == f"`{int(defaults.prefetch)}`"
     assert rows[settings.MEASURE_ENV].strip() == f"`{'on' if defaults.auto_measure else 'off'}`"
+
+
+# ---------------------------------------------- issue 39's table, one machine session (final)
+
+FINAL39 = RESULTS / "h100x2_issue39_final"
+
+
+def test_issue39_final_table_is_the_runs_on_file():
+    """Every line of the table ``benchmarks/issue39_table.py`` makes from the session's JSON."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "issue39_table", RESULTS.parent / "issue39_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for line in module.table(FINAL39).splitlines():
+        _says(line)
+
+
+def test_issue39_final_reasons_are_the_profile_and_runs_on_file():
+    import re
+
+    from .test_host_path import BUDGETS
+
+    text = (FINAL39 / "cp1" / "newpack_cprofile.txt").read_text()
+    new_part = text.split("=== same")[0]
+    medians = re.findall(r"=== (new|same): host ms profiled median [\d.]+, unprofiled median "
+                         r"([\d.]+)", text)
+    got = dict(medians)
+    _says(f"host ms unprofiled, median, {got['new']} for a new pack against\n{got['same']} "
+          f"for the same pack again")
+
+    def per_call(function: str) -> str:  # cumulative seconds over the 30 profiled calls
+        line = next(x for x in new_part.splitlines() if x.rstrip().endswith(f"({function})"))
+        return f"{float(line.split()[3]) / 30 * 1e3:.2f}"
+
+    _says(f"the plan's build {per_call('build_plan')} ms, the ranks' agreement "
+          f"{per_call('_posted')} ms ({per_call('wait_bounded')} of it waiting")
+    _says(f"the placement of the documents {per_call('placement')} ms, and the three hops' "
+          f"posts {per_call('post_ops')} ms")
+    host = {r["case"] + r["mode"]: r for r in _load(
+        "h100x2_issue39_final/micro/host_time_after.json")["rows"]}
+    eager = host["causal GQA 16:4 d64, 8192/GPUeager"]
+    _says(f"host time ({eager['host_ms']:.2f} ms) is most of its wall time "
+          f"({eager['wall_ms']:.2f} ms)")
+    ring, sdpa = (host[case + "eager"]["host_ms"] for case in (
+        "burst causal, ring bwd", "1 GPU SDPA (cuDNN), the whole sequence"))
+    _says(f"costs\n{ring:.2f} ms of host time against one GPU's SDPA at {sdpa:.2f} ms")
+    replayed = {r["case"]: r for r in _load(
+        "h100x2_issue39_final/micro/host_time_replay.json")["rows"] if r["mode"] == "eager"}
+    _says(f"the same call costs {replayed['burst causal, ring bwd']['host_ms']:.2f} ms "
+          f"(target 0.6), and the 8K 16:4 d64 row goes from {eager['efficiency']:.2f} to "
+          f"{replayed['causal GQA 16:4 d64, 8192/GPU']['efficiency']:.2f}")
+    _says(f"{BUDGETS['plain ring']:,} / {BUDGETS['new pack']:,} Python\n  calls")
