@@ -1251,3 +1251,17 @@ def test_issue39_final_reasons_are_the_profile_and_runs_on_file():
           f"(target 0.6), and the 8K 16:4 d64 row goes from {eager['efficiency']:.2f} to "
           f"{replayed['causal GQA 16:4 d64, 8192/GPU']['efficiency']:.2f}")
     _says(f"{BUDGETS['plain ring']:,} / {BUDGETS['new pack']:,} Python\n  calls")
+
+
+def test_four_gpu_figures_are_the_runs_on_file():
+    checks = (RESULTS / "h100x4_checks" / "checks4" / "windows_4gpu.md").read_text()
+    sliding = next(x for x in checks.splitlines() if x.startswith("| sliding_window |"))
+    _says(f"{sliding.split('|')[-2].split('/')[0].strip()} MB forward for the sliding window")
+    rows = {side: _load(f"h100x4_area_pieces_rejected/global_{side}.json")["rows"][0]
+            for side in ("before", "after", "before2")}
+    _says(f"leaves the largest rank {rows['before']['balance_area']:.3f}x the mean area")
+    _says(f"{rows['after']['balance_area']:.3f}x the mean, but captured fwd+bwd efficiency "
+          f"{rows['before']['efficiency_graph_fwd_bwd']:.2f} -> "
+          f"{rows['after']['efficiency_graph_fwd_bwd']:.2f}")
+    assert abs(rows["before2"]["efficiency_graph_fwd_bwd"]
+               - rows["before"]["efficiency_graph_fwd_bwd"]) < 0.02  # the machine held still

@@ -15,13 +15,6 @@ chunk still runs whole tiles). On 2x H200 the finest balance cost more than it g
 causal sliding window (w 1024, 8K tokens per GPU) dealt in 512-token chunks balanced to
 1.016 ran its forward at 50 TFLOP/s per GPU, one contiguous chunk per rank (1.032, one band
 call) at 154 (``benchmarks/results/h200x2_issue42_area_edges/``).
-Where a chunk holds more than its share of the area (the global window's first rows, which
-see every key), even chunks cannot balance it: the rank holding that chunk is over its share
-before it takes anything else (on 4 ranks x 8K tokens the global window's 1,024 such rows
-left the largest share at 1.69x the mean). So each k is also tried with its heavy chunks
-halved until each holds at most its share (or reaches ``MIN_CHUNK``), dealt the same way,
-and a piece no rank has room for cut to the room of the least loaded rank that has some
-(``_deal_pieces``); a rank's edges are then counted per piece it holds.
 A rank's chunks are its rows in sequence order (touching ones joined), so its shard is a
 few segments of one document, the sequence (``segments.Shard``), and the schedule pairs
 them as it pairs any segments.
@@ -31,8 +24,6 @@ shard, without communication.
 """
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from .segments import Segment, Shard
@@ -41,7 +32,6 @@ from .slices import SliceMask, rows_area
 MAX_CHUNKS = 64  # chunks per rank, at most
 MIN_CHUNK = 64  # tokens a chunk keeps (a shard of few tokens may cut up to 4 chunks)
 EDGE_ROWS = 256  # a chunk's edges cost about this many rows of work: two partial 128-row tiles
-UNEVEN = 1.05  # a largest share above this times the mean tries heavy chunks in pieces
 
 
 def place(world: int, total: int, mask: SliceMask) -> tuple[Shard, ...]:
@@ -60,38 +50,21 @@ def _candidates(n: int) -> list[int]:
 
 
 def _dealt(world: int, total: int, mask: SliceMask):
-    """(work, each rank's chunks as (start, length)) of the dealing of least work: a rank's
-    work is its share of the area, each of its chunks' edges adding ``EDGE_ROWS`` rows' worth
-    of keys (``work``); a dealing's is its largest rank's."""
+    """(largest share, each rank's chunks as (start, length)) of the k of least work: the
+    largest share, each of its k chunks' edges adding ``EDGE_ROWS`` rows' worth of keys."""
     if total % world:
         raise ValueError(f"layout 'area' gives every rank the same number of tokens: the "
                          f"sequence's {total} tokens must be divisible by {world} ranks")
     n, best, score = total // world, None, float("inf")
     even = mask.area / world
     for k in _candidates(n):
-        if even * _edges(k, n) >= score:  # no finer k can do less work
+        edges = 1 + min(EDGE_ROWS * k / n, 1.0)  # a chunk's edges cost at most the chunk
+        if even * edges >= score:  # no finer k can do less work
             break
-        largest, chunks = _deal(world, n, k, mask)
-        if largest * _edges(k, n) < score:
-            best, score = chunks, largest * _edges(k, n)
-        if largest > UNEVEN * even:  # a chunk over its share: try it in pieces
-            pieces = _deal_pieces(world, n, k, mask)
-            got = work(pieces, n, mask) if pieces is not None else float("inf")
-            if got < score:
-                best, score = pieces, got
-    return score, best
-
-
-def _edges(pieces: int, n: int) -> float:
-    """What a rank's work is multiplied by for ``pieces`` chunks of its ``n`` rows: their
-    edges, at most the chunks themselves."""
-    return 1 + min(EDGE_ROWS * pieces / n, 1.0)
-
-
-def work(chunks: list[list[tuple[int, int]]], n: int, mask: SliceMask) -> float:
-    """The largest rank's work: its visible area times its chunks' edges (``_edges``)."""
-    return max(sum(rows_area(mask.cells, s, s + z) for s, z in mine) * _edges(len(mine), n)
-               for mine in chunks)
+        got = _deal(world, n, k, mask)
+        if got[0] * edges < score:
+            best, score = got, got[0] * edges
+    return best
 
 
 def _deal(world: int, n: int, k: int, mask: SliceMask):
@@ -113,45 +86,6 @@ def _deal(world: int, n: int, k: int, mask: SliceMask):
         load[r] += areas[c]
         chunks[r].append((int(starts[c]), int(sizes[c])))
     return max(load), [sorted(c) for c in chunks]
-
-
-def _deal_pieces(world: int, n: int, k: int, mask: SliceMask):
-    """Each rank's chunks as ``_deal`` makes them with k chunks per rank, but heavy chunks
-    halved until each holds at most a chunk's share of the area or ``MIN_CHUNK`` rows; a
-    piece no rank has room for is cut to the room of the least loaded rank with some. None
-    where no chunk is heavy (``_deal`` gives that dealing)."""
-    share = mask.area / (world * k)
-    base, extra = divmod(n, k)
-    pieces, heavy, start = [], False, 0
-    for c in range(world * k):
-        size = base + (c < world * extra)
-        todo = [(start, size)]
-        while todo:
-            s, z = todo.pop()
-            a = rows_area(mask.cells, s, s + z)
-            if a > share and z >= 2 * MIN_CHUNK:
-                heavy, half = True, z // 2
-                todo += [(s + half, z - half), (s, half)]
-            else:
-                pieces.append((-a, s, z))
-        start += size
-    if not heavy:
-        return None
-    heapq.heapify(pieces)
-    room, load = [n] * world, [0] * world
-    chunks: list[list[tuple[int, int]]] = [[] for _ in range(world)]
-    while pieces:
-        a, s, z = heapq.heappop(pieces)
-        fits = [r for r in range(world) if room[r] >= z]
-        r = min(fits or [r for r in range(world) if room[r]], key=lambda r: (load[r], r))
-        if room[r] < z:  # nowhere to put it whole: fill r's room, the rest goes back
-            cut = room[r]
-            heapq.heappush(pieces, (-rows_area(mask.cells, s + cut, s + z), s + cut, z - cut))
-            z, a = cut, -rows_area(mask.cells, s, s + cut)
-        room[r] -= z
-        load[r] -= a
-        chunks[r].append((s, z))
-    return [sorted(c) for c in chunks]
 
 
 def _shard(total: int, chunks: list[tuple[int, int]]) -> Shard:
