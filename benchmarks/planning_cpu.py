@@ -109,7 +109,7 @@ def _prepare(prepare, q, k, world: int, cu: torch.Tensor) -> None:
               cu_seqlens=cu, kernel=None, keep=None, call_label=None, topology=None)
     if hasattr(prepare, "lookup"):  # this package: a call value, then its preparation
         from megatron_burst.attention.call import BurstCall
-        prepare.prepare(q, k, k, None, world, BurstCall.of(**kw))
+        prepare.prepare(q, k, k, None, world, BurstCall.of(kw))
     else:  # the checkout before it: positional options
         order = ("causal", "softmax_scale", "window_size", "layout", "backward", "qkv_format",
                  "intra_node_size", "ulysses_size", "cu_seqlens", "kernel", "keep",
