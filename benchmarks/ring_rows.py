@@ -5,13 +5,13 @@
 No GPU, no communication: the planner alone (``call_plan.build_plan``) on LongCA-bench's
 families as ``benchmarks/slice_masks.py`` builds them (8K tokens per rank, layout ``area``).
 For every rank it adds up the K/V rows its forward receives (the hops' ``n_recv``: a hop
-carries the span of the sender's shard that its receiver and later holders use,
-``RingSchedule.needed_ranges``) and the distinct rows its blocks read from the other ranks'
-shards. On 2 ranks a span is exactly what the receiver reads, but for the rows inside it
-that no block reads (a gap between two runs of read rows); on more, a hop also relays rows
-that only a later holder reads, and one span holds both ends of a shard that two holders
-read. Before spans (``results/cpu_issue42_ring_rows/``) a hop carried the sender's leading
-rows up to the last one used, so a receiver reading the end of a shard got all of it.
+carries the rows of the sender's shard that its receiver and later holders use, as runs,
+``RingSchedule.needed_runs``) and the distinct rows its blocks read from the other ranks'
+shards. On 2 ranks a hop carries exactly what the receiver reads; on more, a hop also
+relays rows that only a later holder reads. Before runs (``results/cpu_issue42_row_spans/``)
+a hop carried one span, so where two holders read the two ends of a shard, it carried the
+shard between; before spans (``results/cpu_issue42_ring_rows/``) the sender's leading rows
+up to the last one used, so a receiver reading the end of a shard got all of it.
 """
 from __future__ import annotations
 
@@ -57,15 +57,23 @@ def main() -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args()
     rows = [rows_of(name, w, a.per_rank) for w in a.world for name in mf.FAMILIES]
-    print("| family | ranks | K/V rows received | rows read | received / read |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['family']} | {r['world']} | {r['kv_rows_received']} | {r['kv_rows_read']} "
-              f"| {r['received_over_read']} |")
+    import megatron_burst
+
+    package = os.path.dirname(os.path.abspath(megatron_burst.__file__))
+    lines = [f"package: {package}", "",
+             "| family | ranks | K/V rows received | rows read | received / read |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['family']} | {r['world']} | {r['kv_rows_received']} | "
+              f"{r['kv_rows_read']} | {r['received_over_read']} |" for r in rows]
+    print("\n".join(lines))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"meta": {"device": "CPU (the planner only)", "command": "python " + " ".join(
-            ["benchmarks/ring_rows.py", *sys.argv[1:]])}, "rows": rows}, f, indent=1)
+        json.dump({"meta": {"device": "CPU (the planner only)", "package": package,
+                            "command": "python " + " ".join(
+                                ["benchmarks/ring_rows.py", *sys.argv[1:]])},
+                   "rows": rows}, f, indent=1)
+    with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

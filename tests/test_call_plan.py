@@ -170,7 +170,7 @@ def test_an_accumulator_of_one_partial_travels_in_the_inputs_dtype():
 
 def _wire_grads(rank: int, world: int, backward: str, layout: str, fp32_wire: bool) -> list:
     if fp32_wire:  # every accumulator on the wire in fp32, as before ``PassPlan.wire``
-        call_plan._one_partial = lambda *args: (False, False)
+        call_plan.one_partial_wire = lambda *args: (False, False)
     gen = torch.Generator().manual_seed(20 + rank)
     q, k, v = (torch.randn(1, 96, h, 16, generator=gen).bfloat16().requires_grad_()
                for h in (4, 2, 2))

@@ -28,11 +28,12 @@ from ..comm.ring_positions import (AccumulatorStep, Hop, RingPositions, accumula
                                    next_kind, route_hops)
 from ..kernels.device_calls import BoundarySides
 from ..kernels.varlen import KernelLaunch, call_runs, covers, upload_boundaries
-from ..plan.blocks import most_per_row, one_partial
+from ..plan.blocks import most_per_row
 from ..plan.packs import DocumentPack
+from ..plan.runs import gapped, held_tables, last_run_step
 from ..plan.schedule import Block, Mask, RingSchedule, last_spanned_step
 from ..plan.slices import SliceMask
-from .pair_calls import PairCalls
+from .pair_calls import PairCalls, one_partial_wire
 from .sharding import group_ranks
 
 
@@ -202,62 +203,56 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
     step behind. Backward 'burst': the queries (with dO, lse, delta) go round the reversed
     ring, so at step s a member holds the queries that held its K/V at step s of the
     forward (the same pairs step for step, and the same last step); dQ one step behind."""
-    k_spans = sched.needed_ranges(topo.source, "k")
-    last = last_spanned_step(k_spans)
+    runs = gapped(sched)  # a window's hop carries its edges as runs (``plan.runs``)
+    k_spans = (sched.needed_runs if runs else sched.needed_ranges)(topo.source, "k")
+    last = last_spanned_step(k_spans) if not runs else last_run_step(k_spans)
     me, n = topo.index, sched.shard(topo.index).length
     own = _fresh(calls(me, me), n)
-    forward = _pass(topo, last, k_spans, lambda src, at: calls(me, src, k_from=at), own, None)
+    forward = _pass(topo, last, k_spans, lambda src, at: calls(me, src, k_from=at), own, None,
+                    runs)
     forward = dataclasses.replace(forward, uses=(_uses(forward.steps, n, "q"), 0))
     if key.backward == "burst":
         back = topo.reversed()
-        q_spans = sched.needed_ranges(back.source, "q")
+        q_spans = (sched.needed_runs if runs else sched.needed_ranges)(back.source, "q")
         backward = _pass(back, last, q_spans, lambda src, at: calls(src, me, q_from=at), own,
-                         "q")
-        uses = (_uses(backward.steps[:1], n, "q", q_spans[me][1] if last else None),
+                         "q", runs)
+        uses = (_uses(backward.steps[:1], n, "q", q_spans[me][1] if last else None, runs),
                 _uses(backward.steps, n, "k"))
-        wire = _one_partial(back, last, calls, lambda holder, origin: (origin, holder), "q")
+        wire = one_partial_wire(back, last, calls, lambda holder, origin: (origin, holder), "q")
     else:
         backward = _pass(topo, last, k_spans, lambda src, at: calls(me, src, k_from=at), own,
-                         "k")
+                         "k", runs)
         uses = (_uses(backward.steps, n, "q"),
-                _uses(backward.steps[:1], n, "k", k_spans[me][1] if last else None))
-        wire = _one_partial(topo, last, calls, lambda holder, origin: (holder, origin), "k")
+                _uses(backward.steps[:1], n, "k", k_spans[me][1] if last else None, runs))
+        wire = one_partial_wire(topo, last, calls, lambda holder, origin: (holder, origin), "k")
     return forward, dataclasses.replace(backward, uses=uses, wire=wire)
 
 
-def _one_partial(ring: RingPositions, last: int, calls: PairCalls,
-                 pair: Callable[[int, int], tuple[int, int]], side: str) -> tuple[bool, bool]:
-    """``PassPlan.wire``: whether the travelling accumulator this member fills, and the
-    one it receives home, each take at most one kernel partial per row. That needs a single
-    holder (``last == 1``: it goes home from there, nothing added on the way) whose calls
-    on the payload (those of ``pair(holder, origin)``, its (query, key) members) touch each
-    of its rows once (``plan.blocks.one_partial``). The holder's calls are planned here from
-    the same key (``PairCalls.elsewhere``), so sender and receiver decide the same (a
-    mismatch would garble the message)."""
-    if last != 1:  # (not one holder: no need to plan the holder's calls)
-        return False, False
-    me = ring.index
-    fills = calls(*pair(me, ring.source(me, 1)))
-    comes_home = calls.elsewhere(*pair(ring.holder(me, 1), me))
-    return one_partial(last, _spans(fills, side)), one_partial(last, _spans(comes_home, side))
-
-
-def _pass(topo: RingPositions, last: int, spans: tuple[tuple[tuple[int, int], ...], ...],
-          calls_with: Callable[[int, int], tuple[KernelLaunch, ...]], fresh: tuple[bool, bool],
-          accumulate: str | None) -> PassPlan:
+def _pass(topo: RingPositions, last: int, spans: tuple, calls_with: Callable,
+          fresh: tuple[bool, bool], accumulate: str | None, runs: bool = False) -> PassPlan:
     """The steps of one pass round ``topo`` (``spans``: its payload's span table,
-    ``RingSchedule.needed_ranges``); ``calls_with(source, row)``: the calls on the source's
-    payload held from that row; ``accumulate``: the side ('k' or 'q') of the payload whose
+    ``RingSchedule.needed_ranges``, or with ``runs`` its run table, ``needed_runs``);
+    ``calls_with(source, held)``: the calls on the source's payload as held (from a row,
+    or packed from runs); ``accumulate``: the side ('k' or 'q') of the payload whose
     gradients travel, if any."""
-    rows = lambda origin, step: spans[origin][step][1] - spans[origin][step][0]  # noqa: E731
-    starts = lambda origin, step: spans[origin][step][0]  # noqa: E731
-    hops = route_hops(topo, last, rows, starts)
-    accs = accumulator_steps(topo, last, rows, starts) if accumulate else (None,) * (last + 1)
+    gather = home = held = None
+    if runs:
+        rows, starts, gather, home, held = held_tables(spans)
+    else:
+        rows = lambda origin, step: spans[origin][step][1] - spans[origin][step][0]  # noqa
+        starts = lambda origin, step: spans[origin][step][0]  # noqa: E731
+    hops = route_hops(topo, last, rows, starts, gather)
+    accs = (accumulator_steps(topo, last, rows, starts, home) if accumulate
+            else (None,) * (last + 1))
     steps = []
     for step in range(last + 1):
         source = topo.source(topo.index, step)
-        first, stop = spans[source][step] if step else (0, 1)  # step 0: its own, whole
-        calls = calls_with(source, first) if stop > first else ()  # else nothing used here
+        if held is not None:
+            at = held(source, step)
+            calls = calls_with(source, at) if at is not None else ()
+        else:
+            first, stop = spans[source][step] if step else (0, 1)  # step 0: its own, whole
+            calls = calls_with(source, first) if stop > first else ()  # else nothing used
         acc = accs[step]
         acc_fresh = bool(acc is not None and acc.new_rows and not acc.held_at
                          and covers(calls, acc.new_rows, accumulate))
@@ -268,11 +263,14 @@ def _pass(topo: RingPositions, last: int, spans: tuple[tuple[tuple[int, int], ..
     return PassPlan(tuple(steps), fresh, any(hops), receives)
 
 
-def _uses(steps: tuple[StepPlan, ...], rows: int, side: str,
-          returned: tuple[int, int] | None = None) -> int:
+def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned=None,
+          runs: bool = False) -> int:
     """The most kernel calls of ``steps`` that touch any one of the ``rows`` rows on
-    ``side``, with one more on the ``returned`` rows (an accumulator come home)."""
+    ``side``, with one more on the ``returned`` rows (an accumulator come home: a span, or
+    with ``runs`` its runs)."""
     spans = _spans([call for step in steps for call in step.calls], side)
+    if runs:
+        return most_per_row(spans + list(returned or ()))
     return most_per_row(spans + ([returned] if returned and returned[1] > returned[0] else []))
 
 

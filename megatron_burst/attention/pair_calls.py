@@ -9,11 +9,13 @@ launches bound to each call's boundary table (``device_calls``).
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from ..comm.ring_positions import RingPositions
 from ..kernels.device_calls import BoundarySides, pair_launches
 from ..kernels.pack_calls import with_whole
-from ..kernels.varlen import KernelLaunch, plan_alone, plan_calls
+from ..kernels.varlen import KernelLaunch, call_runs, plan_alone, plan_calls
+from ..plan.blocks import one_partial
 from ..plan.placement import local_length
 from ..plan.schedule import Block, RingSchedule
 
@@ -28,12 +30,13 @@ class PairCalls:
                       and local_length(key.layout, key.world, key.lens) == sum(key.lens))
         self.sides = BoundarySides(sum(key.lens)) if key.device_docs else None
         # (query member, key member, q_from, k_from) -> its calls
-        self._made: dict[tuple[int, int, int, int], tuple[KernelLaunch, ...]] = {}
+        self._made: dict[tuple, tuple[KernelLaunch, ...]] = {}
 
-    def __call__(self, q_member: int, k_member: int, q_from: int = 0, k_from: int = 0
+    def __call__(self, q_member: int, k_member: int, q_from=0, k_from=0
                  ) -> tuple[KernelLaunch, ...]:
         """The pair's calls on payloads held from row ``q_from`` of the query member's rows
-        and ``k_from`` of the key member's (a hop carries a span: ``needed_ranges``)."""
+        and ``k_from`` of the key member's (a hop carries a span: ``needed_ranges``), or
+        packed from runs (``plan.runs.held_map``)."""
         pair = (q_member, k_member, q_from, k_from)
         if pair not in self._made:
             self._made[pair] = self._plan(q_member, k_member, q_from, k_from)
@@ -52,7 +55,7 @@ class PairCalls:
         finally:
             self.sides = own
 
-    def _plan(self, q_member: int, k_member: int, q_from: int = 0, k_from: int = 0
+    def _plan(self, q_member: int, k_member: int, q_from=0, k_from=0
               ) -> tuple[KernelLaunch, ...]:
         key, sched = self.key, self.sched
         if (q_from or k_from) and (self.alone or self.sides is not None or q_member == k_member):
@@ -76,11 +79,53 @@ class PairCalls:
         return calls
 
 
-def _from(blocks: tuple[Block, ...], q_from: int, k_from: int) -> tuple[Block, ...]:
-    """``blocks`` on payloads held from rows ``q_from`` and ``k_from``: the same rectangles
-    moved (a band's bounds are counted from its block's corner, so they stay)."""
+def one_partial_wire(ring: RingPositions, last: int, calls: PairCalls,
+                     pair: Callable[[int, int], tuple[int, int]], side: str
+                     ) -> tuple[bool, bool]:
+    """``call_plan.PassPlan.wire``: whether the travelling accumulator this member fills,
+    and the one it receives home, each take at most one kernel partial per row. That needs a single
+    holder (``last == 1``: it goes home from there, nothing added on the way) whose calls
+    on the payload (those of ``pair(holder, origin)``, its (query, key) members) touch each
+    of its rows once (``plan.blocks.one_partial``). The holder's calls are planned here from
+    the same key (``PairCalls.elsewhere``), so sender and receiver decide the same (a
+    mismatch would garble the message)."""
+    if last != 1:  # (not one holder: no need to plan the holder's calls)
+        return False, False
+    me = ring.index
+    fills = calls(*pair(me, ring.source(me, 1)))
+    comes_home = calls.elsewhere(*pair(ring.holder(me, 1), me))
+    return (one_partial(last, _runs_of(fills, side)),
+            one_partial(last, _runs_of(comes_home, side)))
+
+
+def _runs_of(calls, side: str) -> list[tuple[int, int]]:
+    """Every run of ``calls`` on ``side`` (a run as often as it appears)."""
+    return [run for call in calls for run in call_runs(call, side)]
+
+
+def _from(blocks: tuple[Block, ...], q_from, k_from) -> tuple[Block, ...]:
+    """``blocks`` on payloads as held: from rows ``q_from`` and ``k_from`` of the members'
+    rows (a span), or packed from runs (``plan.runs.held_map``: a hop that carries a
+    window's two edges). The same rectangles moved (a band's bounds are counted from its
+    block's corner, so they stay)."""
     if not q_from and not k_from:
         return blocks
-    return tuple(dataclasses.replace(b, q_start=b.q_start - q_from, q_stop=b.q_stop - q_from,
-                                     k_start=b.k_start - k_from, k_stop=b.k_stop - k_from)
-                 for b in blocks)
+    out = []
+    for b in blocks:
+        q0, q1 = _moved(b.q_start, b.q_stop, q_from)
+        k0, k1 = _moved(b.k_start, b.k_stop, k_from)
+        out.append(dataclasses.replace(b, q_start=q0, q_stop=q1, k_start=k0, k_stop=k1))
+    return tuple(out)
+
+
+def _moved(start: int, stop: int, by) -> tuple[int, int]:
+    """Rows [start, stop) of a member's rows in its payload as held (``_from``)."""
+    if isinstance(by, int):
+        return start - by, stop - by
+    for a, z, at in by:
+        if a <= start < z:
+            if stop > z:
+                raise ValueError(f"PairCalls: a block's rows [{start}, {stop}) cross the end "
+                                 f"of the held run [{a}, {z}): runs {by}")
+            return start - a + at, stop - a + at
+    raise ValueError(f"PairCalls: a block's rows [{start}, {stop}) are in no held run {by}")

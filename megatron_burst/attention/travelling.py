@@ -45,14 +45,21 @@ class Travelling:
                 mine += theirs
         self._incoming, home, batch = self.route.pass_on(step.acc, acc)
         if home is not None:
-            self._returns.append((home, step.acc.home_at))
+            self._returns.append((home, step.acc.home_runs or step.acc.home_at))
         self._batches.append(batch)
 
     def finish(self) -> tuple[torch.Tensor, ...]:
         """This rank's gradients: its own, plus what the other holders sent home."""
         for pending, at in self._returns:
             for mine, theirs in zip(self.home, pending.wait()):
-                mine.narrow(self.row_dim, at, theirs.shape[self.row_dim]).add_(theirs)
+                if isinstance(at, int):
+                    mine.narrow(self.row_dim, at, theirs.shape[self.row_dim]).add_(theirs)
+                    continue
+                held = 0  # runs of the own rows (``AccumulatorStep.home_runs``), packed
+                for a, z in at:
+                    mine.narrow(self.row_dim, a, z - a).add_(
+                        theirs.narrow(self.row_dim, held, z - a))
+                    held += z - a
         for batch in self._batches:  # the sent buffers may be freed after this
             batch.wait()
         return self.home

@@ -113,6 +113,9 @@ class Hop:
     frm: int
     n_recv: int
     send_from: int = 0
+    # The owner's runs of its own payload to gather and send instead (``plan.runs``: a
+    # window's two edges); empty: the ``n_send`` rows from ``send_from``, a view.
+    send_runs: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +137,9 @@ class AccumulatorStep:
     recv_home: tuple[int, int] | None = None
     held_at: int = 0
     home_at: int = 0
+    # Where the accumulator coming home is added, run by run, when it covers runs of the
+    # own payload (``plan.runs``); empty: from ``home_at`` on.
+    home_runs: tuple = ()
 
 
 def _held_from(starts: Starts, origin: int, step: int) -> int:
@@ -142,19 +148,28 @@ def _held_from(starts: Starts, origin: int, step: int) -> int:
     return starts(origin, step) if step else 0
 
 
-def route_hops(topo: RingPositions, last: int, rows: Rows, starts: Starts = _from_zero
+def route_hops(topo: RingPositions, last: int, rows: Rows, starts: Starts = _from_zero,
+               runs: Callable[[int, int], tuple] | None = None
                ) -> tuple[tuple[Hop, ...], ...]:
     """The hops of steps 0..last (``payload_hops``, ranks global, empty hops left out).
     ``starts``: where the rows each hop carries begin in the origin's payload, so a hop
-    sends from its held payload's row ``starts(origin, first) - _held_from(origin, step)``."""
+    sends from its held payload's row ``starts(origin, first) - _held_from(origin, step)``.
+    ``runs(origin, first)``: the runs a hop carries (``plan.runs``): at step 0 the owner
+    sends them from its own payload's rows (gathered where they are more than one; later
+    holders send one interval of what they hold packed)."""
     out = []
     for step in range(last + 1):
         origin = topo.source(topo.index, step)
         held = _held_from(starts, origin, step)
-        out.append(tuple(Hop(kind, topo.rank(to), n_send, topo.rank(frm), n_recv,
-                             starts(origin, first) - held if n_send else 0)
-                         for kind, to, n_send, frm, n_recv, first
-                         in payload_hops(topo, step, rows) if n_send or n_recv))
+        hops = []
+        for kind, to, n_send, frm, n_recv, first in payload_hops(topo, step, rows):
+            if not (n_send or n_recv):
+                continue
+            sent = runs(origin, first) if runs is not None and n_send and not step else ()
+            at = (sent[0][0] if sent else starts(origin, first) - held) if n_send else 0
+            hops.append(Hop(kind, topo.rank(to), n_send, topo.rank(frm), n_recv, at,
+                            sent if sent[1:] else ()))  # (a slice: no call)
+        out.append(tuple(hops))
     return tuple(out)
 
 
@@ -165,7 +180,9 @@ def next_kind(topo: RingPositions, step: int) -> str:
 
 
 def accumulator_steps(topo: RingPositions, last: int, rows: Rows,
-                      starts: Starts = _from_zero) -> tuple[AccumulatorStep, ...]:
+                      starts: Starts = _from_zero,
+                      home_runs: Callable[[int], tuple] | None = None
+                      ) -> tuple[AccumulatorStep, ...]:
     """Each step's accumulator traffic (step 0's gradients stay home: an empty step).
 
     From step 1 the holder of origin o's payload adds its part to o's accumulator (the
@@ -188,7 +205,9 @@ def accumulator_steps(topo: RingPositions, last: int, rows: Rows,
             recv_next = (used(nxt, 1), topo.rank(topo.holder(nxt, step)))
         if used(p, step) and not used(p, step + 1):  # the last use of our payload
             recv_home = (used(p, 1), topo.rank(topo.holder(p, step)))
+        runs = home_runs(p) if recv_home and home_runs is not None else ()
         out.append(AccumulatorStep(new, send_to, recv_next, recv_home,
                                    starts(origin, step) - starts(origin, 1) if new else 0,
-                                   starts(p, 1) if recv_home else 0))
+                                   starts(p, 1) if recv_home else 0,
+                                   runs if runs[1:] else ()))
     return tuple(out)

@@ -47,6 +47,18 @@ class RowShape:
         """Views of ``rows`` rows of each tensor, from row ``start``."""
         return [t.narrow(d, start, rows) for t, d in zip(tensors, self.row_dims)]
 
+    def gathered(self, tensors: Sequence[torch.Tensor], runs: Sequence[tuple[int, int]]
+                 ) -> Packed:
+        """One buffer of the ``runs`` ([start, stop) rows) of each tensor, one after the
+        other (a window's two edges, ``plan.runs``): one copy."""
+        out = self.packed(sum(z - a for a, z in runs))
+        for dst, t, d in zip(out.views, tensors, self.row_dims):
+            at = 0
+            for a, z in runs:
+                dst.narrow(d, at, z - a).copy_(t.narrow(d, a, z - a))
+                at += z - a
+        return out
+
     def rows_of(self, tensors: Sequence[torch.Tensor]) -> int:
         return tensors[0].shape[self.row_dims[0]]
 
@@ -73,7 +85,8 @@ class PayloadRing:
         sends, recvs, kinds = [], [], []
         for hop in hops:
             if hop.n_send:
-                sends.append((self._pack(payload, hop.send_from, hop.n_send), hop.to))
+                sends.append((self.row_shape.gathered(payload, hop.send_runs) if hop.send_runs
+                              else self._pack(payload, hop.send_from, hop.n_send), hop.to))
             if hop.n_recv:
                 recvs.append((self.row_shape.packed(hop.n_recv), hop.frm))
                 kinds.append(hop.kind)

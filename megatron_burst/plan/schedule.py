@@ -32,6 +32,7 @@ from .blocks import BLOCK_KINDS, INF, Block, Mask  # noqa: F401  (re-exported)
 from .layouts import MASK, PLAIN, layout_named
 from .mask_placement import mask_placement
 from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
+from .runs import gapped, needed_runs
 from .segments import Segment, Shard, concat
 from .slices import SliceMask, at_most_square, band_block, slice_blocks
 
@@ -226,9 +227,17 @@ class RingSchedule:
 
     def needed_rows(self, source: Source, side: str = "k") -> tuple[tuple[int, ...], ...]:
         """``rows[o][s]``: how many rows of member o's payload a hop carries to a member that
-        first uses it at step s (``needed_ranges``' spans; zero: nothing is sent)."""
-        return tuple(tuple(stop - start for start, stop in row)
-                     for row in self.needed_ranges(source, side))
+        first uses it at step s (``needed_runs``' rows; zero: nothing is sent)."""
+        if not gapped(self):  # one run a payload: its span (a new pack's path: no more)
+            return tuple(tuple(stop - start for start, stop in row)
+                         for row in self.needed_ranges(source, side))
+        return tuple(tuple(sum(z - a for a, z in runs) for runs in row)
+                     for row in self.needed_runs(source, side))
+
+    def needed_runs(self, source: Source, side: str = "k"):
+        """``runs[o][s]``: the rows of ``needed_ranges``' spans that are read, as runs
+        (``plan.runs``: a window's hop carries the two edges it is read at)."""
+        return needed_runs(self, source, side)
 
     def needed_ranges(self, source: Source, side: str = "k"
                       ) -> tuple[tuple[tuple[int, int], ...], ...]:

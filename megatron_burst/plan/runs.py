@@ -1,0 +1,146 @@
+"""Which rows of a payload travel, as runs: a window's hop carries the edges it is read at.
+
+``RingSchedule.needed_ranges`` gives, for each member's payload and each ring step, the span
+of rows used from that step on. A span is one interval: where two later holders read the
+two ends of a shard, the span holds both ends and all between. That happens wherever a
+band reaches both neighbours of a member: on 4 ranks a two-sided sliding window's K/V of
+member o are read at their end by o+1 (step 1) and at their start by o-1 = o+3 (step 3), so
+the span from step 1 on was the whole shard (37.7 MB a hop where the window needs 4.2 MB,
+``benchmarks/results/h100x4_checks/``).
+
+Here the rows used from a step on are runs: sorted, disjoint [start, stop) intervals. The
+payload held at step s >= 1 is its runs packed one after the other, in row order. The
+gradient accumulator that follows a payload (the backward) covers the runs of step 1, and a
+holder's kernels write into it from where its held runs begin, so the held runs of every
+step must be one interval of step 1's runs packed: where they are not, they are widened to
+that interval (rows between that nobody reads any more travel then, as a span's did).
+Runs only shrink from step to step, so a holder sends on one interval of what it holds
+(a view); only the owner, at step 0, gathers its runs from its shard.
+
+Documents packed on the host keep their spans (one run): their holders read a document's
+leading rows, and a pack is planned on every call's path, where the runs' extra Python
+would cost more than the rows they save. Slice masks and windows (planned once per shape)
+take runs.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .layouts import MASK, PLAIN, layout_named
+from .slices import SliceMask
+
+Runs = tuple[tuple[int, int], ...]  # sorted, disjoint, non-empty [start, stop) rows
+Source = Callable[[int, int], int]
+
+
+def gapped(sched: "RingSchedule") -> bool:
+    """Whether the schedule's payloads may be read at runs with gaps between (a slice mask,
+    or a window without documents): the calls for which runs are computed."""
+    masked = isinstance(sched.mask, SliceMask)
+    if not masked and (sched.mask.plain or len(sched.doc_lens) != 1):
+        return False  # (first: a new pack's plan asks, and pays each Python call)
+    # A layout whose launches read a shard from its first row: leading rows travel.
+    return not layout_named(sched.layout, MASK if masked else PLAIN).hops_from_first_row
+
+
+def needed_runs(sched: "RingSchedule", source: Source, side: str = "k"
+                ) -> tuple[tuple[Runs, ...], ...]:
+    """``runs[o][s]``: the rows of member o's payload used at step s or later (``()``:
+    none), as runs (module docstring); side 'k' or 'q' as in ``needed_ranges``."""
+    spans = sched.needed_ranges(source, side)
+    if not gapped(sched):
+        return tuple(tuple(((a, z),) if z > a else () for a, z in row) for row in spans)
+    size, on_keys = sched.ring_size, side == "k"
+    used: list[list[Runs]] = [[()] * size for _ in range(size)]
+    for m in range(size):
+        for s in range(1, size):
+            o = source(m, s)
+            blocks = sched.split_blocks(m, o) if on_keys else sched.split_blocks(o, m)
+            used[o][s] = merged([(b.k_start, b.k_stop) if on_keys else (b.q_start, b.q_stop)
+                                 for b in blocks])
+    out = []
+    for o, row in enumerate(used):
+        for s in range(size - 2, 0, -1):  # from a step on: every use then or later
+            row[s] = merged([*row[s], *row[s + 1]])
+        for s in range(2, size):
+            row[s] = packed_interval(row[s], row[1])
+        row[0] = spans[o][0:1] if spans[o][0][1] > spans[o][0][0] else ()
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def merged(runs: list[tuple[int, int]]) -> Runs:
+    """``runs`` sorted and joined where they touch or overlap."""
+    out: list[list[int]] = []
+    for a, z in sorted(runs):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], z)
+        else:
+            out.append([a, z])
+    return tuple((a, z) for a, z in out)
+
+
+def packed_at(runs: Runs, of: Runs) -> int:
+    """Where ``runs`` (a part of ``of``) begin in ``of``'s rows packed one after the
+    other: the row of the first run's start."""
+    at, first = 0, runs[0][0]
+    for a, z in of:
+        if a <= first < z:
+            return at + first - a
+        at += z - a
+    raise ValueError(f"runs {runs} are not within {of}")
+
+
+def length(runs: Runs) -> int:
+    return sum(z - a for a, z in runs)
+
+
+def packed_interval(runs: Runs, of: Runs) -> Runs:
+    """``runs`` widened to the rows of ``of`` between their first and last row: one
+    interval of ``of`` packed (``runs`` unchanged where they are one already)."""
+    if len(runs) < 2:
+        return runs
+    lo, hi = runs[0][0], runs[-1][1]
+    within = tuple((max(a, lo), min(z, hi)) for a, z in of if a < hi and z > lo)
+    return runs if within == runs else within
+
+
+def held_map(runs: Runs) -> tuple[tuple[int, int, int], ...]:
+    """(start, stop, where it begins in the payload) of each run, packed in order: how a
+    block's rows (counted in the member's rows) are found in the payload as held."""
+    out, at = [], 0
+    for a, z in runs:
+        out.append((a, z, at))
+        at += z - a
+    return tuple(out)
+
+
+def held_tables(runs: tuple[tuple[Runs, ...], ...]):
+    """A pass's tables over its payloads' runs (``needed_runs``), as ``call_plan`` reads a
+    span table: (rows(o, s): how many a hop carries; starts(o, s): where the rows held at
+    step s >= 1 begin, counted so that two steps' difference is where one begins in the
+    other as packed; gather(o, s): the runs the owner sends at step 0; home(o): the runs
+    its accumulator covers; held(o, s): how a step's kernel calls find their rows in the
+    payload (0 at step 0, a row where one run is held, a ``held_map`` where more are;
+    None: nothing used))."""
+    def rows(o: int, s: int) -> int:
+        return length(runs[o][s])
+
+    def starts(o: int, s: int) -> int:
+        if not runs[o][s]:
+            return 0
+        return runs[o][1][0][0] + packed_at(runs[o][s], runs[o][1]) if s else runs[o][s][0][0]
+
+    def held(o: int, s: int):
+        if not s:
+            return 0
+        here = runs[o][s]
+        return None if not here else here[0][0] if len(here) == 1 else held_map(here)
+
+    return rows, starts, (lambda o, s: runs[o][s]), (lambda o: runs[o][1]), held
+
+
+def last_run_step(runs: tuple[tuple[Runs, ...], ...]) -> int:
+    """The last step of a run table that uses any row (``schedule.last_spanned_step``)."""
+    return max((s for row in runs for s, r in enumerate(row) if r), default=0)
+
