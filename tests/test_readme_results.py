@@ -1265,3 +1265,20 @@ def test_four_gpu_figures_are_the_runs_on_file():
           f"{rows['after']['efficiency_graph_fwd_bwd']:.2f}")
     assert abs(rows["before2"]["efficiency_graph_fwd_bwd"]
                - rows["before"]["efficiency_graph_fwd_bwd"]) < 0.02  # the machine held still
+
+
+def test_run_figures_are_the_runs_on_file():
+    def ratio(side: str, family: str, world: int) -> float:
+        name = "ring_rows" + ("_before" if side == "before" else "")
+        rows = _load(f"cpu_issue42_runs/{name}.json")["rows"]
+        return next(r["received_over_read"] for r in rows
+                    if r["family"] == family and r["world"] == world)
+
+    slide = [(ratio("before", "sliding_window", w), ratio("after", "sliding_window", w))
+             for w in (4, 8)]
+    _says(f"{slide[0][0]}x -> {slide[0][1]}x on 4 ranks and {slide[1][0]}x -> {slide[1][1]}x "
+          f"on 8")
+    _says(f"(global window {ratio('before', 'global_sliding_window', 2)}x and shared question "
+          f"{ratio('before', 'shared_question', 2)}x before)")
+    assert all(r["received_over_read"] == 1.0 for r in _load(
+        "cpu_issue42_runs/ring_rows.json")["rows"] if r["world"] == 2)

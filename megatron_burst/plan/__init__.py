@@ -10,6 +10,7 @@ tests can enumerate) without a GPU. One module per job:
 - ``blocks``: what a kernel computes (``Block``, ``Mask``);
 - ``schedule``: which blocks each member computes at each ring step, and which K/V rows
   travel (``RingSchedule``): masks and layouts as data, so the ring stays one loop;
+  ``runs``: those rows as runs, so a window's hop carries the edges it is read at;
 - ``packs``: a pack of documents described once per micro-batch (``DocumentPack``);
 - ``slices``: general slice masks (``SliceMask``) as disjoint bands; ``mask_placement``:
   a mask's tokens placed by visible area; ``mask_families``: LongCA-bench's masks.
