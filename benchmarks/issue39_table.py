@@ -6,7 +6,7 @@ Reads what ``benchmarks/run_2gpu_issue39_final.sh`` wrote (its parts ``micro``, 
 and ``cp1``, each a subfolder) and prints the README's table, every figure from a JSON file:
 "before" is the package of the commit the issue measured, "after" this tree with its
 defaults, "replay" this tree with ``MEGATRON_BURST_REPLAY=auto``. The CPU proxy's row is
-``tests/test_host_path.py``'s budgets (what CI holds the count to), not a GPU figure.
+read from ``cpu_issue39_proxy/`` beside the folder (``benchmarks/python_calls.py``).
 """
 from __future__ import annotations
 
@@ -145,12 +145,24 @@ def megatron_rows(runs: Runs) -> list[str]:
     ]
 
 
+def proxy_row(folder: Path) -> list[str]:
+    """The CPU proxy, both packages counted by one code (``benchmarks/python_calls.py``),
+    in the folder beside the session's: rank 0's calls."""
+    side = {s: json.loads((folder.parent / "cpu_issue39_proxy" / f"{s}.json").read_text())
+            ["ranks"][0] for s in ("before", "after")}
+    return [HOST.format("CPU proxy: Python calls per CP=2 fwd+bwd on gloo, rank 0 (plain ring "
+                        "/ plain burst / new pack)",
+                        *(" / ".join(f"{side[s][k]:,}" for k in ("plain ring", "plain burst",
+                                                                  "new pack"))
+                          for s in ("before", "after")), "-", "<= 400 / - / 600")]
+
+
 def table(folder: Path) -> str:
     runs = Runs(folder)
     head = ["| case | before (7b3f129) | after | after, replay auto | target |",
             "|---|---|---|---|---|"]
     return "\n".join(head + host_rows(runs) + efficiency_rows(runs) + document_rows(runs)
-                     + megatron_rows(runs)) + "\n"
+                     + megatron_rows(runs) + proxy_row(folder)) + "\n"
 
 
 if __name__ == "__main__":

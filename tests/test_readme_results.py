@@ -1250,7 +1250,7 @@ def test_issue39_final_reasons_are_the_profile_and_runs_on_file():
     _says(f"the same call costs {replayed['burst causal, ring bwd']['host_ms']:.2f} ms "
           f"(target 0.6), and the 8K 16:4 d64 row goes from {eager['efficiency']:.2f} to "
           f"{replayed['causal GQA 16:4 d64, 8192/GPU']['efficiency']:.2f}")
-    _says(f"{BUDGETS['plain ring']:,} / {BUDGETS['new pack']:,} Python\n  calls")
+    _says(f"{BUDGETS['plain ring']:,} / {BUDGETS['new pack']:,} Python\n  calls for a plain")
 
 
 def test_four_gpu_figures_are_the_runs_on_file():
