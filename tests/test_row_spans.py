@@ -236,3 +236,38 @@ def test_calls_whose_spans_start_past_row_zero_are_exact(world):
     bad = [f"{c['mask']} {c['backward']} {n}: {e:.3g}" for c, err in zip(cases, errors)
            for n, e in err.items() if not e <= TOL]
     assert not bad, "\n".join(bad)
+
+
+def _uses_runs(world: int, total: int, case: dict) -> bool:
+    """Whether some rank's plan of the case gathers runs or adds an accumulator home by
+    runs (``plan.runs``)."""
+    for r in range(world):
+        plan = build_plan(plan_key("area", world, (total,), case["mask"], 1,
+                                   RingKey(tuple(range(world)), r,
+                                           case.get("intra_node_size")), case["backward"]))
+        for step in plan.forward.steps + plan.backward.steps:
+            if any(h.send_runs for h in step.hops) or (step.acc and step.acc.home_runs):
+                return True
+    return False
+
+
+def test_runs_are_exact_on_four_ranks_at_a_larger_size():
+    """Random masks and the families with gaps at 384 tokens on 4 ranks (the flat ring, the
+    double ring 2x2, Ulysses 2 x ring 2), both backwards: out, lse, dq, dk, dv against the
+    float64 reference, and most cases move runs."""
+    from .test_slice_masks import mask_worker
+
+    rng, total, world = random.Random(42), 384, 4
+    cases = []
+    for i in range(12):
+        mask = random_mask(rng, total) if i % 3 else mf.family(
+            ("sliding_window", "block_causal_document", "global_sliding_window",
+             "shared_question")[i // 3], (128, 128, 128), window=rng.randint(3, 40),
+            global_size=rng.randint(1, 20), block=rng.randint(5, 40), prefix=10)
+        case = dict(mask=mask, seq=total, backward=("burst", "ring")[i % 2])
+        case.update(({}, {}, {"intra_node_size": 2}, {"ulysses_size": 2})[i % 4])
+        cases.append(case)
+    assert sum(_uses_runs(world, total, c) for c in cases if "ulysses_size" not in c) >= 5
+    errors = reduce_errors(run_ranks(world, mask_worker, cases, timeout=300))
+    bad = [(i, n, e) for i, err in enumerate(errors) for n, e in err.items() if not e <= TOL]
+    assert not bad, bad

@@ -184,18 +184,18 @@ def test_masks_compare_and_hash_by_value():
 
 def run_mask_case(rank, world, seed, *, mask, layout=None, hq=4, hkv=2, d=8, dv=None,
                   backward="burst", b=1, fmt="bshd", sinks=False, dtype=torch.float64,
-                  **extra):
+                  seq=SEQ, **extra):
     """One masked call on this rank: {name: (squared error, squared ref norm, NaN?)}."""
-    q, k, v, dout = make_case_inputs(seed, b, SEQ, hq, hkv, d)
+    q, k, v, dout = make_case_inputs(seed, b, seq, hq, hkv, d)
     if dv is not None:  # MLA: V (and so the output) has its own head dim
         gen = torch.Generator().manual_seed(seed + 1)
-        v = torch.randn(b, SEQ, hkv, dv, generator=gen, dtype=torch.float64)
-        dout = torch.randn(b, SEQ, hq, dv, generator=gen, dtype=torch.float64)
+        v = torch.randn(b, seq, hkv, dv, generator=gen, dtype=torch.float64)
+        dout = torch.randn(b, seq, hq, dv, generator=gen, dtype=torch.float64)
     sink = torch.randn(hq, dtype=torch.float64) if sinks else None
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     scale = 1.0 / math.sqrt(d)
     ref_out, ref_lse = reference_attention(*leaves, causal=False, scale=scale, sinks=sink,
-                                           allowed=_dense(mask, SEQ))
+                                           allowed=_dense(mask, seq))
     ref_out.backward(dout)
     refs = {"out": ref_out.detach(), "lse": ref_lse.detach().transpose(1, 2),
             "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
