@@ -47,13 +47,13 @@ def needed_runs(sched: "RingSchedule", source: Source, side: str = "k"
                 ) -> tuple[tuple[Runs, ...], ...]:
     """``runs[o][s]``: the rows of member o's payload used at step s or later (``()``:
     none), as runs (module docstring); side 'k' or 'q' as in ``needed_ranges``."""
-    spans = sched.needed_ranges(source, side)
     if not gapped(sched):
-        return tuple(tuple(((a, z),) if z > a else () for a, z in row) for row in spans)
+        return tuple(tuple(((a, z),) if z > a else () for a, z in row)
+                     for row in sched.needed_ranges(source, side))
     size, on_keys = sched.ring_size, side == "k"
     used: list[list[Runs]] = [[()] * size for _ in range(size)]
     for m in range(size):
-        for s in range(1, size):
+        for s in range(size):
             o = source(m, s)
             blocks = sched.split_blocks(m, o) if on_keys else sched.split_blocks(o, m)
             used[o][s] = merged([(b.k_start, b.k_stop) if on_keys else (b.q_start, b.q_stop)
@@ -64,7 +64,10 @@ def needed_runs(sched: "RingSchedule", source: Source, side: str = "k"
             row[s] = merged([*row[s], *row[s + 1]])
         for s in range(2, size):
             row[s] = packed_interval(row[s], row[1])
-        row[0] = spans[o][0:1] if spans[o][0][1] > spans[o][0][0] else ()
+        # Step 0: its own payload, held whole from row 0 where it uses any (as
+        # ``needed_ranges`` has it), with the rows used later.
+        stop = max(row[0][-1][1] if row[0] else 0, sched.shard(o).whole_end)
+        row[0] = merged([*(((0, stop),) if stop else ()), *(row[1] if size > 1 else ())])
         out.append(tuple(row))
     return tuple(out)
 
