@@ -9,9 +9,11 @@
 #   3. the same with the link slowed to 12.5 GB/s (MEGATRON_BURST_EMULATE, one GPU a node),
 #      where the bytes are on the critical path: before, after.
 # Each JSON names the package it imported (meta.package) and each rank's bytes (sent_mb).
-# Usage: bash benchmarks/run_gpu_runs.sh OUTDIR BEFORE_DIR GPUS   (writes OUTDIR/runs<GPUS>.tgz)
+# PART (default all): tests = step 1 only, masks = steps 2 and 3 only, nvlink = step 2 only,
+# so each fits one device call.
+# Usage: bash benchmarks/run_gpu_runs.sh OUTDIR BEFORE_DIR GPUS [PART]  (writes OUTDIR/runs<GPUS>.tgz)
 set -uo pipefail
-top=${1:?output folder}; before=$(cd "${2:?tree before}" && pwd); gpus=${3:?2 or 4}
+top=${1:?output folder}; before=$(cd "${2:?tree before}" && pwd); gpus=${3:?2 or 4}; part=${4:-all}
 out="$top/runs$gpus"; mkdir -p "$out"
 . benchmarks/session_env.sh "$out"
 pack() { tar -czf "$top/runs$gpus.tgz" -C "$top" "runs$gpus"; }
@@ -24,12 +26,16 @@ masks() {  # masks SIDE NAME ARGS...
   echo "$name rc=$?"; grep '^| ' "$out/$name.md" 2>/dev/null | cut -d'|' -f2,9,10,12,13
   grep -o '"package": "[^"]*"' "$out/$name.json"; pack
 }
+if [ "$part" != masks ]; then
 PYTHONPATH=$PWD timeout 300 python3 -m pytest tests/test_gpu.py -q -s -p no:cacheprovider \
   -k "nccl" > "$out/gpu_tests.txt" 2>&1
 echo "tests rc=$?"; quiet < "$out/gpu_tests.txt" | tail -3; pack
+fi
+[ "$part" = tests ] && exit 0
 masks before nvlink_before --graph
 masks after nvlink_after --graph
 masks before2 nvlink_before2 --graph
+[ "$part" = nvlink ] && exit 0
 for side in before after; do
   MEGATRON_BURST_EMULATE="gpus_per_node=1,gbps=12.5,latency_us=5" masks "$side" \
     "emulated12.5_$side" --backward ring

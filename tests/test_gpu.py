@@ -905,7 +905,10 @@ def wire_worker(rank: int, world: int, fp32_wire: bool) -> list:
     from megatron_burst.attention import call_plan
 
     if fp32_wire:  # every travelling accumulator in fp32, as before ``PassPlan.wire``
-        call_plan._one_partial = lambda *args: (False, False)
+        # The name must exist: setting a name the plan no longer calls would compare the bf16
+        # wire with itself (it did, once the function moved to pair_calls).
+        assert callable(call_plan.one_partial_wire)
+        call_plan.one_partial_wire = lambda *args: (False, False)
     dev = torch.device("cuda", rank)
     gen = torch.Generator(device=dev).manual_seed(30 + rank)
     cu = torch.tensor([0, 700, 1900, 2500, 4096], dtype=torch.int32, device=dev)
