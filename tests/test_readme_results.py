@@ -1282,3 +1282,38 @@ def test_run_figures_are_the_runs_on_file():
           f"{ratio('before', 'shared_question', 2)}x before)")
     assert all(r["received_over_read"] == 1.0 for r in _load(
         "cpu_issue42_runs/ring_rows.json")["rows"] if r["world"] == 2)
+
+
+def test_runs_on_gpus_are_the_runs_on_file():
+    """The runs' GPU check: the tables in its folder's README are ``runs_table.py``'s of the
+    JSON on file, and the figures the README quotes are those runs'."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "runs_table", RESULTS.parent / "runs_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    folder = RESULTS / "gpu_issue42_runs"
+    notes = (folder / "README.md").read_text()
+    for machine in ("h200x4", "h100x2_masks"):
+        for line in table.rows(folder / machine):
+            assert line in notes, line
+
+    def family(side: str, name: str, machine: str = "h200x4") -> dict:
+        rows = _load(f"gpu_issue42_runs/{machine}/nvlink_{side}.json")["rows"]
+        return next(r for r in rows if r["family"] == name)
+
+    for name in ("sliding_window", "block_causal_document"):
+        b, a, b2 = (family(side, name) for side in ("before", "after", "before2"))
+        _says(f"{b['sent_mb']['forward']:.1f} / {b['sent_mb']['backward']:.1f} -> "
+              f"{a['sent_mb']['forward']:.1f} / {a['sent_mb']['backward']:.1f}")
+        _says(f"{b['burst_graph']['fwd_bwd_ms']:.2f} / {b2['burst_graph']['fwd_bwd_ms']:.2f} -> "
+              f"{a['burst_graph']['fwd_bwd_ms']:.2f} ms")
+    for side in ("before", "after", "before2"):
+        meta = _load(f"gpu_issue42_runs/h200x4/nvlink_{side}.json")["meta"]
+        assert meta["package"].endswith(
+            (".before/megatron_burst" if side != "after" else "main/megatron_burst"))
+    glob = [next(r for r in _load(f"gpu_issue42_runs/h100x2_masks/emulated12.5_{s}.json")["rows"]
+                 if r["family"] == "global_sliding_window") for s in ("before", "after")]
+    _says(f"global window's fwd+bwd went {glob[0]['burst']['fwd_bwd_ms']:.2f} -> "
+          f"{glob[1]['burst']['fwd_bwd_ms']:.2f} ms")
