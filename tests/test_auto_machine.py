@@ -51,7 +51,9 @@ def test_a_profile_from_another_machine_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path))
     gpu = machine.MachineKey("NVIDIA H100 80GB HBM3", 2, "nccl/p2p", "2.27.3")
     others = [dataclasses.replace(gpu, gpu="NVIDIA H200"), dataclasses.replace(gpu, nccl="2.21.5"),
-              dataclasses.replace(gpu, emulate="gpus_per_node=1,gbps=25,latency_us=5")]
+              dataclasses.replace(gpu, emulate="gpus_per_node=1,gbps=25,latency_us=5"),
+              # links timed one synced hop at a time (before 2026-11-27): another measurement
+              dataclasses.replace(gpu, link_timing="one synced hop")]
     # Each other machine's profile, filed where this machine's would be: refused by content.
     for other in others:
         machine.cache_path(gpu).parent.mkdir(parents=True, exist_ok=True)
@@ -65,10 +67,14 @@ def test_a_profile_from_another_machine_is_not_used(tmp_path, monkeypatch):
     for other in others:  # each has a file of its own: none of them is this one's
         assert machine.cache_path(other) != machine.cache_path(gpu)
         assert machine.find(other) is None
-    # Shipped: h200-nvlink records where it was measured (4 H200 of one node), a100-ib
-    # nothing (published figures): neither is picked for this H100.
-    assert machine.find(dataclasses.replace(gpu, gpu="NVIDIA H200", gpus_per_node=4,
-                                            emulate=None))[1] == "shipped h200-nvlink"
+    # Shipped: h200-nvlink records where it was measured (4 H200 of one node) but not how
+    # its links were timed (one synced hop at a time, before queued hops): not picked for that
+    # machine now, which measures itself; a100-ib records nothing (published figures):
+    # neither is picked for this H100.
+    h200 = dataclasses.replace(gpu, gpu="NVIDIA H200", gpus_per_node=4, emulate=None)
+    assert machine.find(h200) is None
+    assert dataclasses.replace(h200, link_timing="one synced hop").matches(
+        load_profile("h200-nvlink").machine)
     assert not machine.MachineKey("NVIDIA A100-SXM4-80GB", 8, "nccl/p2p", "2.21.5").matches(
         load_profile("a100-ib").machine)
 

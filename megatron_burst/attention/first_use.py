@@ -181,8 +181,8 @@ def _links(group, world: int, per: int | None, tops, heads: HeadShape, tokens: i
     sizes = _sizes(hops, cap)
 
     def fit(to: int, frm: int):
-        return measure.link_of([(n, measure.timed(measure.hop(to, frm, n, device), device,
-                                                  repeat, group)) for n in sizes])
+        return measure.link_of([(n, measure.hop_seconds(to, frm, n, device, repeat, group))
+                                for n in sizes])
 
     intra = inter = a2a = None
     if sizes and uniform and len(mine) > 1:

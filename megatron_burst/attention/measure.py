@@ -39,17 +39,38 @@ def timed(fn: Callable[[], object], device: torch.device, repeat: int,
     return statistics.median(times)
 
 
-def hop(peer_to: int, peer_from: int, nbytes: int, device: torch.device) -> Callable:
-    """One ring hop: send ``nbytes`` to ``peer_to`` while receiving as many from
-    ``peer_from`` (global ranks), through ``dist.batch_isend_irecv`` (the emulator's too)."""
+# Hops a link's timing queues back to back: the ring posts each step's hop ahead of the
+# compute that hides it and waits once, so a hop timed alone with a sync each (149 us of
+# "latency" on 2x H100 NVLink, where a queued one pays ~20 us) priced every hop the host's
+# round trip, and the accumulator's unhidden trip home could not be priced with it.
+QUEUED_HOPS = 4
+
+
+def hop(peer_to: int, peer_from: int, nbytes: int, device: torch.device,
+        queued: int = 1) -> Callable:
+    """``queued`` ring hops back to back, then one wait: each sends ``nbytes`` to
+    ``peer_to`` while receiving as many from ``peer_from`` (global ranks), through
+    ``dist.batch_isend_irecv`` (the emulator's too)."""
     send = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    recv = torch.empty_like(send)
+    recvs = [torch.empty_like(send) for _ in range(queued)]
 
     def run() -> None:
-        ops = [dist.P2POp(dist.isend, send, peer_to), dist.P2POp(dist.irecv, recv, peer_from)]
-        for work in dist.batch_isend_irecv(ops):
+        works = []
+        for recv in recvs:
+            ops = [dist.P2POp(dist.isend, send, peer_to),
+                   dist.P2POp(dist.irecv, recv, peer_from)]
+            works += dist.batch_isend_irecv(ops)
+        for work in works:
             work.wait()
     return run
+
+
+def hop_seconds(peer_to: int, peer_from: int, nbytes: int, device: torch.device,
+                repeat: int, group: dist.ProcessGroup | None = None) -> float:
+    """Seconds of one ring hop of ``nbytes`` as the ring pays it: ``QUEUED_HOPS`` queued
+    hops timed together (``timed``), over their number."""
+    run = hop(peer_to, peer_from, nbytes, device, QUEUED_HOPS)
+    return timed(run, device, repeat, group) / QUEUED_HOPS
 
 
 def exchange(peers: Sequence[int], nbytes: int, device: torch.device) -> Callable:

@@ -33,6 +33,11 @@ from .timing import PROFILES_DIR, Link, Profile, load_profile
 logger = logging.getLogger(__name__)
 
 
+# Links are timed as the ring uses them, hops queued back to back (``measure.hop_seconds``);
+# until 2026-11-27 each hop was timed alone with a sync, which added the host's round trip.
+LINK_TIMING = "queued hops"
+
+
 @dataclasses.dataclass(frozen=True)
 class MachineKey:
     """What a profile is measured on (see the module docstring); every field a string or
@@ -43,6 +48,9 @@ class MachineKey:
     link: str  # e.g. "nccl/p2p", "nccl/p2p+net", "gloo"
     nccl: str  # the NCCL version, "none" without NCCL
     emulate: str | None = None  # the emulator's virtual links, normalised; None: off
+    # How its links were timed: a profile timed another way is another measurement (the
+    # cache file's name hashes this field, so one cached before is measured again).
+    link_timing: str = LINK_TIMING
 
     def fields(self) -> dict:
         return dataclasses.asdict(self)
@@ -51,6 +59,8 @@ class MachineKey:
         """Whether a profile recording ``recorded`` was measured on this machine: every
         field it records equals ours (a profile that records none matches no machine)."""
         recorded = dict(recorded)
+        if recorded:  # recorded before links were timed queued: timed one synced hop a time
+            recorded.setdefault("link_timing", "one synced hop")
         mine = self.fields()
         return bool(recorded) and all(k in mine and mine[k] == v for k, v in recorded.items())
 

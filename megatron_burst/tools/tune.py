@@ -37,7 +37,7 @@ from ..decide.timing import Link, Profile, load_profile
 
 UNMEASURED = "; not measured"  # in a profile's source, before the links it copied
 # The measurements themselves live with the call path, which measures at first use too.
-_timed, _hop, _link = measuring.timed, measuring.hop, measuring.link_of
+_timed, _hop_seconds, _link = measuring.timed, measuring.hop_seconds, measuring.link_of
 _fit_kernel = measuring.fit_kernel
 
 
@@ -49,12 +49,12 @@ def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device
     node, local = divmod(rank, gpus_per_node)
     nodes = world // gpus_per_node
     first = node * gpus_per_node  # this node's first rank
-    intra = [(n, _timed(_hop(first + (local + 1) % gpus_per_node,
-                             first + (local - 1) % gpus_per_node, n, device), device, repeat))
+    intra = [(n, _hop_seconds(first + (local + 1) % gpus_per_node,
+                              first + (local - 1) % gpus_per_node, n, device, repeat))
              for n in sizes] if gpus_per_node > 1 else []
-    inter = [(n, _timed(_hop((node + 1) % nodes * gpus_per_node + local,
-                             (node - 1) % nodes * gpus_per_node + local, n, device),
-                        device, repeat)) for n in sizes] if nodes > 1 else []
+    inter = [(n, _hop_seconds((node + 1) % nodes * gpus_per_node + local,
+                              (node - 1) % nodes * gpus_per_node + local, n, device, repeat))
+             for n in sizes] if nodes > 1 else []
     a2a = []
     for n in sizes:
         x = torch.ones(n // world * world, dtype=torch.uint8, device=device)
