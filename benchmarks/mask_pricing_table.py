@@ -5,8 +5,8 @@ Reads a run of ``benchmarks/slice_masks.py --log-auto`` (``slice_masks.json`` an
 ``burst auto`` lines, ``auto_lines.txt``) and the profile first use measured in that run.
 For each family: 'auto''s prediction for its same-mask call (the ``decides`` line whose
 slice count and visible share are the family's), the time its first-use check measured for
-that call, and the prediction before this change (every mask priced as full attention:
-``timing.predict(causal=False)`` with the same profile). Writes the table as markdown.
+that call, and the prediction before this change (every mask priced as full attention: the
+run's own logged prediction for its full family). Writes the table as markdown.
 
     python benchmarks/mask_pricing_table.py RUN_FOLDER > RUN_FOLDER/mask_pricing.md
 """
@@ -38,14 +38,22 @@ def main(folder: str) -> None:
     (profile,) = glob.glob(os.path.join(folder, "profiles", "*.json"))
     hq, hkv = (int(x) for x in meta["heads"].split(":"))
     heads = HeadShape(hq, hkv, meta["head_dim"])
-    flat = CPTopology.build(meta["world"], ulysses=1, backward="ring", heads=heads)
-    before = predict(flat, load_profile(profile), tokens=meta["tokens_per_gpu"],
-                     causal=False).total_s * 1e3
     total = meta["tokens_per_gpu"] * meta["world"]
+    # Before, every mask was priced as the full mask: the run's own logged decision for its
+    # full family, which the model of that run made (today's model would price it anew);
+    # a run without that family is priced by this tree's model.
+    full = [d for r in rows if r["family"] == "full" for d in decided
+            if int(d[1]) == r["slices"] and d[2] == f"{r['area'] / total ** 2:.3g}"]
+    if full:
+        described, before = full[0][3], float(full[0][4])
+    else:
+        flat = CPTopology.build(meta["world"], ulysses=1, backward="ring", heads=heads)
+        described, before = flat.describe(), predict(
+            flat, load_profile(profile), tokens=meta["tokens_per_gpu"],
+            causal=False).total_s * 1e3
     out = [f"{meta['device']} x{meta['world']}, {meta['tokens_per_gpu']} tokens/GPU, GQA "
            f"{meta['heads']}, d {meta['head_dim']}; profile `{os.path.basename(profile)}`; "
-           f"before: every mask priced as full attention ({before:.2f} ms, "
-           f"{flat.describe()})", "",
+           f"before: every mask priced as full attention ({before:.2f} ms, {described})", "",
            "| family | visible share | measured ms (first-use check) | predicted before | "
            "error before | predicted after | error after |", "|---|---|---|---|---|---|---|"]
     within = [0, 0]

@@ -40,7 +40,10 @@ def scheduled_bytes(topology: CPTopology, *, batch: int, s_local: int,
     out = []
     for backward in (False, True):
         plan = _HopPlan(topology, sched, batch, backward)
-        out.append(sum(n for s in range(topology.ring_size) for _, n in plan.hops(member, s)))
+        sent = 0  # each step's payload hops, and the accumulator sent on after it
+        for s in range(topology.ring_size):
+            sent += sum(n for _, n in plan.hops(member, s)) + plan.acc_after(member, s)
+        out.append(sent)
     return out[0], out[1]
 
 
@@ -96,7 +99,27 @@ def test_prediction_grows_with_work_and_exposes_slow_links():
     short, long = (predict(topology, FAST, tokens=t) for t in (4096, 32768))
     assert long.compute_s > 8 * short.compute_s
     slow = predict(topology, dataclasses.replace(FAST, intra=Link(5.0, 2.0)), tokens=4096)
-    assert slow.exposed_comm_s > 0 and short.exposed_comm_s == 0
+    # A fast link hides every hop but the last accumulator's trip home, which follows the
+    # last compute; a slow one exposes the hops too.
+    home = FAST.intra.seconds(topology.backward_hop_parts(4096)[1])
+    assert short.exposed_comm_s == pytest.approx(home) and slow.exposed_comm_s > 100 * home
+
+
+def test_the_accumulator_trip_home_is_priced_once_after_the_last_step():
+    """The backward's accumulators leave after the compute that fills them: all but the
+    last ride beside a later payload hop (hidden where the link is fast), the last comes
+    home exposed; the scheduled model (a window, step by step) prices the same tail."""
+    heads = HeadShape(32, 8, 128, 2)
+    for cp in (2, 4):
+        for mode in ("ring", "burst"):
+            top = CPTopology.build(cp, heads=heads, backward=mode)
+            payload, acc = top.backward_hop_parts(8192)
+            assert payload + acc == top.backward_hop_bytes(8192)
+            plain = predict(top, FAST, tokens=8192)
+            assert plain.exposed_comm_s == pytest.approx(FAST.intra.seconds(acc))
+            window = predict_scheduled(top, FAST, batch=1, s_local=8192, window=(-1, -1),
+                                       causal=False)
+            assert window.exposed_comm_s == pytest.approx(FAST.intra.seconds(acc), rel=0.02)
 
 
 def _tune_worker(rank, world, out):

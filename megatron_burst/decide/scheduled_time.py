@@ -18,7 +18,9 @@ all-to-all's terms are ``timing``'s.
 
 Approximations, as in ``timing``: the backward's FLOPs are 2.5 forwards'; a step's blocks
 run at the kernel rate of a block as long as the keys its queries see on average; a
-travelling gradient accumulator shares the link of the step's intra-node hop.
+travelling gradient accumulator leaves after the compute that fills it, so it shares the
+next step's intra-node hop, and the last step's comes home after everything (``timing``'s
+``_backward_exposed``).
 """
 from __future__ import annotations
 
@@ -109,14 +111,17 @@ def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
     crosses = ring > max(1, max_intra_node_size // topology.ulysses)
     near = prof.inter if crosses and not topology.double else prof.intra
     step_s, inter_s = [0.0] * (last + 1), [0.0] * (last + 1)
+    home = 0.0  # the accumulators filled at the last step, sent after its compute
     for p in range(ring):
         for s in range(last + 1):
             hops = plan.hops(p, s)
             inter = sum(n for kind, n in hops if kind == "inter")
             inter_s[s] = max(inter_s[s], prof.inter.seconds(inter))
-            hop = near.seconds(sum(n for kind, n in hops if kind != "inter"))
-            step_s[s] = max(step_s[s], compute[p][s], hop)
-    total = sum(step_s)
+            # The accumulator filled at step s-1 rides beside this step's payload.
+            near_bytes = sum(n for kind, n in hops if kind == "intra") + plan.acc_after(p, s - 1)
+            step_s[s] = max(step_s[s], compute[p][s], near.seconds(near_bytes))
+        home = max(home, near.seconds(plan.acc_after(p, last)))
+    total = sum(step_s) + home
     for s in range(0, last + 1, plan.inner):  # the double ring's crossing overlaps its round
         total += max(0.0, inter_s[s] - sum(step_s[s:s + plan.inner]))
     busy = sum(max(compute[p][s] for p in range(ring)) for s in range(last + 1))
@@ -154,19 +159,27 @@ class _HopPlan:
             self._acc[member] = self.batch * _row_bytes(self.topology, True, width)[1]
         return self._acc[member]
 
-    def hops(self, member: int, step: int) -> list[tuple[str, int]]:
-        """(kind, bytes) of each hop ``member`` posts at ``step``: 'intra' and 'inter'
-        payload hops, and 'acc', the gradient accumulator it passes on (from step 1, as
-        ``cost.ring_pass_bytes`` counts it)."""
-        from ..comm.ring_positions import RingPositions, payload_hops  # as in __init__
+    def _mine(self, member: int):
+        from ..comm.ring_positions import RingPositions  # as in __init__
 
-        mine = RingPositions(range(self.ring), member, self.inner, self.topo.direction)
+        return RingPositions(range(self.ring), member, self.inner, self.topo.direction)
+
+    def hops(self, member: int, step: int) -> list[tuple[str, int]]:
+        """(kind, bytes) of each payload hop ``member`` posts at ``step``, 'intra' or
+        'inter' (posted ahead of the step's compute)."""
+        from ..comm.ring_positions import payload_hops  # as in __init__
+
+        return [(kind, sent * self.payload) for kind, _, sent, *_ in
+                payload_hops(self._mine(member), step, lambda o, s: self.rows[o][s])]
+
+    def acc_after(self, member: int, step: int) -> int:
+        """Bytes of the gradient accumulator ``member`` sends on (or home) after ``step``'s
+        compute: from step 1, as ``cost.ring_pass_bytes`` counts it; 0 in the forward."""
+        if not self.backward or step < 1:
+            return 0
+        mine = self._mine(member)
         origin = mine.source(member, step)
-        out = [(kind, sent * self.payload) for kind, _, sent, *_ in
-               payload_hops(mine, step, lambda o, s: self.rows[o][s])]
-        if self.backward and step and self.rows[origin][step]:
-            out.append(("acc", self.rows[origin][1] * self.acc(member, mine)))
-        return out
+        return self.rows[origin][1] * self.acc(member, mine) if self.rows[origin][step] else 0
 
 
 def _row_bytes(topology: CPTopology, backward: bool, acc_bytes: int) -> tuple[int, int]:

@@ -172,11 +172,11 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
     host = prof.call_overhead_us * 1e-6 + 2 * ring * prof.step_overhead_us * 1e-6
     exposed = 0.0
     if ring > 1:
-        fwd_hop, bwd_hop = topology.hop_bytes(tokens), topology.backward_hop_bytes(tokens)
         step_fwd = compute / FWD_BWD_PASSES / ring
         step_bwd = compute * (FWD_BWD_PASSES - 1) / FWD_BWD_PASSES / ring
-        exposed = (_ring_exposed(topology, prof, max_intra_node_size, step_fwd, fwd_hop)
-                   + _ring_exposed(topology, prof, max_intra_node_size, step_bwd, bwd_hop))
+        exposed = (_ring_exposed(topology, prof, max_intra_node_size, step_fwd,
+                                 topology.hop_bytes(tokens))
+                   + _backward_exposed(topology, prof, max_intra_node_size, step_bwd, tokens))
     a2a, elementwise = alltoall_seconds(topology, prof, tokens, max_intra_node_size), \
         elementwise_seconds(topology, prof, tokens)
     # The host launches a plain sequence's call ahead of the GPU (nothing in it waits for
@@ -222,6 +222,22 @@ def alltoall_seconds(topology: CPTopology, prof: Profile, tokens: int,
     # Each all-to-all spreads its bytes over U-1 peers at once: 2 in forward (Q, K and V in
     # one; the output back), 2 in backward (dO in; dQ, dK and dV in one).
     return 4 * link.latency_us * 1e-6 + (a2a_fwd + a2a_bwd) / (link.gbps * 1e9)
+
+
+def _backward_exposed(topology: CPTopology, prof: Profile, max_intra_node_size: int,
+                      step_s: float, tokens: int) -> float:
+    """Seconds the backward ring waits on its links. A step's payload hop is posted ahead of
+    its compute, but a travelling gradient accumulator leaves only after the compute that
+    adds to it: of the ring-1 it sends, ring-2 ride beside a later step's payload and the
+    last comes home after the last compute, with nothing left to hide it (unpriced, it left
+    the 8K-a-GPU causal rows on 2x H100 at 1.15-1.18 of their predictions:
+    ``benchmarks/results/h100x2_issue41_new_packs/d_4d2299b``)."""
+    ring = topology.ring_size
+    payload, acc = topology.backward_hop_parts(tokens)
+    riding = payload + acc * (ring - 2) // (ring - 1)
+    within = ring <= max(1, max_intra_node_size // topology.ulysses)
+    home = (prof.intra if within else prof.inter).seconds(acc)
+    return _ring_exposed(topology, prof, max_intra_node_size, step_s, riding) + home
 
 
 def _ring_exposed(topology: CPTopology, prof: Profile, max_intra_node_size: int,

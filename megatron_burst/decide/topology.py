@@ -220,12 +220,19 @@ class CPTopology:
     def backward_hop_bytes(self, tokens_local: int) -> int:
         """Bytes of one backward hop (payload and accumulator), the accumulator as wide as
         a ring of this size sends it (the inputs' dtype with one holder, else fp32)."""
+        return sum(self.backward_hop_parts(tokens_local))
+
+    def backward_hop_parts(self, tokens_local: int) -> tuple[int, int]:
+        """(payload, gradient accumulator) bytes of one backward hop, as
+        ``backward_hop_bytes`` counts them: the time model hides the first behind the
+        step's compute, but the accumulator leaves only after the compute that fills it."""
         h = self._need_heads()
         hq, hkv = self.ring_heads
-        return cost.backward_bytes(self.backward, 2, tokens_local * self.ulysses, hq, hkv,
-                                   h.head_dim, h.elem_bytes, v_head_dim=h.v_head_dim,
-                                   acc_bytes=cost.acc_elem_bytes(h.elem_bytes,
-                                                                 self.ring_size == 2))
+        payload, acc = cost.backward_row_bytes(
+            self.backward, hq, hkv, h.head_dim, h.elem_bytes, h.v_head_dim,
+            cost.acc_elem_bytes(h.elem_bytes, self.ring_size == 2))
+        rows = tokens_local * self.ulysses
+        return rows * payload, rows * acc
 
     def _need_heads(self) -> HeadShape:
         if self.heads is None:

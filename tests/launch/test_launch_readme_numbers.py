@@ -167,11 +167,10 @@ def test_projection_table_is_generated_by_the_projection():
     assert projection.with_readme_table(text, projection.readme_table(rows)) == text, (
         "the README's projection table is stale: python benchmarks/projection.py --readme "
         "README.md")
-    for name in projection.README_CONFIGS:
+    for name in projection.README_CONFIGS:  # only the last accumulator's trip home waits
         at = {r["inter_gbps"]: r for r in rows if r["config"] == name}
-        assert round(at[25.0]["step_s"], 1) == round(at[50.0]["step_s"], 1), name
-    _says("at 25 GB/s as at 50, so the step time and tokens/s per GPU are the same at both "
-          "speeds")
+        assert abs(at[25.0]["step_s"] / at[50.0]["step_s"] - 1) < 0.001, name
+    _says("so the step time and tokens/s per GPU are within 0.1% of each other at both speeds")
 
 
 def test_remat_claim_is_the_plans():
