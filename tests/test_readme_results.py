@@ -1317,3 +1317,32 @@ def test_runs_on_gpus_are_the_runs_on_file():
                  if r["family"] == "global_sliding_window") for s in ("before", "after")]
     _says(f"global window's fwd+bwd went {glob[0]['burst']['fwd_bwd_ms']:.2f} -> "
           f"{glob[1]['burst']['fwd_bwd_ms']:.2f} ms")
+
+
+def test_queued_link_figures_are_the_runs_on_file():
+    """Issue 41's queued links and trip home: the counts, ratios and latencies the README
+    quotes are the JSON and profiles on file."""
+    folder = "h100x2_issue41_queued/"
+    runs = [_load(f"{folder}auto_check{tag}.json") for tag in ("", "_25gbps", "_50gbps")]
+    within = [int(r["meta"]["rows_model_within_15pct"].split()[0]) for r in runs]
+    _says(f"the model within 15% in {within[0]}, {within[1]} and {within[2]} of 32 rows")
+    worst = [r["meta"]["worst_auto_over_best"] for r in runs]
+    _says(f"auto within {worst[0]:.2f}, {worst[1]:.2f} and {worst[2]:.2f} of the best")
+    now, before = (_load(f"{folder}{name}.json")["intra"]["latency_us"]
+                   for name in ("profile", "before_profile"))
+    _says(f"latency came out {now:.1f} us where one synced hop at a time gave {before:.1f}")
+    emulated = _load(f"{folder}profile_25gbps.json")["inter"]["latency_us"]
+    earlier = _load("h100x2_issue41_new_packs/d_4d2299b/profile_25gbps.json")["inter"]
+    _says(f"25 GB/s link's {emulated:.1f} us where it gave {earlier['latency_us']:.1f}")
+    causal = [r["ms"] / r["predicted_ms"] for r in runs[0]["rows"]
+              if r["per_gpu"] == 8192 and r["mask"] == "causal" and "ulysses" not in r["method"]]
+    _says(f"8K causal rows at\n{min(causal):.2f}-{max(causal):.2f} of their predictions")
+    docs = [r["ms"] / r["predicted_ms"] for run in runs[1:] for r in run["rows"]
+            if r["per_gpu"] == 8192 and r["mask"] == "documents" and r["heads"] == "32:32"
+            and "ulysses" not in r["method"]]
+    _says(f"run {min(docs):.2f}-{max(docs):.2f} of their predictions")
+    import re
+
+    first = [re.search(r"in ([0-9.]+) s at first use", (RESULTS / folder / f"auto_check{t}_log.txt")
+                       .read_text()).group(1) for t in ("", "_25gbps", "_50gbps")]
+    _says(f"First use {first[0]}, {first[1]} and {first[2]} s.")

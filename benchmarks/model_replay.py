@@ -1,0 +1,97 @@
+"""The time model of this tree replayed on recorded ``auto_check.py`` runs: each row's
+prediction again, from the profile that run measured, against the time it measured.
+
+    python benchmarks/model_replay.py RUN_FOLDER [TAG ...]
+
+RUN_FOLDER holds ``auto_check{TAG}.json`` and ``profile{TAG}.json`` pairs
+(``auto_check_three.sh``'s output; tags "", "_25gbps", "_50gbps" by default). A change to
+the model is read here first, on runs already paid for, before a GPU run confirms it; the
+link figures are the recorded profile's, so a change to how links are measured is not.
+Documents rows are predicted over the packs the run fed (``auto_check._Cell.order``).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from megatron_burst.decide.pack_load import PackLoad  # noqa: E402
+from megatron_burst.decide.scheduled_time import predict_pack  # noqa: E402
+from megatron_burst.decide.timing import Profile, predict  # noqa: E402
+from megatron_burst.decide.topology import CPTopology, HeadShape  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from auto_check import DOC_MIX, _forced  # noqa: E402
+
+
+def _orders(per_gpu: int, hq: int, hkv: int, world: int, runs: int) -> list[tuple]:
+    """The packs a documents cell ran: ``_Cell.order(c)`` for its first ``runs`` calls."""
+    import random
+
+    total = per_gpu * world
+    lens = [int(total * f) for f in DOC_MIX]
+    lens[0] += total - sum(lens)
+    seed = total + hq + hkv
+    return [tuple(lens if c == 0 else random.Random(seed * 1000 + c).sample(lens, len(lens)))
+            for c in range(runs)]
+
+
+def replay(run: dict, prof: Profile) -> list[dict]:
+    """Every row of ``run`` with ``replayed_ms``: this tree's prediction for its topology."""
+    gpus_per_node = dict(prof.machine).get("gpus_per_node") or prof.gpus_per_node
+    emulated = run["meta"].get("emulated")
+    out = []
+    for r in run["rows"]:
+        if "ms" not in r or "predicted_ms" not in r:
+            continue
+        hq, hkv = (int(x) for x in r["heads"].split(":"))
+        heads = HeadShape(hq, hkv, 128, 2)
+        world = r["world"]
+        forced = _forced(world, hq, hkv, r["mask"] == "documents")
+        by_name = {n: CPTopology.build(world, ulysses=o["ulysses_size"],
+                                       intra_node_size=o.get("intra_node_size"),
+                                       backward=o["backward"], heads=heads)
+                   for n, o in forced.items()}
+        top = by_name.get(r["method"]) or next(
+            (t for t in by_name.values() if t.describe() == r.get("topology")), None)
+        if top is None:
+            continue
+        mis = 1 if emulated else gpus_per_node
+        if r["mask"] == "documents":
+            runs = (run["rows"][0].get("packs") or {}).get("orders_run", 1)
+            pred = statistics.median(
+                predict_pack(top, prof, PackLoad.of_pack(o, "whole_docs"),
+                             max_intra_node_size=mis).total_s
+                for o in _orders(r["per_gpu"], hq, hkv, world, runs))
+        else:
+            pred = predict(top, prof, tokens=r["per_gpu"], causal=True,
+                           max_intra_node_size=mis).total_s
+        out.append({**r, "replayed_ms": pred * 1e3})
+    return out
+
+
+def main() -> None:
+    folder = Path(sys.argv[1])
+    print(f"command: `python {' '.join(sys.argv)}` (package {Path(__file__).parents[1]})\n")
+    for tag in sys.argv[2:] or ["", "_25gbps", "_50gbps"]:
+        run = json.loads((folder / f"auto_check{tag}.json").read_text())
+        prof = Profile.from_json(json.loads((folder / f"profile{tag}.json").read_text()))
+        rows = replay(run, prof)
+        print(f"## {folder.name}{tag or ' (machine)'}")
+        print("| cell | method | measured ms | recorded model | replayed model |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['per_gpu']} {r['heads']} {r['mask']} | {r['method']} | {r['ms']:.2f} | "
+                  f"{r['predicted_ms']:.2f} ({r['ms'] / r['predicted_ms']:.2f}) | "
+                  f"{r['replayed_ms']:.2f} ({r['ms'] / r['replayed_ms']:.2f}) |")
+        within = [abs(r["ms"] / r[k] - 1) <= 0.15 for k in ("predicted_ms", "replayed_ms")
+                  for r in rows]
+        n = len(rows)
+        print(f"\nwithin 15%: recorded {sum(within[:n])} of {n}, replayed {sum(within[n:])} "
+              f"of {n}\n")
+
+
+if __name__ == "__main__":
+    main()
