@@ -79,6 +79,22 @@ def test_a_profile_from_another_machine_is_not_used(tmp_path, monkeypatch):
         load_profile("a100-ib").machine)
 
 
+def test_the_host_step_is_read_only_from_a_difference_beyond_the_noise():
+    """First use reads the host's cost a ring step from two tiny calls' times: a flat ring
+    with ``steps`` more steps than Ulysses over the group. A difference within the samples'
+    own spread is noise, not a step (it once read 1,390 us a step that way, which the model
+    then added to every step of a pack); a clear one is split into step and call."""
+    from megatron_burst.attention.measure import step_and_call
+
+    ms = 1e-3
+    noisy_ring, noisy_uly = [3.0 * ms, 5.9 * ms, 4.1 * ms], [2.0 * ms, 2.6 * ms, 4.0 * ms]
+    assert step_and_call(noisy_ring, noisy_uly, 2) == (0.0, pytest.approx(4.1 * ms))
+    ring, uly = [5.0 * ms, 5.1 * ms, 4.9 * ms], [3.0 * ms, 3.05 * ms, 2.95 * ms]
+    step, call = step_and_call(ring, uly, 2)
+    assert step == pytest.approx(1.0 * ms) and call == pytest.approx(1.0 * ms)
+    assert step_and_call(ring, ring, 2) == (0.0, pytest.approx(5.0 * ms))
+
+
 def test_the_settings_are_checked_where_read(tmp_path, monkeypatch):
     monkeypatch.setenv(machine.MEASURE_ENV, "sometimes")
     with pytest.raises(ValueError, match=machine.MEASURE_ENV):

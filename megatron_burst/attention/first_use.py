@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import statistics
 import time
 
 import torch
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 # Seconds of sustained kernel calls before the kernel is timed (``measure.measure_kernels``).
 SETTLE_S = 1.0
+# Timed runs of each tiny call the host's cost is read from (``measure.step_and_call``).
+HOST_REPEAT = 5
 _KNOWN: dict[tuple, Profile] = {}  # (group name, MachineKey) -> this machine's profile
 _SAID: set = set()  # what was logged once per process
 
@@ -221,9 +224,10 @@ def _host(group, world: int, device: torch.device, dtype: torch.dtype, repeat: i
         return lambda: attend(q, q, q, group, causal=True, backward="ring", **kw).sum(
         ).backward()
 
-    ring = measure.timed(call(), device, repeat, group)
+    repeat = max(repeat, HOST_REPEAT)  # tiny calls: cheap, and their times are noisy
+    ring = measure.samples(call(), device, repeat, group)
     if world == 1:
-        return 0.0, ring * 1e6
-    ulysses = measure.timed(call(ulysses_size=world), device, repeat, group)
-    step = max(0.0, (ring - ulysses) / (2 * world - 2))
-    return step * 1e6, max(0.0, ring - 2 * world * step) * 1e6
+        return 0.0, statistics.median(ring) * 1e6
+    ulysses = measure.samples(call(ulysses_size=world), device, repeat, group)
+    step, per_call = measure.step_and_call(ring, ulysses, 2 * world - 2)
+    return step * 1e6, per_call * 1e6

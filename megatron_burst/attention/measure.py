@@ -27,6 +27,12 @@ def sync(device: torch.device) -> None:
 def timed(fn: Callable[[], object], device: torch.device, repeat: int,
           group: dist.ProcessGroup | None = None) -> float:
     """Median seconds of ``fn`` over ``repeat`` runs after one warm-up, ranks in step."""
+    return statistics.median(samples(fn, device, repeat, group))
+
+
+def samples(fn: Callable[[], object], device: torch.device, repeat: int,
+            group: dist.ProcessGroup | None = None) -> list[float]:
+    """Seconds of each of ``repeat`` runs of ``fn`` after one warm-up, ranks in step."""
     fn()
     times = []
     for _ in range(repeat):
@@ -36,7 +42,21 @@ def timed(fn: Callable[[], object], device: torch.device, repeat: int,
         fn()
         sync(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def step_and_call(ring: Sequence[float], ulysses: Sequence[float], steps: int
+                  ) -> tuple[float, float]:
+    """(per ring step, per call) seconds of host work, from timed tiny calls: a flat ring's
+    (``steps`` more ring steps than the other) and Ulysses' over the whole group. The step
+    is their medians' difference over ``steps`` only where that difference exceeds both
+    samples' spread: two tiny calls' times differ by a millisecond call to call, and first
+    use once read 1,390 us a step from such noise (on 2x H100, every other run 0), which the
+    model adds to every step of a document pack."""
+    med_ring, med_uly = statistics.median(ring), statistics.median(ulysses)
+    spread = max(max(ring) - min(ring), max(ulysses) - min(ulysses))
+    step = (med_ring - med_uly) / steps if steps and med_ring - med_uly > spread else 0.0
+    return step, max(0.0, med_ring - (steps + 2) * step)
 
 
 # Hops a link's timing queues back to back: the ring posts each step's hop ahead of the
