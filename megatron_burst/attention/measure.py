@@ -60,9 +60,10 @@ def step_and_call(ring: Sequence[float], ulysses: Sequence[float], steps: int
 
 
 # Hops a link's timing queues back to back: the ring posts each step's hop ahead of the
-# compute that hides it and waits once, so a hop timed alone with a sync each (149 us of
-# "latency" on 2x H100 NVLink, where a queued one pays ~20 us) priced every hop the host's
-# round trip, and the accumulator's unhidden trip home could not be priced with it.
+# compute that hides it and waits once, so a hop timed alone with a sync each priced every
+# hop the host's round trip (2x H100 NVLink: 166 us of "latency" against 98.6 queued,
+# ``benchmarks/results/h100x2_issue41_queued``), and the accumulator's unhidden trip home
+# could not be priced with it.
 QUEUED_HOPS = 4
 
 
@@ -72,11 +73,11 @@ def hop(peer_to: int, peer_from: int, nbytes: int, device: torch.device,
     ``peer_to`` while receiving as many from ``peer_from`` (global ranks), through
     ``dist.batch_isend_irecv`` (the emulator's too)."""
     send = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    recvs = [torch.empty_like(send) for _ in range(queued)]
+    recv = torch.empty_like(send)  # one buffer for all: the hops land one after the other
 
     def run() -> None:
         works = []
-        for recv in recvs:
+        for _ in range(queued):
             ops = [dist.P2POp(dist.isend, send, peer_to),
                    dist.P2POp(dist.irecv, recv, peer_from)]
             works += dist.batch_isend_irecv(ops)
