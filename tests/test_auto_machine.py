@@ -25,6 +25,7 @@ from megatron_burst.decide.timing import Kernel, Link, Profile, load_profile
 from megatron_burst.decide.topology import HeadShape
 
 from .distributed import run_ranks
+from .patching import swap
 
 HERE = machine.MachineKey("cpu", None, "gloo", "none")
 SYNTHETIC = Profile(name="synthetic-here", intra=Link(5.0, 300.0), inter=Link(5.0, 30.0),
@@ -160,7 +161,7 @@ def _first_use(rank, world, cache):
     from megatron_burst.attention import decision_check, first_use
 
     _on(cache)
-    decision_check.wanted = lambda decision: False  # this test is about measuring only
+    swap(decision_check, "wanted", lambda decision: False)  # about measuring only
     measured: list = []
     _count(first_use, "_measure", measured)
     t0 = time.perf_counter()
@@ -200,9 +201,9 @@ def _matching(rank, world, cache):
     if rank == 0:  # only rank 0 looks: the others take what it broadcasts
         key = first_use.machine_key(None, world, torch.device("cpu"))
         machine.store(_keyed(SYNTHETIC, key), key)
-    first_use._measure = None  # measuring would fail
+    swap(first_use, "_measure", None)  # measuring would fail
     from megatron_burst.attention import decision_check
-    decision_check.wanted = lambda decision: False  # the model's choice, unchecked
+    swap(decision_check, "wanted", lambda decision: False)  # the model's choice, unchecked
     _call()
     return _decided()
 
@@ -216,7 +217,7 @@ def _disagreeing(rank, world, cache):
     from megatron_burst.attention import decision_check, first_use
 
     _on(cache)
-    decision_check.wanted = lambda decision: False  # the model's choice, unchecked
+    swap(decision_check, "wanted", lambda decision: False)  # the model's choice, unchecked
     original = first_use._measure
     fast, slow = Link(1.0, 1e4), Link(1e5, 1e-4)
 
@@ -225,7 +226,7 @@ def _disagreeing(rank, world, cache):
         ring, a2a = (fast, slow) if rank == 0 else (slow, fast)
         return dataclasses.replace(prof, name=f"rank-{rank}", intra=ring, inter=ring,
                                    alltoall=a2a, step_overhead_us=0.0)
-    first_use._measure = mine
+    swap(first_use, "_measure", mine)
     _call()
     return _decided()
 
@@ -251,7 +252,7 @@ def _clocked(cache, seconds) -> list:
         timed.append(topology)
         return seconds(topology, timed)
 
-    decision_check.TIMER = fake_clock
+    swap(decision_check, "TIMER", fake_clock)
     return timed
 
 
@@ -308,7 +309,7 @@ def _near_tie(rank, world, gap):
         timed.append(topology.backward)
         return 1.0 if topology == burst else 0.9  # the choice as predicted; the other faster
 
-    decision_check.TIMER = fake_clock
+    swap(decision_check, "TIMER", fake_clock)
     gen = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
     found = decision_check.check(None, world, decision, call, q, k, v,
@@ -374,7 +375,7 @@ def _sibling(rank, world, off, ring_predicted=1.5):
         timed.append(topology)
         return seconds[topology]
 
-    decision_check.TIMER = fake_clock
+    swap(decision_check, "TIMER", fake_clock)
     gen = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
     found = decision_check.check(None, world, decision, call, q, k, v, {"causal": True},

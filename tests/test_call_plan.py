@@ -20,6 +20,7 @@ from megatron_burst.attention.call_plan import (PlanKey, RingKey, build_plan, pl
 from megatron_burst.plan.schedule import Mask
 
 from .distributed import run_ranks
+from .patching import swap
 from .packs import random_pack
 
 
@@ -107,8 +108,7 @@ def test_the_data_path_plans_under_the_call_s_key():
     target = PlanTarget.of("whole_docs", Mask(True), topology, None)
     ahead = plan_pack(pack, target, target.ring())
     built = []
-    real = call_plan.build_plan
-    call_plan.build_plan = lambda key: built.append(key) or real(key)
+    real = swap(call_plan, "build_plan", lambda key: built.append(key) or real(key))
     try:
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 64, h, 8, generator=gen) for h in (4, 2, 2))
@@ -170,7 +170,7 @@ def test_an_accumulator_of_one_partial_travels_in_the_inputs_dtype():
 
 def _wire_grads(rank: int, world: int, backward: str, layout: str, fp32_wire: bool) -> list:
     if fp32_wire:  # every accumulator on the wire in fp32, as before ``PassPlan.wire``
-        call_plan.one_partial_wire = lambda *args: (False, False)
+        swap(call_plan, "one_partial_wire", lambda *args: (False, False))
     gen = torch.Generator().manual_seed(20 + rank)
     q, k, v = (torch.randn(1, 96, h, 16, generator=gen).bfloat16().requires_grad_()
                for h in (4, 2, 2))

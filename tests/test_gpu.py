@@ -18,6 +18,7 @@ from megatron_burst import kernels
 from megatron_burst.plan.schedule import Block
 
 from .distributed import run_ranks
+from .patching import swap
 from .reference import reference_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -868,7 +869,7 @@ def megatron_first_use_worker(rank, world, cache):
                                        burst_options={"backward": "auto"}) for n in (1, 2)]
     measured = []
     real = first_use._measure
-    first_use._measure = lambda *a, **k: measured.append(1) or real(*a, **k)
+    swap(first_use, "_measure", lambda *a, **k: measured.append(1) or real(*a, **k))
     gen = torch.Generator(device="cuda").manual_seed(rank)
     qkv = [torch.randn(4096, 1, h, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
            for h in (16, 4, 4)]
@@ -905,10 +906,7 @@ def wire_worker(rank: int, world: int, fp32_wire: bool) -> list:
     from megatron_burst.attention import call_plan
 
     if fp32_wire:  # every travelling accumulator in fp32, as before ``PassPlan.wire``
-        # The name must exist: setting a name the plan no longer calls would compare the bf16
-        # wire with itself (it did, once the function moved to pair_calls).
-        assert callable(call_plan.one_partial_wire)
-        call_plan.one_partial_wire = lambda *args: (False, False)
+        swap(call_plan, "one_partial_wire", lambda *args: (False, False))
     dev = torch.device("cuda", rank)
     gen = torch.Generator(device=dev).manual_seed(30 + rank)
     cu = torch.tensor([0, 700, 1900, 2500, 4096], dtype=torch.int32, device=dev)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from .distributed import run_ranks
+from .patching import swap
 
 
 def test_the_setting_is_checked_where_it_is_read():
@@ -110,7 +111,7 @@ def _routed(rank: int, world: int, channel: str) -> dict:
         return post(group, values, torch.device("cpu"))
 
     consensus.Exchange._post = staticmethod(post_on_cpu)
-    consensus.device = lambda group: torch.device("cuda", 0)
+    swap(consensus, "device", lambda group: torch.device("cuda", 0))
     tables = [consensus.gather(None, [rank, 7 + i], "for a test") for i in range(2)]
     started = consensus.Exchange(None, [rank, 9], "for a test")  # posted now, read later
     tables.append(started.values())

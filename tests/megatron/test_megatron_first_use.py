@@ -17,6 +17,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from tests.distributed import run_ranks  # noqa: E402
+from tests.patching import swap  # noqa: E402
 from tests.megatron import harness  # noqa: E402
 
 
@@ -41,7 +42,7 @@ def _first_calls(rank: int, world: int, cache: str, measure: str) -> dict:
     first_use._KNOWN.clear()
     measured = []
     real = first_use._measure
-    first_use._measure = lambda *a, **k: measured.append(1) or real(*a, **k)
+    swap(first_use, "_measure", lambda *a, **k: measured.append(1) or real(*a, **k))
     cm.init_parallel(cp=2)
     config = cm.tiny_llama_config(harness.SHAPE)
     layers = [BurstDotProductAttention(config, n, AttnMaskType.causal,
