@@ -7,7 +7,9 @@ RUN_FOLDER holds ``auto_check{TAG}.json`` and ``profile{TAG}.json`` pairs
 (``auto_check_three.sh``'s output; tags "", "_25gbps", "_50gbps" by default). A change to
 the model is read here first, on runs already paid for, before a GPU run confirms it; the
 link figures are the recorded profile's, so a change to how links are measured is not.
-Documents rows are predicted over the packs the run fed (``auto_check._Cell.order``).
+Documents rows are predicted over the packs the run fed (``auto_check._Cell.order``). On a
+run made by the same model it gives back the recorded predictions exactly (all 96 rows of
+``results/h100x2_issue41_queued``, at commit ``c15f515``).
 """
 from __future__ import annotations
 
