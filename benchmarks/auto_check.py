@@ -119,20 +119,14 @@ class _Cell:
         self.full = [torch.randn(1, total, h, d, generator=gen).to(device, dtype)
                      for h in (hq, hkv, hkv)]
         self.do = torch.randn(1, per_gpu, hq, d, generator=gen).to(device, dtype)
-        self.lens, self.seed = None, total + hq + hkv
-        if docs:
-            self.lens = [int(total * f) for f in DOC_MIX]
-            self.lens[0] += total - sum(self.lens)
+        self.lens = doc_lens(total) if docs else None
+        self.seed = total + hq + hkv
         self.ran: set = set()  # the orders called
 
     def order(self, c: int) -> tuple[int, ...] | None:
         """The lengths of the c-th call's pack (None: a plain sequence)."""
-        import random
+        return None if self.lens is None else pack_order(self.lens, self.seed, c)
 
-        if self.lens is None:
-            return None
-        return tuple(self.lens if c == 0 else random.Random(self.seed * 1000 + c).sample(
-            self.lens, len(self.lens)))
 
     def inputs(self, c: int) -> tuple[list, torch.Tensor, dict]:
         """(q, k, v shards needing grad, dO, burst_attn keywords) of the c-th call."""
@@ -148,6 +142,33 @@ class _Cell:
         local = [mb.shard_seq(t, layout=kw.get("layout", "zigzag"), cu_seqlens=cu)
                  .detach().requires_grad_() for t in self.full]
         return local, self.do.view(local[0].shape), kw
+
+
+def doc_lens(total: int) -> list[int]:
+    """A documents cell's lengths (``DOC_MIX`` of ``total`` tokens), in their first order."""
+    lens = [int(total * f) for f in DOC_MIX]
+    lens[0] += total - sum(lens)
+    return lens
+
+
+def pack_order(lens: list[int], seed: int, c: int) -> tuple[int, ...]:
+    """The c-th call's order of ``lens``: the first as given, then shuffled by ``seed``."""
+    import random
+
+    return tuple(lens if c == 0 else random.Random(seed * 1000 + c).sample(lens, len(lens)))
+
+
+def predicted_ms(top, prof, per_gpu: int, loads: list, max_intra_node_size: int) -> float:
+    """A row's model time: a plain causal call's (``loads`` [None]), or the median over the
+    packs a documents cell ran (``predict_pack`` of each one's load)."""
+    from megatron_burst.decide.scheduled_time import predict_pack
+    from megatron_burst.decide.timing import predict
+
+    return statistics.median(
+        (predict(top, prof, tokens=per_gpu, causal=True,
+                 max_intra_node_size=max_intra_node_size) if load is None else
+         predict_pack(top, prof, load, max_intra_node_size=max_intra_node_size)).total_s * 1e3
+        for load in loads)
 
 
 class _Method:
@@ -178,8 +199,6 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
     every row with the model's prediction from the profile auto decided with."""
     import megatron_burst as mb
     from megatron_burst.attention import decision_check, prepare
-    from megatron_burst.decide.scheduled_time import predict_pack
-    from megatron_burst.decide.timing import predict
     from megatron_burst.decide.topology import CPTopology
 
     from megatron_burst.decide.pack_load import PackLoad
@@ -235,12 +254,8 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
              if cell.lens is not None else [None])
     for r in rows:  # the model's time for every row, from auto's own profile
         if r["method"] in tops:
-            pred = statistics.median(
-                (predict(tops[r["method"]], decision.profile, tokens=per_gpu, causal=True,
-                         max_intra_node_size=decision.key[3]) if load is None else
-                 predict_pack(tops[r["method"]], decision.profile, load,
-                              max_intra_node_size=decision.key[3])).total_s * 1e3
-                for load in loads)
+            pred = predicted_ms(tops[r["method"]], decision.profile, per_gpu, loads,
+                                decision.key[3])
             r.update(predicted_ms=pred, measured_over_predicted=r["ms"] / pred)
     if first is not None:
         rows[0]["packs"] = dict(first=list(first), orders_run=len(cell.ran))

@@ -14,30 +14,16 @@ run made by the same model it gives back the recorded predictions exactly (all 9
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megatron_burst.decide.pack_load import PackLoad  # noqa: E402
-from megatron_burst.decide.scheduled_time import predict_pack  # noqa: E402
-from megatron_burst.decide.timing import Profile, predict  # noqa: E402
+from megatron_burst.decide.timing import Profile  # noqa: E402
 from megatron_burst.decide.topology import CPTopology, HeadShape  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto_check import DOC_MIX, _forced  # noqa: E402
-
-
-def _orders(per_gpu: int, hq: int, hkv: int, world: int, runs: int) -> list[tuple]:
-    """The packs a documents cell ran: ``_Cell.order(c)`` for its first ``runs`` calls."""
-    import random
-
-    total = per_gpu * world
-    lens = [int(total * f) for f in DOC_MIX]
-    lens[0] += total - sum(lens)
-    seed = total + hq + hkv
-    return [tuple(lens if c == 0 else random.Random(seed * 1000 + c).sample(lens, len(lens)))
-            for c in range(runs)]
+from auto_check import _forced, doc_lens, pack_order, predicted_ms  # noqa: E402
 
 
 def replay(run: dict, prof: Profile) -> list[dict]:
@@ -60,17 +46,14 @@ def replay(run: dict, prof: Profile) -> list[dict]:
             (t for t in by_name.values() if t.describe() == r.get("topology")), None)
         if top is None:
             continue
-        mis = 1 if emulated else gpus_per_node
-        if r["mask"] == "documents":
+        loads = [None]
+        if r["mask"] == "documents":  # the packs the cell ran (``auto_check._Cell.order``)
+            total = r["per_gpu"] * world
             runs = (run["rows"][0].get("packs") or {}).get("orders_run", 1)
-            pred = statistics.median(
-                predict_pack(top, prof, PackLoad.of_pack(o, "whole_docs"),
-                             max_intra_node_size=mis).total_s
-                for o in _orders(r["per_gpu"], hq, hkv, world, runs))
-        else:
-            pred = predict(top, prof, tokens=r["per_gpu"], causal=True,
-                           max_intra_node_size=mis).total_s
-        out.append({**r, "replayed_ms": pred * 1e3})
+            loads = [PackLoad.of_pack(pack_order(doc_lens(total), total + hq + hkv, c),
+                                      "whole_docs") for c in range(runs)]
+        out.append({**r, "replayed_ms": predicted_ms(top, prof, r["per_gpu"], loads,
+                                                     1 if emulated else gpus_per_node)})
     return out
 
 

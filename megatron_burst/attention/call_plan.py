@@ -33,7 +33,7 @@ from ..plan.packs import DocumentPack
 from ..plan.runs import gapped, held_tables, last_run_step
 from ..plan.schedule import Block, Mask, RingSchedule, last_spanned_step
 from ..plan.slices import SliceMask
-from .pair_calls import PairCalls, one_partial_wire
+from .pair_calls import PairCalls, one_partial_wire, runs_of
 from .sharding import group_ranks
 
 
@@ -268,15 +268,10 @@ def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned=None,
     """The most kernel calls of ``steps`` that touch any one of the ``rows`` rows on
     ``side``, with one more on the ``returned`` rows (an accumulator come home: a span, or
     with ``runs`` its runs)."""
-    spans = _spans([call for step in steps for call in step.calls], side)
+    spans = runs_of([call for step in steps for call in step.calls], side)
     if runs:
         return most_per_row(spans + list(returned or ()))
     return most_per_row(spans + ([returned] if returned and returned[1] > returned[0] else []))
-
-
-def _spans(calls, side: str) -> list[tuple[int, int]]:
-    """Every run of ``calls`` on ``side`` (a run as often as it appears)."""
-    return [run for call in calls for run in call_runs(call, side)]
 
 
 def _fresh(own: tuple[KernelLaunch, ...], rows: int) -> tuple[bool, bool]:

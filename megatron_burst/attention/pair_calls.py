@@ -94,12 +94,13 @@ def one_partial_wire(ring: RingPositions, last: int, calls: PairCalls,
     me = ring.index
     fills = calls(*pair(me, ring.source(me, 1)))
     comes_home = calls.elsewhere(*pair(ring.holder(me, 1), me))
-    return (one_partial(last, _runs_of(fills, side)),
-            one_partial(last, _runs_of(comes_home, side)))
+    return (one_partial(last, runs_of(fills, side)),
+            one_partial(last, runs_of(comes_home, side)))
 
 
-def _runs_of(calls, side: str) -> list[tuple[int, int]]:
-    """Every run of ``calls`` on ``side`` (a run as often as it appears)."""
+def runs_of(calls, side: str) -> list[tuple[int, int]]:
+    """Every run of ``calls`` on ``side`` (a run as often as it appears): what
+    ``plan.blocks.one_partial`` and the call plan's ``uses`` count."""
     return [run for call in calls for run in call_runs(call, side)]
 
 

@@ -146,6 +146,9 @@ class _HopPlan:
         self.topology, self.sched, self.batch, self.backward = topology, sched, batch, backward
         self.payload = batch * _row_bytes(topology, backward, 4)[0]
         self._acc: dict[int, int] = {}
+        # Each member's view of the ring, made once: hops and accumulators ask every step.
+        self._mine = [RingPositions(range(self.ring), m, self.inner, self.topo.direction)
+                      for m in range(self.ring)]
 
     def acc(self, member: int, mine) -> int:
         """Bytes per row of the gradient accumulator ``member`` fills and passes on, as wide
@@ -159,25 +162,20 @@ class _HopPlan:
             self._acc[member] = self.batch * _row_bytes(self.topology, True, width)[1]
         return self._acc[member]
 
-    def _mine(self, member: int):
-        from ..comm.ring_positions import RingPositions  # as in __init__
-
-        return RingPositions(range(self.ring), member, self.inner, self.topo.direction)
-
     def hops(self, member: int, step: int) -> list[tuple[str, int]]:
         """(kind, bytes) of each payload hop ``member`` posts at ``step``, 'intra' or
         'inter' (posted ahead of the step's compute)."""
         from ..comm.ring_positions import payload_hops  # as in __init__
 
         return [(kind, sent * self.payload) for kind, _, sent, *_ in
-                payload_hops(self._mine(member), step, lambda o, s: self.rows[o][s])]
+                payload_hops(self._mine[member], step, lambda o, s: self.rows[o][s])]
 
     def acc_after(self, member: int, step: int) -> int:
         """Bytes of the gradient accumulator ``member`` sends on (or home) after ``step``'s
         compute: from step 1, as ``cost.ring_pass_bytes`` counts it; 0 in the forward."""
         if not self.backward or step < 1:
             return 0
-        mine = self._mine(member)
+        mine = self._mine[member]
         origin = mine.source(member, step)
         return self.rows[origin][1] * self.acc(member, mine) if self.rows[origin][step] else 0
 
