@@ -55,17 +55,22 @@ def _warm(method, warmup: int) -> None:
         method()
 
 
-def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, float]:
-    """Median wall milliseconds of each method's call (fwd+bwd), timed in rounds: one call
-    of each method per round, each round starting one method later, its inputs staged
-    before the clock starts, every rank starting each call together. Interleaving puts
-    every method under the same clock: a GPU's clock falls as a run heats it (5-12% on
-    H100, ``sustained_rate.py``), which timing the methods one after another charged to the
-    later ones (and made a method timed first look faster or slower than the same topology
-    forced)."""
+def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, dict]:
+    """Each method's call (fwd+bwd) timed in rounds: one call of each method per round,
+    each round starting one method later, its inputs staged before the clock starts, every
+    rank starting each call together. Per method (rank 0's, as auto reads its timings):
+    ``ms``, the median wall milliseconds until the GPU finished; ``host_ms``, the median
+    until the call returned to Python (nothing in a call waits for the GPU, so this is the
+    host's own work: a call whose host_ms nears its ms is host-bound); and every round's
+    wall time. Interleaving puts every method under the same clock: a GPU's clock falls as
+    a run heats it (5-12% on H100, ``sustained_rate.py``), which timing the methods one
+    after another charged to the later ones. The rounds are a whole number of turns, so
+    every method starts a round (runs a pack first) equally often."""
     times: dict[str, list[float]] = {name: [] for name in methods}
+    host: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
-    for i in range(iters):
+    rounds = -(-iters // len(names)) * len(names)
+    for i in range(rounds):
         # Each round starts at the next method: none always follows the same one (in the
         # run of commit 6eb3af6, auto, always first after the Ulysses row, ran its topology
         # 7-11% slower than the same topology forced at 8K/GPU with documents).
@@ -77,11 +82,13 @@ def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, float]:
             dist.barrier()
             t0 = time.perf_counter()
             method()
+            host[name].append((time.perf_counter() - t0) * 1e3)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times[name].append((time.perf_counter() - t0) * 1e3)
-    box = [{name: statistics.median(t) for name, t in times.items()}]
-    dist.broadcast_object_list(box, src=0)  # rank 0's, as auto reads its timings
+    box = [{name: dict(ms=statistics.median(t), host_ms=statistics.median(host[name]),
+                       rounds_ms=[round(x, 3) for x in t]) for name, t in times.items()}]
+    dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
@@ -247,7 +254,7 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
                                            / outs["auto"].float().norm())
     for r in rows:
         if r["method"] in ms:
-            r["ms"] = ms[r["method"]]
+            r.update(ms[r["method"]])
     # Every order of the cell's lengths has its own placement: the row's prediction is the
     # median over the orders the cell ran (``predict_pack`` of each one's load).
     loads = ([PackLoad.of_pack(order, "whole_docs") for order in sorted(cell.ran)]
@@ -294,8 +301,9 @@ def _summary(rows: list[dict]) -> str:
             lines.append(f"    {r['method']:<32} error: {r['error']}")
             continue
         pred = r.get("predicted_ms")
-        lines.append(f"    {r['method']:<32} {r['ms']:9.2f} ms   model {pred or float('nan'):9.2f}"
-                     f" ms   measured/model {r.get('measured_over_predicted', float('nan')):.2f}")
+        lines.append(f"    {r['method']:<32} {r['ms']:9.2f} ms (host {r['host_ms']:7.2f})   model "
+                     f"{pred or float('nan'):9.2f} ms   measured/model "
+                     f"{r.get('measured_over_predicted', float('nan')):.2f}")
     return "\n".join(lines)
 
 
@@ -306,7 +314,8 @@ def main() -> None:
     parser.add_argument("--heads", default="32:32,32:8")
     parser.add_argument("--masks", default="causal,documents")
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=15,
+                        help="timed rounds (rounded up to whole turns of the methods)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--cache", default=None,
                         help="the profile cache (default OUT/profile-cache)")

@@ -9,7 +9,7 @@ out=${1:?output folder}; mkdir -p "$out"
 quiet() { grep -v -E "Warning:|warnings\.warn|^\*\*\*|OMP_NUM|return func|^W[0-9]|Guessing device"; }
 for emu in "" "gpus_per_node=1,gbps=25,latency_us=5" "gpus_per_node=1,gbps=50,latency_us=5"; do
   gbps=${emu#*gbps=}; tag=${emu:+_${gbps%%,*}gbps}
-  MEGATRON_BURST_EMULATE=$emu timeout 150 torchrun --nproc_per_node=2 \
+  MEGATRON_BURST_EMULATE=$emu timeout 240 torchrun --nproc_per_node=2 \
     benchmarks/auto_check.py --out "/tmp/a41$tag" > "$out/auto_check${tag}_log.txt" 2>&1
   echo "auto_check$tag rc=$?"
   quiet < "$out/auto_check${tag}_log.txt" | grep -E "^#|wrote" | tail -9
