@@ -212,15 +212,21 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
 
     cell = _Cell(per_gpu, hq, hkv, args.head_dim, docs, world, device, dtype)
     outs = {}
-    seen, checks = {id(p) for p in prepare.PREPARED.values()}, set(decision_check.CHECKS)
+    # Every call prepared from here on is this cell's: auto's decision is found among them.
+    # (Told apart by id() before, an id freed with an earlier call came back, so one rank
+    # found no decision, left the cell, and its peer waited forever in the next one.)
+    prepare.PREPARED.clear()
+    checks = set(decision_check.CHECKS)
     auto = dict(ulysses_size="auto", intra_node_size="auto", backward="auto")
     fns = {"auto": _Method(cell, auto, outs, "auto")}
     _warm(fns["auto"], args.warmup)  # first: its first use measures, its first calls check
     first = cell.order(0)
     rows = [dict(method="auto")]
-    mine = [p for p in prepare.PREPARED.values() if id(p) not in seen
-            and p.decision is not None and p.decision.ranked]
-    if not mine:
+    mine = [p for p in prepare.PREPARED.values()
+            if p.decision is not None and p.decision.ranked]
+    found = torch.tensor([float(bool(mine))], device=device)
+    dist.all_reduce(found, op=dist.ReduceOp.MIN)  # every rank leaves the cell, or none
+    if not found.item():
         rows[0]["error"] = "no decision of auto found"
         return _label(rows, per_gpu, hq, hkv, docs, world)
     prepared, decision = mine[-1], mine[-1].decision

@@ -96,6 +96,26 @@ def test_the_host_step_is_read_only_from_a_difference_beyond_the_noise():
     assert step_and_call(ring, ring, 2) == (0.0, pytest.approx(5.0 * ms))
 
 
+def test_the_host_is_timed_until_the_call_returns_not_until_the_gpu_is_done(monkeypatch):
+    """A tiny call's host cost is its time until it returned to Python: a stall of the GPU
+    or its links after it (here a fake device sync that takes 50 ms) is the wall's, not the
+    host's; the plain samples, timed to the sync, carry it."""
+    import time
+
+    import torch.distributed as dist
+
+    from megatron_burst.attention import measure
+
+    stall = 0.05
+    monkeypatch.setattr(measure, "sync", lambda device: time.sleep(stall))
+    monkeypatch.setattr(dist, "barrier", lambda group=None: None)
+    call = lambda: time.sleep(0.002)  # noqa: E731  (the host's own work)
+    host = measure.host_samples(call, torch.device("cpu"), 3)
+    wall = measure.samples(call, torch.device("cpu"), 3)
+    assert len(host) == 3 and all(0.002 <= t < stall for t in host), host
+    assert all(t >= stall for t in wall), wall
+
+
 def test_the_settings_are_checked_where_read(tmp_path, monkeypatch):
     monkeypatch.setenv(machine.MEASURE_ENV, "sometimes")
     with pytest.raises(ValueError, match=machine.MEASURE_ENV):

@@ -225,9 +225,9 @@ def _host(group, world: int, device: torch.device, dtype: torch.dtype, repeat: i
         ).backward()
 
     repeat = max(repeat, HOST_REPEAT)  # tiny calls: cheap, and their times are noisy
-    ring = measure.samples(call(), device, repeat, group)
+    ring = measure.host_samples(call(), device, repeat, group)
     if world == 1:
         return 0.0, statistics.median(ring) * 1e6
-    ulysses = measure.samples(call(ulysses_size=world), device, repeat, group)
+    ulysses = measure.host_samples(call(ulysses_size=world), device, repeat, group)
     step, per_call = measure.step_and_call(ring, ulysses, 2 * world - 2)
     return step * 1e6, per_call * 1e6

@@ -45,6 +45,25 @@ def samples(fn: Callable[[], object], device: torch.device, repeat: int,
     return times
 
 
+def host_samples(fn: Callable[[], object], device: torch.device, repeat: int,
+                 group: dist.ProcessGroup | None = None) -> list[float]:
+    """Seconds until each of ``repeat`` runs of ``fn`` returned to Python (the host's own
+    work: nothing in a call waits for the GPU), after one warm-up, ranks in step, the GPU
+    idle at each start. A tiny call's wall time read as its host's once took in a stall
+    of the GPU's or its links': first use on 2x H100 under emulated 50 GB/s links read
+    16.5 ms a call where its rounds took 3.7-4.3 (``results/h100x2_issue41_host``)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        sync(device)
+    return times
+
+
 def step_and_call(ring: Sequence[float], ulysses: Sequence[float], steps: int
                   ) -> tuple[float, float]:
     """(per ring step, per call) seconds of host work, from timed tiny calls: a flat ring's
