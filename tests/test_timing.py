@@ -254,23 +254,59 @@ def test_a_measured_kernel_is_read_between_its_points_and_never_beyond_them():
         Profile.from_json(raw)
 
 
-def test_a_plain_call_s_host_runs_ahead_of_its_gpu_and_a_step_adds_them():
-    """A plain sequence's call takes the larger of its host and GPU times (the host launches
-    ahead); a pack's takes their sum; a training step's share (``serial_s``) is the sum."""
+def test_a_call_s_host_and_gpu_overlap_as_their_root_sum_of_squares():
+    """A call takes more than the larger of its host and GPU times and less than their sum:
+    their root sum of squares (``timing.overlapped``); a pack's host is ``PACK_HOST`` times
+    a plain call's; a training step's share (``serial_s``) is the sum."""
     from megatron_burst.decide.pack_load import PackLoad
     from megatron_burst.decide.scheduled_time import predict_pack
+    from megatron_burst.decide.timing import PACK_HOST
 
     slow_host = dataclasses.replace(FAST, call_overhead_us=50_000.0)
     top = CPTopology.build(2, ulysses=1, backward="ring", heads=HeadShape(32, 8, 128, 2))
     for prof in (FAST, slow_host):
         p = predict(top, prof, tokens=8192)
         gpu = p.compute_s + p.exposed_comm_s + p.alltoall_s
-        assert p.total_s == pytest.approx(max(gpu, p.host_s))
+        assert p.host_s == pytest.approx((prof.call_overhead_us + 4 * prof.step_overhead_us)
+                                         * 1e-6)
+        assert max(gpu, p.host_s) < p.total_s < gpu + p.host_s
+        assert p.total_s == pytest.approx((gpu ** 2 + p.host_s ** 2) ** 0.5)
         assert p.serial_s == pytest.approx(gpu + p.host_s)
         pack = predict_pack(top, prof, PackLoad.of_pack((8192, 4096, 4096), "whole_docs"))
-        assert pack.total_s == pytest.approx(pack.serial_s)
+        steps = 4  # two a pass: every document is held whole, yet the ring still walks
+        assert pack.host_s == pytest.approx(
+            PACK_HOST * (prof.call_overhead_us + steps * prof.step_overhead_us) * 1e-6)
+        pack_gpu = pack.compute_s + pack.exposed_comm_s + pack.alltoall_s
+        assert pack.total_s == pytest.approx((pack_gpu ** 2 + pack.host_s ** 2) ** 0.5)
     slow = predict(top, slow_host, tokens=8192)
-    assert slow.total_s == slow.host_s > slow.compute_s  # host-bound: the host's time
+    # host-bound: about the host's own time, the GPU's adding little (9.7 ms to 50.1)
+    assert slow.host_s < slow.total_s < 1.02 * slow.host_s
+
+
+def test_ulysses_calls_cost_the_host_what_first_use_measured_for_them():
+    """A topology that splits heads costs the host the profile's Ulysses figure where it has
+    one (its all-to-alls and their copies: 1.5-2x a ring call), the call overhead where not;
+    a profile file keeps the figure, and null or a missing one loads as not measured."""
+    uly = CPTopology.build(2, ulysses=2, backward="ring", heads=HeadShape(32, 8, 128, 2))
+    ring = CPTopology.build(2, ulysses=1, backward="ring", heads=HeadShape(32, 8, 128, 2))
+    measured = dataclasses.replace(FAST, call_overhead_us=3000.0,
+                                   ulysses_call_overhead_us=5000.0)
+    assert predict(uly, measured, tokens=8192).host_s == pytest.approx(
+        (5000.0 + 2 * measured.step_overhead_us) * 1e-6)
+    assert predict(ring, measured, tokens=8192).host_s == pytest.approx(
+        (3000.0 + 4 * measured.step_overhead_us) * 1e-6)
+    unmeasured = dataclasses.replace(measured, ulysses_call_overhead_us=None)
+    assert predict(uly, unmeasured, tokens=8192).host_s == pytest.approx(
+        (3000.0 + 2 * measured.step_overhead_us) * 1e-6)
+    raw = measured.to_json()
+    assert Profile.from_json(raw) == measured
+    for absent in (None, "missing"):
+        old = {k: v for k, v in raw.items() if k != "ulysses_call_overhead_us"}
+        if absent is None:
+            old["ulysses_call_overhead_us"] = None
+        assert Profile.from_json(old).ulysses_call_overhead_us is None
+    with pytest.raises(ValueError, match="ulysses_call_overhead_us"):
+        Profile.from_json({**raw, "ulysses_call_overhead_us": -1.0})
 
 
 def _kernel_points(rank: int, world: int) -> tuple:

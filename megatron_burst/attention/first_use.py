@@ -148,7 +148,7 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
                                             repeat, group, kv_heads=k.shape[2],
                                             settle_s=0.0 if cpu else SETTLE_S)
     memory = measure.measure_memory(2**22 if cpu else 2**28, device, repeat, group)
-    step_us, call_us = _host(group, world, device, q.dtype, repeat, attend)
+    step_us, call_us, ulysses_us = _host(group, world, device, q.dtype, repeat, attend)
     base = load_profile(DEFAULT_PROFILE)
     copied = [w for w, link in (("intra-node link", intra), ("inter-node link", inter),
                                 ("all-to-all", a2a)) if link is None]
@@ -160,7 +160,8 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
                    inter=inter or base.inter, alltoall=a2a or base.alltoall, dense=dense,
                    varlen=varlen, memory_gbps=measure.significant(memory),
                    step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
-                   gpus_per_node=per or world, source=source)
+                   gpus_per_node=per or world, source=source,
+                   ulysses_call_overhead_us=None if ulysses_us is None else round(ulysses_us, 1))
     nodes = current().emulate
     if nodes is not None and not emulator.active():  # set, but nothing slows the links
         prof = machine.with_emulated_links(prof, nodes, real=inter or prof.intra)
@@ -214,9 +215,10 @@ def _sizes(nbytes: list[int], cap: int) -> list[int]:
 
 
 def _host(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
-          attend) -> tuple[float, float]:
-    """(per ring step, per call) host microseconds, from tiny calls on the group: a flat
-    ring (one call, 2 x world steps) and Ulysses over the whole group (one call, 2 steps)."""
+          attend) -> tuple[float, float, float | None]:
+    """(per ring step, per call, per Ulysses call) host microseconds, from tiny calls on the
+    group: a flat ring (one call, 2 x world steps) and Ulysses over the whole group (one
+    call, 2 steps; None on one rank)."""
     q = torch.randn(1, 64, world, 16 if device.type == "cpu" else 64, device=device,
                     dtype=dtype, requires_grad=True)
 
@@ -227,7 +229,7 @@ def _host(group, world: int, device: torch.device, dtype: torch.dtype, repeat: i
     repeat = max(repeat, HOST_REPEAT)  # tiny calls: cheap, and their times are noisy
     ring = measure.host_samples(call(), device, repeat, group)
     if world == 1:
-        return 0.0, statistics.median(ring) * 1e6
+        return 0.0, statistics.median(ring) * 1e6, None
     ulysses = measure.host_samples(call(ulysses_size=world), device, repeat, group)
     step, per_call = measure.step_and_call(ring, ulysses, 2 * world - 2)
-    return step * 1e6, per_call * 1e6
+    return step * 1e6, per_call * 1e6, statistics.median(ulysses) * 1e6

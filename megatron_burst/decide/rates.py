@@ -78,8 +78,12 @@ _ABOVE_ZERO, _AT_LEAST_ZERO = "a number above 0", "a number of at least 0"
 _LINK_FIELDS = {"latency_us": _AT_LEAST_ZERO, "gbps": _ABOVE_ZERO}
 _KERNEL_FIELDS = {"peak_tflops": _ABOVE_ZERO, "half_tokens": _AT_LEAST_ZERO}
 _TOP_FIELDS = {"memory_gbps": _ABOVE_ZERO, "step_overhead_us": _AT_LEAST_ZERO,
-               "call_overhead_us": _AT_LEAST_ZERO, "gpus_per_node": _ABOVE_ZERO}
-_OPTIONAL = {"gpus_per_node"}  # Profile's default (8) stands in for a missing one
+               "call_overhead_us": _AT_LEAST_ZERO, "gpus_per_node": _ABOVE_ZERO,
+               "ulysses_call_overhead_us": _AT_LEAST_ZERO}
+# Profile's defaults stand in for these where missing (gpus_per_node 8; Ulysses' call cost:
+# None, the call overhead's, also where written as null)
+_OPTIONAL = {"gpus_per_node", "ulysses_call_overhead_us"}
+_NULLABLE = {"ulysses_call_overhead_us"}
 
 
 def _check_number(value: Any, rule: str, where: str) -> None:
@@ -109,5 +113,7 @@ def check_profile_numbers(raw: Any) -> None:
             for value, what in zip(point, units):
                 _check_number(value, _ABOVE_ZERO, f"{group}.points[{i}] ({what})")
     for name, rule in _TOP_FIELDS.items():
+        if name in _NULLABLE and raw.get(name) is None:
+            continue
         if name in raw or name not in _OPTIONAL:
             _check_number(raw.get(name), rule, name)

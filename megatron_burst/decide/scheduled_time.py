@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from . import cost
 from .topology import CPTopology, accumulator_wire_bytes
 from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, attention_flops,
-                     elementwise_seconds, predict)
+                     elementwise_seconds, host_seconds, overlapped, predict)
 
 if TYPE_CHECKING:
     from ..plan.schedule import RingSchedule
@@ -54,9 +54,10 @@ def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
     """Seconds of one call on a document pack or under a mask (``pack_load``): the schedule
     its layout places. A pack's blocks run at the varlen kernel's rate for its documents (a
     causal document of n tokens is the measured point n: its rows see n/2 keys on average),
-    and its host work adds to the GPU's; a sequence under a mask runs, as ``predict_scheduled``
-    prices a window, at the dense kernel's rate for the keys its rows see, the host ahead;
-    a mask that is one plain causal or full sequence as that call (``PackLoad.plain``)."""
+    and its host plans it (``timing.host_seconds``); a sequence under a mask runs, as
+    ``predict_scheduled`` prices a window, at the dense kernel's rate for the keys its rows
+    see; a mask that is one plain causal or full sequence as that call (``PackLoad.plain``).
+    """
     from ..plan.schedule import RingSchedule  # as above
 
     tokens = pack.batch * sum(pack.lens) // topology.cp
@@ -67,8 +68,7 @@ def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
                             topology.ulysses)
     if not pack.documents:
         return _predict(topology, prof, sched, pack.batch, tokens, max_intra_node_size,
-                        lambda pairs, rows: prof.dense.tflops(pairs / rows),
-                        host_overlaps=True)
+                        lambda pairs, rows: prof.dense.tflops(pairs / rows), pack=False)
     per_row = 2 if pack.causal else 1
     return _predict(topology, prof, sched, 1, tokens, max_intra_node_size,
                     lambda pairs, rows: prof.varlen.tflops(per_row * pairs / rows))
@@ -76,24 +76,21 @@ def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
 
 def _predict(topology: CPTopology, prof: Profile, sched: "RingSchedule", batch: int,
              tokens: int, max_intra_node_size: int | None, rate,
-             host_overlaps: bool = False) -> Prediction:
+             pack: bool = True) -> Prediction:
     """The prediction from a schedule; ``rate(pairs, rows)``: TFLOP/s of a step's blocks;
-    ``host_overlaps``: the host runs ahead of the GPU (a plain sequence, as ``predict``)."""
+    ``pack``: a document pack, which the host plans at every call (``host_seconds``)."""
     max_intra_node_size = max_intra_node_size or topology.cp
     forward = _pass(topology, prof, sched, batch, max_intra_node_size, rate, backward=False)
     backward = _pass(topology, prof, sched, batch, max_intra_node_size, rate, backward=True)
     compute = forward[0] + backward[0]
     exposed = forward[1] + backward[1]
     steps = forward[2] + backward[2]
-    host = prof.call_overhead_us * 1e-6 + steps * prof.step_overhead_us * 1e-6
+    host = host_seconds(topology, prof, steps, pack=pack)
     a2a, elementwise = (alltoall_seconds(topology, prof, tokens, max_intra_node_size),
                         elementwise_seconds(topology, prof, tokens))
-    # A pack's host work and GPU work add up (measured: at 8K tokens per GPU on 2x H100 a
-    # pack's call took the two's sum, a plain sequence's the larger of them,
-    # ``benchmarks/results/h100x2_issue41_wire``).
     gpu = compute + elementwise + exposed + a2a
-    total = max(gpu, host) if host_overlaps else gpu + host
-    return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
+    return Prediction(topology, overlapped(gpu, host), compute + elementwise, exposed, a2a,
+                      host)
 
 
 def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
