@@ -372,6 +372,28 @@ def test_auto_figures_are_the_runs_on_file():
           f"{was[0]}, {was[1]} and {was[2]}\nbefore)")
 
 
+def test_host_figures_are_the_runs_on_file():
+    folder = "h100x2_issue41_host/"
+    tags = ("", "_25gbps", "_50gbps")
+    runs = [_load(f"{folder}l2_model/auto_check{t}.json")["meta"] for t in tags]
+    before = [_load(f"{folder}auto_check{t}.json")["meta"] for t in tags]
+    within = [m["rows_model_within_15pct"].split(" of ")[0] for m in runs]
+    was = [m["rows_model_within_15pct"].split(" of ")[0] for m in before]
+    _says(f"the model within 15% in {within[0]}, {within[1]} and {within[2]} of 32 rows")
+    _says(f"{was[0]}, {was[1]} and {was[2]} in the run before it)")
+    worst = [f"{m['worst_auto_over_best']:.2f}" for m in runs]
+    _says(f"auto within {worst[0]}, {worst[1]} and\n{worst[2]} of the best")
+    seconds = []
+    for m in runs:
+        (line,) = [x for x in m["auto_log"] if "at first use" in x]
+        seconds.append(line.split(" in ")[1].split(" at first use")[0])
+    _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
+    profile = _load(f"{folder}first_run/profile_50gbps.json")
+    _says(f"{profile['call_overhead_us']:,.0f} us a call")
+    gap = _load(f"{folder}host_gap.json")["auto_against_forced"]
+    assert 0.3 <= gap["host_ms"]["auto"] - gap["host_ms"]["forced"] <= 0.57
+
+
 def test_auto_figures_after_the_emulator_fix_are_the_runs_on_file():
     folder = "h200x2_issue41_emulator_fix/"
     runs = [_load(f"{folder}auto_check{tag}.json")["meta"] for tag in ("", "_25gbps", "_50gbps")]
