@@ -135,6 +135,8 @@ def test_tune_on_cpu_ranks_writes_a_profile_the_model_loads(tmp_path):
     prof = load_profile(out)
     assert prof.gpus_per_node == 2 and "measured by megatron-burst tune" in prof.source
     assert prof.intra.points and prof.inter.points and prof.dense.peak_tflops > 0
+    # the host priced as first use prices it: Ulysses' tiny call beside the ring's
+    assert prof.call_overhead_us > 0 and prof.ulysses_call_overhead_us > 0
     raw = json.loads((tmp_path / "profile.raw.json").read_text())
     assert raw["raw"]["world"] == 4
     # The model ranks every topology with it, fastest first, with finite positive times.
@@ -157,6 +159,7 @@ def test_tune_on_one_rank_says_the_links_were_not_measured(tmp_path, capfd):
     assert ("not measured on 1 rank(s), 1 per node: the intra-node link, inter-node link, "
             "all-to-all (copied from h200-nvlink)") in prof.source
     assert (prof.intra, prof.inter, prof.alltoall) == (base.intra, base.inter, base.alltoall)
+    assert prof.ulysses_call_overhead_us is None  # no Ulysses on one rank
     assert "note: not measured on 1 rank(s)" in capfd.readouterr().err
 
 

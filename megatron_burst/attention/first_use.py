@@ -148,7 +148,7 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
                                             repeat, group, kv_heads=k.shape[2],
                                             settle_s=0.0 if cpu else SETTLE_S)
     memory = measure.measure_memory(2**22 if cpu else 2**28, device, repeat, group)
-    step_us, call_us, ulysses_us = _host(group, world, device, q.dtype, repeat, attend)
+    step_us, call_us, ulysses_us = host_costs(group, world, device, q.dtype, repeat, attend)
     base = load_profile(DEFAULT_PROFILE)
     copied = [w for w, link in (("intra-node link", intra), ("inter-node link", inter),
                                 ("all-to-all", a2a)) if link is None]
@@ -214,11 +214,11 @@ def _sizes(nbytes: list[int], cap: int) -> list[int]:
     return sorted(set(sizes) | {max(4096, sizes[0] // 16)}) if sizes else []
 
 
-def _host(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
-          attend) -> tuple[float, float, float | None]:
+def host_costs(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
+               attend) -> tuple[float, float, float | None]:
     """(per ring step, per call, per Ulysses call) host microseconds, from tiny calls on the
     group: a flat ring (one call, 2 x world steps) and Ulysses over the whole group (one
-    call, 2 steps; None on one rank)."""
+    call, 2 steps; None on one rank). ``tune`` measures with it too."""
     q = torch.randn(1, 64, world, 16 if device.type == "cpu" else 64, device=device,
                     dtype=dtype, requires_grad=True)
 

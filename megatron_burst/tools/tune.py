@@ -11,8 +11,8 @@ It measures, on the ranks it is started on (under a minute on GPUs):
 - all-to-all among the ranks of a node;
 - the local attention kernel's fwd+bwd rate at a few block sizes, dense and varlen, fitted
   to ``peak * n / (n + n_half)``;
-- a large copy (memory bandwidth) and the host's cost per ring step and per call, from
-  burst_attn on tiny inputs.
+- a large copy (memory bandwidth) and the host's cost per ring step, per call and per
+  Ulysses call, from burst_attn on tiny inputs, as first use measures them.
 On CPU (gloo) it runs the same measurements at toy sizes, which is how the tests check it.
 """
 from __future__ import annotations
@@ -21,10 +21,9 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -66,28 +65,14 @@ def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device
 
 
 def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int
-                      ) -> tuple[float, float]:
-    """(per ring step, per call) host microseconds: burst_attn on inputs too small for the
-    kernel or the links to matter, over the whole group and on one rank alone."""
+                      ) -> tuple[float, float, float | None]:
+    """(per ring step, per call, per Ulysses call) host microseconds, as first use measures
+    them (``first_use.host_costs``: tiny calls over the whole group, timed until they
+    return), so a tuned profile and a measured one price the host alike."""
     import megatron_burst as mb
 
-    world = dist.get_world_size()
-    q = torch.randn(1, 128, 2, 64, device=device, dtype=dtype, requires_grad=True)
-
-    def ring_call():
-        mb.burst_attn(q, q, q, causal=True, backward="ring").sum().backward()
-
-    ring_s = _timed(ring_call, device, repeat)
-    # A group of one rank each (every rank creates every group, as new_group requires).
-    groups = [dist.new_group([r]) for r in range(world)] if world > 1 else [None]
-    one = groups[dist.get_rank()]
-
-    def local_call():
-        mb.burst_attn(q, q, q, one, causal=True, backward="ring").sum().backward()
-
-    call_s = statistics.median(_timed(local_call, device, 1) for _ in range(repeat))
-    steps = 2 * world  # forward and backward each walk the ring's world steps
-    return max(0.0, (ring_s - call_s) / steps) * 1e6, call_s * 1e6
+    return first_use.host_costs(None, dist.get_world_size(), device, dtype, repeat,
+                                mb.burst_attn)
 
 
 def measure(*, gpus_per_node: int | None = None, quick: bool = False,
@@ -110,7 +95,7 @@ def measure(*, gpus_per_node: int | None = None, quick: bool = False,
     intra, inter, a2a = measure_links(sizes, gpus_per_node, device, repeat)
     dense, varlen = measure_kernels(tokens, heads, head_dim, device, dtype, repeat)
     memory = measure_memory(2**24 if cpu else 2**30, device, repeat)
-    step_us, call_us = measure_overheads(device, dtype, repeat)
+    step_us, call_us, ulysses_us = measure_overheads(device, dtype, repeat)
     base_profile = load_profile(base)
     name = f"tuned-{'cpu' if cpu else torch.cuda.get_device_name(device).replace(' ', '-')}"
     source = (f"measured by megatron-burst tune on {world} rank(s), {gpus_per_node} per node, "
@@ -128,7 +113,8 @@ def measure(*, gpus_per_node: int | None = None, quick: bool = False,
     profile = Profile(name=name, intra=intra, inter=inter, alltoall=a2a, dense=dense,
                       varlen=varlen, memory_gbps=measuring.significant(memory),
                       step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
-                      gpus_per_node=gpus_per_node, source=source,
+                      ulysses_call_overhead_us=None if ulysses_us is None
+                      else round(ulysses_us, 1), gpus_per_node=gpus_per_node, source=source,
                       machine=tuple(sorted(key.fields().items())),
                       measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     raw = dict(world=world, gpus_per_node=gpus_per_node, device=str(device), sizes=sizes,
