@@ -368,6 +368,61 @@ def test_new_document_packs_share_one_decision_and_one_check(tmp_path):
         assert len({t for t, _ in decided}) == 1
 
 
+def _fresh_checks(rank, world, cache):
+    """A whole_docs call's check under a clock that runs each timed topology three times,
+    the packs each run got recorded (``decision_check.fresh_packs`` wrapped)."""
+    from megatron_burst.attention import decision_check
+
+    fresh, got = decision_check.fresh_packs, []
+
+    def recorded(call, world):
+        packs = fresh(call, world)
+        return None if packs is None else (got.append(cu.tolist()) or cu for cu in packs)
+
+    swap(decision_check, "fresh_packs", recorded)
+    timed: list = []
+
+    def clock(topology, run, device, group):
+        for _ in range(3):
+            run()
+        timed.append(topology)
+        return 10.0 if len(timed) == 1 else 0.001  # the choice off: more are timed
+
+    _on(cache)
+    swap(decision_check, "TIMER", clock)
+    cu = torch.tensor([0, 40, 70, 90, 128], dtype=torch.int32)
+    _call(layout="whole_docs", cu_seqlens=cu)
+    return got, len(timed)
+
+
+def test_a_pack_s_check_times_new_packs_as_training_feeds_them(tmp_path):
+    """The check of a document call times each topology on new orders of the call's
+    documents (a pack repeated skips its host's planning: 6.7-7.6 ms against 8.0-8.7 on new
+    packs on 2x H100, which misranked the backward modes), the same orders for every
+    topology and on every rank."""
+    results = run_ranks(2, _fresh_checks, str(tmp_path), timeout=120)
+    assert results[0] == results[1]  # every rank timed the same packs
+    got, timed = results[0]
+    assert timed >= 2 and len(got) == 3 * timed
+    runs = [got[i * 3:i * 3 + 3] for i in range(timed)]
+    assert all(r == runs[0] for r in runs)  # each topology on the same packs
+    lens = lambda cu: sorted(b - a for a, b in zip(cu, cu[1:]))  # noqa: E731
+    assert all(lens(cu) == [20, 30, 38, 40] for cu in got)  # the call's documents
+    assert len({tuple(cu) for cu in runs[0]}) == 3  # a new order every run
+
+
+def test_a_plain_call_s_check_has_no_packs_to_renew():
+    from types import SimpleNamespace
+
+    from megatron_burst.attention import decision_check
+    from megatron_burst.plan.packs import pack_documents
+
+    assert decision_check.fresh_packs(SimpleNamespace(cu_seqlens=None), 2) is None
+    on_device = SimpleNamespace(cu_seqlens=pack_documents(torch.tensor([0, 64, 128])),
+                                device_docs=True, layout="pack_zigzag")
+    assert decision_check.fresh_packs(on_device, 2) is None  # read on the GPU: no planning
+
+
 def _sibling(rank, world, off, ring_predicted=1.5):
     """A decision ranked (ulysses 2 burst, flat ring burst, flat... ring backward) whose choice
     is timed ``off`` from its prediction, under a clock where the choice's own topology with

@@ -5,7 +5,8 @@ backward mode, ``sibling_of``) is timed once and the fastest kept.
 Preparing a call whose topology 'auto' chose among several asks ``verdict`` (no
 communication). A decision not yet checked in this process makes the call's first use,
 after the ranks agreed on it, run ``check`` on every rank of the group together: the chosen
-topology's fwd+bwd at the call's own tensors (clones, so nothing of the user's changes) is
+topology's fwd+bwd at the call's own tensors (clones, so nothing of the user's changes; a
+document pack in a new order every run, as training feeds them: ``fresh_packs``) is
 timed, and rank 0's time is broadcast, so every rank compares the same number with the same
 prediction. Off by more than ``MODEL_ERROR``, or where the runner-up's prediction is within
 ``MODEL_ERROR`` of the choice's (the model cannot rank two such: on 2x H200 it predicted the
@@ -23,7 +24,10 @@ the first one's load, ``options.decide``), reads it at preparation and times not
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import random
+from typing import Iterator
 
 import torch
 
@@ -31,6 +35,7 @@ from ..comm import consensus
 from ..decide import machine
 from ..decide.options import Decision
 from ..decide.topology import CPTopology
+from ..plan.placement import local_length
 from . import measure
 from .sharding import group_name
 
@@ -91,17 +96,17 @@ def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
     other backward mode where ``sibling_of`` says); every rank of ``group`` calls it together
     (module docstring). ``attend`` is ``burst_attn``."""
     chosen, runner = decision.ranked[0], decision.ranked[1]
-    measured = _timed(group, world, chosen.topology, q, k, v, arguments, attend)
+    measured = _timed(group, world, chosen.topology, q, k, v, arguments, attend, call)
     off = measured / chosen.total_s - 1
     result = Check(chosen.topology, chosen.total_s, measured, chosen.topology)
     times = [(measured, chosen.topology)]
     if abs(off) > MODEL_ERROR or near_tie(chosen.total_s, runner.total_s):
-        other = _timed(group, world, runner.topology, q, k, v, arguments, attend)
+        other = _timed(group, world, runner.topology, q, k, v, arguments, attend, call)
         times.append((other, runner.topology))
         result = dataclasses.replace(result, runner_up=runner.topology, runner_up_s=other)
     sibling = sibling_of(decision, abs(off) > MODEL_ERROR)
     if sibling is not None and sibling != runner.topology:
-        seconds = _timed(group, world, sibling, q, k, v, arguments, attend)
+        seconds = _timed(group, world, sibling, q, k, v, arguments, attend, call)
         times.append((seconds, sibling))
         result = dataclasses.replace(result, sibling=(sibling, seconds))
     kept = min(times, key=lambda pair: pair[0])[1]  # the first of equal times
@@ -155,17 +160,21 @@ def _log(result: Check, off: float, runner) -> None:
 
 
 def _timed(group, world: int, topology: CPTopology, q, k, v, arguments: dict,
-           attend) -> float:
-    """Rank 0's fwd+bwd seconds of the call with ``topology``, on clones of its inputs."""
+           attend, call) -> float:
+    """Rank 0's fwd+bwd seconds of the call with ``topology``, on clones of its inputs; a
+    pack the host plans gets a new order of its documents every run (``fresh_packs``)."""
     sinks = arguments.get("sinks")
     inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     kw = {**arguments, "topology": topology, "keep": None,
           "sinks": None if sinks is None else sinks.detach().clone().requires_grad_()}
     gen = torch.Generator(device="cpu").manual_seed(0)
     grad = None
+    packs = fresh_packs(call, world)
 
     def run() -> None:
         nonlocal grad
+        if packs is not None:
+            kw["cu_seqlens"] = next(packs)
         out = attend(*inputs, group, **kw)
         out = out[0] if kw.get("return_lse") else out
         if grad is None:
@@ -175,3 +184,31 @@ def _timed(group, world: int, topology: CPTopology, q, k, v, arguments: dict,
     with torch.enable_grad():
         seconds = TIMER(topology, run, q.device, group)
     return consensus.from_root(group, float(seconds))
+
+
+def fresh_packs(call, world: int) -> Iterator[torch.Tensor] | None:
+    """Boundaries of the call's documents in new orders, the same on every rank, one per
+    timed run (None: the call has no pack its host plans). Training feeds a new pack every
+    micro-batch, and a pack's host work (its plan, its signature's agreement) is what the
+    same pack repeated skips: on 2x H100 at 8K tokens a GPU a check timed a repeated pack
+    at 6.7-7.6 ms where new packs took 8.0-8.7, and kept the ring backward where the
+    burst one ran 6% faster on new packs (``results/h100x2_issue41_host/l2_model``). An
+    order that would change the local length (a layout that pads by position) is skipped
+    for the call's own."""
+    if call.cu_seqlens is None or call.device_docs:
+        return None
+    lens = list(call.cu_seqlens.lens)
+    need = local_length(call.layout, world, tuple(lens))
+
+    def orders() -> Iterator[torch.Tensor]:
+        draw, seen = random.Random(0), set()
+        while True:
+            for _ in range(8):  # an order not run yet, where the documents allow one
+                order = tuple(draw.sample(lens, len(lens)))
+                if order not in seen:
+                    break
+            seen.add(order)
+            if local_length(call.layout, world, order) != need:
+                order = tuple(lens)
+            yield torch.tensor([0, *itertools.accumulate(order)], dtype=torch.int32)
+    return orders()
