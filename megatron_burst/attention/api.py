@@ -222,12 +222,14 @@ def _ulysses_burst(q, k, v, bound, tag, group, peers, seq_first, kept, sinks,
         k = k.repeat_interleave(u // k.shape[2], dim=2)
         v = v.repeat_interleave(u // v.shape[2], dim=2)
     as_bshd = (lambda t: t.transpose(0, 1)) if seq_first else (lambda t: t)
-    qs, ks, vs = heads_to_sequence([as_bshd(t) for t in (q, k, v)], peers, group, 1, 2, tag)
+    runs = bound.plan.sched.member_runs  # the group's rows in position order, or None
+    qs, ks, vs = heads_to_sequence([as_bshd(t) for t in (q, k, v)], peers, group, 1, 2, tag,
+                                   runs)
     if sinks is not None:  # this rank's ring holds head slice u of every member's heads
         sinks = sinks.chunk(u)[peers.index(dist.get_rank())]
     ring = BurstAttentionFunction.apply(qs, ks, vs, bound, tag, kept, sinks, return_lse)
     if return_lse:  # one node: its backward trades both gradients on every rank
-        out, lse = outputs_to_heads(ring[0], ring[1], peers, group, tag)
+        out, lse = outputs_to_heads(ring[0], ring[1], peers, group, tag, runs)
     else:  # lse stays here: nobody reads it
-        out, lse = sequence_to_heads(ring[0], peers, group, 1, 2, tag), None
+        out, lse = sequence_to_heads(ring[0], peers, group, 1, 2, tag, runs), None
     return (out.transpose(0, 1).contiguous() if seq_first else out), lse, ring

@@ -295,8 +295,8 @@ def _whole(key: PlanKey, sched: RingSchedule, topo: RingPositions | None, calls:
     """A single member's whole attention when it is one kernel call over all its rows and
     keys: a plain sequence's one dense block (no fp32 accumulators, merges or casts: the
     kernel's output and gradients are the answer), or a pack's one varlen call."""
-    if topo is not None or key.ulysses != 1:
-        return None
+    if topo is not None or (key.ulysses != 1 and sched.member_runs is None):
+        return None  # Ulysses: only a group holding its rows in position order
     if not key.pack and not key.device_docs:
         blocks = sched.blocks(0, 0)
         if len(blocks) == 1 and (blocks[0].q_start, blocks[0].q_stop, blocks[0].k_start,

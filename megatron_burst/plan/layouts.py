@@ -37,6 +37,10 @@ class Layout:
     # launches bound on the GPU from a shard's first row (``pack_zigzag``) cannot start
     # past it (``schedule.RingSchedule.needed_ranges``).
     hops_from_first_row = False
+    # Whether a Ulysses group that is the whole ring may hold its rows in position order
+    # (``segments.in_position_order``): not where kernel launches are bound on the GPU
+    # from each rank's own rows (``pack_zigzag``).
+    member_in_position_order = True
 
     def divisor(self, world: int) -> int:
         """What the length of a sequence placed on ``world`` ranks must be a multiple of."""
@@ -97,6 +101,7 @@ class PackChunked(Chunked):
     pads = False
     places_documents = False
     hops_from_first_row = True
+    member_in_position_order = False
 
     def padded(self, doc_lens: tuple[int, ...], world: int) -> tuple[int, ...]:
         total, parts = sum(doc_lens), self.divisor(world)

@@ -9,7 +9,7 @@ step on (``placement`` puts the rows other ranks need first), so a hop sends onl
 and a step nobody needs is not sent at all.
 
 Who holds which positions is ``placement``'s job. With Ulysses, a ring member holds the
-segments of all U ranks of its group.
+segments of all U ranks of its group; where the group is the whole ring, in position order.
 
 Every mask is a *band* on key-minus-query position inside a document (``blocks``). A block
 is trimmed to the rows and columns with something visible, so a block is never partly
@@ -33,7 +33,7 @@ from .layouts import MASK, PLAIN, layout_named
 from .mask_placement import mask_placement
 from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
 from .runs import gapped, needed_runs
-from .segments import Segment, Shard, concat
+from .segments import Runs, Segment, Shard, concat, in_position_order
 from .slices import SliceMask, at_most_square, band_block, slice_blocks
 
 # ------------------------------------------------------------------------- blocks
@@ -177,6 +177,7 @@ class RingSchedule:
     _shards: tuple[Shard, ...] = dataclasses.field(init=False, repr=False, compare=False)
     _split: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                      compare=False)
+    _runs: Runs | None = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         u = self.ulysses
@@ -184,8 +185,15 @@ class RingSchedule:
             placed = mask_placement(self.layout, self.world, sum(self.doc_lens), self.mask)
         else:
             placed = placement(self.layout, self.world, self.doc_lens)
-        object.__setattr__(self, "_shards", tuple(
-            concat(placed[m * u:m * u + u]) for m in range(self.world // u)))
+        runs, role = None, MASK if isinstance(self.mask, SliceMask) else PLAIN
+        if u > 1 and u == self.world and not any(len(shard.docs) for shard in placed) \
+                and layout_named(self.layout, role).member_in_position_order:
+            member, runs = in_position_order(placed)
+            shards = (member,)
+        else:
+            shards = tuple(concat(placed[m * u:m * u + u]) for m in range(self.world // u))
+        object.__setattr__(self, "_shards", shards)
+        object.__setattr__(self, "_runs", runs)
 
     @staticmethod
     def of(layout: str, world: int, doc_lens: tuple[int, ...], mask: Mask,
@@ -197,8 +205,17 @@ class RingSchedule:
         return self.world // self.ulysses
 
     def shard(self, member: int) -> Shard:
-        """The member's rows: the shards of its U ranks one after the other."""
+        """The member's rows: the shards of its U ranks one after the other, or, where the
+        Ulysses group is the whole ring, its ranks' rows in position order
+        (``member_runs``)."""
         return self._shards[member]
+
+    @property
+    def member_runs(self) -> Runs | None:
+        """Where a Ulysses group that is the whole ring takes its rows from, in position
+        order (``segments.in_position_order``: which rank of the group, its first row, how
+        many); None: the U ranks' shards one after the other."""
+        return self._runs
 
     def segments(self, member: int) -> tuple[Segment, ...]:
         """Every segment of the member's rows, in row order (one object per document)."""

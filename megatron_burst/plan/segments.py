@@ -107,3 +107,34 @@ def concat(shards: Sequence[Shard]) -> Shard:
                  frozen(np.concatenate([p.docs for p in parts])),
                  frozen(np.concatenate([p.rows for p in parts])),
                  frozen(np.concatenate([p.lens for p in parts])), row)
+
+
+Runs = tuple[tuple[int, int, int], ...]  # (which shard, its first row, rows), in row order
+
+
+def in_position_order(shards: Sequence[Shard]) -> tuple[Shard, Runs]:
+    """Shards' split segments as one shard's rows in position order (by document, then
+    position), adjacent ones joined; and where each of its runs of rows comes from (which
+    shard, from which of its rows, how many). A Ulysses group that is the whole ring holds
+    every rank's zigzag chunks: in rank order a causal sequence over U ranks is 2U chunks
+    out of order (22 blocks a pass at U = 8, each a kernel call, with merges), in position
+    order one block, one kernel call. Only for shards without whole documents."""
+    pieces = sorted((seg.doc, seg.pos, i, seg.row, seg.length, seg.doc_len)
+                    for i, shard in enumerate(shards) for seg in shard.split)
+    segs: list[Segment] = []
+    runs: list[tuple[int, int, int]] = []
+    row = 0
+    for doc, pos, i, local, n, doc_len in pieces:
+        if n == 0:
+            continue
+        last = segs[-1] if segs else None
+        if last is not None and last.doc == doc and last.pos + last.length == pos:
+            segs[-1] = dataclasses.replace(last, length=last.length + n)
+        else:
+            segs.append(Segment(row, doc, pos, n, doc_len))
+        if runs and runs[-1][0] == i and runs[-1][1] + runs[-1][2] == local:
+            runs[-1] = (i, runs[-1][1], runs[-1][2] + n)
+        else:
+            runs.append((i, local, n))
+        row += n
+    return Shard.of(segs), tuple(runs)

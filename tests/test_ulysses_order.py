@@ -1,0 +1,101 @@
+"""A Ulysses group that is the whole ring holds its rows in position order (issue 41's
+finding: in rank order a causal sequence over U ranks' zigzag chunks was 2U pieces, 4 kernel
+calls a pass at U = 2 on 2x H100, 22 at U = 8, with merges and adds; in position order it is
+one block, one kernel call). The all-to-alls place and return the rows by
+``RingSchedule.member_runs``; everything else reads the member's shard.
+
+- the plans: one block and one kernel call for a plain sequence at U = world, the runs
+  joined where a rank's rows are contiguous; rank order kept where the group is not the
+  whole ring, where documents are held whole, and in ``pack_zigzag``;
+- exactness against the float64 reference on 2 and 4 gloo ranks (out, lse, dq, dk, dv):
+  causal, full and windows, MHA, GQA and MQA (K/V heads replicated to U), zigzag and
+  contiguous, bshd and sbhd, documents split by the zigzag layout, and a loss on lse.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from megatron_burst.plan.blocks import Mask
+from megatron_burst.plan.schedule import RingSchedule
+
+from .grid import check_grid
+
+
+def test_a_whole_ring_ulysses_group_holds_a_causal_sequence_as_one_block():
+    for world in (2, 4, 8):
+        sched = RingSchedule.of("zigzag", world, (64 * world,), Mask(True, (-1, -1)), world)
+        (block,) = sched.blocks(0, 0)
+        assert (block.q_start, block.q_stop, block.k_start, block.k_stop) == \
+            (0, 64 * world, 0, 64 * world)
+        runs = sched.member_runs
+        # zigzag: rank r holds chunks r and 2W-1-r; the last rank's two are adjacent
+        assert runs[:world] == tuple((r, 0, 32) for r in range(world - 1)) + \
+            ((world - 1, 0, 64),)
+        assert runs[world:] == tuple((r, 32, 32) for r in range(world - 2, -1, -1))
+        assert sum(n for _, _, n in runs) == 64 * world
+    split = RingSchedule.of("zigzag", 4, (256,), Mask(True, (-1, -1)), 2)  # a ring of 2
+    assert split.member_runs is None and len(split.blocks(0, 0)) > 1
+    whole = RingSchedule.of("whole_docs", 2, (100, 60, 40, 56), Mask(True, (-1, -1)), 2)
+    assert whole.member_runs is None  # documents held whole: rank order, one call anyway
+    device = RingSchedule.of("pack_zigzag", 2, (256,), Mask(True, (-1, -1)), 2)
+    assert device.member_runs is None  # launches bound on the GPU from each rank's rows
+
+
+def test_the_plan_of_a_whole_ring_ulysses_call_is_one_kernel_call():
+    from megatron_burst.attention.call_plan import build_plan, plan_key, ring_key
+
+    for layout in ("zigzag", "contiguous"):
+        key = plan_key(layout, 4, (256,), Mask(True, (-1, -1)), 4, ring_key(None, 4, 4, 1),
+                       "ring", batch=2)
+        plan = build_plan(key)
+        assert plan.whole is not None, layout
+
+
+def _cases(world):
+    cases = []
+    for layout, (causal, window), (hq, hkv), fmt in itertools.product(
+            ("zigzag", "contiguous"), ((True, (-1, -1)), (False, (-1, -1)), (True, (3, 0)),
+                                       (False, (2, 2))),
+            ((4, 4), (8, 2), (4, 1)), ("bshd", "sbhd")):
+        cases.append(dict(layout=layout, causal=causal, window=window, hq=hq, hkv=hkv, d=16,
+                          backward="ring", dtype=torch.float32, fmt=fmt, ulysses_size=world))
+    for causal in (True, False):  # documents the zigzag layout splits: one block each
+        cases.append(dict(layout="zigzag", causal=causal, hq=4, hkv=2, d=16, backward="burst",
+                          dtype=torch.float32, doc_lens=(20, 36, 8, 16 * world),
+                          ulysses_size=world))
+    cases.append(dict(layout="zigzag", causal=True, hq=4, hkv=4, d=16, backward="ring",
+                      dtype=torch.bfloat16, ulysses_size=world))
+    return cases
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_whole_ring_ulysses_matches_the_float64_reference(world):
+    check_grid(world, _cases(world))
+
+
+def _lse_loss(rank, world):
+    """A loss on out and lse through a whole-ring Ulysses group, against the reference."""
+    import megatron_burst as mb
+    from .reference import reference_attention
+
+    gen = torch.Generator().manual_seed(5)
+    full = [torch.randn(1, 16 * world, h, 8, generator=gen, dtype=torch.float64)
+            for h in (4, 2, 2)]
+    leaves = [t.clone().requires_grad_() for t in full]
+    out, lse = reference_attention(*leaves, causal=True, scale=8 ** -0.5)
+    (out.square().sum() + lse.sum()).backward()
+    local = [mb.shard_seq(t).requires_grad_() for t in full]
+    got, got_lse = mb.burst_attn(*local, causal=True, ulysses_size=world, return_lse=True)
+    (got.square().sum() + got_lse.sum()).backward()
+    return [float((mb.shard_seq(ref.grad) - t.grad).abs().max())
+            for ref, t in zip(leaves, local)]
+
+
+def test_a_loss_on_lse_goes_back_through_the_position_order():
+    from .distributed import run_ranks
+
+    for errors in run_ranks(2, _lse_loss, timeout=120):
+        assert max(errors) < 1e-9, errors
