@@ -372,6 +372,15 @@ def test_auto_figures_are_the_runs_on_file():
           f"{was[0]}, {was[1]} and {was[2]}\nbefore)")
 
 
+def _first_use_seconds(runs: list[dict]) -> list[str]:
+    """How long each run's first use took, as its log says it ("7.8 s")."""
+    seconds = []
+    for m in runs:
+        (line,) = [x for x in m["auto_log"] if "at first use" in x]
+        seconds.append(line.split(" in ")[1].split(" at first use")[0])
+    return seconds
+
+
 def test_host_figures_are_the_runs_on_file():
     folder = "h100x2_issue41_host/"
     tags = ("", "_25gbps", "_50gbps")
@@ -383,10 +392,7 @@ def test_host_figures_are_the_runs_on_file():
     _says(f"{was[0]}, {was[1]} and {was[2]} in the run before it)")
     worst = [f"{m['worst_auto_over_best']:.2f}" for m in runs]
     _says(f"auto within {worst[0]}, {worst[1]} and\n{worst[2]} of the best")
-    seconds = []
-    for m in runs:
-        (line,) = [x for x in m["auto_log"] if "at first use" in x]
-        seconds.append(line.split(" in ")[1].split(" at first use")[0])
+    seconds = _first_use_seconds(runs)
     _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
     profile = _load(f"{folder}first_run/profile_50gbps.json")
     _says(f"{profile['call_overhead_us']:,.0f} us a call")
@@ -401,10 +407,7 @@ def test_auto_figures_after_the_emulator_fix_are_the_runs_on_file():
     _says(f"auto within {worst[0]}, {worst[1]} and {worst[2]} of the\nbest")
     within = [m["rows_model_within_15pct"].split(" of ")[0] for m in runs]
     _says(f"the model within 15% in {within[0]},\n{within[1]} and {within[2]} of 32 rows")
-    seconds = []
-    for m in runs:
-        (line,) = [x for x in m["auto_log"] if "at first use" in x]
-        seconds.append(line.split(" in ")[1].split(" at first use")[0])
+    seconds = _first_use_seconds(runs)
     _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
     rows = [r for m in ("", "_25gbps", "_50gbps")
             for r in _load(f"{folder}auto_check{m}.json")["rows"] if "measured_over_predicted" in r]

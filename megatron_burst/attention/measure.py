@@ -31,8 +31,10 @@ def timed(fn: Callable[[], object], device: torch.device, repeat: int,
 
 
 def samples(fn: Callable[[], object], device: torch.device, repeat: int,
-            group: dist.ProcessGroup | None = None) -> list[float]:
-    """Seconds of each of ``repeat`` runs of ``fn`` after one warm-up, ranks in step."""
+            group: dist.ProcessGroup | None = None, host: bool = False) -> list[float]:
+    """Seconds of each of ``repeat`` runs of ``fn`` after one warm-up, ranks in step, the
+    GPU idle at each start: until the GPU finished, or (``host``) until ``fn`` returned to
+    Python, the host's own work (nothing in a call waits for the GPU)."""
     fn()
     times = []
     for _ in range(repeat):
@@ -40,28 +42,19 @@ def samples(fn: Callable[[], object], device: torch.device, repeat: int,
         dist.barrier(group=group)
         t0 = time.perf_counter()
         fn()
-        sync(device)
+        if not host:
+            sync(device)
         times.append(time.perf_counter() - t0)
     return times
 
 
 def host_samples(fn: Callable[[], object], device: torch.device, repeat: int,
                  group: dist.ProcessGroup | None = None) -> list[float]:
-    """Seconds until each of ``repeat`` runs of ``fn`` returned to Python (the host's own
-    work: nothing in a call waits for the GPU), after one warm-up, ranks in step, the GPU
-    idle at each start. A tiny call's wall time read as its host's once took in a stall
-    of the GPU's or its links': first use on 2x H100 under emulated 50 GB/s links read
-    16.5 ms a call where its rounds took 3.7-4.3 (``results/h100x2_issue41_host``)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        sync(device)
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        sync(device)
-    return times
+    """``samples`` until each run returned: a tiny call's wall time read as its host's once
+    took in a stall of the GPU's or its links': first use on 2x H100 under emulated 50 GB/s
+    links read 16.5 ms a call where its rounds took 3.7-4.3 (``results/
+    h100x2_issue41_host``)."""
+    return samples(fn, device, repeat, group, host=True)
 
 
 def step_and_call(ring: Sequence[float], ulysses: Sequence[float], steps: int
