@@ -241,6 +241,11 @@ def mask_cases(world: int) -> list[dict]:
                      dict(dv=6, d=12), dict(layout="zigzag"), dict(layout="contiguous"),
                      dict(dtype=torch.float32, kernel="cpu-flash")][i % 9])
         cases.append(case)
+    if world in (2, 4):  # Ulysses over the whole ring: the group's rows in position order
+        for i, extra in enumerate([dict(), dict(sinks=True), dict(hkv=1), dict(fmt="sbhd")]):
+            cases.append(dict(mask=random_mask(rng, SEQ) if i % 2 else
+                              mf.family(list(mf.FAMILIES)[i], LENS, **KNOBS), ulysses_size=world,
+                              backward=("burst", "ring")[i % 2], **extra))
     if world == 4:  # the double ring and Ulysses
         for i, topo in enumerate([dict(intra_node_size=2), dict(ulysses_size=2)] * 3):
             cases.append(dict(mask=random_mask(rng, SEQ) if i > 1 else
