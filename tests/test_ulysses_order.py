@@ -1,12 +1,12 @@
-"""A Ulysses group that is the whole ring holds its rows in position order (issue 41's
+"""A Ulysses group holds its rows in position order (issue 41's
 finding: in rank order a causal sequence over U ranks' zigzag chunks was 2U pieces, 4 kernel
 calls a pass at U = 2 on 2x H100, 22 at U = 8, with merges and adds; in position order it is
 one block, one kernel call). The all-to-alls place and return the rows by
 ``RingSchedule.member_runs``; everything else reads the member's shard.
 
-- the plans: one block and one kernel call for a plain sequence at U = world, the runs
-  joined where a rank's rows are contiguous; rank order kept where the group is not the
-  whole ring, where documents are held whole, and in ``pack_zigzag``;
+- the plans: one block and one kernel call for a plain sequence at U = world; one block a
+  pair of members in Ulysses x ring; the runs joined where a rank's rows are contiguous;
+  rank order kept where documents are held whole, and in ``pack_zigzag``;
 - exactness against the float64 reference on 2 and 4 gloo ranks (out, lse, dq, dk, dv):
   causal, full and windows, MHA, GQA and MQA (K/V heads replicated to U), zigzag and
   contiguous, bshd and sbhd, documents split by the zigzag layout, and a loss on lse.
@@ -30,18 +30,24 @@ def test_a_whole_ring_ulysses_group_holds_a_causal_sequence_as_one_block():
         (block,) = sched.blocks(0, 0)
         assert (block.q_start, block.q_stop, block.k_start, block.k_stop) == \
             (0, 64 * world, 0, 64 * world)
-        runs = sched.member_runs
+        runs = sched.member_runs(0)
         # zigzag: rank r holds chunks r and 2W-1-r; the last rank's two are adjacent
         assert runs[:world] == tuple((r, 0, 32) for r in range(world - 1)) + \
             ((world - 1, 0, 64),)
         assert runs[world:] == tuple((r, 32, 32) for r in range(world - 2, -1, -1))
         assert sum(n for _, _, n in runs) == 64 * world
-    split = RingSchedule.of("zigzag", 4, (256,), Mask(True, (-1, -1)), 2)  # a ring of 2
-    assert split.member_runs is None and len(split.blocks(0, 0)) > 1
+    hybrid = RingSchedule.of("zigzag", 8, (512,), Mask(True, (-1, -1)), 4)  # a ring of 2
+    # a group of 4 holds its ranks' first chunks, then their second ones: two runs of
+    # positions, the ring's own zigzag; its diagonal is one causal block, and every other
+    # pair one block too
+    assert hybrid.member_runs(0) == ((0, 0, 32), (1, 0, 32), (2, 0, 32), (3, 0, 64),
+                                     (2, 32, 32), (1, 32, 32), (0, 32, 32))
+    assert len(hybrid.shard(0).split) == 2 and len(hybrid.shard(1).split) == 1
+    assert [len(hybrid.blocks(a, b)) for a, b in ((0, 0), (1, 0), (0, 1), (1, 1))] == [1] * 4
     whole = RingSchedule.of("whole_docs", 2, (100, 60, 40, 56), Mask(True, (-1, -1)), 2)
-    assert whole.member_runs is None  # documents held whole: rank order, one call anyway
+    assert whole.member_runs(0) is None  # documents held whole: rank order, one call anyway
     device = RingSchedule.of("pack_zigzag", 2, (256,), Mask(True, (-1, -1)), 2)
-    assert device.member_runs is None  # launches bound on the GPU from each rank's rows
+    assert device.member_runs(0) is None  # launches bound on the GPU from each rank's rows
 
 
 def test_the_plan_of_a_whole_ring_ulysses_call_is_one_kernel_call():
@@ -54,26 +60,28 @@ def test_the_plan_of_a_whole_ring_ulysses_call_is_one_kernel_call():
         assert plan.whole is not None, layout
 
 
-def _cases(world):
+def _cases(world, u):
     cases = []
     for layout, (causal, window), (hq, hkv), fmt in itertools.product(
             ("zigzag", "contiguous"), ((True, (-1, -1)), (False, (-1, -1)), (True, (3, 0)),
                                        (False, (2, 2))),
             ((4, 4), (8, 2), (4, 1)), ("bshd", "sbhd")):
         cases.append(dict(layout=layout, causal=causal, window=window, hq=hq, hkv=hkv, d=16,
-                          backward="ring", dtype=torch.float32, fmt=fmt, ulysses_size=world))
+                          backward=("ring", "burst")[hkv == 2], dtype=torch.float32, fmt=fmt,
+                          ulysses_size=u))
     for causal in (True, False):  # documents the zigzag layout splits: one block each
         cases.append(dict(layout="zigzag", causal=causal, hq=4, hkv=2, d=16, backward="burst",
                           dtype=torch.float32, doc_lens=(20, 36, 8, 16 * world),
-                          ulysses_size=world))
+                          ulysses_size=u))
     cases.append(dict(layout="zigzag", causal=True, hq=4, hkv=4, d=16, backward="ring",
-                      dtype=torch.bfloat16, ulysses_size=world))
+                      dtype=torch.bfloat16, ulysses_size=u))
     return cases
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_whole_ring_ulysses_matches_the_float64_reference(world):
-    check_grid(world, _cases(world))
+@pytest.mark.parametrize("world, u", [(2, 2), (4, 4), (4, 2)])
+def test_ulysses_in_position_order_matches_the_float64_reference(world, u):
+    """The whole ring as one group (2, 4), and Ulysses 2 x ring 2 (both backwards)."""
+    check_grid(world, _cases(world, u))
 
 
 def _lse_loss(rank, world):

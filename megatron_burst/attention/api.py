@@ -222,7 +222,7 @@ def _ulysses_burst(q, k, v, bound, tag, group, peers, seq_first, kept, sinks,
         k = k.repeat_interleave(u // k.shape[2], dim=2)
         v = v.repeat_interleave(u // v.shape[2], dim=2)
     as_bshd = (lambda t: t.transpose(0, 1)) if seq_first else (lambda t: t)
-    runs = bound.plan.sched.member_runs  # the group's rows in position order, or None
+    runs = bound.plan.member_runs  # the group's rows in position order, or None
     qs, ks, vs = heads_to_sequence([as_bshd(t) for t in (q, k, v)], peers, group, 1, 2, tag,
                                    runs)
     if sinks is not None:  # this rank's ring holds head slice u of every member's heads

@@ -162,6 +162,11 @@ class CallPlan:
         """Every varlen call's boundaries onto ``device`` (one pinned copy; once)."""
         upload_boundaries(self.calls, device)
 
+    @property
+    def member_runs(self):
+        """Where this rank's Ulysses group's rows come from (``RingSchedule.member_runs``)."""
+        return self.sched.member_runs(self.topo.index if self.topo is not None else 0)
+
     def blocks(self) -> Iterator[Block]:
         """Every block this rank computes (what a forced kernel is checked against)."""
         for pair in self.pairs:
@@ -295,7 +300,7 @@ def _whole(key: PlanKey, sched: RingSchedule, topo: RingPositions | None, calls:
     """A single member's whole attention when it is one kernel call over all its rows and
     keys: a plain sequence's one dense block (no fp32 accumulators, merges or casts: the
     kernel's output and gradients are the answer), or a pack's one varlen call."""
-    if topo is not None or (key.ulysses != 1 and sched.member_runs is None):
+    if topo is not None or (key.ulysses != 1 and sched.member_runs(0) is None):
         return None  # Ulysses: only a group holding its rows in position order
     if not key.pack and not key.device_docs:
         blocks = sched.blocks(0, 0)

@@ -2,10 +2,11 @@
 
 Before the ring, each rank of a Ulysses group trades heads for sequence: it sends head
 slice u of its shard to member u and receives its own head slice of every member's shard,
-ending with 1/U of the heads over U shards of the sequence: one after the other, or, where
-the group is the whole ring, in position order (``RingSchedule.member_runs``: a causal
-sequence is then one block, one kernel call, where the ranks' zigzag chunks in rank order
-were 2U pieces). The burst ring then runs across groups (USP / BurstEngine's hybrid). After the ring the inverse all-to-all brings
+ending with 1/U of the heads over U shards of the sequence, in position order
+(``RingSchedule.member_runs``: a zigzag group holds two runs of positions, a whole-ring
+group's causal sequence is one kernel call, where the ranks' chunks in rank order were 2U
+pieces), or, where documents are held whole, one after the other. The burst ring then runs
+across groups (USP / BurstEngine's hybrid). After the ring the inverse all-to-all brings
 the output back. Both directions are autograd functions whose backward is the other. Q, K
 and V go in one all-to-all (one message a peer holds the three pieces), and so do their
 gradients: one post, header and NCCL group where three had been. Every message carries the

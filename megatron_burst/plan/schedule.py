@@ -9,7 +9,8 @@ step on (``placement`` puts the rows other ranks need first), so a hop sends onl
 and a step nobody needs is not sent at all.
 
 Who holds which positions is ``placement``'s job. With Ulysses, a ring member holds the
-segments of all U ranks of its group; where the group is the whole ring, in position order.
+segments of all U ranks of its group, in position order (a zigzag group then holds two runs,
+not 2U chunks).
 
 Every mask is a *band* on key-minus-query position inside a document (``blocks``). A block
 is trimmed to the rows and columns with something visible, so a block is never partly
@@ -177,7 +178,7 @@ class RingSchedule:
     _shards: tuple[Shard, ...] = dataclasses.field(init=False, repr=False, compare=False)
     _split: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                      compare=False)
-    _runs: Runs | None = dataclasses.field(init=False, repr=False, compare=False)
+    _runs: tuple[Runs, ...] | None = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         u = self.ulysses
@@ -185,14 +186,14 @@ class RingSchedule:
             placed = mask_placement(self.layout, self.world, sum(self.doc_lens), self.mask)
         else:
             placed = placement(self.layout, self.world, self.doc_lens)
-        runs, role = None, MASK if isinstance(self.mask, SliceMask) else PLAIN
-        if u > 1 and u == self.world and not any(len(shard.docs) for shard in placed) \
+        groups = [placed[m * u:m * u + u] for m in range(self.world // u)]
+        role = MASK if isinstance(self.mask, SliceMask) else PLAIN
+        if u > 1 and not any(len(shard.docs) for shard in placed) \
                 and layout_named(self.layout, role).member_in_position_order:
-            member, runs = in_position_order(placed)
-            shards = (member,)
+            shards, runs = zip(*(in_position_order(group) for group in groups))
         else:
-            shards = tuple(concat(placed[m * u:m * u + u]) for m in range(self.world // u))
-        object.__setattr__(self, "_shards", shards)
+            shards, runs = tuple(concat(group) for group in groups), None
+        object.__setattr__(self, "_shards", tuple(shards))
         object.__setattr__(self, "_runs", runs)
 
     @staticmethod
@@ -205,17 +206,16 @@ class RingSchedule:
         return self.world // self.ulysses
 
     def shard(self, member: int) -> Shard:
-        """The member's rows: the shards of its U ranks one after the other, or, where the
-        Ulysses group is the whole ring, its ranks' rows in position order
-        (``member_runs``)."""
+        """The member's rows: with Ulysses, its U ranks' rows in position order
+        (``member_runs``), or, where documents are held whole or the layout's launches are
+        bound to each rank's rows, its ranks' shards one after the other."""
         return self._shards[member]
 
-    @property
-    def member_runs(self) -> Runs | None:
-        """Where a Ulysses group that is the whole ring takes its rows from, in position
-        order (``segments.in_position_order``: which rank of the group, its first row, how
-        many); None: the U ranks' shards one after the other."""
-        return self._runs
+    def member_runs(self, member: int) -> Runs | None:
+        """Where a Ulysses group's rows come from, in position order
+        (``segments.in_position_order``: which rank of the group, its first row, how many);
+        None: the U ranks' shards one after the other."""
+        return None if self._runs is None else self._runs[member]
 
     def segments(self, member: int) -> tuple[Segment, ...]:
         """Every segment of the member's rows, in row order (one object per document)."""

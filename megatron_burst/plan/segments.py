@@ -115,10 +115,10 @@ Runs = tuple[tuple[int, int, int], ...]  # (which shard, its first row, rows), i
 def in_position_order(shards: Sequence[Shard]) -> tuple[Shard, Runs]:
     """Shards' split segments as one shard's rows in position order (by document, then
     position), adjacent ones joined; and where each of its runs of rows comes from (which
-    shard, from which of its rows, how many). A Ulysses group that is the whole ring holds
-    every rank's zigzag chunks: in rank order a causal sequence over U ranks is 2U chunks
-    out of order (22 blocks a pass at U = 8, each a kernel call, with merges), in position
-    order one block, one kernel call. Only for shards without whole documents."""
+    shard, from which of its rows, how many). A Ulysses group holds its ranks' zigzag
+    chunks: in rank order 2U chunks out of order (22 blocks a pass at U = 8, each a kernel
+    call, with merges), in position order two runs (one block at U = 8; ``benchmarks/
+    results/cpu_ulysses_order``). Only for shards without whole documents."""
     pieces = sorted((seg.doc, seg.pos, i, seg.row, seg.length, seg.doc_len)
                     for i, shard in enumerate(shards) for seg in shard.split)
     segs: list[Segment] = []
