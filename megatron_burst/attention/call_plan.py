@@ -32,6 +32,7 @@ from ..plan.blocks import most_per_row
 from ..plan.packs import DocumentPack
 from ..plan.runs import gapped, held_tables, last_run_step
 from ..plan.schedule import Block, Mask, RingSchedule, last_spanned_step
+from ..plan.segments import Runs
 from ..plan.slices import SliceMask
 from .pair_calls import PairCalls, one_partial_wire, runs_of
 from .sharding import group_ranks
@@ -163,7 +164,7 @@ class CallPlan:
         upload_boundaries(self.calls, device)
 
     @property
-    def member_runs(self):
+    def member_runs(self) -> Runs | None:
         """Where this rank's Ulysses group's rows come from (``RingSchedule.member_runs``)."""
         return self.sched.member_runs(self.topo.index if self.topo is not None else 0)
 
