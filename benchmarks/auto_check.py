@@ -165,16 +165,24 @@ def pack_order(lens: list[int], seed: int, c: int) -> tuple[int, ...]:
     return tuple(lens if c == 0 else random.Random(seed * 1000 + c).sample(lens, len(lens)))
 
 
-def predicted_ms(top, prof, per_gpu: int, loads: list, max_intra_node_size: int) -> float:
+def predicted_ms(top, prof, per_gpu: int, loads: list, max_intra_node_size: int,
+                 host_ms: float | None = None) -> float:
     """A row's model time: a plain causal call's (``loads`` [None]), or the median over the
-    packs a documents cell ran (``predict_pack`` of each one's load)."""
+    packs a documents cell ran (``predict_pack`` of each one's load). ``host_ms``: the
+    row's own measured host time in place of the model's (``model_replay.py --row-host``:
+    what the model would give with its host term exact)."""
     from megatron_burst.decide.scheduled_time import predict_pack
-    from megatron_burst.decide.timing import predict
+    from megatron_burst.decide.timing import overlapped, predict
+
+    def total(p) -> float:
+        if host_ms is None:
+            return p.total_s
+        return overlapped(p.compute_s + p.exposed_comm_s + p.alltoall_s, host_ms * 1e-3)
 
     return statistics.median(
-        (predict(top, prof, tokens=per_gpu, causal=True,
-                 max_intra_node_size=max_intra_node_size) if load is None else
-         predict_pack(top, prof, load, max_intra_node_size=max_intra_node_size)).total_s * 1e3
+        total(predict(top, prof, tokens=per_gpu, causal=True,
+                      max_intra_node_size=max_intra_node_size) if load is None else
+              predict_pack(top, prof, load, max_intra_node_size=max_intra_node_size)) * 1e3
         for load in loads)
 
 

@@ -1,7 +1,7 @@
 """The time model of this tree replayed on recorded ``auto_check.py`` runs: each row's
 prediction again, from the profile that run measured, against the time it measured.
 
-    python benchmarks/model_replay.py RUN_FOLDER [TAG ...]
+    python benchmarks/model_replay.py RUN_FOLDER [TAG ...] [--row-host]
 
 RUN_FOLDER holds ``auto_check{TAG}.json`` and ``profile{TAG}.json`` pairs
 (``auto_check_three.sh``'s output; tags "", "_25gbps", "_50gbps" by default). A change to
@@ -9,7 +9,9 @@ the model is read here first, on runs already paid for, before a GPU run confirm
 link figures are the recorded profile's, so a change to how links are measured is not.
 Documents rows are predicted over the packs the run fed (``auto_check._Cell.order``). On a
 run made by the same model it gives back the recorded predictions exactly (all 96 rows of
-``results/h100x2_issue41_queued``, at commit ``c15f515``).
+``results/h100x2_issue41_queued``, at commit ``c15f515``). ``--row-host``: each row's own
+measured host time (``host_ms``, runs from commit ``5a31289`` on) in place of the model's
+host term, so what is left is the GPU term's error (rows without one are left out).
 """
 from __future__ import annotations
 
@@ -26,13 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto_check import _forced, doc_lens, pack_order, predicted_ms  # noqa: E402
 
 
-def replay(run: dict, prof: Profile) -> list[dict]:
-    """Every row of ``run`` with ``replayed_ms``: this tree's prediction for its topology."""
+def replay(run: dict, prof: Profile, row_host: bool = False) -> list[dict]:
+    """Every row of ``run`` with ``replayed_ms``: this tree's prediction for its topology
+    (``row_host``: with the row's own host time, ``auto_check.predicted_ms``)."""
     gpus_per_node = dict(prof.machine).get("gpus_per_node") or prof.gpus_per_node
     emulated = run["meta"].get("emulated")
     out = []
     for r in run["rows"]:
-        if "ms" not in r or "predicted_ms" not in r:
+        if "ms" not in r or "predicted_ms" not in r or (row_host and "host_ms" not in r):
             continue
         hq, hkv = (int(x) for x in r["heads"].split(":"))
         heads = HeadShape(hq, hkv, 128, 2)
@@ -52,18 +55,21 @@ def replay(run: dict, prof: Profile) -> list[dict]:
             runs = (run["rows"][0].get("packs") or {}).get("orders_run", 1)
             loads = [PackLoad.of_pack(pack_order(doc_lens(total), total + hq + hkv, c),
                                       "whole_docs") for c in range(runs)]
-        out.append({**r, "replayed_ms": predicted_ms(top, prof, r["per_gpu"], loads,
-                                                     1 if emulated else gpus_per_node)})
+        out.append({**r, "replayed_ms": predicted_ms(
+            top, prof, r["per_gpu"], loads, 1 if emulated else gpus_per_node,
+            r["host_ms"] if row_host else None)})
     return out
 
 
 def main() -> None:
-    folder = Path(sys.argv[1])
+    args = [a for a in sys.argv[1:] if a != "--row-host"]
+    row_host = "--row-host" in sys.argv
+    folder = Path(args[0])
     print(f"command: `python {' '.join(sys.argv)}` (package {Path(__file__).parents[1]})\n")
-    for tag in sys.argv[2:] or ["", "_25gbps", "_50gbps"]:
+    for tag in args[1:] or ["", "_25gbps", "_50gbps"]:
         run = json.loads((folder / f"auto_check{tag}.json").read_text())
         prof = Profile.from_json(json.loads((folder / f"profile{tag}.json").read_text()))
-        rows = replay(run, prof)
+        rows = replay(run, prof, row_host)
         print(f"## {folder.name}{tag or ' (machine)'}")
         print("| cell | method | measured ms | recorded model | replayed model |")
         print("|---|---|---|---|---|")

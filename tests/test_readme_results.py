@@ -398,6 +398,22 @@ def test_host_figures_are_the_runs_on_file():
     _says(f"{profile['call_overhead_us']:,.0f} us a call")
     gap = _load(f"{folder}host_gap.json")["auto_against_forced"]
     assert 0.3 <= gap["host_ms"]["auto"] - gap["host_ms"]["forced"] <= 0.57
+    # the root-sum-of-squares law with each row's own host time (model_replay --row-host)
+    import sys
+    sys.path.insert(0, str(RESULTS.parents[0]))
+    import model_replay
+    from megatron_burst.decide.timing import Profile
+
+    within = recorded = total = 0
+    for sub, tags in (("", ("", "_25gbps", "_50gbps")), ("first_run/", ("_25gbps", "_50gbps"))):
+        for tag in tags:
+            prof = Profile.from_json(_load(f"{folder}{sub}profile{tag}.json"))
+            rows = model_replay.replay(_load(f"{folder}{sub}auto_check{tag}.json"), prof, True)
+            within += sum(abs(r["ms"] / r["replayed_ms"] - 1) <= 0.15 for r in rows)
+            recorded += sum(abs(r["ms"] / r["predicted_ms"] - 1) <= 0.15 for r in rows)
+            total += len(rows)
+    _says(f"{within} of\n{total} rows of two runs within 15%, where the model of the day had "
+          f"{recorded}")
 
 
 def test_auto_figures_after_the_emulator_fix_are_the_runs_on_file():

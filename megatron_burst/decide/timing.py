@@ -44,12 +44,11 @@ PROFILES_DIR = Path(__file__).parents[1] / "profiles"  # megatron_burst/profiles
 FWD_BWD_PASSES = 3.5
 # A document pack's call costs the host this many times a plain call's tiny-call figure: it
 # plans the pack's blocks and hops and checks its boundaries, and its kernels meet new
-# shapes. Fitted with ``overlapped`` on the recorded 2x H100 runs (``results/
-# h100x2_issue41_host``, ``_queued``, ``_new_packs/d_4d2299b``, ``c_6eb3af6``; forced rows
-# within 15%: 225 of 240 with Ulysses' host 1.5x the ring's, against 210 with a pack's host
-# added to its GPU time and a plain call's the larger of the two). The 8K rows' own host
-# times run 1.0-1.7x the tiny call first use times (``results/h100x2_issue41_host``), so a
-# fixed factor is an approximation; a pack call's own host time is the figure to measure.
+# shapes. Fitted by hand with ``overlapped`` on the 2x H100 runs on file (``results/
+# h100x2_issue41_host``, ``_queued``, ``_new_packs``). There a pack's own host time ran
+# 1.0-1.7x the tiny call first use times, from one machine session to the next, so a fixed
+# factor is an approximation (neutral on replay of the older runs: ``results/
+# h100x2_issue41_host/replay_*.md``); a pack call's own host time is the figure to measure.
 PACK_HOST = 1.7
 
 
@@ -213,9 +212,10 @@ def overlapped(gpu_s: float, host_s: float) -> float:
     """A call's seconds from its GPU's and its host's: the host launches ahead of the GPU,
     but not always far enough (a hop or an all-to-all is posted only when the host gets
     there; an idle GPU waits for the first launch), so the call takes more than the larger
-    of the two and less than their sum: their root sum of squares, an empirical law that
-    fits the recorded runs (``PACK_HOST``); with each row's own measured host time it put
-    116 of 120 rows of two runs within 15% (``results/h100x2_issue41_host``)."""
+    of the two and less than their sum: their root sum of squares, an empirical law. With
+    each row's own measured host time in place of the model's, 153 of 160 rows of two runs
+    come within 15%, where the model of the day had 125 (``benchmarks/model_replay.py
+    --row-host``, ``results/h100x2_issue41_host/replay_row_host.md``)."""
     return math.hypot(gpu_s, host_s)
 
 
