@@ -148,7 +148,7 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
                                             repeat, group, kv_heads=k.shape[2],
                                             settle_s=0.0 if cpu else SETTLE_S)
     memory = measure.measure_memory(2**22 if cpu else 2**28, device, repeat, group)
-    step_us, call_us, ulysses_us = host_costs(group, world, device, q.dtype, repeat, attend)
+    host = host_fields(group, world, device, q.dtype, repeat, attend)
     base = load_profile(DEFAULT_PROFILE)
     copied = [w for w, link in (("intra-node link", intra), ("inter-node link", inter),
                                 ("all-to-all", a2a)) if link is None]
@@ -159,9 +159,7 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
     prof = Profile(name=f"measured-{key.gpu.replace(' ', '-')}", intra=intra or base.intra,
                    inter=inter or base.inter, alltoall=a2a or base.alltoall, dense=dense,
                    varlen=varlen, memory_gbps=measure.significant(memory),
-                   step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
-                   gpus_per_node=per or world, source=source,
-                   ulysses_call_overhead_us=None if ulysses_us is None else round(ulysses_us, 1))
+                   gpus_per_node=per or world, source=source, **host)
     nodes = current().emulate
     if nodes is not None and not emulator.active():  # set, but nothing slows the links
         prof = machine.with_emulated_links(prof, nodes, real=inter or prof.intra)
@@ -214,11 +212,11 @@ def _sizes(nbytes: list[int], cap: int) -> list[int]:
     return sorted(set(sizes) | {max(4096, sizes[0] // 16)}) if sizes else []
 
 
-def host_costs(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
-               attend) -> tuple[float, float, float | None]:
-    """(per ring step, per call, per Ulysses call) host microseconds, from tiny calls on the
-    group: a flat ring (one call, 2 x world steps) and Ulysses over the whole group (one
-    call, 2 steps; None on one rank). ``tune`` measures with it too."""
+def host_fields(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
+                attend) -> dict:
+    """The profile's host fields (microseconds a ring step, a call and a Ulysses call), from
+    tiny calls on the group: a flat ring (one call, 2 x world steps) and Ulysses over the
+    whole group (one call, 2 steps; None on one rank). ``tune`` measures with it too."""
     q = torch.randn(1, 64, world, 16 if device.type == "cpu" else 64, device=device,
                     dtype=dtype, requires_grad=True)
 
@@ -228,8 +226,10 @@ def host_costs(group, world: int, device: torch.device, dtype: torch.dtype, repe
 
     repeat = max(repeat, HOST_REPEAT)  # tiny calls: cheap, and their times are noisy
     ring = measure.host_samples(call(), device, repeat, group)
-    if world == 1:
-        return 0.0, statistics.median(ring) * 1e6, None
-    ulysses = measure.host_samples(call(ulysses_size=world), device, repeat, group)
-    step, per_call = measure.step_and_call(ring, ulysses, 2 * world - 2)
-    return step * 1e6, per_call * 1e6, statistics.median(ulysses) * 1e6
+    step, per_call, per_ulysses = 0.0, statistics.median(ring), None
+    if world > 1:
+        ulysses = measure.host_samples(call(ulysses_size=world), device, repeat, group)
+        step, per_call = measure.step_and_call(ring, ulysses, 2 * world - 2)
+        per_ulysses = round(statistics.median(ulysses) * 1e6, 1)
+    return dict(step_overhead_us=round(step * 1e6, 1), call_overhead_us=round(per_call * 1e6, 1),
+                ulysses_call_overhead_us=per_ulysses)

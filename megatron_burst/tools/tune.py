@@ -64,15 +64,14 @@ def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device
             _link(a2a) if world > 1 else None)
 
 
-def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int
-                      ) -> tuple[float, float, float | None]:
-    """(per ring step, per call, per Ulysses call) host microseconds, as first use measures
-    them (``first_use.host_costs``: tiny calls over the whole group, timed until they
-    return), so a tuned profile and a measured one price the host alike."""
+def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int) -> dict:
+    """The profile's host fields (microseconds a ring step, a call and a Ulysses call), as
+    first use measures them (``first_use.host_fields``: tiny calls over the whole group,
+    timed until they return), so a tuned profile and a measured one price the host alike."""
     import megatron_burst as mb
 
-    return first_use.host_costs(None, dist.get_world_size(), device, dtype, repeat,
-                                mb.burst_attn)
+    return first_use.host_fields(None, dist.get_world_size(), device, dtype, repeat,
+                                 mb.burst_attn)
 
 
 def measure(*, gpus_per_node: int | None = None, quick: bool = False,
@@ -95,7 +94,7 @@ def measure(*, gpus_per_node: int | None = None, quick: bool = False,
     intra, inter, a2a = measure_links(sizes, gpus_per_node, device, repeat)
     dense, varlen = measure_kernels(tokens, heads, head_dim, device, dtype, repeat)
     memory = measure_memory(2**24 if cpu else 2**30, device, repeat)
-    step_us, call_us, ulysses_us = measure_overheads(device, dtype, repeat)
+    host = measure_overheads(device, dtype, repeat)
     base_profile = load_profile(base)
     name = f"tuned-{'cpu' if cpu else torch.cuda.get_device_name(device).replace(' ', '-')}"
     source = (f"measured by megatron-burst tune on {world} rank(s), {gpus_per_node} per node, "
@@ -112,9 +111,7 @@ def measure(*, gpus_per_node: int | None = None, quick: bool = False,
                               gpus_per_node=gpus_per_node)
     profile = Profile(name=name, intra=intra, inter=inter, alltoall=a2a, dense=dense,
                       varlen=varlen, memory_gbps=measuring.significant(memory),
-                      step_overhead_us=round(step_us, 1), call_overhead_us=round(call_us, 1),
-                      ulysses_call_overhead_us=None if ulysses_us is None
-                      else round(ulysses_us, 1), gpus_per_node=gpus_per_node, source=source,
+                      gpus_per_node=gpus_per_node, source=source, **host,
                       machine=tuple(sorted(key.fields().items())),
                       measured=time.strftime("%Y-%m-%d %H:%M:%S"))
     raw = dict(world=world, gpus_per_node=gpus_per_node, device=str(device), sizes=sizes,
