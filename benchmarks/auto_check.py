@@ -65,7 +65,12 @@ def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, dict]:
     wall time. Interleaving puts every method under the same clock: a GPU's clock falls as
     a run heats it (5-12% on H100, ``sustained_rate.py``), which timing the methods one
     after another charged to the later ones. The rounds are a whole number of turns, so
-    every method starts a round (runs a pack first) equally often."""
+    every method starts a round (runs a pack first) equally often. Each timed call follows
+    an untimed one of its own method (``_Method.settle``), as in training, where one method
+    runs call after call: the rotation kept each method behind the same other, and auto,
+    always behind Ulysses, ran its topology 3-5% slower than the same topology forced (8K
+    packs, per round, 2x H100), where with no Ulysses row between them 1.5%
+    (``auto_gap.py``; both in ``results/h100x2_issue41_settled``)."""
     times: dict[str, list[float]] = {name: [] for name in methods}
     host: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
@@ -76,6 +81,7 @@ def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, dict]:
         # 7-11% slower than the same topology forced at 8K/GPU with documents).
         for name in names[i % len(names):] + names[:i % len(names)]:
             method = methods[name]
+            method.settle()
             method.stage()
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -198,6 +204,12 @@ class _Method:
         if c is None:
             c, self.calls = self.calls, self.calls + 1
         self._staged = self.cell.inputs(c)
+
+    def settle(self) -> None:
+        """One untimed call on its last pack again (the first's before any call): what ran
+        before its timed call is then this method, as in training."""
+        self.stage(max(self.calls - 1, 0))
+        self()
 
     def __call__(self) -> None:
         import megatron_burst as mb
