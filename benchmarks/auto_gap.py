@@ -139,7 +139,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     os.environ.setdefault("MEGATRON_BURST_PROFILE_CACHE", os.path.join(args.out, "cache"))
     cuda = torch.cuda.is_available()
-    rank, world = start_ranks("nccl" if cuda else "gloo")
+    rank, world = start_ranks() if cuda else start_ranks("gloo")
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     mine = run(world, device, args.rounds, args.per_gpu)
     ranks: list = [None] * world

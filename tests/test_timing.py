@@ -259,11 +259,12 @@ def test_a_measured_kernel_is_read_between_its_points_and_never_beyond_them():
 
 def test_a_call_s_host_and_gpu_overlap_as_their_root_sum_of_squares():
     """A call takes more than the larger of its host and GPU times and less than their sum:
-    their root sum of squares (``timing.overlapped``); a pack's host is ``PACK_HOST`` times
-    a plain call's; a training step's share (``serial_s``) is the sum."""
+    their root sum of squares (``host_time.overlapped``); a pack's host, where the profile
+    has no pack figures, is ``PACK_HOST`` times a plain call's; a training step's share
+    (``serial_s``) is the sum."""
+    from megatron_burst.decide.host_time import PACK_HOST
     from megatron_burst.decide.pack_load import PackLoad
     from megatron_burst.decide.scheduled_time import predict_pack
-    from megatron_burst.decide.timing import PACK_HOST
 
     slow_host = dataclasses.replace(FAST, call_overhead_us=50_000.0)
     top = CPTopology.build(2, ulysses=1, backward="ring", heads=HeadShape(32, 8, 128, 2))
@@ -310,6 +311,40 @@ def test_ulysses_calls_cost_the_host_what_first_use_measured_for_them():
         assert Profile.from_json(old).ulysses_call_overhead_us is None
     with pytest.raises(ValueError, match="ulysses_call_overhead_us"):
         Profile.from_json({**raw, "ulysses_call_overhead_us": -1.0})
+
+
+PACK_FIGURES = dict(pack_call_overhead_us=3000.0, pack_doc_overhead_us=50.0,
+                    ulysses_pack_call_overhead_us=4000.0, ulysses_pack_doc_overhead_us=150.0)
+
+
+@pytest.mark.parametrize("ulysses, fixed, per_doc", [(1, 3000.0, 50.0), (2, 4000.0, 150.0)])
+def test_a_new_pack_costs_the_host_what_first_use_measured_for_its_documents(
+        ulysses, fixed, per_doc):
+    """A pack's host cost is the profile's measured fixed cost and one per document (the
+    flat ring's, or Ulysses' where the topology splits heads); a profile without them (the
+    shipped ones) keeps ``PACK_HOST`` times a plain call's. The figures load from a file,
+    null or missing as not measured, and a negative one is refused by name."""
+    from megatron_burst.decide.host_time import PACK_HOST
+    from megatron_burst.decide.pack_load import PackLoad
+    from megatron_burst.decide.scheduled_time import predict_pack
+
+    top = CPTopology.build(2, ulysses=ulysses, backward="ring", heads=HeadShape(32, 8, 128, 2))
+    measured = dataclasses.replace(FAST, call_overhead_us=2000.0, **PACK_FIGURES)
+    for lens in ((8192, 4096, 4096), (1024,) * 16):
+        load = PackLoad.of_pack(lens, "whole_docs")
+        assert predict_pack(top, measured, load).host_s == pytest.approx(
+            (fixed + len(lens) * per_doc) * 1e-6)
+        shipped = dataclasses.replace(FAST, step_overhead_us=0.0)  # no pack figures
+        assert predict_pack(top, shipped, load).host_s == pytest.approx(
+            PACK_HOST * predict(top, shipped, tokens=8192).host_s)
+    raw = measured.to_json()
+    assert Profile.from_json(raw) == measured
+    for name in PACK_FIGURES:
+        assert getattr(Profile.from_json({**raw, name: None}), name) is None
+        assert getattr(Profile.from_json({k: v for k, v in raw.items() if k != name}),
+                       name) is None
+        with pytest.raises(ValueError, match=name):
+            Profile.from_json({**raw, name: -1.0})
 
 
 def _kernel_points(rank: int, world: int) -> tuple:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import random
 import statistics
 import time
 
@@ -41,6 +42,10 @@ logger = logging.getLogger(__name__)
 SETTLE_S = 1.0
 # Timed runs of each tiny call the host's cost is read from (``measure.step_and_call``).
 HOST_REPEAT = 5
+# Documents in the tiny packs a new pack's host cost is timed at (``pack_fields``): it grows
+# with them (a pack's plan, its kernel calls), so two counts give a fixed cost and one per
+# document.
+PACK_DOCS = (2, 16)
 _KNOWN: dict[tuple, Profile] = {}  # (group name, MachineKey) -> this machine's profile
 _SAID: set = set()  # what was logged once per process
 
@@ -214,17 +219,17 @@ def _sizes(nbytes: list[int], cap: int) -> list[int]:
 
 def host_fields(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
                 attend) -> dict:
-    """The profile's host fields (microseconds a ring step, a call and a Ulysses call), from
-    tiny calls on the group: a flat ring (one call, 2 x world steps) and Ulysses over the
-    whole group (one call, 2 steps; None on one rank). ``tune`` measures with it too."""
-    q = torch.randn(1, 64, world, 16 if device.type == "cpu" else 64, device=device,
-                    dtype=dtype, requires_grad=True)
+    """The profile's host fields (microseconds a ring step, a call and a Ulysses call; a new
+    pack's, ``pack_fields``), from tiny calls on the group: a flat ring (one call, 2 x world
+    steps) and Ulysses over the whole group (one call, 2 steps; None on one rank). ``tune``
+    measures with it too."""
+    q = _tiny(world, device, dtype)
+    repeat = max(repeat, HOST_REPEAT)  # tiny calls: cheap, and their times are noisy
 
     def call(**kw):
         return lambda: attend(q, q, q, group, causal=True, backward="ring", **kw).sum(
         ).backward()
 
-    repeat = max(repeat, HOST_REPEAT)  # tiny calls: cheap, and their times are noisy
     ring = measure.host_samples(call(), device, repeat, group)
     step, per_call, per_ulysses = 0.0, statistics.median(ring), None
     if world > 1:
@@ -232,4 +237,44 @@ def host_fields(group, world: int, device: torch.device, dtype: torch.dtype, rep
         step, per_call = measure.step_and_call(ring, ulysses, 2 * world - 2)
         per_ulysses = round(statistics.median(ulysses) * 1e6, 1)
     return dict(step_overhead_us=round(step * 1e6, 1), call_overhead_us=round(per_call * 1e6, 1),
-                ulysses_call_overhead_us=per_ulysses)
+                ulysses_call_overhead_us=per_ulysses,
+                **pack_fields(group, world, q, repeat, attend))
+
+
+def _tiny(world: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A tiny call's q (k and v alike): 64 tokens a rank, one head a rank for Ulysses."""
+    return torch.randn(1, 64, world, 16 if device.type == "cpu" else 64, device=device,
+                       dtype=dtype, requires_grad=True)
+
+
+def pack_fields(group, world: int, q: torch.Tensor, repeat: int, attend) -> dict:
+    """The profile's host figures for a new document pack (``host_time.pack_seconds``):
+    tiny ``whole_docs`` calls, each on a new pack of ``PACK_DOCS`` documents (the same on
+    every rank), until they return; a fixed cost and one per document from the two counts,
+    for the flat ring and for Ulysses over the group (None on one rank)."""
+    fields: dict = {}
+    for prefix, kw in (("", {}), ("ulysses_", dict(ulysses_size=world))):
+        per_doc = fixed = None
+        if world > 1 or not prefix:
+            few, many = (statistics.median(measure.host_samples(
+                _new_packs(q, group, docs, attend, kw), q.device, repeat, group))
+                for docs in PACK_DOCS)
+            per_doc = max(0.0, (many - few) / (PACK_DOCS[1] - PACK_DOCS[0]))
+            fixed = round(max(0.0, few - PACK_DOCS[0] * per_doc) * 1e6, 1)
+            per_doc = round(per_doc * 1e6, 2)
+        fields.update({f"{prefix}pack_call_overhead_us": fixed,
+                       f"{prefix}pack_doc_overhead_us": per_doc})
+    return fields
+
+
+def _new_packs(q: torch.Tensor, group, docs: int, attend, kw: dict):
+    """A tiny whole_docs call (fwd+bwd) on a new pack of ``docs`` documents every run, the
+    same packs on every rank (a pack repeated is planned once: not what training pays)."""
+    total, draw = q.shape[1] * dist.get_world_size(group), random.Random(docs)
+
+    def run() -> None:
+        cuts = sorted(draw.sample(range(1, total), docs - 1))
+        cu = torch.tensor([0, *cuts, total], dtype=torch.int32)
+        attend(q, q, q, group, causal=True, backward="ring", layout="whole_docs",
+               cu_seqlens=cu, **kw).sum().backward()
+    return run

@@ -80,10 +80,14 @@ _KERNEL_FIELDS = {"peak_tflops": _ABOVE_ZERO, "half_tokens": _AT_LEAST_ZERO}
 _TOP_FIELDS = {"memory_gbps": _ABOVE_ZERO, "step_overhead_us": _AT_LEAST_ZERO,
                "call_overhead_us": _AT_LEAST_ZERO, "gpus_per_node": _ABOVE_ZERO,
                "ulysses_call_overhead_us": _AT_LEAST_ZERO}
-# Profile's defaults stand in for these where missing (gpus_per_node 8; Ulysses' call cost:
-# None, the call overhead's, also where written as null)
-_OPTIONAL = {"gpus_per_node", "ulysses_call_overhead_us"}
-_NULLABLE = {"ulysses_call_overhead_us"}
+# The host's measured figures beyond a plain call's: None where not measured (missing or
+# written as null), the model's stand-ins then (``host_time``).
+_HOST_MEASURED = ("ulysses_call_overhead_us", "pack_call_overhead_us", "pack_doc_overhead_us",
+                  "ulysses_pack_call_overhead_us", "ulysses_pack_doc_overhead_us")
+_TOP_FIELDS.update((name, _AT_LEAST_ZERO) for name in _HOST_MEASURED)
+# Profile's defaults stand in for these where missing (gpus_per_node 8)
+_OPTIONAL = {"gpus_per_node", *_HOST_MEASURED}
+_NULLABLE = set(_HOST_MEASURED)
 
 
 def _check_number(value: Any, rule: str, where: str) -> None:

@@ -27,9 +27,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import cost
+from .host_time import host_seconds, overlapped
 from .topology import CPTopology, accumulator_wire_bytes
 from .timing import (FWD_BWD_PASSES, Prediction, Profile, alltoall_seconds, attention_flops,
-                     elementwise_seconds, host_seconds, overlapped, predict)
+                     elementwise_seconds, predict)
 
 if TYPE_CHECKING:
     from ..plan.schedule import RingSchedule
@@ -54,7 +55,7 @@ def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
     """Seconds of one call on a document pack or under a mask (``pack_load``): the schedule
     its layout places. A pack's blocks run at the varlen kernel's rate for its documents (a
     causal document of n tokens is the measured point n: its rows see n/2 keys on average),
-    and its host plans it (``timing.host_seconds``); a sequence under a mask runs, as
+    and its host plans it (``host_time.host_seconds``); a sequence under a mask runs, as
     ``predict_scheduled`` prices a window, at the dense kernel's rate for the keys its rows
     see; a mask that is one plain causal or full sequence as that call (``PackLoad.plain``).
     """
@@ -68,24 +69,26 @@ def predict_pack(topology: CPTopology, prof: Profile, pack: PackLoad,
                             topology.ulysses)
     if not pack.documents:
         return _predict(topology, prof, sched, pack.batch, tokens, max_intra_node_size,
-                        lambda pairs, rows: prof.dense.tflops(pairs / rows), pack=False)
+                        lambda pairs, rows: prof.dense.tflops(pairs / rows), docs=None)
     per_row = 2 if pack.causal else 1
     return _predict(topology, prof, sched, 1, tokens, max_intra_node_size,
-                    lambda pairs, rows: prof.varlen.tflops(per_row * pairs / rows))
+                    lambda pairs, rows: prof.varlen.tflops(per_row * pairs / rows),
+                    docs=len(pack.lens))
 
 
 def _predict(topology: CPTopology, prof: Profile, sched: "RingSchedule", batch: int,
              tokens: int, max_intra_node_size: int | None, rate,
-             pack: bool = True) -> Prediction:
+             docs: int | None) -> Prediction:
     """The prediction from a schedule; ``rate(pairs, rows)``: TFLOP/s of a step's blocks;
-    ``pack``: a document pack, which the host plans at every call (``host_seconds``)."""
+    ``docs``: a document pack's documents, which the host plans at every call
+    (``host_seconds``; None: no pack)."""
     max_intra_node_size = max_intra_node_size or topology.cp
     forward = _pass(topology, prof, sched, batch, max_intra_node_size, rate, backward=False)
     backward = _pass(topology, prof, sched, batch, max_intra_node_size, rate, backward=True)
     compute = forward[0] + backward[0]
     exposed = forward[1] + backward[1]
     steps = forward[2] + backward[2]
-    host = host_seconds(topology, prof, steps, pack=pack)
+    host = host_seconds(topology, prof, steps, docs=docs)
     a2a, elementwise = (alltoall_seconds(topology, prof, tokens, max_intra_node_size),
                         elementwise_seconds(topology, prof, tokens))
     gpu = compute + elementwise + exposed + a2a

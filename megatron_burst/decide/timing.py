@@ -14,7 +14,7 @@ on the kernel. A ``Profile`` holds what ``megatron-burst tune`` measures on a cl
 
 ``predict`` turns (CPTopology, tokens per rank, mask) into seconds per attention call, fwd+bwd,
 step by step: a step costs the larger of its compute and its hop; the host's work and the
-GPU's overlap, imperfectly (``overlapped``), a pack's host doing more (``host_seconds``).
+GPU's overlap, imperfectly, and a pack's host does more (``host_time``).
 Its FLOPs count QK^T at Q/K's head dim and PV at V's (MLA: 192 and 128), its bytes each
 tensor at its own dim (``cost``); attention sinks add no byte and one logit per row.
 Every step of a causal or full layer does the same work (a document pack: ``pack_load``);
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import cost
+from .host_time import host_seconds, overlapped
 from .rates import Kernel, Link, check_profile_numbers, with_points
 from .topology import CPTopology, HeadShape, TopologyError, heads_split
 from ..comm.settings import PROFILE_ENV, current  # noqa: F401  (PROFILE_ENV: named here too)
@@ -42,14 +43,6 @@ PROFILES_DIR = Path(__file__).parents[1] / "profiles"  # megatron_burst/profiles
 # A fwd+bwd attention call as forward passes: the forward, and a backward of 2.5 (it
 # recomputes the scores and computes three products).
 FWD_BWD_PASSES = 3.5
-# A document pack's call costs the host this many times a plain call's tiny-call figure: it
-# plans the pack's blocks and hops and checks its boundaries, and its kernels meet new
-# shapes. Fitted by hand with ``overlapped`` on the 2x H100 runs on file (``results/
-# h100x2_issue41_host``, ``_queued``, ``_new_packs``). There a pack's own host time ran
-# 1.0-1.7x the tiny call first use times, from one machine session to the next, so a fixed
-# factor is an approximation (neutral on replay of the older runs: ``results/
-# h100x2_issue41_host/replay_*.md``); a pack call's own host time is the figure to measure.
-PACK_HOST = 1.7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +63,14 @@ class Profile:
     # ring's; None: not measured, ``call_overhead_us`` stands in). Its two all-to-alls and
     # their copies cost the host 1.5-2x a ring call (``benchmarks/host_kinds.py``).
     ulysses_call_overhead_us: float | None = None
+    # A new document pack's call, until it returns: a fixed cost and one per document, of the
+    # flat ring and of Ulysses over the group (first use times tiny packs of 2 and 16
+    # documents, ``first_use.pack_fields``; None: not measured, ``host_time.PACK_HOST`` times
+    # a plain call's).
+    pack_call_overhead_us: float | None = None
+    pack_doc_overhead_us: float | None = None
+    ulysses_pack_call_overhead_us: float | None = None
+    ulysses_pack_doc_overhead_us: float | None = None
     source: str = ""  # how the numbers were obtained (measured where, or from which figures)
     # What it was measured on (``machine.MachineKey``'s fields, sorted pairs; empty: not
     # recorded, so never picked for a machine by itself) and when (ISO date and time).
@@ -194,29 +195,6 @@ def predict(topology: CPTopology, prof: Profile, *, tokens: int, causal: bool = 
         elementwise_seconds(topology, prof, tokens)
     total = overlapped(compute + elementwise + exposed + a2a, host)
     return Prediction(topology, total, compute + elementwise, exposed, a2a, host)
-
-
-def host_seconds(topology: CPTopology, prof: Profile, steps: int, pack: bool = False
-                 ) -> float:
-    """The host's seconds for one call of ``steps`` ring steps (forward and backward): its
-    fixed cost (Ulysses' where the topology splits heads and the profile measured it), a
-    cost per step, and for a document pack ``PACK_HOST`` times that."""
-    per_call = prof.call_overhead_us
-    if topology.ulysses > 1 and prof.ulysses_call_overhead_us is not None:
-        per_call = prof.ulysses_call_overhead_us
-    host = (per_call + steps * prof.step_overhead_us) * 1e-6
-    return host * PACK_HOST if pack else host
-
-
-def overlapped(gpu_s: float, host_s: float) -> float:
-    """A call's seconds from its GPU's and its host's: the host launches ahead of the GPU,
-    but not always far enough (a hop or an all-to-all is posted only when the host gets
-    there; an idle GPU waits for the first launch), so the call takes more than the larger
-    of the two and less than their sum: their root sum of squares, an empirical law. With
-    each row's own measured host time in place of the model's, 153 of 160 rows of two runs
-    come within 15%, where the model of the day had 125 (``benchmarks/model_replay.py
-    --row-host``, ``results/h100x2_issue41_host/replay_row_host.md``)."""
-    return math.hypot(gpu_s, host_s)
 
 
 def attention_flops(pairs: float, hq: int, head_dim: int, v_head_dim: int | None = None, *,
