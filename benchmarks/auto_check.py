@@ -300,6 +300,8 @@ def _check_json(check) -> dict:
                 measured_ms=check.measured_s * 1e3, kept=check.kept.describe(),
                 runner_up=check.runner_up.describe() if check.runner_up else None,
                 runner_up_ms=None if check.runner_up_s is None else check.runner_up_s * 1e3,
+                chosen_again_ms=None if check.chosen_again_s is None
+                else check.chosen_again_s * 1e3,
                 sibling=None if check.sibling is None else check.sibling[0].describe(),
                 sibling_ms=None if check.sibling is None else check.sibling[1] * 1e3)
 

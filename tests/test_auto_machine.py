@@ -304,8 +304,9 @@ def test_a_mispredicted_choice_is_corrected_on_every_rank(tmp_path):
         (chosen, kept, runner, sibling), = checks
         # each once, the runner-up after the choice; then the choice's topology with the
         # other backward mode where the model ranked it below the runner-up (``sibling_of``:
-        # it depends on the profile this CPU measured, so either may happen)
-        assert timed == [chosen, runner] + ([sibling] if sibling else [])
+        # it depends on the profile this CPU measured, so either may happen); then the
+        # choice again, warm, to compare with them
+        assert timed == [chosen, runner] + ([sibling] if sibling else []) + [chosen]
         assert kept == runner != chosen
         assert {t for t, _ in decided} == {runner}  # both layers run the runner-up
     assert results[0][1] == results[1][1]
@@ -341,7 +342,7 @@ def _near_tie(rank, world, gap):
     return timed, found.kept.backward
 
 
-@pytest.mark.parametrize("gap, timed, kept", [(0.05, ["burst", "ring"], "ring"),
+@pytest.mark.parametrize("gap, timed, kept", [(0.05, ["burst", "ring", "burst"], "ring"),
                                               (0.5, ["burst"], "burst")])
 def test_a_near_tie_is_settled_by_timing_both(gap, timed, kept):
     """The model cannot rank two predictions closer than its stated error (15%): then the
@@ -464,8 +465,9 @@ def _sibling(rank, world, off, ring_predicted=1.5):
 
 
 @pytest.mark.parametrize("off, ring_predicted, timed, kept", [
-    (0.3, 1.5, ["burst", "ulysses", "ring"], "ring"),  # off: the runner-up and the other mode
-    (0.05, 1.25, ["burst", "ring"], "ring"),  # the other mode within twice the model's error
+    # off: the runner-up and the other mode, then the choice again (warm) beside them
+    (0.3, 1.5, ["burst", "ulysses", "ring", "burst"], "ring"),
+    (0.05, 1.25, ["burst", "ring", "burst"], "ring"),  # the other mode within twice the error
     (0.05, 1.5, ["burst"], "burst")])  # as predicted, a clear lead: nothing else is timed
 def test_a_choice_also_times_its_other_backward_where_the_model_is_unsure(
         off, ring_predicted, timed, kept):
