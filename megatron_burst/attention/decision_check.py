@@ -68,7 +68,7 @@ class Check:
     sibling: tuple[CPTopology, float] | None = None
     # The choice timed again after the others, which it is compared with: timed first, its
     # runs met the process's first packs of the shape, and on 2x H100 at 8K tokens a GPU its
-    # first time ran 8-24% above its 16 rounds' median where the others' ran 4-8% above
+    # first time ran 8-24% above its 16 rounds' median where the others' ran 4-7% above
     # (``results/h100x2_issue41_settled``).
     chosen_again_s: float | None = None
 
