@@ -5,6 +5,7 @@ the same (the launch layer's figures: tests/launch/test_launch_readme_numbers.py
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -1387,3 +1388,60 @@ def test_queued_link_figures_are_the_runs_on_file():
     first = [re.search(r"in ([0-9.]+) s at first use", (RESULTS / folder / f"auto_check{t}_log.txt")
                        .read_text()).group(1) for t in ("", "_25gbps", "_50gbps")]
     _says(f"First use {first[0]}, {first[1]} and {first[2]} s.")
+
+
+def _paired_over_same(run: dict) -> dict:
+    """(tokens, heads, mask) -> auto's per-round time over its topology forced, the median."""
+    cells: dict = {}
+    for r in run["rows"]:
+        cells.setdefault((r["per_gpu"], r["heads"], r["mask"]), []).append(r)
+    out = {}
+    for key, rows in cells.items():
+        auto = next(r for r in rows if r["method"] == "auto")
+        same = next(r for r in rows if r["method"] != "auto"
+                    and r.get("topology") == auto["topology"])
+        out[key] = statistics.median(a / b for a, b in zip(auto["rounds_ms"], same["rounds_ms"]))
+    return out
+
+
+def test_settled_check_figures_are_the_runs_on_file():
+    folder = "h100x2_issue41_settled/"
+    tags = ("", "_25gbps", "_50gbps")
+    runs = [_load(f"{folder}auto_check{t}.json") for t in tags]
+    before = [_load(f"{folder}before_margin/auto_check{t}.json")["meta"] for t in tags]
+    worst = [f"{r['meta']['worst_auto_over_best']:.2f}" for r in runs]
+    _says(f"Auto within {worst[0]}, {worst[1]} and {worst[2]} of the best forced topology")
+    was = [f"{m['worst_auto_over_best']:.2f}" for m in before]
+    _says(f"{was[0]}, {was[1]} and {was[2]} in the run before these changes")
+    within = [r["meta"]["rows_model_within_15pct"].split(" of ")[0] for r in runs]
+    _says(f"within 15% in {within[0]}, {within[1]} and {within[2]} of 32 rows")
+    seconds = _first_use_seconds([r["meta"] for r in runs])
+    _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
+    misses = [r["measured_over_predicted"] for run in runs for r in run["rows"]
+              if abs(r.get("measured_over_predicted", 1) - 1) > 0.15]
+    assert all(r["method"].startswith("ulysses") and r["mask"] == "documents"
+               and r["per_gpu"] == 8192 for run in runs for r in run["rows"]
+               if abs(r.get("measured_over_predicted", 1) - 1) > 0.15)
+    _says(f"Ulysses with documents at 8K ({_span(misses)})")
+    docs = [v for run in runs for (n, _, mask), v in _paired_over_same(run).items()
+            if n == 8192 and mask == "documents"]
+    _says(f"runs {(min(docs) - 1) * 100:.1f}-{(max(docs) - 1) * 100:.1f}% slower than its")
+    profiles = [_load(f"{folder}profile{t}.json") for t in tags]
+    ratios = [p["pack_call_overhead_us"] / p["call_overhead_us"] for p in profiles]
+    _says(f"it came out {_span(ratios, '{:.1f}')} times a tiny plain call's, with no cost per "
+          f"document")
+    assert all(p["pack_doc_overhead_us"] == 0 for p in profiles)
+
+
+def test_ulysses_order_figures_are_the_runs_on_file():
+    folder = "h100x2_ulysses_order/"
+    ms = {}
+    for which in ("before", "after"):
+        for r in _load(f"{folder}{which}/attention.json")["rows"]:
+            ms[which, r["per_gpu"], r["heads"], r["method"][:10]] = r["total_ms"]
+    for n, heads, said in ((8192, "32:32", "2 at 8K tokens a GPU went "), (8192, "32:8", ""),
+                           (32768, "32:32", "at 32K\n"), (32768, "32:8", "and ")):
+        before, after = ms["before", n, heads, "burst usp "], ms["after", n, heads, "burst usp "]
+        _says(f"{said}{before:.2f} -> {after:.2f}".strip())
+    _says(f"The flat ring ({ms['after', 8192, '32:32', 'burst (rin']:.2f} and "
+          f"{ms['after', 8192, '32:8', 'burst (rin']:.2f} ms at 8K)")
