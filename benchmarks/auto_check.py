@@ -21,6 +21,7 @@ every check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -55,7 +56,8 @@ def _warm(method, warmup: int) -> None:
         method()
 
 
-def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, dict]:
+def _interleaved_ms(methods: dict, iters: int, device, trace: str | None = None
+                    ) -> dict[str, dict]:
     """Each method's call (fwd+bwd) timed in rounds: one call of each method per round,
     each round starting one method later, its inputs staged before the clock starts, every
     rank starting each call together. Per method (rank 0's, as auto reads its timings):
@@ -75,6 +77,32 @@ def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, dict]:
     host: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
     rounds = -(-iters // len(names)) * len(names)
+    with _traced(trace, device):
+        _rounds(methods, names, rounds, device, times, host)
+    box = [{name: dict(ms=statistics.median(t), host_ms=statistics.median(host[name]),
+                       rounds_ms=[round(x, 3) for x in t]) for name, t in times.items()}]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@contextlib.contextmanager
+def _traced(path: str | None, device):
+    """Under ``torch.profiler`` (the host's ops, and the GPU's where there is one), its trace
+    written to ``path`` (Chrome's format); nothing where ``path`` is None."""
+    if path is None:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    kinds = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=kinds) as prof:
+        yield
+    prof.export_chrome_trace(path)
+
+
+def _rounds(methods: dict, names: list, rounds: int, device, times: dict, host: dict) -> None:
+    """``rounds`` rounds of ``_interleaved_ms``, each call labelled ``method:NAME`` in a
+    trace."""
     for i in range(rounds):
         # Each round starts at the next method: none always follows the same one (in the
         # run of commit 6eb3af6, auto, always first after the Ulysses row, ran its topology
@@ -87,15 +115,12 @@ def _interleaved_ms(methods: dict, iters: int, device) -> dict[str, dict]:
                 torch.cuda.synchronize()
             dist.barrier()
             t0 = time.perf_counter()
-            method()
+            with torch.profiler.record_function(f"method:{name}"):
+                method()
             host[name].append((time.perf_counter() - t0) * 1e3)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times[name].append((time.perf_counter() - t0) * 1e3)
-    box = [{name: dict(ms=statistics.median(t), host_ms=statistics.median(host[name]),
-                       rounds_ms=[round(x, 3) for x in t]) for name, t in times.items()}]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _forced(world: int, hq: int, hkv: int, docs: bool) -> dict[str, dict]:
@@ -270,6 +295,10 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
                                       backward=opts["backward"], heads=decision.key[1])
         rows[-1]["topology"] = tops[name].describe()
     ms = _interleaved_ms(fns, args.iters, device)
+    if docs and per_gpu in args.trace:  # one more turn, untimed, under the profiler
+        os.makedirs(os.path.join(args.out, "trace"), exist_ok=True)
+        _interleaved_ms(fns, len(fns), device, trace=os.path.join(
+            args.out, "trace", f"{per_gpu}_{hq}-{hkv}_documents_rank{dist.get_rank()}.json"))
     # Exactness: every method once more on one shared pack (untimed), against auto's output.
     for name, method in fns.items():
         method.stage(10**6)
@@ -323,6 +352,11 @@ def _summary(rows: list[dict]) -> str:
     if best:
         auto["auto_over_best"] = auto["ms"] / best["ms"]
         head += f"; auto/best = {auto['auto_over_best']:.2f} (best: {best['method']})"
+    same = next((r for r in forced if r.get("topology") == auto.get("topology")), None)
+    if same:  # auto's own cost beside its choice's: per round, the same pack for both
+        auto["auto_over_same_paired"] = statistics.median(
+            a / b for a, b in zip(auto["rounds_ms"], same["rounds_ms"]))
+        head += f"; auto/its topology forced = {auto['auto_over_same_paired']:.3f} per round"
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -347,9 +381,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--cache", default=None,
                         help="the profile cache (default OUT/profile-cache)")
+    parser.add_argument("--trace", default="",
+                        help="tokens/GPU (comma-separated) whose documents cells run one more "
+                             "turn of rounds under torch.profiler, each rank's trace in "
+                             "OUT/trace/ (auto's own cost beside its topology forced)")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU gloo ranks, toy sizes (checks the script, times nothing real)")
     args = parser.parse_args()
+    args.trace = {int(x) for x in args.trace.split(",") if x}
     if args.smoke:
         args.per_gpu, args.heads, args.head_dim, args.iters, args.warmup = (
             "128,256", "4:4,4:2", 16, 2, 1)
@@ -382,6 +421,7 @@ def main() -> None:
 
 def _write(args, rows, lines, world, device, seconds) -> None:
     ratios = [r["auto_over_best"] for r in rows if "auto_over_best" in r]
+    own = [r["auto_over_same_paired"] for r in rows if "auto_over_same_paired" in r]
     errors = [abs(r["measured_over_predicted"] - 1) for r in rows
               if "measured_over_predicted" in r]
     meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
@@ -391,6 +431,7 @@ def _write(args, rows, lines, world, device, seconds) -> None:
                 emulated=emulated(),
                 env={k: v for k, v in os.environ.items() if k.startswith("MEGATRON_BURST")},
                 auto_log=lines, worst_auto_over_best=max(ratios, default=None),
+                worst_auto_over_same_paired=max(own, default=None),
                 rows_model_within_15pct=f"{sum(e <= 0.15 for e in errors)} of {len(errors)}")
     name = "auto_check_emulated.json" if os.environ.get(EMULATE_ENV) else "auto_check.json"
     path = os.path.join(args.out, name)

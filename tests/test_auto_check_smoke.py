@@ -15,8 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_auto_check_smoke_times_every_method_on_new_packs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "MEGATRON_BURST_EMULATE": ""}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          str(REPO / "benchmarks" / "auto_check.py"), "--smoke", "--out",
-                          str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+                          str(REPO / "benchmarks" / "auto_check.py"), "--smoke", "--trace",
+                          "256", "--out", str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads((tmp_path / "auto_check.json").read_text())
     cells: dict = {}
@@ -34,5 +35,13 @@ def test_auto_check_smoke_times_every_method_on_new_packs(tmp_path):
         assert all(r["rel_err_vs_auto"] < 1e-5 for r in forced), forced  # fp32, one pack
         if mask == "documents":
             # 1 warm-up and the rounds; the c-th call of every method the c-th order
-            assert auto["packs"]["orders_run"] == 1 + turn + 1  # and the exactness pack
+            traced = turn if per_gpu == 256 else 0  # one more turn, under the profiler
+            assert auto["packs"]["orders_run"] == 1 + turn + traced + 1  # and exactness's
             assert sorted(auto["packs"]["first"], reverse=True) == auto["packs"]["first"]
+        # auto beside its own topology forced, per round (the same pack for both)
+        assert auto["auto_over_same_paired"] > 0
+    assert out["meta"]["worst_auto_over_same_paired"] > 0
+    traces = sorted(p.name for p in (tmp_path / "trace").iterdir())
+    assert traces == [f"256_{h}_documents_rank{r}.json" for h in ("4-2", "4-4") for r in (0, 1)]
+    events = json.loads((tmp_path / "trace" / traces[0]).read_text())["traceEvents"]
+    assert {"method:auto"} <= {e.get("name") for e in events}

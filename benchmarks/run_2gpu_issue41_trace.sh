@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Issue 41 on a 2-GPU machine: auto's own call against its topology forced, traced.
+# benchmarks/auto_check.py on the machine's links, 8K tokens a GPU, documents cells only,
+# one more turn of rounds under torch.profiler (each rank's trace), then
+# benchmarks/trace_methods.py on each trace against both flat-ring rows.
+# Usage: bash benchmarks/run_2gpu_issue41_trace.sh OUTDIR   (writes OUTDIR/a41t.tgz)
+set -uo pipefail
+top=${1:?output folder}; out="$top/a41t"; mkdir -p "$out"
+. benchmarks/session_env.sh "$out"
+PYTHONPATH=$PWD timeout 200 torchrun --nproc_per_node=2 benchmarks/auto_check.py \
+  --per-gpu 8192 --masks documents --trace 8192 --out "$out" > "$out/auto_check_log.txt" 2>&1
+echo "auto_check rc=$?"; quiet < "$out/auto_check_log.txt" | grep -E "^#|wrote"
+for trace in "$out"/trace/*.json; do
+  for other in "flat ring 2, ring bwd" "flat ring 2, burst bwd"; do
+    python3 benchmarks/trace_methods.py "$trace" --against "$other" \
+      > "${trace%.json}_vs_${other//[ ,]/_}.txt" 2>&1
+  done
+done
+head -30 "$out"/trace/*rank0_vs_flat_ring_2__ring_bwd.txt
+tar -czf "$top/a41t.tgz" -C "$top" a41t

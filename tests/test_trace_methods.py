@@ -1,0 +1,28 @@
+"""``benchmarks/trace_methods.py``: the operators inside each method's labelled calls, per
+call, and where two methods part (what the next GPU run of issue 41's gap reads)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import trace_methods  # noqa: E402
+
+
+def _span(name, ts, dur, tid=1, cat="user_annotation"):
+    return dict(name=name, ph="X", ts=ts, dur=dur, tid=tid, cat=cat)
+
+
+def test_operators_are_counted_inside_their_methods_calls_per_call():
+    events = [_span("method:auto", 0, 100), _span("method:auto", 200, 120),
+              _span("method:forced", 400, 80),
+              _span("nccl:send", 10, 30, cat="cpu_op"), _span("nccl:send", 210, 50, cat="cpu_op"),
+              _span("aten::cat", 20, 5, cat="cpu_op"), _span("aten::cat", 410, 5, cat="cpu_op"),
+              _span("aten::cat", 50, 7, tid=2, cat="cpu_op"),  # another thread: not the call's
+              _span("nccl:send", 500, 9, cat="cpu_op")]  # after every call: nobody's
+    methods = trace_methods.per_method(events)
+    assert methods["auto"]["calls"] == 2 and methods["auto"]["median_us"] == 110
+    assert methods["auto"]["ops"] == {"nccl:send": 40.0, "aten::cat": 2.5}
+    assert methods["forced"]["ops"] == {"aten::cat": 5.0}
+    assert trace_methods.differences(methods, "auto", "forced", top=1) == [
+        ("nccl:send", 40.0, 0.0)]
