@@ -278,7 +278,8 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
     tops = {"auto": prepared.topology}
     rows[0].update(topology=prepared.topology.describe(),
                    model_first_choice=decision.topology.describe(),
-                   profile=f"{decision.profile.name} ({decision.profile.measured or 'date not recorded'})",
+                   profile=f"{decision.profile.name} "
+                           f"({decision.profile.measured or 'date not recorded'})",
                    checks=[_check_json(decision_check.CHECKS[k]) for k in decision_check.CHECKS
                            if k not in checks])
     for name, opts in _forced(world, hq, hkv, docs).items():
@@ -400,7 +401,8 @@ def main() -> None:
     logging.getLogger("megatron_burst").addHandler(log)
     logging.getLogger("megatron_burst").setLevel(logging.INFO)
     rank, world = start_ranks("gloo") if args.smoke else start_ranks()
-    device = torch.device("cpu") if args.smoke else torch.device("cuda", torch.cuda.current_device())
+    device = (torch.device("cpu") if args.smoke
+              else torch.device("cuda", torch.cuda.current_device()))
     dtype = torch.float32 if args.smoke else torch.bfloat16
     rows, t_start = [], time.time()
     for per_gpu in (int(x) for x in args.per_gpu.split(",")):
@@ -427,7 +429,8 @@ def _write(args, rows, lines, world, device, seconds) -> None:
     meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                 device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
                 gpus=world, torch=torch.__version__, package=ran_package(),
-                nccl=str(torch.cuda.nccl.version()) if device.type == "cuda" else None, date=time.strftime("%Y-%m-%d %H:%M:%S"), seconds=round(seconds, 1),
+                nccl=str(torch.cuda.nccl.version()) if device.type == "cuda" else None,
+                date=time.strftime("%Y-%m-%d %H:%M:%S"), seconds=round(seconds, 1),
                 emulated=emulated(),
                 env={k: v for k, v in os.environ.items() if k.startswith("MEGATRON_BURST")},
                 auto_log=lines, worst_auto_over_best=max(ratios, default=None),
