@@ -8,11 +8,21 @@ pack's, which the host plans at every call, growing with its documents.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .timing import Profile
-    from .topology import CPTopology
+from .topology import CPTopology
+
+
+class HostFigures(Protocol):
+    """What this module reads of a profile (``timing.Profile``), in microseconds."""
+
+    call_overhead_us: float
+    step_overhead_us: float
+    ulysses_call_overhead_us: float | None
+    pack_call_overhead_us: float | None
+    pack_doc_overhead_us: float | None
+    ulysses_pack_call_overhead_us: float | None
+    ulysses_pack_doc_overhead_us: float | None
 
 # Where a profile has no pack figures (shipped ones, older caches): a document pack's call
 # costs the host this many times a plain call's tiny-call figure. Fitted by hand with
@@ -22,7 +32,7 @@ if TYPE_CHECKING:
 PACK_HOST = 1.7
 
 
-def host_seconds(topology: "CPTopology", prof: "Profile", steps: int,
+def host_seconds(topology: CPTopology, prof: HostFigures, steps: int,
                  docs: int | None = None) -> float:
     """The host's seconds for one call of ``steps`` ring steps (forward and backward): its
     fixed cost (Ulysses' where the topology splits heads and the profile measured it) and a
@@ -38,7 +48,7 @@ def host_seconds(topology: "CPTopology", prof: "Profile", steps: int,
     return host if docs is None else host * PACK_HOST
 
 
-def pack_seconds(topology: "CPTopology", prof: "Profile", docs: int) -> float | None:
+def pack_seconds(topology: CPTopology, prof: HostFigures, docs: int) -> float | None:
     """A new pack's call of ``docs`` documents, from the profile's measured pack figures
     (Ulysses' where the topology splits heads); None where it has none."""
     ulysses = topology.ulysses > 1
