@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 import pytest
@@ -496,8 +497,13 @@ def _margin(rank, world, faster_by):
         run(), 1.0 if topology == burst else 1.0 - faster_by)[1])
     gen = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
-    return decision_check.check(None, world, decision, call, q, k, v, {"causal": True},
-                                mb.burst_attn).kept.backward
+    said: list = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger(decision_check.__name__).addHandler(handler)
+    found = decision_check.check(None, world, decision, call, q, k, v, {"causal": True},
+                                 mb.burst_attn)
+    return found.kept.backward, found.seconds > 0 and f"took {found.seconds:.1f} s" in said[-1]
 
 
 @pytest.mark.parametrize("faster_by, kept", [(0.01, "burst"), (0.029, "burst"),
@@ -505,5 +511,5 @@ def _margin(rank, world, faster_by):
 def test_another_topology_replaces_the_choice_only_beyond_a_timings_noise(faster_by, kept):
     """A check's few calls are noisy: on 2x H100 it switched to a backward timed 1% faster
     that ran 1% slower over 16 rounds. The choice stands unless beaten by more than
-    ``SWITCH_MARGIN`` (3%)."""
-    assert run_ranks(2, _margin, faster_by, timeout=120) == [kept, kept]
+    ``SWITCH_MARGIN`` (3%). Its log line says how long the check took."""
+    assert run_ranks(2, _margin, faster_by, timeout=120) == [(kept, True), (kept, True)]

@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import logging
 import random
+import time
 from typing import Iterator
 
 import torch
@@ -71,6 +72,7 @@ class Check:
     # first time ran 8-24% above its 16 rounds' median where the others' ran 4-7% above
     # (``results/h100x2_issue41_settled``).
     chosen_again_s: float | None = None
+    seconds: float = 0.0  # what the check itself took (said in its log line)
 
 
 CHECKS: dict[tuple, Check] = {}  # check_key -> its check
@@ -114,6 +116,7 @@ def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
     """Time the decision (and the runner-up where the model was off, and the choice with the
     other backward mode where ``sibling_of`` says); every rank of ``group`` calls it together
     (module docstring). ``attend`` is ``burst_attn``."""
+    t0 = time.perf_counter()
     chosen, runner = decision.ranked[0], decision.ranked[1]
     packs = fresh_packs(call, world)  # one stream of new orders: no topology reuses one
     measured = _timed(group, chosen.topology, q, k, v, arguments, attend, packs)
@@ -133,7 +136,8 @@ def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
         again = _timed(group, chosen.topology, q, k, v, arguments, attend, packs)
         times[0] = (again, chosen.topology)
         result = dataclasses.replace(result, chosen_again_s=again)
-    result = dataclasses.replace(result, kept=settled(times))
+    result = dataclasses.replace(result, kept=settled(times),
+                                 seconds=time.perf_counter() - t0)
     CHECKS[check_key(group, decision, call)] = result
     _log(result, off, runner)
     return result
@@ -174,8 +178,9 @@ def _log(result: Check, off: float, runner) -> None:
             f"({off:+.0%}")
     why = (f"beyond the model's {MODEL_ERROR:.0%}" if abs(off) > MODEL_ERROR else
            f"within the model's {MODEL_ERROR:.0%}")
+    took = f"; the check took {result.seconds:.1f} s"
     if result.runner_up is None and result.sibling is None:
-        logger.info("%s, %s): kept", said, why)
+        logger.info("%s, %s): kept%s", said, why, took)
         return
     parts = []
     if result.runner_up is not None:
@@ -187,10 +192,10 @@ def _log(result: Check, off: float, runner) -> None:
     if result.chosen_again_s is not None:
         parts.append(f"the choice again {result.chosen_again_s * 1e3:.2f} ms")
     changed = result.kept != result.chosen
-    logger.warning("%s, %s): %s: %s", said, why, "; ".join(parts),
+    logger.warning("%s, %s): %s: %s%s", said, why, "; ".join(parts),
                    f"switched to {result.kept.describe()}" if changed
                    else f"kept the first choice (none faster by more than "
-                        f"{SWITCH_MARGIN:.0%})")
+                        f"{SWITCH_MARGIN:.0%})", took)
 
 
 def _timed(group, topology: CPTopology, q, k, v, arguments: dict, attend,
