@@ -9,6 +9,9 @@ mix every call), the median host milliseconds of a fwd+bwd (until it returned to
 of 64, the first use's tiny call, bf16), 8K and 32K tokens a GPU (32:32 heads of 128, bf16,
 ``auto_check``'s cells). Under ``MEGATRON_BURST_EMULATE`` the links are emulated, as in
 ``auto_check_three.sh``. Rank 0 writes OUT/host_kinds[_emulated].json and prints a table.
+``--ops``: for each kind on document packs, the host operators whose own time grows most
+from the tiny call to 8K (``torch.profiler``): Ulysses' host time on packs grows with tokens
+(9.3-11.4 ms at 8K against 6.2-7.0 for the tiny pack, ``results/h100x2_issue41_settled``).
 """
 from __future__ import annotations
 
@@ -76,10 +79,38 @@ def host_ms(stage, run, device, repeat: int) -> float:
     return statistics.median(times)
 
 
+def op_ms(stage, run, device, calls: int = 3) -> dict[str, float]:
+    """Each host operator's own (self) CPU ms per call over ``calls`` calls under
+    ``torch.profiler``, each staged first, the GPU idle at each start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    stage()
+    run()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            stage()
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            run()
+            torch.cuda.synchronize(device)
+    return {e.key: e.self_cpu_time_total / 1e3 / calls for e in prof.key_averages()}
+
+
+def growth(small: dict[str, float], large: dict[str, float], top: int = 12) -> list[dict]:
+    """The operators whose own host ms per call grow most from ``small`` to ``large``."""
+    names = sorted(set(small) | set(large),
+                   key=lambda op: -(large.get(op, 0.0) - small.get(op, 0.0)))
+    return [dict(op=op[:80], small_ms=round(small.get(op, 0.0), 4),
+                 large_ms=round(large.get(op, 0.0), 4)) for op in names[:top]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--ops", action="store_true",
+                        help="for document packs, the host operators whose own time grows "
+                             "most from the tiny call to 8K (torch.profiler)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rank, world = start_ranks()
@@ -90,9 +121,14 @@ def main() -> None:
     for docs in (False, True):
         for kind, kw in KINDS.items():
             row = dict(kind=kind, mask="documents" if docs else "causal")
+            ops = {}
             for size, (per_gpu, heads, d) in sizes.items():
                 stage, run = _call(per_gpu, heads, d, world, docs, kw, device)
                 row[f"{size}_host_ms"] = host_ms(stage, run, device, args.repeat)
+                if args.ops and docs and size in ("tiny", "8K"):
+                    ops[size] = op_ms(stage, run, device)
+            if ops:
+                row["ops_tiny_to_8K"] = growth(ops["tiny"], ops["8K"])
             rows.append(row)
             if rank == 0:
                 print(row, flush=True)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Issue 41 on a 2-GPU machine: auto's own call against its topology forced, traced.
-# benchmarks/auto_check.py on the machine's links, 8K tokens a GPU, documents cells only,
-# one more turn of rounds under torch.profiler (each rank's trace), then
-# benchmarks/trace_methods.py on each trace against both flat-ring rows.
+# Issue 41 on a 2-GPU machine, the two open questions of results/h100x2_issue41_settled:
+#   1. auto's own call against its topology forced, traced: benchmarks/auto_check.py on the
+#      machine's links, 8K tokens a GPU, documents cells only, one more turn of rounds
+#      under torch.profiler (each rank's trace), then benchmarks/trace_methods.py on each
+#      trace against both flat-ring rows;
+#   2. where Ulysses' host time on packs grows with tokens: benchmarks/host_kinds.py --ops.
 # Usage: bash benchmarks/run_2gpu_issue41_trace.sh OUTDIR   (writes OUTDIR/a41t.tgz)
 set -uo pipefail
 top=${1:?output folder}; out="$top/a41t"; mkdir -p "$out"
@@ -17,4 +19,7 @@ for trace in "$out"/trace/*.json; do
   done
 done
 head -30 "$out"/trace/*rank0_vs_flat_ring_2__ring_bwd.txt
+PYTHONPATH=$PWD timeout 200 torchrun --nproc_per_node=2 benchmarks/host_kinds.py --ops \
+  --out "$out" > "$out/host_kinds_log.txt" 2>&1
+echo "host_kinds rc=$?"; quiet < "$out/host_kinds_log.txt" | grep "^{" | cut -c1-300
 tar -czf "$top/a41t.tgz" -C "$top" a41t

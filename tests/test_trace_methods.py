@@ -26,3 +26,13 @@ def test_operators_are_counted_inside_their_methods_calls_per_call():
     assert methods["forced"]["ops"] == {"aten::cat": 5.0}
     assert trace_methods.differences(methods, "auto", "forced", top=1) == [
         ("nccl:send", 40.0, 0.0)]
+
+
+def test_host_kinds_names_the_operators_that_grow_most_with_the_call():
+    import host_kinds
+
+    tiny = {"aten::cat": 0.1, "cudaMalloc": 0.0, "nccl:send": 0.2}
+    large = {"aten::cat": 0.15, "cudaMalloc": 2.0, "nccl:send": 0.1, "aten::copy_": 0.5}
+    grown = host_kinds.growth(tiny, large, top=2)
+    assert [g["op"] for g in grown] == ["cudaMalloc", "aten::copy_"]
+    assert grown[0] == dict(op="cudaMalloc", small_ms=0.0, large_ms=2.0)
