@@ -107,3 +107,26 @@ def test_a_loss_on_lse_goes_back_through_the_position_order():
 
     for errors in run_ranks(2, _lse_loss, timeout=120):
         assert max(errors) < 1e-9, errors
+
+
+def test_the_way_back_sends_views_of_the_output_copied_once_into_the_message():
+    """A position-order group's way back: each peer's rows are views of the member's
+    output (``Joined``), copied straight into the message, which then holds what one
+    joined tensor would have (no joined copy made first)."""
+    from megatron_burst.attention.ulysses import _members_rows_back
+    from megatron_burst.comm.joined import Joined
+    from megatron_burst.comm.messages import Packed
+
+    x = torch.arange(2 * 12 * 3, dtype=torch.float32).view(2, 12, 3)
+    runs = ((0, 0, 2), (1, 0, 4), (0, 4, 3), (0, 2, 2), (1, 4, 1))  # (peer, start, rows)
+    pieces = _members_rows_back(x, 1, runs, 2)
+    assert all(isinstance(p, Joined) for p in pieces)
+    assert all(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+               for p in pieces for t in p.parts)  # views, nothing copied yet
+    # peer 0's rows in its own order: start 0 (x rows 0-1), 2 (x 9-10), 4 (x 6-8)
+    want = [torch.cat([x[:, 0:2], x[:, 9:11], x[:, 6:9]], 1),
+            torch.cat([x[:, 2:6], x[:, 11:12]], 1)]
+    for piece, expected in zip(pieces, want):
+        assert piece.shape == expected.shape and torch.equal(piece.joined(), expected)
+        packed = Packed.holding([piece, x[:, :1]])
+        assert torch.equal(packed.views[0], expected) and torch.equal(packed.views[1], x[:, :1])

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ..comm.exchange import exchange
 from ..comm.headers import CallTag, HeaderCheck
+from ..comm.joined import Joined
 from ..plan.segments import Runs
 
 
@@ -50,6 +51,7 @@ def _shuffle(xs: Sequence[torch.Tensor], dims: Dims, peers: Sequence[int], me: i
     sends = {p: [piece[u] for piece in pieces] for u, p in enumerate(peers) if p != me}
     check = None if tag is None else HeaderCheck(tag, phase, xs[0].device, me, len(peers) - 1)
     got = exchange(group, sends, {p: mine for p in peers if p != me}, phase, check)
+    mine = [m.joined() if isinstance(m, Joined) else m for m in mine]
     held = [mine if p == me else got[p] for p in peers]
     if runs is not None and seq_on_cat:
         return tuple(torch.cat([held[u][i].narrow(cat, start, n) for u, start, n in runs],
@@ -57,16 +59,16 @@ def _shuffle(xs: Sequence[torch.Tensor], dims: Dims, peers: Sequence[int], me: i
     return tuple(torch.cat([h[i] for h in held], dim=cat) for i, (_, cat) in enumerate(dims))
 
 
-def _members_rows_back(x: torch.Tensor, dim: int, runs: Runs, peers: int
-                       ) -> list[torch.Tensor]:
+def _members_rows_back(x: torch.Tensor, dim: int, runs: Runs, peers: int) -> list[Joined]:
     """The member's rows of ``x`` (along ``dim``, in ``runs``' order) as each peer's own
-    rows, in the peer's row order: the pieces the way back sends."""
+    rows, in the peer's row order: the pieces the way back sends, each as views of ``x``
+    that go into its message one by one (``Joined``: no joined copy first)."""
     back: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(peers)]
     at = 0
     for u, start, n in runs:
         back[u].append((start, x.narrow(dim, at, n)))
         at += n
-    return [torch.cat([t for _, t in sorted(rows, key=lambda r: r[0])], dim=dim)
+    return [Joined(tuple(t for _, t in sorted(rows, key=lambda r: r[0])), dim)
             for rows in back]
 
 

@@ -19,6 +19,7 @@ One module per job:
   before ``destroy_process_group``;
 - ``headers``: the header every message starts with, checked by its receiver;
 - ``messages``: one buffer per hop (``Packed``), posted one batch per step (``PeerComm``);
+- ``joined``: a message's piece made of several views, copied into it one by one (``Joined``);
 - ``ring_positions``: who holds what at each step of a flat or double ring (``RingPositions``),
   and the hops and accumulator routes that follow, as data (``route_hops``,
   ``accumulator_steps``);
@@ -39,7 +40,7 @@ from .lazy import lazy_names
 
 _LAZY = {
     "CommStats": ".accounting", "count_comm": ".accounting", "record_sent": ".accounting",
-    "exchange": ".exchange", "Batch": ".messages", "Packed": ".messages",
+    "exchange": ".exchange", "Batch": ".messages", "Packed": ".messages", "Joined": ".joined",
     "Pending": ".messages", "PeerComm": ".messages", "AccumulatorRoute": ".rings",
     "PayloadRing": ".rings", "RowShape": ".rings", "RingPositions": ".ring_positions",
     "Rows": ".ring_positions", "payload_hops": ".ring_positions", "Hop": ".ring_positions",

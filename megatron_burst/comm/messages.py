@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from . import emulator, headers
 from .accounting import record_sent
+from .joined import Joined
 from .waits import wait_bounded
 
 _ALIGN = 16  # bytes: every view in a Packed buffer starts aligned for any dtype
@@ -59,19 +60,23 @@ class Packed:
                             in zip(layout.offsets, layout.sizes, specs)])
 
     @classmethod
-    def like(cls, tensors: Sequence[torch.Tensor], *, zero: bool = False) -> "Packed":
+    def like(cls, tensors: "Sequence[torch.Tensor | Joined]", *, zero: bool = False
+             ) -> "Packed":
         """An uninitialised (or zero) buffer with the shapes and dtypes of ``tensors``."""
         return cls([(t.shape, t.dtype) for t in tensors], tensors[0].device, zero=zero)
 
     @classmethod
-    def holding(cls, tensors: "Packed | Sequence[torch.Tensor]") -> "Packed":
+    def holding(cls, tensors: "Packed | Sequence[torch.Tensor | Joined]") -> "Packed":
         """``tensors`` as one buffer: as is when already packed, otherwise copied in once
-        (behind the room for the header)."""
+        (behind the room for the header; a ``Joined`` piece by piece)."""
         if isinstance(tensors, Packed):
             return tensors
         packed = cls.like(tensors)
         for view, t in zip(packed.views, tensors):
-            view.copy_(t)
+            if isinstance(t, Joined):
+                t.write(view)
+            else:
+                view.copy_(t)
         return packed
 
 
