@@ -146,7 +146,8 @@ def main() -> None:
     dist.all_gather_object(ranks, mine)
     if rank == 0:
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
-                    device=torch.cuda.get_device_name(0) if cuda else "cpu", torch=torch.__version__,
+                    device=torch.cuda.get_device_name(0) if cuda else "cpu",
+                    torch=torch.__version__,
                     package=ran_package(), date=time.strftime("%Y-%m-%d %H:%M:%S"))
         with open(os.path.join(args.out, "auto_gap.json"), "w") as f:
             json.dump(dict(meta=meta, ranks=ranks), f, indent=1)

@@ -13,7 +13,8 @@ prediction. Off by more than ``MODEL_ERROR``, or where the runner-up's predictio
 burst and the ring backward alike at 8K tokens, and the ring one ran 8% faster), the runner-up
 is timed likewise, once; so is the choice's topology with the other backward mode where
 the model was off or predicted that mode within twice its error (``sibling_of``), and then
-the choice again (its first runs met the first packs of the shape); the fastest becomes the decision's verdict where it beat the choice by more than a timing's noise
+the choice again (its first runs met the first packs of the shape); the fastest becomes the
+decision's verdict where it beat the choice by more than a timing's noise
 (``SWITCH_MARGIN``), on every rank; what changed is logged. A
 verdict holds for the decision's inputs (``options.Decision.key``: shape, tokens, mask,
 options, profile, whether documents are packed) and the call's layout, window and whether

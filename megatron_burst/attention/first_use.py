@@ -257,7 +257,7 @@ def pack_fields(group, world: int, q: torch.Tensor, repeat: int, attend) -> dict
         per_doc = fixed = None
         if world > 1 or not prefix:
             few, many = (statistics.median(measure.host_samples(
-                _new_packs(q, group, docs, attend, kw), q.device, repeat, group))
+                _new_packs(q, group, world, docs, attend, kw), q.device, repeat, group))
                 for docs in PACK_DOCS)
             per_doc = max(0.0, (many - few) / (PACK_DOCS[1] - PACK_DOCS[0]))
             fixed = round(max(0.0, few - PACK_DOCS[0] * per_doc) * 1e6, 1)
@@ -267,10 +267,10 @@ def pack_fields(group, world: int, q: torch.Tensor, repeat: int, attend) -> dict
     return fields
 
 
-def _new_packs(q: torch.Tensor, group, docs: int, attend, kw: dict):
+def _new_packs(q: torch.Tensor, group, world: int, docs: int, attend, kw: dict):
     """A tiny whole_docs call (fwd+bwd) on a new pack of ``docs`` documents every run, the
     same packs on every rank (a pack repeated is planned once: not what training pays)."""
-    total, draw = q.shape[1] * dist.get_world_size(group), random.Random(docs)
+    total, draw = q.shape[1] * world, random.Random(docs)
 
     def run() -> None:
         cuts = sorted(draw.sample(range(1, total), docs - 1))
