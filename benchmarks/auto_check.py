@@ -72,7 +72,9 @@ def _interleaved_ms(methods: dict, iters: int, device, trace: str | None = None
     runs call after call: the rotation kept each method behind the same other, and auto,
     always behind Ulysses, ran its topology 3-5% slower than the same topology forced (8K
     packs, per round, 2x H100), where with no Ulysses row between them 1.5%
-    (``auto_gap.py``; both in ``results/h100x2_issue41_settled``)."""
+    (``auto_gap.py``); the gap stayed with the untimed call (``results/
+    h100x2_issue41_settled``), so the order is not its cause. A method of several
+    ``layers`` runs that many attention calls a round; its times are per attention call."""
     times: dict[str, list[float]] = {name: [] for name in methods}
     host: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
@@ -117,10 +119,10 @@ def _rounds(methods: dict, names: list, rounds: int, device, times: dict, host: 
             t0 = time.perf_counter()
             with torch.profiler.record_function(f"method:{name}"):
                 method()
-            host[name].append((time.perf_counter() - t0) * 1e3)
+            host[name].append((time.perf_counter() - t0) * 1e3 / method.layers)
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - t0) * 1e3)
+            times[name].append((time.perf_counter() - t0) * 1e3 / method.layers)
 
 
 def _forced(world: int, hq: int, hkv: int, docs: bool) -> dict[str, dict]:
@@ -218,11 +220,13 @@ def predicted_ms(top, prof, per_gpu: int, loads: list, max_intra_node_size: int,
 
 
 class _Method:
-    """One row's calls: ``stage()`` takes its next call's inputs (untimed), a call runs them."""
+    """One row's calls: ``stage()`` takes its next call's inputs (untimed), a call runs them:
+    ``layers`` attention calls on them, all forwards then all backwards, as a model's layers
+    share a micro-batch's pack (its plan made at the first, found by the others)."""
 
-    def __init__(self, cell: _Cell, opts: dict, outs: dict, name: str):
+    def __init__(self, cell: _Cell, opts: dict, outs: dict, name: str, layers: int = 1):
         self.cell, self.opts, self.outs, self.name = cell, opts, outs, name
-        self.calls, self._staged = 0, None
+        self.calls, self._staged, self.layers = 0, None, layers
 
     def stage(self, c: int | None = None) -> None:
         """Its next call's inputs, or (``c``) the c-th order's, outside its own count."""
@@ -240,9 +244,9 @@ class _Method:
         import megatron_burst as mb
 
         local, do, kw = self._staged
-        out = mb.burst_attn(*local, **kw, **self.opts)
-        out.backward(do)
-        self.outs[self.name] = out.detach()
+        outs = [mb.burst_attn(*local, **kw, **self.opts) for _ in range(self.layers)]
+        torch.autograd.backward(outs, [do] * len(outs))
+        self.outs[self.name] = outs[-1].detach()
 
 
 def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
@@ -263,7 +267,7 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
     prepare.PREPARED.clear()
     checks = set(decision_check.CHECKS)
     auto = dict(ulysses_size="auto", intra_node_size="auto", backward="auto")
-    fns = {"auto": _Method(cell, auto, outs, "auto")}
+    fns = {"auto": _Method(cell, auto, outs, "auto", args.layers)}
     _warm(fns["auto"], args.warmup)  # first: its first use measures, its first calls check
     first = cell.order(0)
     rows = [dict(method="auto")]
@@ -283,7 +287,7 @@ def run_cell(args, per_gpu, hq, hkv, docs, world, device, dtype) -> list[dict]:
                    checks=[_check_json(decision_check.CHECKS[k]) for k in decision_check.CHECKS
                            if k not in checks])
     for name, opts in _forced(world, hq, hkv, docs).items():
-        fns[name] = _Method(cell, opts, outs, name)
+        fns[name] = _Method(cell, opts, outs, name, args.layers)
         try:
             _warm(fns[name], args.warmup)
         except Exception as e:  # a topology this cell cannot run is reported, not fatal
@@ -382,6 +386,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--cache", default=None,
                         help="the profile cache (default OUT/profile-cache)")
+    parser.add_argument("--layers", type=int, default=1,
+                        help="attention calls per pack, as a model's layers share a "
+                             "micro-batch's pack; a row's times are per call (default 1: a "
+                             "new pack every call, what the time model prices)")
     parser.add_argument("--trace", default="",
                         help="tokens/GPU (comma-separated) whose documents cells run one more "
                              "turn of rounds under torch.profiler, each rank's trace in "
@@ -390,6 +398,8 @@ def main() -> None:
                         help="CPU gloo ranks, toy sizes (checks the script, times nothing real)")
     args = parser.parse_args()
     args.trace = {int(x) for x in args.trace.split(",") if x}
+    if args.layers < 1:
+        raise ValueError(f"--layers must be at least 1, got {args.layers}")
     if args.smoke:
         args.per_gpu, args.heads, args.head_dim, args.iters, args.warmup = (
             "128,256", "4:4,4:2", 16, 2, 1)
@@ -431,7 +441,7 @@ def _write(args, rows, lines, world, device, seconds) -> None:
                 gpus=world, torch=torch.__version__, package=ran_package(),
                 nccl=str(torch.cuda.nccl.version()) if device.type == "cuda" else None,
                 date=time.strftime("%Y-%m-%d %H:%M:%S"), seconds=round(seconds, 1),
-                emulated=emulated(),
+                emulated=emulated(), layers=args.layers,
                 env={k: v for k, v in os.environ.items() if k.startswith("MEGATRON_BURST")},
                 auto_log=lines, worst_auto_over_best=max(ratios, default=None),
                 worst_auto_over_same_paired=max(own, default=None),

@@ -4,7 +4,9 @@
 #      machine's links, 8K tokens a GPU, documents cells only, one more turn of rounds
 #      under torch.profiler (each rank's trace), then benchmarks/trace_methods.py on each
 #      trace against both flat-ring rows;
-#   2. where Ulysses' host time on packs grows with tokens: benchmarks/host_kinds.py --ops.
+#   2. where Ulysses' host time on packs grows with tokens: benchmarks/host_kinds.py --ops;
+#   3. what a model's layers pay a call when they share a pack: auto_check.py --layers 8
+#      (8K, documents), beside the rows of 1 (a new pack every call, what the model prices).
 # Usage: bash benchmarks/run_2gpu_issue41_trace.sh OUTDIR   (writes OUTDIR/a41t.tgz)
 set -uo pipefail
 top=${1:?output folder}; out="$top/a41t"; mkdir -p "$out"
@@ -22,4 +24,9 @@ head -30 "$out"/trace/*rank0_vs_flat_ring_2__ring_bwd.txt
 PYTHONPATH=$PWD timeout 200 torchrun --nproc_per_node=2 benchmarks/host_kinds.py --ops \
   --out "$out" > "$out/host_kinds_log.txt" 2>&1
 echo "host_kinds rc=$?"; quiet < "$out/host_kinds_log.txt" | grep "^{" | cut -c1-300
+mkdir -p "$out/layers8"
+PYTHONPATH=$PWD timeout 200 torchrun --nproc_per_node=2 benchmarks/auto_check.py \
+  --per-gpu 8192 --masks documents --layers 8 --out "$out/layers8" \
+  > "$out/layers8/auto_check_log.txt" 2>&1
+echo "auto_check --layers 8 rc=$?"; quiet < "$out/layers8/auto_check_log.txt" | grep -E "^#|wrote"
 tar -czf "$top/a41t.tgz" -C "$top" a41t

@@ -45,3 +45,29 @@ def test_auto_check_smoke_times_every_method_on_new_packs(tmp_path):
     assert traces == [f"256_{h}_documents_rank{r}.json" for h in ("4-2", "4-4") for r in (0, 1)]
     events = json.loads((tmp_path / "trace" / traces[0]).read_text())["traceEvents"]
     assert {"method:auto"} <= {e.get("name") for e in events}
+
+
+def test_auto_check_times_a_models_layers_on_one_pack(tmp_path):
+    """``--layers 3``: each timed round runs three attention calls on one pack (a model's
+    layers share a micro-batch's pack), times per attention call, and every method still
+    runs the same packs; a layer count below 1 is refused by name."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MEGATRON_BURST_EMULATE": ""}
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+            str(REPO / "benchmarks" / "auto_check.py"), "--smoke", "--masks", "documents",
+            "--out", str(tmp_path)]
+    run = subprocess.run(base + ["--layers", "3"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads((tmp_path / "auto_check.json").read_text())
+    cells: dict = {}
+    for r in out["rows"]:
+        cells.setdefault((r["per_gpu"], r["heads"]), []).append(r)
+    assert len(cells) == 4
+    for auto, *forced in cells.values():
+        turn = 1 + len(forced)
+        assert auto["packs"]["orders_run"] == 1 + turn + 1  # a pack a round, not a layer
+        assert all(0 < r["host_ms"] <= r["ms"] for r in [auto, *forced])
+        assert all(r["rel_err_vs_auto"] < 1e-5 for r in forced)
+    bad = subprocess.run(base + ["--layers", "0"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode != 0 and "--layers must be at least 1" in bad.stderr
