@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import os
 import statistics
@@ -28,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from auto_check import doc_lens, pack_order  # noqa: E402
+from host_gap import inputs, pack_caller  # noqa: E402
 from ranks import ran_package, start_ranks  # noqa: E402
 
 WAYS = ("auto", "forced", "decided")
@@ -57,36 +56,6 @@ class _Counters:
             self.gcs.setdefault(self.way, []).append(info["generation"])
 
 
-def _caller(per_gpu: int, world: int, device):
-    """A function running one fwd+bwd on the next pack with ``**kw``: (host ms, wall ms)."""
-    import megatron_burst as mb
-
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    full = [torch.randn(1, per_gpu * world, h, 128, generator=gen).to(device, torch.bfloat16)
-            for h in (32, 32, 32)]
-    lens, orders = doc_lens(per_gpu * world), itertools.count(1)
-
-    def call(**kw):
-        order = pack_order(lens, 23, next(orders))
-        cu = torch.tensor([0, *itertools.accumulate(order)], dtype=torch.int32)
-        q, k, v = (mb.shard_seq(t, layout="whole_docs", cu_seqlens=cu).detach()
-                   .requires_grad_() for t in full)
-        _sync(device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        out = mb.burst_attn(q, k, v, causal=True, layout="whole_docs", cu_seqlens=cu, **kw)
-        out.backward(torch.ones_like(out))
-        host = time.perf_counter() - t0
-        _sync(device)
-        return host * 1e3, (time.perf_counter() - t0) * 1e3
-    return call
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _trace(call, kw: dict, calls: int) -> dict[str, float]:
     """CPU op -> its total ms a call, over ``calls`` calls under the profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -100,7 +69,7 @@ def _trace(call, kw: dict, calls: int) -> dict[str, float]:
 def run(world: int, device, rounds: int, per_gpu: int) -> dict:
     from megatron_burst.attention import prepare
 
-    call = _caller(per_gpu, world, device)
+    call = pack_caller(inputs(per_gpu, (32, 32), world, device), world, device, seed=23)
     kws = {"auto": dict(backward="auto", ulysses_size="auto", intra_node_size="auto")}
     for _ in range(3):
         call(**kws["auto"])

@@ -36,39 +36,46 @@ from auto_check import doc_lens, pack_order  # noqa: E402
 from ranks import ran_package, start_ranks  # noqa: E402
 
 
-def _inputs(per_gpu: int, heads: tuple[int, int], world: int, device):
+def inputs(per_gpu: int, heads: tuple[int, int], world: int, device):
+    """The whole sequence's q, k, v (bf16, d 128), drawn once."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     return [torch.randn(1, per_gpu * world, h, 128, generator=gen).to(device, torch.bfloat16)
             for h in (heads[0], heads[1], heads[1])]
 
 
-def _pack_caller(full, world: int, device):
-    """A function that runs one fwd+bwd on the next pack of the mix, with ``**kw``."""
+def pack_caller(full, world: int, device, seed: int = 11):
+    """A function that runs one fwd+bwd on the next pack of ``auto_check``'s mix (orders
+    drawn by ``seed``), with ``**kw``: (host ms, wall ms), the ranks aligned first."""
     import megatron_burst as mb
 
     lens, orders = doc_lens(full[0].shape[1]), itertools.count(1)
 
     def call(**kw):
-        order = pack_order(lens, 11, next(orders))
+        order = pack_order(lens, seed, next(orders))
         cu = torch.tensor([0, *itertools.accumulate(order)], dtype=torch.int32)
         q, k, v = (mb.shard_seq(t, layout="whole_docs", cu_seqlens=cu).detach()
                    .requires_grad_() for t in full)
-        torch.cuda.synchronize(device)
+        _sync(device)
         dist.barrier()
         t0 = time.perf_counter()
         out = mb.burst_attn(q, k, v, causal=True, layout="whole_docs", cu_seqlens=cu, **kw)
         out.backward(torch.ones_like(out))
         host = time.perf_counter() - t0
-        torch.cuda.synchronize(device)
+        _sync(device)
         return host * 1e3, (time.perf_counter() - t0) * 1e3
     return call
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def auto_against_forced(world: int, device, calls: int) -> dict:
     """Part 1 (module docstring)."""
     from megatron_burst.attention import prepare
 
-    call = _pack_caller(_inputs(8192, (32, 32), world, device), world, device)
+    call = pack_caller(inputs(8192, (32, 32), world, device), world, device)
     auto = dict(backward="auto", ulysses_size="auto", intra_node_size="auto")
     for _ in range(3):
         call(**auto)
@@ -105,7 +112,7 @@ def ulysses_kernels(world: int, device, calls: int) -> dict:
     import megatron_burst as mb
     from torch.profiler import ProfilerActivity, profile
 
-    full = _inputs(8192, (32, 32), world, device)
+    full = inputs(8192, (32, 32), world, device)
     q, k, v = (mb.shard_seq(t).detach().requires_grad_() for t in full)
     out = {}
     for name, kw in (("ulysses 2 x ring 1", dict(ulysses_size=2, backward="ring")),

@@ -36,7 +36,8 @@ def host_seconds(topology: CPTopology, prof: HostFigures, steps: int,
                  docs: int | None = None) -> float:
     """The host's seconds for one call of ``steps`` ring steps (forward and backward): its
     fixed cost (Ulysses' where the topology splits heads and the profile measured it) and a
-    cost per step; for a new pack of ``docs`` documents, ``pack_seconds``."""
+    cost per step; for a new pack of ``docs`` documents, ``pack_seconds`` (timed on whole
+    calls, its ring steps included), else ``PACK_HOST`` times the plain call's."""
     if docs is not None:
         measured = pack_seconds(topology, prof, docs)
         if measured is not None:

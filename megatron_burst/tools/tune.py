@@ -11,8 +11,8 @@ It measures, on the ranks it is started on (under a minute on GPUs):
 - all-to-all among the ranks of a node;
 - the local attention kernel's fwd+bwd rate at a few block sizes, dense and varlen, fitted
   to ``peak * n / (n + n_half)``;
-- a large copy (memory bandwidth) and the host's cost per ring step, per call and per
-  Ulysses call, from burst_attn on tiny inputs, as first use measures them.
+- a large copy (memory bandwidth) and the host's cost per ring step, per call, per Ulysses
+  call and per new document pack, from burst_attn on tiny inputs, as first use measures them.
 On CPU (gloo) it runs the same measurements at toy sizes, which is how the tests check it.
 """
 from __future__ import annotations
@@ -65,9 +65,10 @@ def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device
 
 
 def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int) -> dict:
-    """The profile's host fields (microseconds a ring step, a call and a Ulysses call), as
-    first use measures them (``first_use.host_fields``: tiny calls over the whole group,
-    timed until they return), so a tuned profile and a measured one price the host alike."""
+    """The profile's host fields (microseconds a ring step, a call, a Ulysses call and a new
+    pack's), as first use measures them (``first_use.host_fields``: tiny calls over the
+    whole group, timed until they return), so a tuned profile and a measured one price the
+    host alike."""
     import megatron_burst as mb
 
     return first_use.host_fields(None, dist.get_world_size(), device, dtype, repeat,
