@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import random
 import statistics
@@ -41,11 +42,15 @@ logger = logging.getLogger(__name__)
 # Seconds of sustained kernel calls before the kernel is timed (``measure.measure_kernels``).
 SETTLE_S = 1.0
 # Timed runs of each tiny call the host's cost is read from (``measure.step_and_call``).
-HOST_REPEAT = 5
+HOST_REPEAT = 7
+# Tokens a rank of the tiny plain calls and of the tiny packs (whose documents need room).
+TINY_TOKENS, PACK_TOKENS = 64, 256
 # Documents in the tiny packs a new pack's host cost is timed at (``pack_fields``): it grows
 # with them (a pack's plan, its kernel calls), so two counts give a fixed cost and one per
-# document.
-PACK_DOCS = (2, 16)
+# document; each pack's shares fall by PACK_DECAY a document (``pack_lengths``: eight of
+# them are 41%, 25%, 15%, ... 1%, as ``benchmarks/auto_check.py``'s mix).
+PACK_DOCS = (4, 16)
+PACK_DECAY = 0.6
 _KNOWN: dict[tuple, Profile] = {}  # (group name, MachineKey) -> this machine's profile
 _SAID: set = set()  # what was logged once per process
 
@@ -221,44 +226,46 @@ def host_fields(group, world: int, device: torch.device, dtype: torch.dtype, rep
                 attend) -> dict:
     """The profile's host fields (microseconds a ring step, a call and a Ulysses call; a new
     pack's, ``pack_fields``), from tiny calls on the group: a flat ring (one call, 2 x world
-    steps) and Ulysses over the whole group (one call, 2 steps; None on one rank). ``tune``
-    measures with it too."""
-    q = _tiny(world, device, dtype)
-    repeat = max(repeat, HOST_REPEAT)  # tiny calls: cheap, and their times are noisy
+    steps), Ulysses over the whole group (one call, 2 steps; None on one rank) and tiny
+    packs, all timed in turns (``measure.host_rounds``). ``tune`` measures with it too."""
+    q = _tiny(world, device, dtype, TINY_TOKENS)
+    kinds = [{}] + ([dict(ulysses_size=world)] if world > 1 else [])
 
-    def call(**kw):
+    def call(kw):
         return lambda: attend(q, q, q, group, causal=True, backward="ring", **kw).sum(
         ).backward()
 
-    ring = measure.host_samples(call(), device, repeat, group)
+    packs = _tiny(world, device, dtype, PACK_TOKENS)
+    fns = [call(kw) for kw in kinds] + [_new_packs(packs, group, world, docs, attend, kw)
+                                         for kw in kinds for docs in PACK_DOCS]
+    # tiny calls: cheap, and their times are noisy
+    times = measure.host_rounds(fns, device, max(repeat, HOST_REPEAT), group)
+    ring = times[0]
     step, per_call, per_ulysses = 0.0, statistics.median(ring), None
     if world > 1:
-        ulysses = measure.host_samples(call(ulysses_size=world), device, repeat, group)
-        step, per_call = measure.step_and_call(ring, ulysses, 2 * world - 2)
-        per_ulysses = round(statistics.median(ulysses) * 1e6, 1)
+        step, per_call = measure.step_and_call(ring, times[1], 2 * world - 2)
+        per_ulysses = round(statistics.median(times[1]) * 1e6, 1)
     return dict(step_overhead_us=round(step * 1e6, 1), call_overhead_us=round(per_call * 1e6, 1),
                 ulysses_call_overhead_us=per_ulysses,
-                **pack_fields(group, world, q, repeat, attend))
+                **pack_fields(times[len(kinds):], world))
 
 
-def _tiny(world: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A tiny call's q (k and v alike): 64 tokens a rank, one head a rank for Ulysses."""
-    return torch.randn(1, 64, world, 16 if device.type == "cpu" else 64, device=device,
+def _tiny(world: int, device: torch.device, dtype: torch.dtype, tokens: int) -> torch.Tensor:
+    """A tiny call's q (k and v alike): ``tokens`` a rank, one head a rank for Ulysses."""
+    return torch.randn(1, tokens, world, 16 if device.type == "cpu" else 64, device=device,
                        dtype=dtype, requires_grad=True)
 
 
-def pack_fields(group, world: int, q: torch.Tensor, repeat: int, attend) -> dict:
-    """The profile's host figures for a new document pack (``host_time.pack_seconds``):
-    tiny ``whole_docs`` calls, each on a new pack of ``PACK_DOCS`` documents (the same on
-    every rank), until they return; a fixed cost and one per document from the two counts,
-    for the flat ring and for Ulysses over the group (None on one rank)."""
+def pack_fields(times: list[list[float]], world: int) -> dict:
+    """The profile's host figures for a new document pack (``host_time.pack_seconds``), from
+    the timed tiny packs (``_new_packs``: each count of ``PACK_DOCS``, the flat ring's then
+    Ulysses'): a fixed cost and one per document from the two counts' medians, for the flat
+    ring and for Ulysses over the group (None on one rank)."""
     fields: dict = {}
-    for prefix, kw in (("", {}), ("ulysses_", dict(ulysses_size=world))):
+    for n, prefix in enumerate(("", "ulysses_")):
         per_doc = fixed = None
         if world > 1 or not prefix:
-            few, many = (statistics.median(measure.host_samples(
-                _new_packs(q, group, world, docs, attend, kw), q.device, repeat, group))
-                for docs in PACK_DOCS)
+            few, many = (statistics.median(t) for t in times[2 * n:2 * n + 2])
             per_doc = max(0.0, (many - few) / (PACK_DOCS[1] - PACK_DOCS[0]))
             fixed = round(max(0.0, few - PACK_DOCS[0] * per_doc) * 1e6, 1)
             per_doc = round(per_doc * 1e6, 2)
@@ -267,14 +274,27 @@ def pack_fields(group, world: int, q: torch.Tensor, repeat: int, attend) -> dict
     return fields
 
 
+def pack_lengths(docs: int, total: int) -> list[int]:
+    """A tiny pack's document lengths: ``total`` tokens in ``docs`` documents whose shares
+    fall by ``PACK_DECAY`` each (at least a token each), as real data's long tail has them:
+    its first documents cross ranks (the ring hops), its last ones are short. Tiny packs of
+    uniform random cuts were not packs' cost: 16 such documents of a few tokens each fit
+    whole on their ranks, so the ring sent nothing and read cheaper than 2 documents."""
+    shares = [PACK_DECAY ** i for i in range(docs)]
+    lens = [max(1, int(total * s / sum(shares))) for s in shares]
+    lens[0] += total - sum(lens)
+    return lens
+
+
 def _new_packs(q: torch.Tensor, group, world: int, docs: int, attend, kw: dict):
-    """A tiny whole_docs call (fwd+bwd) on a new pack of ``docs`` documents every run, the
-    same packs on every rank (a pack repeated is planned once: not what training pays)."""
-    total, draw = q.shape[1] * world, random.Random(docs)
+    """A tiny whole_docs call (fwd+bwd) on a new pack every run: ``pack_lengths`` in a new
+    order, the same on every rank (a pack repeated is planned once: not what training
+    pays)."""
+    lens, draw = pack_lengths(docs, q.shape[1] * world), random.Random(docs)
 
     def run() -> None:
-        cuts = sorted(draw.sample(range(1, total), docs - 1))
-        cu = torch.tensor([0, *cuts, total], dtype=torch.int32)
+        order = draw.sample(lens, len(lens))
+        cu = torch.tensor([0, *itertools.accumulate(order)], dtype=torch.int32)
         attend(q, q, q, group, causal=True, backward="ring", layout="whole_docs",
                cu_seqlens=cu, **kw).sum().backward()
     return run

@@ -57,6 +57,25 @@ def host_samples(fn: Callable[[], object], device: torch.device, repeat: int,
     return samples(fn, device, repeat, group, host=True)
 
 
+def host_rounds(fns: Sequence[Callable[[], object]], device: torch.device, repeat: int,
+                group: dist.ProcessGroup | None = None) -> list[list[float]]:
+    """``host_samples`` of several calls taken in turns (one warm-up each, then ``repeat``
+    rounds of one run of each), so a slow spell of the host lands on all of them: on 2x H100
+    five runs in a row agreed within 10% while the next five read 30-60% more or less
+    (``results/h100x2_issue41_host_repeat``)."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, mine in zip(fns, times):
+            sync(device)
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            mine.append(time.perf_counter() - t0)
+    return times
+
+
 def step_and_call(ring: Sequence[float], ulysses: Sequence[float], steps: int
                   ) -> tuple[float, float]:
     """(per ring step, per call) seconds of host work, from timed tiny calls: a flat ring's
