@@ -5,13 +5,16 @@
 The time model's host figures come from tiny calls timed at first use
 (``first_use.host_fields``). On 2x H100 two first uses 2.5 minutes apart read a new pack's
 ring host as 4.51 and 5.46 ms, and an earlier session's 6.56, where the same rows took
-5.5-5.8 ms each time (``results/h100x2_issue41_settled``, this session's ``a41t`` run). This
+5.5-5.8 ms each time (``results/h100x2_issue41_settled``, ``h100x2_issue41_real_packs/
+trace_ff72cd2``). This
 takes ``--reps`` measurements in one process, each followed by the truth it stands for: the
 median host milliseconds of 8 fwd+bwd calls on new packs of ``auto_check``'s document mix at
 8K tokens a GPU (32:8 heads, d 128, bf16), flat ring and Ulysses, and of 8 plain causal
 calls. Each line: the tiny figure, then (in brackets) the truth it stands for; a pack's
-figure is the model's for the truth's 8 documents. Every raw sample is kept, so estimators other than the median of 5 can be tried on
-the same numbers. Rank 0 writes OUT/host_repeat.json and prints a table.
+figure is the model's for the truth's 8 documents. Every raw sample is kept, so estimators
+other than the median can be tried on the same numbers. Rank 0 writes OUT/host_repeat.json
+and prints a line a measurement. Without CUDA it runs on gloo ranks (use a small
+``--per-gpu``).
 """
 from __future__ import annotations
 
@@ -112,8 +115,9 @@ def main() -> None:
                   f"  [{took:.1f} s]", flush=True)
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
+        name = torch.cuda.get_device_name(device) if gpu else "cpu"
         meta = dict(command="torchrun --nproc_per_node=2 benchmarks/host_repeat.py "
-                    + " ".join(sys.argv[1:]), device=torch.cuda.get_device_name(device) if gpu else "cpu",
+                    + " ".join(sys.argv[1:]), device=name,
                     world=world, package=ran_package(), calls=CALLS)
         path = os.path.join(args.out, "host_repeat.json")
         with open(path, "w") as fh:

@@ -1445,3 +1445,54 @@ def test_ulysses_order_figures_are_the_runs_on_file():
         _says(f"{said}{before:.2f} -> {after:.2f}".strip())
     _says(f"The flat ring ({ms['after', 8192, '32:32', 'burst (rin']:.2f} and "
           f"{ms['after', 8192, '32:8', 'burst (rin']:.2f} ms at 8K)")
+
+
+def _host_repeat(folder: str) -> dict:
+    """Each host figure over the truth it stands for (8 documents, auto_check's mix), and the
+    medians of the first two pack series, over every measurement of both processes."""
+    out: dict = {"ring pack": [], "ulysses pack": [], "few": [], "many": [], "causal": []}
+    for p in (1, 2):
+        for row in _load(f"{folder}/host_repeat_p{p}.json")["rows"]:
+            f, t = row["fields"], row["truth"]
+            for name, prefix, truth in (("ring pack", "", "ring_pack_ms"),
+                                        ("ulysses pack", "ulysses_", "ulysses_pack_ms")):
+                figure = (f[f"{prefix}pack_call_overhead_us"]
+                          + 8 * f[f"{prefix}pack_doc_overhead_us"])
+                out[name].append(figure / 1e3 / t[truth])
+            out["few"].append(statistics.median(row["raw_ms"][2]))
+            out["many"].append(statistics.median(row["raw_ms"][3]))
+            out["causal"].append(t["ring_causal_ms"])
+    return out
+
+
+def test_real_pack_figures_are_the_runs_on_file():
+    folder = "h100x2_issue41_real_packs/"
+    before, after = _host_repeat(folder + "host_repeat_ff72cd2"), _host_repeat(
+        folder + "host_repeat_8a056d2")
+    _says(f"read cheaper than 2 documents (medians {_span(before['many'])} ms against "
+          f"{_span(before['few'])})")
+    _says(f"Ulysses' pack figure read {_span(before['ulysses pack'])} of the 8K pack")
+    was, now = (statistics.median(x["ulysses pack"]) for x in (before, after))
+    _says(f"Ulysses' figure now reads {_span(after['ulysses pack'])} of its truth (median "
+          f"{now:.2f}, was {was:.2f})")
+    tags = ("", "_25gbps", "_50gbps")
+    runs = [_load(f"{folder}auto_check{t}.json") for t in tags]
+    worst = [f"{r['meta']['worst_auto_over_best']:.2f}" for r in runs]
+    _says(f"Auto within {worst[0]}, {worst[1]} and {worst[2]} of the best forced topology")
+    within = [r["meta"]["rows_model_within_15pct"].split(" of ")[0] for r in runs]
+    _says(f"within 15% in {within[0]}, {within[1]} and {within[2]} of 32 rows")
+    seconds = _first_use_seconds([r["meta"] for r in runs])
+    _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
+    misses = [r for run in runs for r in run["rows"]
+              if abs(r["measured_over_predicted"] - 1) > 0.15]
+    assert all(r["per_gpu"] == 8192 and r["method"] != "ulysses 2 x ring 1" for r in misses)
+    assert all(run["meta"]["emulated"] for run in runs if any(
+        abs(r["measured_over_predicted"] - 1) > 0.15 for r in run["rows"]))
+    _says(f"priced high ({_span([r['measured_over_predicted'] for r in misses])})")
+    latency = _load(f"{folder}profile_25gbps.json")["inter"]["latency_us"]
+    _says(f"read the link's latency as {latency:.0f} us")
+    per_call = {layers: [r["ms"] for r in _load(f"{folder}trace_ff72cd2/{sub}auto_check.json")
+                         ["rows"] if r["method"] == "flat ring 2, ring bwd"]
+                for layers, sub in ((1, ""), (8, "layers8/"))}
+    _says(f"the flat ring takes {_span(per_call[8])} ms a call at 8K documents against "
+          f"{_span(per_call[1])} with a new pack every call")

@@ -61,8 +61,8 @@ def host_rounds(fns: Sequence[Callable[[], object]], device: torch.device, repea
                 group: dist.ProcessGroup | None = None) -> list[list[float]]:
     """``host_samples`` of several calls taken in turns (one warm-up each, then ``repeat``
     rounds of one run of each), so a slow spell of the host lands on all of them: on 2x H100
-    five runs in a row agreed within 10% while the next five read 30-60% more or less
-    (``results/h100x2_issue41_host_repeat``)."""
+    five runs in a row of one tiny pack read 3.21-3.27 ms, and the medians of such fives
+    2.89-5.63 ms from one measurement to the next (``results/h100x2_issue41_real_packs``)."""
     for fn in fns:
         fn()
     times: list[list[float]] = [[] for _ in fns]
