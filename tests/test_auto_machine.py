@@ -513,3 +513,34 @@ def test_another_topology_replaces_the_choice_only_beyond_a_timings_noise(faster
     that ran 1% slower over 16 rounds. The choice stands unless beaten by more than
     ``SWITCH_MARGIN`` (3%). Its log line says how long the check took."""
     assert run_ranks(2, _margin, faster_by, timeout=120) == [(kept, True), (kept, True)]
+
+
+def _slow_again(rank, world, again):
+    """A near tie whose choice times 1.0 s, then ``again`` when timed again; the runner-up
+    0.98 s."""
+    from types import SimpleNamespace
+
+    import megatron_burst as mb
+    from megatron_burst.attention import decision_check
+    from megatron_burst.decide.options import Decision
+    from megatron_burst.decide.topology import CPTopology
+
+    burst, ring = (CPTopology.build(2, backward=b) for b in ("burst", "ring"))
+    ranked = (SimpleNamespace(topology=burst, total_s=1.0),
+              SimpleNamespace(topology=ring, total_s=1.05))
+    decision = Decision(burst, ranked, None, ("slow again", again))
+    call = SimpleNamespace(layout="zigzag", window_size=(-1, -1), cu_seqlens=None)
+    clock = iter([1.0, 0.98, again])
+    swap(decision_check, "TIMER", lambda topology, run, device, group: (run(), next(clock))[1])
+    gen = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
+    found = decision_check.check(None, world, decision, call, q, k, v, {"causal": True},
+                                 mb.burst_attn)
+    return found.kept.backward, found.chosen_again_s
+
+
+@pytest.mark.parametrize("again, kept", [(1.10, "burst"), (0.99, "burst"), (1.0, "burst")])
+def test_the_choice_keeps_the_faster_of_its_two_timings(again, kept):
+    """The choice is timed twice (first, and again after the others): a slow spell in one of
+    them does not hand its place to a runner-up within the margin of the other."""
+    assert run_ranks(2, _slow_again, again, timeout=120) == [(kept, again)] * 2
