@@ -112,13 +112,13 @@ def acquire(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
         logger.info("burst auto: profile %s (%s) matches this machine (%s)", told[1],
                     machine.measured_when(prof), key.describe())
     else:
-        t0 = time.perf_counter()
+        t0, took = time.perf_counter(), Phases()
         with torch.enable_grad():
-            prof = _measure(group, world, key, q, k, v, causal, attend)
+            prof = _measure(group, world, key, q, k, v, causal, attend, took)
         prof = Profile.from_json(consensus.from_root(group, prof.to_json()))  # rank 0's figures
         path = _store(prof, key)
-        logger.warning("burst auto: measured this machine (%s) in %.1f s at first use; "
-                       "cached at %s", key.describe(), time.perf_counter() - t0, path)
+        logger.warning("burst auto: measured this machine (%s) in %.1f s at first use (%s); "
+                       "cached at %s", key.describe(), time.perf_counter() - t0, took, path)
     _KNOWN[(group_name(group), key)] = prof
     return prof
 
@@ -136,9 +136,27 @@ def _say_once(what: str, message: str, *args) -> None:
         logger.warning(message, *args)
 
 
+class Phases(dict):
+    """Seconds each part of a first use took, in order, for its log line: a first use that
+    ran long says where (a Megatron layer's first use once took 10.3 s where a benchmark's
+    took 3.3)."""
+
+    def time(self, name: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self[name] = time.perf_counter() - t0
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.items())
+
+
 def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
-             attend) -> Profile:
-    """Every measurement the decision needs, at the call's sizes (this rank's figures)."""
+             attend, took: Phases | None = None) -> Profile:
+    """Every measurement the decision needs, at the call's sizes (this rank's figures);
+    ``took``: where the seconds went."""
+    took = Phases() if took is None else took
     device, cpu = q.device, q.device.type == "cpu"
     heads = HeadShape.of_tensors(q, k, v)
     tokens = max(q.shape[0] * q.shape[1], 1)
@@ -148,17 +166,19 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
         world, cluster.GpusPerNode(per, "key"), group_ranks=group_ranks(group, world),
         rank=dist.get_rank()))
     repeat = 2 if cpu else 3
-    intra, inter, a2a = _links(group, world, per, tops, heads, tokens, device, repeat)
+    intra, inter, a2a = took.time("links", _links, group, world, per, tops, heads, tokens,
+                                  device, repeat)
     # The kernel at the call's sizes, and across the range the cached profile will serve
     # (later calls of other sizes read it): up to the cap, so no size is extrapolated.
     cap = 512 if cpu else 32768
     sizes = sorted({min(tokens * u, cap) for u in {t.ulysses for t in tops}}
                    | {cap // 16, cap // 4, cap})
-    dense, varlen = measure.measure_kernels(sizes, q.shape[2], q.shape[3], device, q.dtype,
-                                            repeat, group, kv_heads=k.shape[2],
-                                            settle_s=0.0 if cpu else SETTLE_S)
-    memory = measure.measure_memory(2**22 if cpu else 2**28, device, repeat, group)
-    host = host_fields(group, world, device, q.dtype, repeat, attend)
+    dense, varlen = took.time("kernels", measure.measure_kernels, sizes, q.shape[2],
+                              q.shape[3], device, q.dtype, repeat, group, kv_heads=k.shape[2],
+                              settle_s=0.0 if cpu else SETTLE_S)
+    memory = took.time("memory", measure.measure_memory, 2**22 if cpu else 2**28, device,
+                       repeat, group)
+    host = took.time("host", host_fields, group, world, device, q.dtype, repeat, attend)
     base = load_profile(DEFAULT_PROFILE)
     copied = [w for w, link in (("intra-node link", intra), ("inter-node link", inter),
                                 ("all-to-all", a2a)) if link is None]
