@@ -1404,19 +1404,26 @@ def _paired_over_same(run: dict) -> dict:
     return out
 
 
-def test_settled_check_figures_are_the_runs_on_file():
-    folder = "h100x2_issue41_settled/"
-    tags = ("", "_25gbps", "_50gbps")
-    runs = [_load(f"{folder}auto_check{t}.json") for t in tags]
-    before = [_load(f"{folder}before_margin/auto_check{t}.json")["meta"] for t in tags]
+def _three_runs_said(folder: str) -> list[dict]:
+    """``auto_check_three.sh``'s runs in ``folder`` (machine, 25, 50 GB/s), after checking
+    the README says their worst auto / best, rows within 15% and first-use seconds."""
+    runs = [_load(f"{folder}auto_check{t}.json") for t in ("", "_25gbps", "_50gbps")]
     worst = [f"{r['meta']['worst_auto_over_best']:.2f}" for r in runs]
     _says(f"Auto within {worst[0]}, {worst[1]} and {worst[2]} of the best forced topology")
-    was = [f"{m['worst_auto_over_best']:.2f}" for m in before]
-    _says(f"{was[0]}, {was[1]} and {was[2]} in the run before these changes")
     within = [r["meta"]["rows_model_within_15pct"].split(" of ")[0] for r in runs]
     _says(f"within 15% in {within[0]}, {within[1]} and {within[2]} of 32 rows")
     seconds = _first_use_seconds([r["meta"] for r in runs])
     _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
+    return runs
+
+
+def test_settled_check_figures_are_the_runs_on_file():
+    folder = "h100x2_issue41_settled/"
+    tags = ("", "_25gbps", "_50gbps")
+    runs = _three_runs_said(folder)
+    before = [_load(f"{folder}before_margin/auto_check{t}.json")["meta"] for t in tags]
+    was = [f"{m['worst_auto_over_best']:.2f}" for m in before]
+    _says(f"{was[0]}, {was[1]} and {was[2]} in the run before these changes")
     misses = [r["measured_over_predicted"] for run in runs for r in run["rows"]
               if abs(r.get("measured_over_predicted", 1) - 1) > 0.15]
     assert all(r["method"].startswith("ulysses") and r["mask"] == "documents"
@@ -1475,14 +1482,7 @@ def test_real_pack_figures_are_the_runs_on_file():
     was, now = (statistics.median(x["ulysses pack"]) for x in (before, after))
     _says(f"Ulysses' figure now reads {_span(after['ulysses pack'])} of its truth (median "
           f"{now:.2f}, was {was:.2f})")
-    tags = ("", "_25gbps", "_50gbps")
-    runs = [_load(f"{folder}auto_check{t}.json") for t in tags]
-    worst = [f"{r['meta']['worst_auto_over_best']:.2f}" for r in runs]
-    _says(f"Auto within {worst[0]}, {worst[1]} and {worst[2]} of the best forced topology")
-    within = [r["meta"]["rows_model_within_15pct"].split(" of ")[0] for r in runs]
-    _says(f"within 15% in {within[0]}, {within[1]} and {within[2]} of 32 rows")
-    seconds = _first_use_seconds([r["meta"] for r in runs])
-    _says(f"first use {seconds[0]}, {seconds[1]} and {seconds[2]}")
+    runs = _three_runs_said(folder)
     misses = [r for run in runs for r in run["rows"]
               if abs(r["measured_over_predicted"] - 1) > 0.15]
     assert all(r["per_gpu"] == 8192 and r["method"] != "ulysses 2 x ring 1" for r in misses)
