@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from host_gap import inputs, pack_caller  # noqa: E402
+from op_spans import profiled_calls  # noqa: E402
 from ranks import ran_package, start_ranks  # noqa: E402
 
 WAYS = ("auto", "forced", "decided")
@@ -57,13 +58,9 @@ class _Counters:
 
 
 def _trace(call, kw: dict, calls: int) -> dict[str, float]:
-    """CPU op -> its total ms a call, over ``calls`` calls under the profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(calls):
-            call(**kw)
-    return {e.key: e.cpu_time_total / 1e3 / calls for e in prof.key_averages()}
+    """CPU op -> its total ms a call, over ``calls`` calls under the profiler (inside the
+    calls' own spans: ``host_gap.pack_caller`` opens one around what it times)."""
+    return profiled_calls(lambda: call(**kw), calls, spans_inside=True)
 
 
 def run(world: int, device, rounds: int, per_gpu: int) -> dict:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from auto_check import doc_lens, pack_order  # noqa: E402
+from op_spans import profiled_calls  # noqa: E402
 from ranks import EMULATE_ENV, ran_package, start_ranks  # noqa: E402
 
 KINDS = {"ring bwd": dict(ulysses_size=1, backward="ring"),
@@ -81,19 +82,17 @@ def host_ms(stage, run, device, repeat: int) -> float:
 
 def op_ms(stage, run, device, calls: int = 3) -> dict[str, float]:
     """Each host operator's own (self) CPU ms per call over ``calls`` calls under
-    ``torch.profiler``, each staged first, the GPU idle at each start."""
-    from torch.profiler import ProfilerActivity, profile
-
+    ``torch.profiler``, each staged first, the GPU idle at each start; only what runs
+    inside the calls counts (``op_spans``: not the staging, nor the syncs)."""
     stage()
     run()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(calls):
-            stage()
-            torch.cuda.synchronize(device)
-            dist.barrier()
-            run()
-            torch.cuda.synchronize(device)
-    return {e.key: e.self_cpu_time_total / 1e3 / calls for e in prof.key_averages()}
+
+    def between() -> None:
+        torch.cuda.synchronize(device)
+        stage()
+        torch.cuda.synchronize(device)
+        dist.barrier()
+    return profiled_calls(run, calls, between, self_time=True)
 
 
 def growth(small: dict[str, float], large: dict[str, float], top: int = 12) -> list[dict]:

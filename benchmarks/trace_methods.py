@@ -12,25 +12,25 @@ is). Prints a table; ``--json`` writes it too.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
+import os
 import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from op_spans import ops_in_spans  # noqa: E402
 
 
 def per_method(events: list[dict]) -> dict[str, dict]:
     """method -> {"calls": n, "median_us": host duration, "ops": {op: us per call}}."""
     spans = [e for e in events if str(e.get("name", "")).startswith("method:")
              and e.get("ph") == "X"]
-    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    ops = [(e["name"], e.get("tid"), e["ts"], e["dur"]) for e in events
+           if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
     out: dict[str, dict] = {}
     for name in sorted({s["name"] for s in spans}):
         mine = [s for s in spans if s["name"] == name]
-        totals: collections.Counter = collections.Counter()
-        for s in mine:
-            end = s["ts"] + s["dur"]
-            for op in ops:
-                if op.get("tid") == s.get("tid") and s["ts"] <= op["ts"] < end:
-                    totals[op["name"]] += op["dur"]
+        totals = ops_in_spans([(name, s.get("tid"), s["ts"], s["dur"]) for s in mine], ops)
         out[name[len("method:"):]] = dict(
             calls=len(mine), median_us=statistics.median(s["dur"] for s in mine),
             ops={op: us / len(mine) for op, us in totals.items()})

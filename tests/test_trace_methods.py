@@ -36,3 +36,26 @@ def test_host_kinds_names_the_operators_that_grow_most_with_the_call():
     grown = host_kinds.growth(tiny, large, top=2)
     assert [g["op"] for g in grown] == ["cudaMalloc", "aten::copy_"]
     assert grown[0] == dict(op="cudaMalloc", small_ms=0.0, large_ms=2.0)
+
+
+def test_a_live_profile_counts_only_what_runs_inside_the_calls():
+    """``op_spans.profiled_calls``: the staging and syncs between calls (here an add and a
+    multiply) are the harness's, not the call's (a matmul), whose time is per call."""
+    import torch
+
+    import op_spans
+
+    x = torch.randn(64, 64)
+    ms = op_spans.profiled_calls(lambda: x @ x, 3, between=lambda: (x + 1) * 2)
+    assert "aten::mm" in ms or "aten::matmul" in ms
+    assert "aten::add" not in ms and "aten::mul" not in ms
+    own = op_spans.profiled_calls(lambda: x @ x, 3, self_time=True)
+    assert own.get("aten::mm", 0) <= ms.get("aten::mm", 0) + 1e-9
+
+
+def test_spans_are_matched_on_their_own_thread():
+    import op_spans
+
+    spans = [("call:", 1, 0.0, 10.0)]
+    ops = [("a", 1, 5.0, 2.0), ("a", 2, 5.0, 3.0), ("b", 1, 10.0, 1.0)]  # b starts at the end
+    assert op_spans.ops_in_spans(spans, ops) == {"a": 2.0}
