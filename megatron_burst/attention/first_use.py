@@ -141,7 +141,7 @@ class Phases(dict):
     ran long says where (a Megatron layer's first use once took 10.3 s where a benchmark's
     took 3.3)."""
 
-    def time(self, name: str, fn, *args, **kwargs):
+    def timed(self, name: str, fn, *args, **kwargs):
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
@@ -166,19 +166,19 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
         world, cluster.GpusPerNode(per, "key"), group_ranks=group_ranks(group, world),
         rank=dist.get_rank()))
     repeat = 2 if cpu else 3
-    intra, inter, a2a = took.time("links", _links, group, world, per, tops, heads, tokens,
+    intra, inter, a2a = took.timed("links", _links, group, world, per, tops, heads, tokens,
                                   device, repeat)
     # The kernel at the call's sizes, and across the range the cached profile will serve
     # (later calls of other sizes read it): up to the cap, so no size is extrapolated.
     cap = 512 if cpu else 32768
     sizes = sorted({min(tokens * u, cap) for u in {t.ulysses for t in tops}}
                    | {cap // 16, cap // 4, cap})
-    dense, varlen = took.time("kernels", measure.measure_kernels, sizes, q.shape[2],
+    dense, varlen = took.timed("kernels", measure.measure_kernels, sizes, q.shape[2],
                               q.shape[3], device, q.dtype, repeat, group, kv_heads=k.shape[2],
                               settle_s=0.0 if cpu else SETTLE_S)
-    memory = took.time("memory", measure.measure_memory, 2**22 if cpu else 2**28, device,
+    memory = took.timed("memory", measure.measure_memory, 2**22 if cpu else 2**28, device,
                        repeat, group)
-    host = took.time("host", host_fields, group, world, device, q.dtype, repeat, attend)
+    host = took.timed("host", host_fields, group, world, device, q.dtype, repeat, attend)
     base = load_profile(DEFAULT_PROFILE)
     copied = [w for w, link in (("intra-node link", intra), ("inter-node link", inter),
                                 ("all-to-all", a2a)) if link is None]

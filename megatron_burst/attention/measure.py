@@ -31,30 +31,19 @@ def timed(fn: Callable[[], object], device: torch.device, repeat: int,
 
 
 def samples(fn: Callable[[], object], device: torch.device, repeat: int,
-            group: dist.ProcessGroup | None = None, host: bool = False) -> list[float]:
+            group: dist.ProcessGroup | None = None) -> list[float]:
     """Seconds of each of ``repeat`` runs of ``fn`` after one warm-up, ranks in step, the
-    GPU idle at each start: until the GPU finished, or (``host``) until ``fn`` returned to
-    Python, the host's own work (nothing in a call waits for the GPU)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        sync(device)
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        fn()
-        if not host:
-            sync(device)
-        times.append(time.perf_counter() - t0)
-    return times
+    GPU idle at each start, until the GPU finished."""
+    return _rounds([fn], device, repeat, group, wall=True)[0]
 
 
 def host_samples(fn: Callable[[], object], device: torch.device, repeat: int,
                  group: dist.ProcessGroup | None = None) -> list[float]:
-    """``samples`` until each run returned: a tiny call's wall time read as its host's once
-    took in a stall of the GPU's or its links': first use on 2x H100 under emulated 50 GB/s
-    links read 16.5 ms a call where its rounds took 3.7-4.3 (``results/
-    h100x2_issue41_host``)."""
-    return samples(fn, device, repeat, group, host=True)
+    """``samples`` until each run returned to Python, the host's own work (nothing in a call
+    waits for the GPU): a tiny call's wall time read as its host's once took in a stall of
+    the GPU's or its links': first use on 2x H100 under emulated 50 GB/s links read 16.5 ms
+    a call where its rounds took 3.7-4.3 (``results/h100x2_issue41_host``)."""
+    return _rounds([fn], device, repeat, group, wall=False)[0]
 
 
 def host_rounds(fns: Sequence[Callable[[], object]], device: torch.device, repeat: int,
@@ -63,6 +52,14 @@ def host_rounds(fns: Sequence[Callable[[], object]], device: torch.device, repea
     rounds of one run of each), so a slow spell of the host lands on all of them: on 2x H100
     five runs in a row of one tiny pack read 3.21-3.27 ms, and the medians of such fives
     2.89-5.63 ms from one measurement to the next (``results/h100x2_issue41_real_packs``)."""
+    return _rounds(fns, device, repeat, group, wall=False)
+
+
+def _rounds(fns: Sequence[Callable[[], object]], device: torch.device, repeat: int,
+            group: dist.ProcessGroup | None, wall: bool) -> list[list[float]]:
+    """Each fn once (a warm-up), then ``repeat`` rounds of one timed run of each: the GPU
+    idle and the ranks in step at each start, timed until it returned (``wall``: until the
+    GPU finished too)."""
     for fn in fns:
         fn()
     times: list[list[float]] = [[] for _ in fns]
@@ -72,6 +69,8 @@ def host_rounds(fns: Sequence[Callable[[], object]], device: torch.device, repea
             dist.barrier(group=group)
             t0 = time.perf_counter()
             fn()
+            if wall:
+                sync(device)
             mine.append(time.perf_counter() - t0)
     return times
 

@@ -134,7 +134,7 @@ def rank_main(rank: int, world: int, port: int, cfg: Config, iters: int, progres
 
 def _leave() -> None:
     """End a rank that finished its work (result sent, process group destroyed) without the
-    interpreter's teardown. Once in about 30 runs of the CPU job a rank trained every
+    interpreter's teardown. Once in about 40 runs of the CPU job a rank trained every
     iteration, sent its result, destroyed its group and then died in that teardown
     ("terminate called without an active exception": a C++ thread of torch's still joinable
     when its owner was freed), and the parent failed the run on its exit status. Nothing is
