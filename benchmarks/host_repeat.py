@@ -91,7 +91,7 @@ def main() -> None:
     if args.reps < 1:
         raise SystemExit(f"host_repeat: --reps must be >= 1, got {args.reps}")
     gpu = torch.cuda.is_available()
-    rank, world = start_ranks("nccl" if gpu else "gloo")
+    rank, world = start_ranks() if gpu else start_ranks("gloo")
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     full = inputs(args.per_gpu, (32, 8), world, device)
     rows = []
