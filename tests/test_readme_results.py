@@ -1538,3 +1538,11 @@ def test_real_packs_second_run_is_on_file():
     assert first < other < again * (1 - 0.03) and held["kept"] == held["chosen"]
     _folder_says(f"the choice timed {first:.2f} ms, the runner-up {other:.2f}, the\n  choice again "
           f"{again:.2f}")
+
+
+def test_cold_first_use_phases_are_the_run_on_file():
+    log = (RESULTS / "h100x2_issue41_real_packs/first_use_phases/gpu_tests.txt").read_text()
+    line = next(x for x in log.splitlines() if "at first use (" in x)
+    seconds = line.split(" in ")[1].split(" at first use")[0]
+    parts = line.split("at first use (")[1].split(")")[0].replace(" s,", ",")
+    _says(f"first use in a cold process took {seconds} ({parts}")
