@@ -10,8 +10,9 @@ trace_ff72cd2``). This
 takes ``--reps`` measurements in one process, each followed by the truth it stands for: the
 median host milliseconds of 8 fwd+bwd calls on new packs of ``auto_check``'s document mix at
 8K tokens a GPU (32:8 heads, d 128, bf16), flat ring and Ulysses, and of 8 plain causal
-calls. Each line: the tiny figure, then (in brackets) the truth it stands for; a pack's
-figure is the model's for the truth's 8 documents. Every raw sample is kept, so estimators
+calls. First use times calls of the call's own shape (``first_use.HostShape.of_call``);
+``--tiny``: tiny calls, as it did before. Each line: the figure, then (in brackets) the
+truth it stands for; a pack's figure is the model's for the truth's 8 documents. Every raw sample is kept, so estimators
 other than the median can be tried on the same numbers. Rank 0 writes OUT/host_repeat.json
 and prints a line a measurement. Without CUDA it runs on gloo ranks (use a small
 ``--per-gpu``).
@@ -19,6 +20,7 @@ and prints a line a measurement. Without CUDA it runs on gloo ranks (use a small
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -38,7 +40,7 @@ KINDS = {"ring": dict(ulysses_size=1, backward="ring"),
 CALLS = 8
 
 
-def recorded_fields(device, world: int) -> tuple[dict, list[list[float]]]:
+def recorded_fields(device, world: int, shape=None) -> tuple[dict, list[list[float]]]:
     """One ``host_fields`` measurement, with every list of samples it read, in order (ring,
     Ulysses, then the packs: the ring's of ``first_use.PACK_DOCS`` documents, Ulysses')."""
     import megatron_burst as mb
@@ -53,7 +55,8 @@ def recorded_fields(device, world: int) -> tuple[dict, list[list[float]]]:
         return out
     measure.host_rounds = keep
     try:
-        fields = first_use.host_fields(None, world, device, torch.bfloat16, 3, mb.burst_attn)
+        fields = first_use.host_fields(None, world, device, torch.bfloat16, 3, mb.burst_attn,
+                                       shape)
     finally:
         measure.host_rounds = original
     return fields, seen
@@ -87,6 +90,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--per-gpu", type=int, default=8192)
+    parser.add_argument("--tiny", action="store_true",
+                        help="time tiny calls, as first use did before it took the call's shape")
     args = parser.parse_args()
     if args.reps < 1:
         raise SystemExit(f"host_repeat: --reps must be >= 1, got {args.reps}")
@@ -94,10 +99,13 @@ def main() -> None:
     rank, world = start_ranks() if gpu else start_ranks("gloo")
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     full = inputs(args.per_gpu, (32, 8), world, device)
+    from megatron_burst.attention.first_use import HostShape
+    # what first use times for a call of the truth's shape (a rank's q of 32 heads)
+    shape = HostShape.of_call(full[0][:, :args.per_gpu], world)
     rows = []
     for rep in range(args.reps):
         t0 = time.perf_counter()
-        fields, raw = recorded_fields(device, world)
+        fields, raw = recorded_fields(device, world, None if args.tiny else shape)
         took = time.perf_counter() - t0
         rows.append(dict(rep=rep, seconds=round(took, 2), fields=fields, raw_ms=raw,
                          truth=truths(full, world, device, seed=rep + 1)))
@@ -117,7 +125,8 @@ def main() -> None:
         os.makedirs(args.out, exist_ok=True)
         name = torch.cuda.get_device_name(device) if gpu else "cpu"
         meta = dict(command="torchrun --nproc_per_node=2 benchmarks/host_repeat.py "
-                    + " ".join(sys.argv[1:]), device=name,
+                    + " ".join(sys.argv[1:]), device=name, host_shape=None if args.tiny
+                    else dataclasses.asdict(shape),
                     world=world, package=ran_package(), calls=CALLS)
         path = os.path.join(args.out, "host_repeat.json")
         with open(path, "w") as fh:

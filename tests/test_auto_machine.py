@@ -544,3 +544,32 @@ def test_the_choice_keeps_the_faster_of_its_two_timings(again, kept):
     """The choice is timed twice (first, and again after the others): a slow spell in one of
     them does not hand its place to a runner-up within the margin of the other."""
     assert run_ranks(2, _slow_again, again, timeout=120) == [(kept, again)] * 2
+
+
+def test_the_host_is_timed_on_calls_of_the_call_s_own_shape():
+    """Tiny calls read 0.68-0.84 of an 8K call's host on 2x H100: first use times calls of
+    the call's heads and head dim, its tokens a rank up to ``HOST_TOKENS``; heads Ulysses
+    over the group cannot split go one a rank; a pack has room for its documents."""
+    from megatron_burst.attention.first_use import (HOST_TOKENS, PACK_TOKENS, TINY_TOKENS,
+                                                    HostShape)
+
+    big = torch.empty(2, 3 * HOST_TOKENS, 32, 128)  # [b, s, h, d]: 6 x HOST_TOKENS tokens
+    assert HostShape.of_call(big, 2) == HostShape(HOST_TOKENS, 32, 128, HOST_TOKENS)
+    assert HostShape.of_call(torch.empty(1, 96, 6, 64), 4) == HostShape(96, 4, 64, PACK_TOKENS)
+    assert HostShape.tiny(2, torch.device("cpu")) == HostShape(TINY_TOKENS, 2, 16, PACK_TOKENS)
+
+
+def _host_of_shape(rank, world):
+    import megatron_burst as mb
+    from megatron_burst.attention.first_use import HostShape, host_fields
+
+    fields = host_fields(None, world, torch.device("cpu"), torch.float32, 2, mb.burst_attn,
+                         HostShape(128, 4, 16, 256))
+    return sorted(k for k, v in fields.items() if v is not None and v >= 0)
+
+
+def test_host_fields_run_on_a_shape_given():
+    keys = ["call_overhead_us", "pack_call_overhead_us", "pack_doc_overhead_us",
+            "step_overhead_us", "ulysses_call_overhead_us", "ulysses_pack_call_overhead_us",
+            "ulysses_pack_doc_overhead_us"]
+    assert run_ranks(2, _host_of_shape, timeout=120) == [keys, keys]

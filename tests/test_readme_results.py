@@ -1546,3 +1546,21 @@ def test_cold_first_use_phases_are_the_run_on_file():
     seconds = line.split(" in ")[1].split(" at first use")[0]
     parts = line.split("at first use (")[1].split(")")[0].replace(" s,", ",")
     _says(f"first use in a cold process took {seconds} ({parts}")
+
+
+def test_the_model_given_each_row_s_host_is_the_replay_of_the_runs_on_file():
+    import sys
+
+    sys.path.insert(0, str(RESULTS.parent))
+    import model_replay
+    from megatron_burst.decide.timing import Profile
+
+    counts = []
+    for sub in ("", "again_bd57e09/"):
+        for tag in ("", "_25gbps", "_50gbps"):
+            folder = f"h100x2_issue41_real_packs/{sub}"
+            prof = Profile.from_json(_load(f"{folder}profile{tag}.json"))
+            rows = model_replay.replay(_load(f"{folder}auto_check{tag}.json"), prof, True)
+            counts.append(sum(abs(r["ms"] / r["replayed_ms"] - 1) <= 0.15 for r in rows))
+    _says(f"the model comes within 15% in {counts[0]}, {counts[1]} and {counts[2]} of 32 rows "
+          f"of the first run and {counts[3]}, {counts[4]} and {counts[5]} of the second")
