@@ -10,7 +10,7 @@ trace_ff72cd2``). This
 takes ``--reps`` measurements in one process, each followed by the truth it stands for: the
 median host milliseconds of 8 fwd+bwd calls on new packs of ``auto_check``'s document mix at
 8K tokens a GPU (32:8 heads, d 128, bf16), flat ring and Ulysses, and of 8 plain causal
-calls. First use times calls of the call's own shape (``first_use.HostShape.of_call``);
+calls. First use times calls of the call's own shape (``measure.HostShape.of_call``);
 ``--tiny``: tiny calls, as it did before. Each line: the figure, then (in brackets) the
 truth it stands for; a pack's figure is the model's for the truth's 8 documents. Every raw sample is kept, so estimators
 other than the median can be tried on the same numbers. Rank 0 writes OUT/host_repeat.json
@@ -99,7 +99,7 @@ def main() -> None:
     rank, world = start_ranks() if gpu else start_ranks("gloo")
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     full = inputs(args.per_gpu, (32, 8), world, device)
-    from megatron_burst.attention.first_use import HostShape
+    from megatron_burst.attention.measure import HostShape
     # what first use times for a call of the truth's shape (a rank's q of 32 heads)
     shape = HostShape.of_call(full[0][:, :args.per_gpu], world)
     rows = []

@@ -550,18 +550,24 @@ def test_the_host_is_timed_on_calls_of_the_call_s_own_shape():
     """Tiny calls read 0.68-0.84 of an 8K call's host on 2x H100: first use times calls of
     the call's heads and head dim, its tokens a rank up to ``HOST_TOKENS``; heads Ulysses
     over the group cannot split go one a rank; a pack has room for its documents."""
-    from megatron_burst.attention.first_use import (HOST_TOKENS, PACK_TOKENS, TINY_TOKENS,
-                                                    HostShape)
+    from megatron_burst.attention.measure import (HOST_TOKENS, PACK_TOKENS, TINY_TOKENS,
+                                                  HostShape)
 
     big = torch.empty(2, 3 * HOST_TOKENS, 32, 128)  # [b, s, h, d]: 6 x HOST_TOKENS tokens
     assert HostShape.of_call(big, 2) == HostShape(HOST_TOKENS, 32, 128, HOST_TOKENS)
     assert HostShape.of_call(torch.empty(1, 96, 6, 64), 4) == HostShape(96, 4, 64, PACK_TOKENS)
     assert HostShape.tiny(2, torch.device("cpu")) == HostShape(TINY_TOKENS, 2, 16, PACK_TOKENS)
+    # ``tune``: no call to take a shape from; 32 heads, or one a rank where there are more
+    assert HostShape.typical(2, torch.device("cuda")) == HostShape(HOST_TOKENS, 32, 128,
+                                                                   HOST_TOKENS)
+    assert HostShape.typical(64, torch.device("cuda")).heads == 64
+    assert HostShape.typical(2, torch.device("cpu")) == HostShape.tiny(2, torch.device("cpu"))
 
 
 def _host_of_shape(rank, world):
     import megatron_burst as mb
-    from megatron_burst.attention.first_use import HostShape, host_fields
+    from megatron_burst.attention.first_use import host_fields
+    from megatron_burst.attention.measure import HostShape
 
     fields = host_fields(None, world, torch.device("cpu"), torch.float32, 2, mb.burst_attn,
                          HostShape(128, 4, 16, 256))

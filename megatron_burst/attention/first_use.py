@@ -43,9 +43,6 @@ logger = logging.getLogger(__name__)
 SETTLE_S = 1.0
 # Timed runs of each tiny call the host's cost is read from (``measure.step_and_call``).
 HOST_REPEAT = 7
-# Tokens a rank of the tiny plain calls and of the tiny packs (whose documents need room),
-# and the most a rank of the calls shaped as the call's (``HostShape.of_call``).
-TINY_TOKENS, PACK_TOKENS, HOST_TOKENS = 64, 256, 8192
 # Documents in the tiny packs a new pack's host cost is timed at (``pack_fields``): it grows
 # with them (a pack's plan, its kernel calls), so two counts give a fixed cost and one per
 # document; each pack's shares fall by PACK_DECAY a document (``pack_lengths``: eight of
@@ -179,7 +176,7 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
     memory = took.timed("memory", measure.measure_memory, 2**22 if cpu else 2**28, device,
                        repeat, group)
     host = took.timed("host", host_fields, group, world, device, q.dtype, repeat, attend,
-                      None if cpu else HostShape.of_call(q, world))
+                      None if cpu else measure.HostShape.of_call(q, world))
     base = load_profile(DEFAULT_PROFILE)
     copied = [w for w, link in (("intra-node link", intra), ("inter-node link", inter),
                                 ("all-to-all", a2a)) if link is None]
@@ -243,46 +240,14 @@ def _sizes(nbytes: list[int], cap: int) -> list[int]:
     return sorted(set(sizes) | {max(4096, sizes[0] // 16)}) if sizes else []
 
 
-@dataclasses.dataclass(frozen=True)
-class HostShape:
-    """The calls the host is timed on: ``tokens`` a rank, ``heads`` of ``head_dim`` (q, k, v
-    alike); a pack's documents in ``pack_tokens`` a rank."""
-
-    tokens: int
-    heads: int
-    head_dim: int
-    pack_tokens: int
-
-    @staticmethod
-    def tiny(world: int, device: torch.device) -> "HostShape":
-        """Tiny calls (one head a rank, for Ulysses): CPU ranks, and ``tune``."""
-        return HostShape(TINY_TOKENS, world, 16 if device.type == "cpu" else 64, PACK_TOKENS)
-
-    @staticmethod
-    def of_call(q: torch.Tensor, world: int) -> "HostShape":
-        """The call's heads and head dim, its tokens a rank up to ``HOST_TOKENS`` (a longer
-        call hides its host): on 2x H100 tiny calls read 0.68-0.84 of 8K calls' host, and
-        given each row's own host the model came within 15% in every row of five of six
-        runs (``results/h100x2_issue41_real_packs``, ``model_replay.py --row-host``).
-        Heads that Ulysses over the group cannot split: one a rank."""
-        tokens = min(q.shape[0] * q.shape[1], HOST_TOKENS)
-        heads = q.shape[2] if q.shape[2] % world == 0 else world
-        return HostShape(tokens, heads, q.shape[3], max(tokens, PACK_TOKENS))
-
-    def qkv(self, device: torch.device, dtype: torch.dtype, tokens: int) -> torch.Tensor:
-        """One tensor serving as q, k and v."""
-        return torch.randn(1, tokens, self.heads, self.head_dim, device=device, dtype=dtype,
-                           requires_grad=True)
-
-
 def host_fields(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
-                attend, shape: HostShape | None = None) -> dict:
+                attend, shape: measure.HostShape | None = None) -> dict:
     """The profile's host fields (microseconds a ring step, a call and a Ulysses call; a new
     pack's, ``pack_fields``), from calls on the group of ``shape`` (tiny calls without one):
     a flat ring (one call, 2 x world steps), Ulysses over the whole group (one call, 2 steps;
     None on one rank) and new packs, all timed in turns (``measure.host_rounds``). ``tune``
     measures with it too."""
-    shape = shape or HostShape.tiny(world, device)
+    shape = shape or measure.HostShape.tiny(world, device)
     q = shape.qkv(device, dtype, shape.tokens)
     kinds = [{}] + ([dict(ulysses_size=world)] if world > 1 else [])
 

@@ -75,6 +75,52 @@ def _rounds(fns: Sequence[Callable[[], object]], device: torch.device, repeat: i
     return times
 
 
+# Tokens a rank of tiny plain calls and of tiny packs (whose documents need room), and the
+# most a rank of the calls the host is timed on otherwise (``HostShape.of_call``).
+TINY_TOKENS, PACK_TOKENS, HOST_TOKENS = 64, 256, 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class HostShape:
+    """The calls the host is timed on: ``tokens`` a rank, ``heads`` of ``head_dim`` (q, k, v
+    alike); a pack's documents in ``pack_tokens`` a rank."""
+
+    tokens: int
+    heads: int
+    head_dim: int
+    pack_tokens: int
+
+    @staticmethod
+    def tiny(world: int, device: torch.device) -> "HostShape":
+        """Tiny calls (one head a rank, for Ulysses): CPU ranks."""
+        return HostShape(TINY_TOKENS, world, 16 if device.type == "cpu" else 64, PACK_TOKENS)
+
+    @staticmethod
+    def of_call(q: torch.Tensor, world: int) -> "HostShape":
+        """The call's heads and head dim, its tokens a rank up to ``HOST_TOKENS`` (a longer
+        call hides its host): on 2x H100 tiny calls read 0.68-0.84 of 8K calls' host, and
+        given each row's own host the model came within 15% in 31/28/32 and 32/32/32 of 32
+        rows of two runs (``results/h100x2_issue41_real_packs``, ``model_replay.py
+        --row-host``).
+        Heads that Ulysses over the group cannot split: one a rank."""
+        tokens = min(q.shape[0] * q.shape[1], HOST_TOKENS)
+        heads = q.shape[2] if q.shape[2] % world == 0 else world
+        return HostShape(tokens, heads, q.shape[3], max(tokens, PACK_TOKENS))
+
+    @staticmethod
+    def typical(world: int, device: torch.device) -> "HostShape":
+        """Where no call gives one (``tune``): a Llama-like 32 heads (or one a rank) of 128
+        at ``HOST_TOKENS`` a rank; tiny calls on CPU ranks."""
+        if device.type == "cpu":
+            return HostShape.tiny(world, device)
+        return HostShape(HOST_TOKENS, world * max(1, 32 // world), 128, HOST_TOKENS)
+
+    def qkv(self, device: torch.device, dtype: torch.dtype, tokens: int) -> torch.Tensor:
+        """One tensor serving as q, k and v."""
+        return torch.randn(1, tokens, self.heads, self.head_dim, device=device, dtype=dtype,
+                           requires_grad=True)
+
+
 def step_and_call(ring: Sequence[float], ulysses: Sequence[float], steps: int
                   ) -> tuple[float, float]:
     """(per ring step, per call) seconds of host work, from timed tiny calls: a flat ring's

@@ -12,7 +12,8 @@ It measures, on the ranks it is started on (under a minute on GPUs):
 - the local attention kernel's fwd+bwd rate at a few block sizes, dense and varlen, fitted
   to ``peak * n / (n + n_half)``;
 - a large copy (memory bandwidth) and the host's cost per ring step, per call, per Ulysses
-  call and per new document pack, from burst_attn on tiny inputs, as first use measures them.
+  call and per new document pack, from burst_attn on calls of a typical shape (32 heads of
+  128, 8K tokens a rank; tiny on CPU), as first use measures them.
 On CPU (gloo) it runs the same measurements at toy sizes, which is how the tests check it.
 """
 from __future__ import annotations
@@ -66,13 +67,14 @@ def measure_links(sizes: Sequence[int], gpus_per_node: int, device: torch.device
 
 def measure_overheads(device: torch.device, dtype: torch.dtype, repeat: int) -> dict:
     """The profile's host fields (microseconds a ring step, a call, a Ulysses call and a new
-    pack's), as first use measures them (``first_use.host_fields``: tiny calls over the
-    whole group, timed until they return), so a tuned profile and a measured one price the
-    host alike."""
+    pack's), as first use measures them (``first_use.host_fields``: calls over the whole
+    group, timed until they return), so a tuned profile and a measured one price the host
+    alike; with no call to take a shape from, a typical one (``HostShape.typical``)."""
     import megatron_burst as mb
 
-    return first_use.host_fields(None, dist.get_world_size(), device, dtype, repeat,
-                                 mb.burst_attn)
+    world = dist.get_world_size()
+    return first_use.host_fields(None, world, device, dtype, repeat, mb.burst_attn,
+                                 measuring.HostShape.typical(world, device))
 
 
 def measure(*, gpus_per_node: int | None = None, quick: bool = False,
