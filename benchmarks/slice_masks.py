@@ -13,7 +13,11 @@ Methods, in one run, on the same mask and inputs:
 - ``1 GPU package plan``: the same mask's blocks on one GPU (``burst_attn`` on a group of
   one rank: per-slice varlen flash calls, merged in fp32), on rank 0;
 - ``1 GPU FlexAttention``: ``flex_attention`` with the block mask of the same mask (built
-  from a dense [N, N] bool here, in the benchmark only), compiled once, on rank 0.
+  from a dense [N, N] bool here, in the benchmark only), compiled once, on rank 0;
+- ``PyTorch Flex CP``: PyTorch's own context parallelism for FlexAttention over all GPUs
+  (``flex_cp.FlexCP``: K/V all-gathered every call, its mask-aware load balancer), on the
+  same mask and inputs (``--no-torch-flex-cp`` leaves it out; off in ``--cpu-smoke``, as
+  FlexAttention has no backward on CPU).
 
 Training feeds a new document pack every micro-batch, so for the families whose mask follows
 the documents, ``burst fwd+bwd, new pack`` times burst_attn's forward + backward with a new
@@ -62,6 +66,7 @@ from megatron_burst.attention import varying_masks  # noqa: E402
 from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
+from flex_cp import FlexCP, dense_mask  # noqa: E402
 from ranks import ran_package, start_ranks  # noqa: E402
 
 
@@ -128,16 +133,7 @@ class Flex:
         self.attend = torch.compile(flex_attention, dynamic=False)
 
     def use(self, mask: mb.SliceMask) -> None:
-        self.allowed.zero_()
-        for (qs, qe), (ks, ke), kind in zip(mask.q_ranges, mask.k_ranges, mask.kinds):
-            i = torch.arange(qe - qs, device=self.dev)[:, None]
-            j = torch.arange(ke - ks, device=self.dev)[None, :]
-            show = torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=self.dev)
-            if kind in ("causal", "bi_causal"):
-                show &= j <= i + (ke - ks) - (qe - qs)
-            if kind in ("inv_causal", "bi_causal"):
-                show &= j >= i
-            self.allowed[qs:qe, ks:ke] |= show
+        dense_mask(mask, self.allowed)
         self.block = self.create(self.mask_mod, None, None, self.total, self.total,
                                  device=self.dev)
 
@@ -172,7 +168,7 @@ def fresh_packs(name, args, world, dev, full) -> dict | None:
     return dict(ms=sum(times) / len(times), tflops=flops / world / sum(times) / 1e9)
 
 
-def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
+def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) -> dict:
     varying_masks.clear()  # this family's mask is the first its call shape sees, and 'auto'
     loads.clear()  # decides it as a fresh run would (not from another family's masks)
     total = args.tokens * world
@@ -207,6 +203,8 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
                burst_fresh=fresh_packs(name, args, world, dev, full))
     if captured is not None:
         row["burst_graph"] = captured
+    if flex_cp is not None:
+        row["torch_flex_cp"] = _torch_flex_cp(flex_cp, mask, full, dev, args, flops, world)
     fq, fk, fv = (t.detach().clone().requires_grad_() for t in full[:3])
     with torch.no_grad():  # exactness on the GPUs: burst's output against one GPU's
         got = mb.unshard_seq(mb.burst_attn(*(t.detach() for t in local[:3]), mask=mask),
@@ -227,6 +225,17 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex) -> dict:
                 row["one_gpu_flex"] = dict(error=f"{type(err).__name__}: {err}"[:200])
         _efficiency(row)
     return row
+
+
+def _torch_flex_cp(flex_cp: FlexCP, mask, full, dev, args, flops: float, world: int) -> dict:
+    """PyTorch's FlexAttention CP on the same mask and inputs (``flex_cp``: K/V all-gathered,
+    its mask-aware load balancer), timed as burst's rows are, its TFLOP/s per GPU."""
+    try:
+        local = flex_cp.shard(mask, full)
+        return _speed(*fwd_and_fwdbwd(flex_cp, local[:3], local[3], dev, args, align=True),
+                      flops, world)
+    except Exception as err:  # noqa: BLE001  (report it, keep the run; the same on every rank)
+        return dict(error=f"{type(err).__name__}: {err}"[:200])
 
 
 def _captured(fn, inputs, do, dev, args, flops: float, gpus: int) -> dict:
@@ -262,10 +271,11 @@ def table(meta: dict, rows: list[dict]) -> str:
              f"{meta['tokens_per_gpu']} tokens/GPU, GQA {meta['heads']}, d {meta['head_dim']}, "
              f"{meta['dtype']}", f"command: `{meta['command']}`", "",
              "| family | slices | balance area / zigzag | burst fwd / bwd TFLOP/s/GPU | "
+             "PyTorch Flex CP fwd / bwd | "
              "burst fwd+bwd same mask / new pack | 1 GPU plan fwd / bwd | "
              "1 GPU Flex fwd / bwd | efficiency fwd / bwd | captured efficiency fwd / bwd | "
              "rel err | burst fwd / fwd+bwd ms | busiest rank sends fwd / bwd MB |",
-             "|" + "---|" * 12]
+             "|" + "---|" * 13]
     pair = lambda s: (f"{s['fwd_tflops']:.3g} / {s['bwd_tflops']:.3g}"  # noqa: E731
                       if s and "fwd_tflops" in s else (s or {}).get("error", "-")[:40])
     for r in rows:
@@ -274,7 +284,8 @@ def table(meta: dict, rows: list[dict]) -> str:
         if "error" in r.get("burst_graph", {}):
             graph = r["burst_graph"]["error"][:40]
         lines.append(f"| {r['family']} | {r['slices']} | {r['balance_area']:.3f} / "
-                     f"{r['balance_zigzag']:.3f} | {pair(r['burst'])} | {_fresh(r)} | "
+                     f"{r['balance_zigzag']:.3f} | {pair(r['burst'])} | "
+                     f"{pair(r.get('torch_flex_cp'))} | {_fresh(r)} | "
                      f"{pair(r.get('one_gpu_plan'))} | {pair(r.get('one_gpu_flex'))} | {eff} | "
                      f"{graph} | "
                      f"{r.get('rel_err_vs_one_gpu', float('nan')):.1e} | "
@@ -300,6 +311,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    p.add_argument("--no-torch-flex-cp", action="store_true",
+                   help="leave PyTorch's FlexAttention CP out (no backward on CPU: off there)")
     p.add_argument("--backward", default="auto", choices=("auto", "burst", "ring"),
                    help="burst_attn's backward (default: 'auto', as a user calls it)")
     p.add_argument("--graph", action="store_true",
@@ -332,7 +345,13 @@ def main() -> None:
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
     solos = [dist.new_group([r]) for r in range(world)]  # a group of one for 1-GPU plans
     flex = None if args.no_flex or rank else Flex(args.tokens * world, dev)
-    rows = [run_family(name, args, world, rank, dev, dtype, solos[rank], flex)
+    flex_cp, flex_cp_note = None, None
+    if not (args.no_torch_flex_cp or args.cpu_smoke):
+        try:
+            flex_cp = FlexCP(args.tokens * world, world, dev)
+        except (RuntimeError, ValueError) as err:  # the same on every rank: said in meta
+            flex_cp_note = str(err)
+    rows = [run_family(name, args, world, rank, dev, dtype, solos[rank], flex, flex_cp)
             for name in args.families.split(",")]
     if rank == 0:
         meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
@@ -340,7 +359,8 @@ def main() -> None:
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
                     package=ran_package(),
-                    flex_bands=flex_band_signatures(),
+                    flex_bands=flex_band_signatures(), torch_flex_cp=flex_cp_note or (
+                        "on" if flex_cp is not None else "off"),
                     date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         text = table(meta, rows)
         print(text)
