@@ -203,8 +203,10 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
                burst_fresh=fresh_packs(name, args, world, dev, full))
     if captured is not None:
         row["burst_graph"] = captured
+    cp_out = None
     if flex_cp is not None:
-        row["torch_flex_cp"] = _torch_flex_cp(flex_cp, mask, full, dev, args, flops, world)
+        row["torch_flex_cp"], cp_out = _torch_flex_cp(flex_cp, mask, full, dev, args, flops,
+                                                      world)
     fq, fk, fv = (t.detach().clone().requires_grad_() for t in full[:3])
     with torch.no_grad():  # exactness on the GPUs: burst's output against one GPU's
         got = mb.unshard_seq(mb.burst_attn(*(t.detach() for t in local[:3]), mask=mask),
@@ -216,6 +218,9 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
         with torch.no_grad():
             ref = one(*full[:3]).float()
         row["rel_err_vs_one_gpu"] = float((got.float() - ref).norm() / ref.norm())
+        if cp_out is not None:  # the peer held to the same standard
+            row["torch_flex_cp"]["rel_err_vs_one_gpu"] = float(
+                (cp_out.transpose(1, 2).float() - ref).norm() / ref.norm())
         if flex is not None:
             try:
                 flex.use(mask)
@@ -227,15 +232,18 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
     return row
 
 
-def _torch_flex_cp(flex_cp: FlexCP, mask, full, dev, args, flops: float, world: int) -> dict:
+def _torch_flex_cp(flex_cp: FlexCP, mask, full, dev, args, flops: float, world: int):
     """PyTorch's FlexAttention CP on the same mask and inputs (``flex_cp``: K/V all-gathered,
-    its mask-aware load balancer), timed as burst's rows are, its TFLOP/s per GPU."""
+    its mask-aware load balancer), timed as burst's rows are, its TFLOP/s per GPU; and its
+    whole output ([1, h, N, d]), for the exactness check (None where it failed)."""
     try:
         local = flex_cp.shard(mask, full)
-        return _speed(*fwd_and_fwdbwd(flex_cp, local[:3], local[3], dev, args, align=True),
-                      flops, world)
+        speed = _speed(*fwd_and_fwdbwd(flex_cp, local[:3], local[3], dev, args, align=True),
+                       flops, world)
+        with torch.no_grad():
+            return speed, flex_cp.unshard(flex_cp(*(t.detach() for t in local[:3])))
     except Exception as err:  # noqa: BLE001  (report it, keep the run; the same on every rank)
-        return dict(error=f"{type(err).__name__}: {err}"[:200])
+        return dict(error=f"{type(err).__name__}: {err}"[:200]), None
 
 
 def _captured(fn, inputs, do, dev, args, flops: float, gpus: int) -> dict:
