@@ -9,9 +9,10 @@ use, after the ranks agreed on it, runs ``acquire`` on every rank of its group t
 1. rank 0 of the group looks for one (its cache, then the shipped profiles) and broadcasts
    what it found: every rank takes the same profile, or every rank measures;
 2. measuring times, at the call's own sizes and shapes, the ring hops inside and across
-   nodes, the Ulysses all-to-all, the local kernel, a copy, and the host's cost per call
-   and per ring step (tiny calls of a flat ring and of Ulysses over the whole group), in
-   seconds; rank 0's figures are broadcast, so every rank decides from the same numbers;
+   nodes, the Ulysses all-to-all, the local kernel, a copy, and the host's cost per call,
+   per ring step and per new pack (calls of the call's shape, a flat ring's and Ulysses'
+   over the whole group, ``measure.HostShape``), in seconds; rank 0's figures are
+   broadcast, so every rank decides from the same numbers;
 3. the profile is cached (``machine.store``) and its duration logged; a later call or run
    on this machine reads the cache and measures nothing.
 """
@@ -41,9 +42,9 @@ logger = logging.getLogger(__name__)
 
 # Seconds of sustained kernel calls before the kernel is timed (``measure.measure_kernels``).
 SETTLE_S = 1.0
-# Timed runs of each tiny call the host's cost is read from (``measure.step_and_call``).
+# Timed runs of each call the host's cost is read from (``measure.step_and_call``).
 HOST_REPEAT = 7
-# Documents in the tiny packs a new pack's host cost is timed at (``pack_fields``): it grows
+# Documents in the packs a new pack's host cost is timed at (``pack_fields``): it grows
 # with them (a pack's plan, its kernel calls), so two counts give a fixed cost and one per
 # document; each pack's shares fall by PACK_DECAY a document (``pack_lengths``: eight of
 # them are 41%, 25%, 15%, ... 1%, as ``benchmarks/auto_check.py``'s mix).
@@ -272,7 +273,7 @@ def host_fields(group, world: int, device: torch.device, dtype: torch.dtype, rep
 
 def pack_fields(times: list[list[float]], world: int) -> dict:
     """The profile's host figures for a new document pack (``host_time.pack_seconds``), from
-    the timed tiny packs (``_new_packs``: each count of ``PACK_DOCS``, the flat ring's then
+    the timed packs (``_new_packs``: each count of ``PACK_DOCS``, the flat ring's then
     Ulysses'): a fixed cost and one per document from the two counts' medians, for the flat
     ring and for Ulysses over the group (None on one rank)."""
     fields: dict = {}
@@ -289,7 +290,7 @@ def pack_fields(times: list[list[float]], world: int) -> dict:
 
 
 def pack_lengths(docs: int, total: int) -> list[int]:
-    """A tiny pack's document lengths: ``total`` tokens in ``docs`` documents whose shares
+    """A timed pack's document lengths: ``total`` tokens in ``docs`` documents whose shares
     fall by ``PACK_DECAY`` each (at least a token each), as real data's long tail has them:
     its first documents cross ranks (the ring hops), its last ones are short. Tiny packs of
     uniform random cuts were not packs' cost: 16 such documents of a few tokens each fit
@@ -301,7 +302,7 @@ def pack_lengths(docs: int, total: int) -> list[int]:
 
 
 def _new_packs(q: torch.Tensor, group, world: int, docs: int, attend, kw: dict):
-    """A tiny whole_docs call (fwd+bwd) on a new pack every run: ``pack_lengths`` in a new
+    """A whole_docs call (fwd+bwd) on a new pack every run: ``pack_lengths`` in a new
     order, the same on every rank (a pack repeated is planned once: not what training
     pays)."""
     lens, draw = pack_lengths(docs, q.shape[1] * world), random.Random(docs)

@@ -2,8 +2,9 @@
 that overlaps the GPU's time.
 
 Apart from ``timing`` because the host is measured and modelled on its own terms: a plain
-call's fixed cost (a tiny call timed at first use, Ulysses' apart), and a new document
-pack's, which the host plans at every call, growing with its documents.
+call's fixed cost (timed at first use on calls of the call's shape, ``measure.HostShape``,
+Ulysses' apart), and a new document pack's, which the host plans at every call, growing
+with its documents.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class HostFigures(Protocol):
 # costs the host this many times a plain call's tiny-call figure. Fitted by hand with
 # ``overlapped`` on the 2x H100 runs on file (``results/h100x2_issue41_host``, ``_queued``,
 # ``_new_packs``), where a pack's own host time ran 1.0-1.7x the tiny call from one machine
-# session to the next, so first use now times tiny packs itself (``pack_seconds``).
+# session to the next, so first use now times packs itself (``pack_seconds``).
 PACK_HOST = 1.7
 
 

@@ -64,9 +64,9 @@ class Profile:
     # their copies cost the host 1.5-2x a ring call (``benchmarks/host_kinds.py``).
     ulysses_call_overhead_us: float | None = None
     # A new document pack's call, until it returns: a fixed cost and one per document, of the
-    # flat ring and of Ulysses over the group (first use times tiny packs of 2 and 16
-    # documents, ``first_use.pack_fields``; None: not measured, ``host_time.PACK_HOST`` times
-    # a plain call's).
+    # flat ring and of Ulysses over the group (first use times packs of 4 and 16 documents
+    # with a long tail, ``first_use.pack_fields``; None: not measured, ``host_time.PACK_HOST``
+    # times a plain call's).
     pack_call_overhead_us: float | None = None
     pack_doc_overhead_us: float | None = None
     ulysses_pack_call_overhead_us: float | None = None
