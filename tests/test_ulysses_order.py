@@ -130,3 +130,17 @@ def test_the_way_back_sends_views_of_the_output_copied_once_into_the_message():
         assert piece.shape == expected.shape and torch.equal(piece.joined(), expected)
         packed = Packed.holding([piece, x[:, :1]])
         assert torch.equal(packed.views[0], expected) and torch.equal(packed.views[1], x[:, :1])
+
+
+def test_the_own_piece_goes_into_the_joined_output_part_by_part():
+    """The way back's own piece (views along the sequence) joins the peers' pieces along the
+    head dim by being written part by part into its place: what ``torch.cat`` of the joined
+    pieces gives, with no joined copy of the own piece first."""
+    from megatron_burst.comm.joined import Joined
+
+    x = torch.arange(2 * 6 * 4, dtype=torch.float32).view(2, 6, 4)
+    own = Joined((x[:, 4:6, :2], x[:, 0:3, :2]), 1)  # 5 rows, heads 0-1
+    peer = torch.randn(2, 5, 3)
+    got = Joined((own, peer), 2).joined()
+    assert torch.equal(got, torch.cat([torch.cat([x[:, 4:6, :2], x[:, 0:3, :2]], 1), peer], 2))
+    assert Joined((peer,), 1).joined() is peer  # one plain part: itself, no copy

@@ -51,12 +51,13 @@ def _shuffle(xs: Sequence[torch.Tensor], dims: Dims, peers: Sequence[int], me: i
     sends = {p: [piece[u] for piece in pieces] for u, p in enumerate(peers) if p != me}
     check = None if tag is None else HeaderCheck(tag, phase, xs[0].device, me, len(peers) - 1)
     got = exchange(group, sends, {p: mine for p in peers if p != me}, phase, check)
-    mine = [m.joined() if isinstance(m, Joined) else m for m in mine]
     held = [mine if p == me else got[p] for p in peers]
     if runs is not None and seq_on_cat:
         return tuple(torch.cat([held[u][i].narrow(cat, start, n) for u, start, n in runs],
                                dim=cat) for i, (_, cat) in enumerate(dims))
-    return tuple(torch.cat([h[i] for h in held], dim=cat) for i, (_, cat) in enumerate(dims))
+    # the own piece (``Joined`` on the way back) is written part by part into its place
+    return tuple(Joined(tuple(h[i] for h in held), cat).joined()
+                 for i, (_, cat) in enumerate(dims))
 
 
 def _members_rows_back(x: torch.Tensor, dim: int, runs: Runs, peers: int) -> list[Joined]:

@@ -1,5 +1,6 @@
 """A message's piece made of several tensors: views of a larger tensor, joined along one dim
-only inside the message (``messages.Packed.holding``).
+only inside the message (``messages.Packed.holding``), or inside the output it is a part of
+(a ``Joined`` of ``Joined`` parts: Ulysses' own piece on the way back).
 
 Apart from ``messages`` because it is a value the callers make (Ulysses' way back, whose
 pieces are runs of rows of one output), not part of posting.
@@ -17,7 +18,7 @@ class Joined:
     say): each is copied into its place in the message, not first into a joined tensor
     that the message then copies again."""
 
-    parts: tuple[torch.Tensor, ...]
+    parts: "tuple[torch.Tensor | Joined, ...]"
     dim: int
 
     @property
@@ -35,12 +36,23 @@ class Joined:
         return self.parts[0].device
 
     def write(self, out: torch.Tensor) -> None:
-        """Each part into its place in ``out`` (of ``shape``)."""
+        """Each part into its place in ``out`` (of ``shape``); a part that is itself
+        ``Joined`` (along any dim) part by part."""
         at = 0
         for part in self.parts:
-            out.narrow(self.dim, at, part.shape[self.dim]).copy_(part)
+            view = out.narrow(self.dim, at, part.shape[self.dim])
+            if isinstance(part, Joined):
+                part.write(view)
+            else:
+                view.copy_(part)
             at += part.shape[self.dim]
 
     def joined(self) -> torch.Tensor:
-        """The parts as one tensor (a copy, unless there is one part)."""
-        return self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts, self.dim)
+        """The parts as one tensor (a copy, unless there is one plain part)."""
+        if len(self.parts) == 1 and not isinstance(self.parts[0], Joined):
+            return self.parts[0]
+        if not any(isinstance(part, Joined) for part in self.parts):
+            return torch.cat(self.parts, self.dim)
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        self.write(out)
+        return out
