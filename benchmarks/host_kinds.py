@@ -5,7 +5,7 @@
 For each kind of call the time model prices (flat ring with the ring or the burst backward,
 Ulysses over the group; a plain causal sequence, or a new pack of ``auto_check``'s document
 mix every call), the median host milliseconds of a fwd+bwd (until it returned to Python,
-``attention.measure.host_samples``) at three sizes: tiny (64 tokens a rank, ``world`` heads
+``attention.measure.host_rounds``) at three sizes: tiny (64 tokens a rank, ``world`` heads
 of 64, the first use's tiny call, bf16), 8K and 32K tokens a GPU (32:32 heads of 128, bf16,
 ``auto_check``'s cells). Under ``MEGATRON_BURST_EMULATE`` the links are emulated, as in
 ``auto_check_three.sh``. Rank 0 writes OUT/host_kinds[_emulated].json and prints a table.

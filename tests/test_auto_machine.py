@@ -111,7 +111,7 @@ def test_the_host_is_timed_until_the_call_returns_not_until_the_gpu_is_done(monk
     monkeypatch.setattr(measure, "sync", lambda device: time.sleep(stall))
     monkeypatch.setattr(dist, "barrier", lambda group=None: None)
     call = lambda: time.sleep(0.002)  # noqa: E731  (the host's own work)
-    host = measure.host_samples(call, torch.device("cpu"), 3)
+    host = measure.host_rounds([call], torch.device("cpu"), 3)[0]
     wall = measure.samples(call, torch.device("cpu"), 3)
     assert len(host) == 3 and all(0.002 <= t < stall for t in host), host
     assert all(t >= stall for t in wall), wall

@@ -37,21 +37,16 @@ def samples(fn: Callable[[], object], device: torch.device, repeat: int,
     return _rounds([fn], device, repeat, group, wall=True)[0]
 
 
-def host_samples(fn: Callable[[], object], device: torch.device, repeat: int,
-                 group: dist.ProcessGroup | None = None) -> list[float]:
-    """``samples`` until each run returned to Python, the host's own work (nothing in a call
-    waits for the GPU): a tiny call's wall time read as its host's once took in a stall of
-    the GPU's or its links': first use on 2x H100 under emulated 50 GB/s links read 16.5 ms
-    a call where its rounds took 3.7-4.3 (``results/h100x2_issue41_host``)."""
-    return _rounds([fn], device, repeat, group, wall=False)[0]
-
-
 def host_rounds(fns: Sequence[Callable[[], object]], device: torch.device, repeat: int,
                 group: dist.ProcessGroup | None = None) -> list[list[float]]:
-    """``host_samples`` of several calls taken in turns (one warm-up each, then ``repeat``
-    rounds of one run of each), so a slow spell of the host lands on all of them: on 2x H100
-    five runs in a row of one tiny pack read 3.21-3.27 ms, and the medians of such fives
-    2.89-5.63 ms from one measurement to the next (``results/h100x2_issue41_real_packs``)."""
+    """Seconds of each run of several calls until it returned to Python, the host's own work
+    (nothing in a call waits for the GPU: a call's wall time read as its host's once took in
+    a stall of the GPU's or its links', 16.5 ms a call where its rounds took 3.7-4.3 on 2x
+    H100 under emulated 50 GB/s links, ``results/h100x2_issue41_host``). Taken in turns (one
+    warm-up each, then ``repeat`` rounds of one run of each), so a slow spell of the host
+    lands on all of them: on 2x H100 five runs in a row of one tiny pack read 3.21-3.27 ms,
+    and the medians of such fives 2.89-5.63 ms from one measurement to the next
+    (``results/h100x2_issue41_real_packs``)."""
     return _rounds(fns, device, repeat, group, wall=False)
 
 
