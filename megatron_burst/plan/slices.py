@@ -204,6 +204,18 @@ def rows_area(cells: np.ndarray, start: int, stop: int) -> int:
                          c[:, 5] - (c[:, 2] - q0)).sum())
 
 
+def ranges_area(cells: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """``rows_area`` of every query range [starts[i], stops[i]) at once (one numpy pass over
+    ranges x cells: a placement sizes hundreds of ranges per new mask)."""
+    starts, stops = np.asarray(starts)[:, None], np.asarray(stops)[:, None]
+    q0, q1 = np.maximum(cells[None, :, 0], starts), np.minimum(cells[None, :, 1], stops)
+    n = np.maximum(q1 - q0, 0)
+    c = cells[None]
+    area = band_area(n, c[..., 3] - c[..., 2], c[..., 4] - (c[..., 2] - q0),
+                     c[..., 5] - (c[..., 2] - q0))
+    return np.where(n > 0, area, 0).sum(axis=1)
+
+
 def band_block(q_row: int, nq: int, k_row: int, nk: int, lo: int, hi: int) -> Block | None:
     """The block of ``nq`` query rows from ``q_row`` against ``nk`` key rows from ``k_row``
     where local key j is visible to local query i iff lo <= j - i <= hi, trimmed to the
