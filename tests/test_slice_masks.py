@@ -65,6 +65,22 @@ def test_cells_are_the_union_each_pair_once():
         assert mask.area == int(_dense(mask, total).sum())
 
 
+def test_ranges_area_is_each_range_s_visible_pairs():
+    """The area layout sizes its chunks in one numpy pass (``slices.ranges_area``): each
+    range's count is the dense mask's, empty and out-of-mask ranges included."""
+    from megatron_burst.plan.slices import ranges_area
+
+    rng = random.Random(2)
+    for _ in range(100):
+        total = rng.randint(1, 40)
+        mask = random_mask(rng, total)
+        dense = _dense(mask, total).sum(dim=1)
+        starts = [rng.randint(0, total) for _ in range(12)]
+        stops = [rng.randint(s, total) for s in starts]
+        got = ranges_area(mask.cells, starts, stops).tolist()
+        assert got == [int(dense[a:b].sum()) for a, b in zip(starts, stops)], mask
+
+
 def _family_truth(name: str, lens: tuple[int, ...], total: int) -> torch.Tensor:
     """Each family from its own definition, by positions (independent of its slices)."""
     q, k = torch.arange(total)[:, None], torch.arange(total)[None, :]
@@ -123,71 +139,31 @@ def test_area_placement_is_a_permutation_of_equal_shards(world):
 
 def test_area_placement_does_the_least_work_of_its_chunkings():
     """At benchmark size (2, 4 and 8 ranks x 8K tokens), every family's placement is the
-    candidate of least work (the largest share plus ``EDGE_ROWS`` rows of keys per chunk
-    edge, over every k tried, found here without the search's early stop, and the heavy
-    rows' strata), never more work than zigzag's, and within 7% of an even share (zigzag:
-    documents 1.3-2.4x, causal blockwise up to 5x) but for block-causal documents on 2
-    ranks (1.13x). The global window's 512 rows that see everything held 1.15-2.1x the mean
-    on one rank with even chunks alone; split over every rank, within 7% too."""
+    chunking of least work (the largest share plus ``EDGE_ROWS`` rows of keys per chunk
+    edge, over every k tried, found here without the search's early stop), never more work
+    than zigzag's, and within 7% of an even share (zigzag: documents 1.3-2.4x, causal
+    blockwise up to 5x) but for two families whose heavy rows sit together: the global
+    window's 512 rows that see everything (1.15-2.1x: finer chunks would split them, at more
+    edges than they save) and block-causal documents on 2 ranks (1.13x)."""
     from megatron_burst.plan import area
 
     for world in (2, 4, 8):
         total = 8192 * world
         lens = _pile_like(total, seed=world)
         n = total // world
-        edges = lambda k: 1 + min(area.EDGE_ROWS * k / n, 1)  # noqa: E731
         for name in mf.FAMILIES:
             mask = mf.family(name, lens, prefix=total // 3, window=1024, global_size=512,
                              block=1024)
-            work = [area._deal(world, n, k, mask)[0] * edges(k) for k in area._candidates(n)]
-            strata = area._strata(world, total, mask)
-            if strata is not None:
-                work.append(strata[0] * edges(len(strata[1][0])))
+            work = {k: area._deal(world, n, k, mask)[0] * (1 + min(area.EDGE_ROWS * k / n, 1))
+                    for k in area._candidates(n)}
             areas = rank_areas("area", world, total, mask)
             k = len(area._dealt(world, total, mask)[1][0])
-            chosen = max(areas) * edges(k)
-            assert chosen == min(work), (name, world, k, work)
+            chosen = max(areas) * (1 + min(area.EDGE_ROWS * k / n, 1))
+            assert chosen == min(work.values()), (name, world, k, work)
             zig = max(rank_areas("zigzag", world, total, mask)) * (1 + 2 * area.EDGE_ROWS / n)
             assert chosen <= zig, (name, world)
-            if (name, world) != ("block_causal_document", 2):
+            if name not in ("global_sliding_window", "block_causal_document"):
                 assert max(areas) <= 1.07 * sum(areas) / world, (name, world, areas)
-
-
-def test_heavy_rows_go_to_every_rank_in_even_pieces():
-    """The global window's rows that see every key are cut into one even piece a rank, and
-    so are the rows between them; every rank keeps N/G tokens. A mask without heavy rows
-    (the window alone, causal) has no strata."""
-    from megatron_burst.plan import area
-
-    for world, total in ((2, 16384), (3, 12288), (4, 32768)):
-        mask = mf.global_sliding_window(total, 1024, 1024)
-        load, chunks = area._strata(world, total, mask)
-        assert [sum(z for _, z in c) for c in chunks] == [total // world] * world
-        heavy = [next((s, z) for s, z in c if s < 1024) for c in chunks]  # in rank order
-        assert heavy[0][0] == 0 and all(a + z == b for (a, z), (b, _) in zip(heavy, heavy[1:]))
-        sizes = [z for _, z in heavy]
-        assert sum(sizes) == 1024 and max(sizes) - min(sizes) <= 1, heavy
-        assert load <= 1.07 * mask.area / world, (world, load, mask.area / world)
-    assert area._strata(2, 16384, mf.sliding_window(16384, 1024)) is None
-    assert area._strata(2, 16384, mf.causal(16384)) is None
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_heavy_rows_split_over_the_ranks_are_exact(world):
-    """A global window long enough for its global rows to be found heavy (one block of
-    ``area.ROW_BLOCK`` rows): placed in strata, exact in out, lse and every gradient, both
-    backwards."""
-    from megatron_burst.plan import area
-
-    mask = mf.global_sliding_window(1024, area.ROW_BLOCK, 16)
-    shards = mask_placement("area", world, 1024, mask)
-    assert all(shard.segments[0].pos < area.ROW_BLOCK for shard in shards)  # a piece each
-    cases = [dict(mask=mask, seq=1024, backward=b, hkv=h) for b, h in (("burst", 2),
-                                                                        ("ring", 1))]
-    errors = reduce_errors(run_ranks(world, mask_worker, cases))
-    bad = [(c["backward"], n, e) for c, err in zip(cases, errors) for n, e in err.items()
-           if not e <= TOL]
-    assert not bad, bad
 
 
 def _pile_like(total: int, seed: int) -> tuple[int, ...]:

@@ -15,16 +15,6 @@ chunk still runs whole tiles). On 2x H200 the finest balance cost more than it g
 causal sliding window (w 1024, 8K tokens per GPU) dealt in 512-token chunks balanced to
 1.016 ran its forward at 50 TFLOP/s per GPU, one contiguous chunk per rank (1.032, one band
 call) at 154 (``benchmarks/results/h200x2_issue42_area_edges/``).
-Even chunks cannot split a short run of rows that sees far more than the rest: a global
-window's first 1,024 rows see every key, and whichever rank holds them held 1.22x the mean
-area on 2 ranks, 1.69x on 4. So one more candidate cuts the sequence at the edges of such
-heavy runs (rows whose area is ``HEAVY`` times the mean, found in blocks of ``ROW_BLOCK``)
-and gives every rank an even piece of each run and of each light run between them
-(``_strata``); it is scored as the chunk candidates are, a piece counting as a chunk, and
-kept only where it does less work. Splitting every chunk instead (20 pieces a rank on 4
-ranks) balanced the global window but ran 1.5x slower on 4x H100
-(``benchmarks/results/h100x4_area_pieces_rejected/``): each piece is another block, another
-kernel call.
 A rank's chunks are its rows in sequence order (touching ones joined), so its shard is a
 few segments of one document, the sequence (``segments.Shard``), and the schedule pairs
 them as it pairs any segments.
@@ -42,8 +32,6 @@ from .slices import SliceMask, ranges_area
 MAX_CHUNKS = 64  # chunks per rank, at most
 MIN_CHUNK = 64  # tokens a chunk keeps (a shard of few tokens may cut up to 4 chunks)
 EDGE_ROWS = 256  # a chunk's edges cost about this many rows of work: two partial 128-row tiles
-HEAVY = 3.0  # rows whose area is this many times the mean row's are split over every rank
-ROW_BLOCK = 128  # heavy rows are found in blocks of this many (a kernel's tile), at most
 
 
 def place(world: int, total: int, mask: SliceMask) -> tuple[Shard, ...]:
@@ -62,24 +50,20 @@ def _candidates(n: int) -> list[int]:
 
 
 def _dealt(world: int, total: int, mask: SliceMask):
-    """(largest share, each rank's chunks as (start, length)) of the candidate of least
-    work: the largest share, each of its k chunks' edges adding ``EDGE_ROWS`` rows' worth of
-    keys. Candidates: k even chunks a rank, dealt (``_deal``), and the heavy rows' strata."""
+    """(largest share, each rank's chunks as (start, length)) of the k of least work: the
+    largest share, each of its k chunks' edges adding ``EDGE_ROWS`` rows' worth of keys."""
     if total % world:
         raise ValueError(f"layout 'area' gives every rank the same number of tokens: the "
                          f"sequence's {total} tokens must be divisible by {world} ranks")
     n, best, score = total // world, None, float("inf")
     even = mask.area / world
-    edges = lambda k: 1 + min(EDGE_ROWS * k / n, 1.0)  # noqa: E731  (at most the chunk)
     for k in _candidates(n):
-        if even * edges(k) >= score:  # no finer k can do less work
+        edges = 1 + min(EDGE_ROWS * k / n, 1.0)  # a chunk's edges cost at most the chunk
+        if even * edges >= score:  # no finer k can do less work
             break
         got = _deal(world, n, k, mask)
-        if got[0] * edges(k) < score:
-            best, score = got, got[0] * edges(k)
-    strata = _strata(world, total, mask)
-    if strata is not None and strata[0] * edges(len(strata[1][0])) < score:
-        best = strata
+        if got[0] * edges < score:
+            best, score = got, got[0] * edges
     return best
 
 
@@ -102,35 +86,6 @@ def _deal(world: int, n: int, k: int, mask: SliceMask):
         load[r] += areas[c]
         chunks[r].append((int(starts[c]), int(sizes[c])))
     return max(load), [sorted(c) for c in chunks]
-
-
-def _strata(world: int, total: int, mask: SliceMask):
-    """(largest share, each rank's chunks) where every rank takes an even piece of each
-    heavy run of rows and of each light run between them, in rank order; None where no
-    run is heavy. Where a run does not divide by ``world``, its extra tokens go to the ranks
-    in turn, continued from run to run, so every rank ends with ``total / world``."""
-    block = max(1, min(ROW_BLOCK, total // 64))  # a short sequence: finer, so it is seen
-    starts = np.arange(0, total, block)
-    stops = np.minimum(starts + block, total)
-    block_area = ranges_area(mask.cells, starts, stops)
-    heavy = block_area * total >= HEAVY * mask.area * (stops - starts)
-    if mask.area == 0 or not heavy.any() or heavy.all():
-        return None
-    edges = np.flatnonzero(np.diff(heavy.astype(np.int8))) + 1
-    cuts = [0, *starts[edges].tolist(), total]
-    chunks: list[list[tuple[int, int]]] = [[] for _ in range(world)]
-    turn = 0
-    for a, b in zip(cuts, cuts[1:]):
-        base, extra = divmod(b - a, world)
-        lengths = [base + ((r - turn) % world < extra) for r in range(world)]
-        turn = (turn + extra) % world
-        for r, length in enumerate(lengths):
-            if length:
-                chunks[r].append((a, length))
-            a += length
-    loads = [int(ranges_area(mask.cells, np.array([s for s, _ in c]),
-                             np.array([s + z for s, z in c])).sum()) for c in chunks]
-    return max(loads), chunks
 
 
 def _shard(total: int, chunks: list[tuple[int, int]]) -> Shard:

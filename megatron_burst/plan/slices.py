@@ -206,7 +206,7 @@ def rows_area(cells: np.ndarray, start: int, stop: int) -> int:
 
 def ranges_area(cells: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """``rows_area`` of every query range [starts[i], stops[i]) at once (one numpy pass over
-    ranges x cells: a placement sizes hundreds of ranges per new mask)."""
+    ranges x cells: the area layout sizes up to hundreds of chunks per new mask)."""
     starts, stops = np.asarray(starts)[:, None], np.asarray(stops)[:, None]
     q0, q1 = np.maximum(cells[None, :, 0], starts), np.minimum(cells[None, :, 1], stops)
     n = np.maximum(q1 - q0, 0)
