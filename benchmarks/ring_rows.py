@@ -65,14 +65,20 @@ def main() -> None:
              "|---|---|---|---|---|"]
     lines += [f"| {r['family']} | {r['world']} | {r['kv_rows_received']} | "
               f"{r['kv_rows_read']} | {r['received_over_read']} |" for r in rows]
+    write_planner_run(a.out, "benchmarks/ring_rows.py", package, rows, lines)
+
+
+def write_planner_run(out: str, script: str, package: str, rows: list[dict],
+                      lines: list[str]) -> None:
+    """Print ``lines`` (the table) and write OUT (JSON: the rows, and a meta naming the
+    package and the command) and OUT's .md (the table): the planner benchmarks' output."""
     print("\n".join(lines))
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
         json.dump({"meta": {"device": "CPU (the planner only)", "package": package,
-                            "command": "python " + " ".join(
-                                ["benchmarks/ring_rows.py", *sys.argv[1:]])},
+                            "command": "python " + " ".join([script, *sys.argv[1:]])},
                    "rows": rows}, f, indent=1)
-    with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
 
 

@@ -1,4 +1,5 @@
-"""Blocks that together are one causal or full block run as that one (``plan.blocks.as_one``).
+"""Blocks that together are one causal, full or band block run as that one
+(``plan.blocks.as_one``).
 
 A causal slice mask dealt two chunks a rank (the ``area`` layout, as zigzag) is three blocks
 on a rank's own keys that are one causal triangle in the shard's row order: one kernel call
@@ -7,7 +8,7 @@ itself). Checked on the blocks the schedule really makes (every layout, plain ma
 windows, documents, every LongCA-bench family and random slice masks, 1-4 ranks, every pair
 of members): wherever ``as_one`` answers, its block's visible pairs are exactly the union
 of the blocks' (dense, pair by pair), and it answers for the causal diagonal it was made
-for.
+for, and for a window's band cut where it meets the sequence's ends.
 """
 from __future__ import annotations
 
@@ -117,3 +118,44 @@ def test_blocks_that_are_not_one_block_stay_apart():
     # The right area but above the diagonal: not causal.
     assert as_one([Block(0, 2, 0, 2, "causal"), Block(0, 2, 2, 4, "full"),
                    Block(2, 4, 2, 4, "causal")]) is None
+
+
+def test_a_window_cut_at_the_sequence_s_ends_is_one_band_call_on_a_rank_s_own_keys():
+    """A sliding window's slices cut its band at the sequence's ends (the first w rows see a
+    causal-like triangle, the rest the band): on the rank holding them, one band again, one
+    kernel call where the schedule makes two. The global window's band beside its full
+    columns: the band one call, the columns as they are."""
+    total, w = 64, 6
+    for name, mask in (("sliding_window", mf.sliding_window(total, w)),
+                       ("sliding_window_causal", mf.sliding_window_causal(total, w))):
+        sched = RingSchedule("contiguous", 2, (total,), mask, 1)
+        blocks = sched.blocks(0, 0)
+        assert len(blocks) == 2, (name, blocks)
+        hi = w if name == "sliding_window" else 0
+        assert as_one(blocks) == Block(0, 32, 0, 32, "band", -w, hi), name
+    sched = RingSchedule("contiguous", 2, (total,), mf.global_sliding_window(total, 8, w), 1)
+    blocks = sched.blocks(0, 0)
+    out = coalesced(blocks)
+    bands = [b for b in out if b.kind == "band"]
+    assert len(bands) == 1 and len(out) < len(blocks), (blocks, out)
+    assert [b for b in out if b.kind == "full"] == [b for b in blocks if b.kind == "full"]
+
+
+def test_a_band_of_the_triangle_s_area_is_not_made_causal():
+    """Two causal blocks on the diagonal with single pairs beside them that make, together,
+    the band of offsets -1..1: as many pairs as the causal triangle over their square, but
+    not it. The run is not merged into a causal block (``as_one`` calls it a band)."""
+    run = [Block(0, 2, 0, 2, "causal"), Block(2, 4, 2, 4, "causal")]
+    pairs = [Block(2, 3, 1, 2), Block(0, 1, 1, 2), Block(1, 2, 2, 3), Block(2, 3, 3, 4)]
+    far = Block(10, 12, 10, 12, "causal")
+    assert as_one([*run, *pairs]) == Block(0, 4, 0, 4, "band", -1, 1)
+    blocks = [*run, *pairs, far]
+    out = coalesced(blocks)
+    assert all(b.kind != "causal" or b.q_stop - b.q_start == 2 for b in out), out
+    count = torch.zeros(12, 12, dtype=torch.int64)
+    for b in out:
+        count += _visible(b, 12, 12).long()
+    union = torch.zeros(12, 12, dtype=torch.bool)
+    for b in blocks:
+        union |= _visible(b, 12, 12)
+    assert count.max() <= 1 and torch.equal(count > 0, union)

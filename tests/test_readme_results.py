@@ -1634,3 +1634,33 @@ def test_call_shape_runs_are_on_file():
             for f in ("h100x2_issue41_real_packs/", "h100x2_issue41_real_packs/again_bd57e09/",
                       "h100x2_issue41_call_shape/")]
     _says(f"took {ring[0]:.2f},\n{ring[1]:.2f} and {ring[2]:.2f} ms in three runs of 2x H100")
+
+
+def test_band_union_and_heavy_rows_are_the_runs_on_file():
+    """The forward calls the planner makes before and after bands are one call, and the
+    rejected heavy rows' run, as the README says them."""
+    folder = "cpu_issue42_band_union/"
+    busiest = {}
+    for name in ("calls_before", "calls"):
+        for r in _load(f"{folder}{name}.json")["rows"]:
+            busiest[name, r["family"], r["world"]] = r["busiest"]
+    changed = {(f, w) for (n, f, w) in busiest if n == "calls"
+               and busiest["calls", f, w] != busiest["calls_before", f, w]}
+    assert changed == {("sliding_window", 2), ("global_sliding_window", 2),
+                       ("global_sliding_window", 4)}
+    said = [f"{busiest['calls_before', f, w]} -> {busiest['calls', f, w]}" for f, w in (
+        ("sliding_window", 2), ("global_sliding_window", 2), ("global_sliding_window", 4))]
+    _says(f"The busiest rank's forward calls: {said[0]} for the sliding window on 2\n"
+          f"ranks, {said[1]} and {said[2]} for the global window on 2 and 4 ranks.")
+    runs = {s: _load(f"h200x2_issue42_heavy_rows_rejected/{s}.json")["rows"][0]
+            for s in ("before", "after", "before2")}
+    assert [r["balance_area"] for r in runs.values()][1] == 1.0
+    fwd = {s: r["burst_graph"]["fwd_ms"] for s, r in runs.items()}
+    both = {s: r["burst_graph"]["fwd_bwd_ms"] for s, r in runs.items()}
+    assert fwd["after"] > max(fwd["before"], fwd["before2"])
+    _says(f"captured forward {fwd['before']:.3f} and {fwd['before2']:.3f} ms before, "
+          f"{fwd['after']:.3f} after (fwd+bwd {both['before']:.3f} and {both['before2']:.3f},\n"
+          f"{both['after']:.3f})")
+    _says(f"the backward's busiest rank sent {runs['before']['sent_mb']['backward']:.1f} MB "
+          f"before, {runs['after']['sent_mb']['backward']:.1f} after")
+    _says(f"which holds {runs['before']['balance_area']:.3f}x\nthe mean area")

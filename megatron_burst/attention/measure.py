@@ -266,8 +266,10 @@ def _varlen_step(kern, q, k, v, do, n: int, docs: int, scale: float) -> Callable
     from ..plan.schedule import Block
 
     size = n // docs
+    # Not coalesced: this times the varlen kernel, and documents of one token are one band.
     (call,) = plan_calls([Block(i * size, (i + 1) * size, i * size, (i + 1) * size, "causal")
-                          for i in range(docs)], varlen=True, dense_min_area=float("inf"))
+                          for i in range(docs)], varlen=True, dense_min_area=float("inf"),
+                         coalesce=False)
 
     def step() -> None:
         out, lse = kern.forward_varlen(q[0], k[0], v[0], call, scale)

@@ -93,7 +93,8 @@ def _probe_varlen(kernel: LocalAttention, dtype: torch.dtype, hq: int, hkv: int,
         for n in (37, 128, 90):
             blocks.append(Block(a, a + n, a, a + n, "causal"))
             a += n
-        (call,) = plan_calls(blocks, varlen=True, dense_min_area=float("inf"))
+        (call,) = plan_calls(blocks, varlen=True, dense_min_area=float("inf"),
+                             coalesce=False)  # the varlen form is what is probed
         dv = d if dv is None else dv
         q = torch.randn(a, hq, d, generator=gen).to(device, dtype)
         do = torch.randn(a, hq, dv, generator=gen).to(device, dtype)

@@ -100,14 +100,20 @@ class Block:
 
 
 def as_one(blocks: Sequence[Block]) -> Block | None:
-    """``blocks`` (disjoint, as a schedule makes them) as one causal or full block over their
-    bounding rectangle where together they are exactly that; else None.
+    """``blocks`` (disjoint, as a schedule makes them) as one full, causal or band block over
+    their bounding rectangle where together they are exactly that; else None.
 
     Why: a causal slice mask dealt two chunks a rank (the ``area`` layout, as zigzag deals
     them) is three blocks on a rank's own keys (each chunk causal on itself, the later chunk
     full on the earlier) that together are one causal triangle in the shard's row order.
     One kernel call on twice the rows runs faster than three, and its output needs no merge
-    (a plain zigzag sequence's schedule makes that one block itself)."""
+    (a plain zigzag sequence's schedule makes that one block itself). A window's slices cut
+    its band where it meets the sequence's ends (the first w rows see a causal triangle, the
+    rest a band): on a rank's own keys they are one band again, one call where there were two.
+
+    Exact by counting: every block lies in the bounding rectangle and in the band of the
+    smallest to the largest key - query offset any of them holds, so their union is inside
+    that band; disjoint, they are all of it where their areas add up to its area."""
     if len(blocks) < 2:
         return None
     q0, q1 = min(b.q_start for b in blocks), max(b.q_stop for b in blocks)
@@ -118,7 +124,10 @@ def as_one(blocks: Sequence[Block]) -> Block | None:
         return Block(q0, q1, k0, k1, "full")
     if n == m and area == n * (n + 1) // 2 and all(_top(b) <= k0 - q0 for b in blocks):
         return Block(q0, q1, k0, k1, "causal")  # inside the triangle, and all of it
-    return None
+    lo = max(min(_bottom(b) for b in blocks) - (k0 - q0), -(n - 1))
+    hi = min(max(_top(b) for b in blocks) - (k0 - q0), m - 1)
+    band = Block(q0, q1, k0, k1, "band", lo, hi)
+    return band if band.area == area else None  # (full and causal bands returned above)
 
 
 MAX_COALESCED, MAX_RUN = 64, 8  # bounds on the search (blocks of a step, causal blocks a run)
@@ -128,12 +137,17 @@ def coalesced(blocks: Sequence[Block]) -> tuple[Block, ...]:
     """``blocks`` with every run of causal blocks on one diagonal (each starting where the
     last ends, in rows and keys), and the blocks between them, made one causal block where
     together they are exactly that (``as_one``); the rest as they are. A shared question's
-    first documents, or a document cut across a rank's chunks, are such runs."""
+    first documents, or a document cut across a rank's chunks, are such runs. Where the
+    blocks that are not full are one band together, that band and the full blocks."""
     one = as_one(blocks)
     if one is not None:
         return (one,)
     if len(blocks) > MAX_COALESCED or all(b.kind == "causal" for b in blocks):
         return tuple(blocks)  # many (a pack's documents), or nothing between the diagonals
+    masked = [b for b in blocks if b.kind != "full"]
+    band = as_one(masked) if len(masked) > 1 else None
+    if band is not None and band.kind == "band":  # a global window's band beside its columns
+        return (band, *(b for b in blocks if b.kind == "full"))
     diagonal = sorted((b for b in blocks if b.kind == "causal"), key=lambda b: b.q_start)
     fillers = [(b, b.area) for b in blocks if b.kind != "causal"]
     upto = [0]  # the diagonal's areas, summed from its start
@@ -176,9 +190,17 @@ def _triangle(run: Sequence[Block], run_area: int, fillers: Sequence[tuple[Block
     if area != n * (n + 1) // 2:
         return []
     inside = [b for b in blocks if box(b)]
-    if as_one(inside) is None:
+    one = as_one(inside)
+    if one is None or one.kind != "causal":  # (an inverse triangle has the same area)
         return []
     return sorted(inside, key=lambda b: (b.q_start, b.k_start))
+
+
+def _bottom(b: Block) -> int:
+    """The smallest key - query row offset among ``b``'s visible pairs."""
+    if b.kind == "band":
+        return b.lo + b.k_start - b.q_start
+    return b.k_start - (b.q_stop - 1)  # full or causal: the last row's first key
 
 
 def _top(b: Block) -> int:
