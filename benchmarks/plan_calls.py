@@ -13,16 +13,14 @@ two trees: ``meta.package`` names the one it imported.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ring_rows import write_planner_run  # noqa: E402
+from ring_rows import planner_main  # noqa: E402
 from slice_masks import knobs, pile_like  # noqa: E402
 
-import megatron_burst  # noqa: E402
 from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key  # noqa: E402
 from megatron_burst.kernels.selection import VARLEN_DENSE_MIN_AREA  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
@@ -44,20 +42,11 @@ def calls_of(name: str, world: int, per_rank: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--per-rank", type=int, default=8192)
-    p.add_argument("--out", required=True)
-    a = p.parse_args()
-    rows = [calls_of(name, w, a.per_rank) for w in a.world for name in mf.FAMILIES]
-    package = os.path.dirname(os.path.abspath(megatron_burst.__file__))
-    lines = [f"package: {package}", "",
-             "| family | ranks | forward calls, each rank by step | busiest rank |",
-             "|---|---|---|---|"]
-    lines += [f"| {r['family']} | {r['world']} | "
-              f"{' / '.join('+'.join(map(str, c)) for c in r['calls'])} | {r['busiest']} |"
-              for r in rows]
-    write_planner_run(a.out, "benchmarks/plan_calls.py", package, rows, lines)
+    planner_main(__doc__, "benchmarks/plan_calls.py", calls_of,
+                 ["family", "ranks", "forward calls, each rank by step", "busiest rank"],
+                 lambda r: [r["family"], r["world"],
+                            " / ".join("+".join(map(str, c)) for c in r["calls"]),
+                            r["busiest"]])
 
 
 if __name__ == "__main__":

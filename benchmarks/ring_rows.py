@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import zlib
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slice_masks import knobs, pile_like  # noqa: E402
@@ -51,34 +52,37 @@ def rows_of(name: str, world: int, per_rank: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    planner_main(__doc__, "benchmarks/ring_rows.py", rows_of,
+                 ["family", "ranks", "K/V rows received", "rows read", "received / read"],
+                 lambda r: [r["family"], r["world"], r["kv_rows_received"], r["kv_rows_read"],
+                            r["received_over_read"]])
+
+
+def planner_main(doc: str, script: str, row_of: Callable[[str, int, int], dict],
+                 header: list[str], cells: Callable[[dict], list]) -> None:
+    """The planner benchmarks' command line (``--world``, ``--per-rank``, ``--out``): a row
+    per family and world (``row_of(family, world, rows per rank)``), printed as a table
+    (``header``; ``cells``: a row's) and written to OUT (JSON: the rows, and a meta naming
+    the package and the command) and OUT's .md (the table)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--per-rank", type=int, default=8192)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    rows = [rows_of(name, w, a.per_rank) for w in a.world for name in mf.FAMILIES]
+    rows = [row_of(name, w, a.per_rank) for w in a.world for name in mf.FAMILIES]
     import megatron_burst
 
     package = os.path.dirname(os.path.abspath(megatron_burst.__file__))
-    lines = [f"package: {package}", "",
-             "| family | ranks | K/V rows received | rows read | received / read |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['family']} | {r['world']} | {r['kv_rows_received']} | "
-              f"{r['kv_rows_read']} | {r['received_over_read']} |" for r in rows]
-    write_planner_run(a.out, "benchmarks/ring_rows.py", package, rows, lines)
-
-
-def write_planner_run(out: str, script: str, package: str, rows: list[dict],
-                      lines: list[str]) -> None:
-    """Print ``lines`` (the table) and write OUT (JSON: the rows, and a meta naming the
-    package and the command) and OUT's .md (the table): the planner benchmarks' output."""
+    lines = [f"package: {package}", "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in cells(r)) + " |" for r in rows]
     print("\n".join(lines))
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
         json.dump({"meta": {"device": "CPU (the planner only)", "package": package,
                             "command": "python " + " ".join([script, *sys.argv[1:]])},
                    "rows": rows}, f, indent=1)
-    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+    with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
