@@ -5,6 +5,7 @@ the same (the launch layer's figures: tests/launch/test_launch_readme_numbers.py
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
@@ -1664,3 +1665,19 @@ def test_band_union_and_heavy_rows_are_the_runs_on_file():
     _says(f"the backward's busiest rank sent {runs['before']['sent_mb']['backward']:.1f} MB "
           f"before, {runs['after']['sent_mb']['backward']:.1f} after")
     _says(f"which holds {runs['before']['balance_area']:.3f}x\nthe mean area")
+
+
+def test_the_summary_s_auto_and_mask_figures_are_the_runs_on_file():
+    """The README's opening bullets: auto's worst cell over the two machine kinds' runs at
+    the call's shape, and the families where burst_attn beats PyTorch's Flex CP."""
+    worst = max(_load(f"{folder}auto_check{t}.json")["meta"]["worst_auto_over_best"]
+                for folder in ("h200x2_issue41_call_shape/", "h100x2_issue41_call_shape/")
+                for t in ("", "_25gbps", "_50gbps"))
+    _says(f"within {math.ceil(worst * 100) / 100:.2f} of the best forced topology in every "
+          "cell on\n2 H200 and on 2 H100")
+    rows = _load("h200x2_issue42_flex_cp/slice_masks.json")["rows"]
+    faster = sum(r["burst"]["fwd_bwd_tflops"] > r["torch_flex_cp"]["fwd_bwd_tflops"]
+                 for r in rows)
+    words = {10: "ten", 11: "eleven", 12: "twelve"}
+    _says(f"faster than PyTorch's FlexAttention CP in {words[faster]} of its "
+          f"{words[len(rows)]}\nfamilies on 2 H200")
