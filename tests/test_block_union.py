@@ -159,3 +159,12 @@ def test_a_band_of_the_triangle_s_area_is_not_made_causal():
     for b in blocks:
         union |= _visible(b, 12, 12)
     assert count.max() <= 1 and torch.equal(count > 0, union)
+
+
+def test_a_full_block_beside_a_band_on_the_same_rows_stays_apart():
+    """A long document that sees every earlier key (causal blockwise's last one): full on
+    the earlier keys, causal on its own. Together one band (exactly), but the full block
+    stays a dense call: a band of many rows would go to FlexAttention, slower on dense work."""
+    full, own = Block(0, 4, 0, 8, "full"), Block(0, 4, 8, 12, "causal")
+    assert as_one([full, own]) == Block(0, 4, 0, 12, "band", -3, 8)
+    assert coalesced([full, own]) == (full, own)

@@ -138,9 +138,14 @@ def coalesced(blocks: Sequence[Block]) -> tuple[Block, ...]:
     last ends, in rows and keys), and the blocks between them, made one causal block where
     together they are exactly that (``as_one``); the rest as they are. A shared question's
     first documents, or a document cut across a rank's chunks, are such runs. Where the
-    blocks that are not full are one band together, that band and the full blocks."""
+    blocks that are not full are one band together, that band and the full blocks.
+
+    A band is made only of band and causal blocks: the pieces of a window. A full block
+    beside a band on the same rows (a long document that sees every earlier key) stays
+    apart: one GPU runs it at the dense kernel's rate, where a band of 2,048+ rows goes to
+    FlexAttention (``kernels.flex``), which ran dense work 0.7x as fast on 2x H200."""
     one = as_one(blocks)
-    if one is not None:
+    if one is not None and (one.kind != "band" or all(b.kind != "full" for b in blocks)):
         return (one,)
     if len(blocks) > MAX_COALESCED or all(b.kind == "causal" for b in blocks):
         return tuple(blocks)  # many (a pack's documents), or nothing between the diagonals
