@@ -40,7 +40,7 @@ KINDS = {"ring": dict(ulysses_size=1, backward="ring"),
 CALLS = 8
 
 
-def recorded_fields(device, world: int, shape=None) -> tuple[dict, list[list[float]]]:
+def recorded_fields(device, world: int, shape) -> tuple[dict, list[list[float]]]:
     """One ``host_fields`` measurement, with every list of samples it read, in order (ring,
     Ulysses, then the packs: the ring's of ``first_use.PACK_DOCS`` documents, Ulysses')."""
     import megatron_burst as mb
@@ -105,7 +105,8 @@ def main() -> None:
     rows = []
     for rep in range(args.reps):
         t0 = time.perf_counter()
-        fields, raw = recorded_fields(device, world, None if args.tiny else shape)
+        tiny = HostShape.tiny(world, device)
+        fields, raw = recorded_fields(device, world, tiny if args.tiny else shape)
         took = time.perf_counter() - t0
         rows.append(dict(rep=rep, seconds=round(took, 2), fields=fields, raw_ms=raw,
                          truth=truths(full, world, device, seed=rep + 1)))

@@ -49,8 +49,11 @@ def test_a_live_profile_counts_only_what_runs_inside_the_calls():
     ms = op_spans.profiled_calls(lambda: x @ x, 3, between=lambda: (x + 1) * 2)
     assert "aten::mm" in ms or "aten::matmul" in ms
     assert "aten::add" not in ms and "aten::mul" not in ms
+    # Own time leaves out what an operator calls: matmul's own is a sliver of its total (its
+    # mm), a margin two profiles' timing noise does not cross (mm against mm did, once: a
+    # slow spell in the second profile read its own time 4.5x the first's total).
     own = op_spans.profiled_calls(lambda: x @ x, 3, self_time=True)
-    assert own.get("aten::mm", 0) <= ms.get("aten::mm", 0) + 1e-9
+    assert own.get("aten::matmul", 0) < ms["aten::matmul"]
 
 
 def test_spans_are_matched_on_their_own_thread():

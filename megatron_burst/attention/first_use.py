@@ -151,10 +151,9 @@ class Phases(dict):
 
 
 def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
-             attend, took: Phases | None = None) -> Profile:
+             attend, took: Phases) -> Profile:
     """Every measurement the decision needs, at the call's sizes (this rank's figures);
     ``took``: where the seconds went."""
-    took = Phases() if took is None else took
     device, cpu = q.device, q.device.type == "cpu"
     heads = HeadShape.of_tensors(q, k, v)
     tokens = max(q.shape[0] * q.shape[1], 1)
@@ -176,8 +175,8 @@ def _measure(group, world: int, key: machine.MachineKey, q, k, v, causal: bool,
                               settle_s=0.0 if cpu else SETTLE_S)
     memory = took.timed("memory", measure.measure_memory, 2**22 if cpu else 2**28, device,
                        repeat, group)
-    host = took.timed("host", host_fields, group, world, device, q.dtype, repeat, attend,
-                      None if cpu else measure.HostShape.of_call(q, world))
+    shape = measure.HostShape.tiny(world, device) if cpu else measure.HostShape.of_call(q, world)
+    host = took.timed("host", host_fields, group, world, device, q.dtype, repeat, attend, shape)
     base = load_profile(DEFAULT_PROFILE)
     copied = [w for w, link in (("intra-node link", intra), ("inter-node link", inter),
                                 ("all-to-all", a2a)) if link is None]
@@ -242,13 +241,12 @@ def _sizes(nbytes: list[int], cap: int) -> list[int]:
 
 
 def host_fields(group, world: int, device: torch.device, dtype: torch.dtype, repeat: int,
-                attend, shape: measure.HostShape | None = None) -> dict:
+                attend, shape: measure.HostShape) -> dict:
     """The profile's host fields (microseconds a ring step, a call and a Ulysses call; a new
-    pack's, ``pack_fields``), from calls on the group of ``shape`` (tiny calls without one):
+    pack's, ``pack_fields``), from calls on the group of ``shape`` (``measure.HostShape``):
     a flat ring (one call, 2 x world steps), Ulysses over the whole group (one call, 2 steps;
     None on one rank) and new packs, all timed in turns (``measure.host_rounds``). ``tune``
     measures with it too."""
-    shape = shape or measure.HostShape.tiny(world, device)
     q = shape.qkv(device, dtype, shape.tokens)
     kinds = [{}] + ([dict(ulysses_size=world)] if world > 1 else [])
 

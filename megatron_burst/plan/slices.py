@@ -197,16 +197,13 @@ def _count_up_to(n, m, x):
 
 def rows_area(cells: np.ndarray, start: int, stop: int) -> int:
     """Visible pairs of the query rows [start, stop) (every key)."""
-    q0, q1 = np.maximum(cells[:, 0], start), np.minimum(cells[:, 1], stop)
-    keep = q0 < q1
-    q0, q1, c = q0[keep], q1[keep], cells[keep]
-    return int(band_area(q1 - q0, c[:, 3] - c[:, 2], c[:, 4] - (c[:, 2] - q0),
-                         c[:, 5] - (c[:, 2] - q0)).sum())
+    return int(ranges_area(cells, [start], [stop])[0])
 
 
 def ranges_area(cells: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """``rows_area`` of every query range [starts[i], stops[i]) at once (one numpy pass over
-    ranges x cells: the area layout sizes up to hundreds of chunks per new mask)."""
+    """Visible pairs of the query rows [starts[i], stops[i]) (every key) of every range at
+    once: one numpy pass over ranges x cells (the area layout sizes up to hundreds of chunks
+    per new mask)."""
     starts, stops = np.asarray(starts)[:, None], np.asarray(stops)[:, None]
     q0, q1 = np.maximum(cells[None, :, 0], starts), np.minimum(cells[None, :, 1], stops)
     n = np.maximum(q1 - q0, 0)
