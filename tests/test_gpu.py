@@ -384,6 +384,27 @@ def test_fused_merge_matches_float64_merge():
     assert (lse.double()[finite] - new_lse[finite]).abs().max().item() < 1e-5
 
 
+def test_fused_merge_on_rows_not_sixteen_aligned():
+    """Views whose row strides are not multiples of 16 elements (a head padded to 130, a
+    head dim of 8) merge in the scalar-load variant (``row_alignment`` 1), as exactly as the
+    aligned one: against a float64 merge."""
+    pytest.importorskip("triton")
+    from megatron_burst.kernels import merge
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for d, pad in ((128, 2), (8, 0)):
+        out = torch.randn(1, 200, 4, d + pad, device="cuda", generator=gen)[..., :d]
+        blk = torch.randn(1, 200, 4, d + pad, device="cuda", generator=gen,
+                          dtype=torch.bfloat16)[..., :d]
+        lse, blse = (torch.randn(1, 4, 200, device="cuda", generator=gen) for _ in range(2))
+        assert merge.row_alignment(out, blk) == 1 and merge._fusable(out, blk)
+        new_lse = torch.logaddexp(lse.double(), blse.double())
+        ref = (out.double() * torch.exp(lse.double() - new_lse).transpose(1, 2)[..., None]
+               + blk.double() * torch.exp(blse.double() - new_lse).transpose(1, 2)[..., None])
+        merge.merge_partial(out, lse, blk, blse)
+        assert (out.double() - ref).abs().max().item() < 1e-5
+        assert (lse.double() - new_lse).abs().max().item() < 1e-5
+
+
 def test_fused_merge_leaves_rows_the_block_did_not_see():
     """Rows whose block lse is -inf and whose accumulator holds a result are skipped (the
     merge would rewrite them unchanged): bit for bit as they were, the block's values never

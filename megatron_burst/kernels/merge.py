@@ -63,7 +63,8 @@ if triton is not None:
     @triton.jit(**_jit_options())
     def _merge_kernel(out_ptr, lse_ptr, blk_ptr, blse_ptr, S, H,
                       o_sb, o_ss, o_sh, l_sb, l_sh, l_ss, b_sb, b_ss, b_sh,
-                      bl_sb, bl_sh, bl_ss, D: tl.constexpr, ROWS: tl.constexpr):
+                      bl_sb, bl_sh, bl_ss, D: tl.constexpr, ROWS: tl.constexpr,
+                      ALIGN: tl.constexpr):
         # A program: ROWS positions of one (batch, head). Its lse loads are consecutive,
         # its output rows D contiguous values each (the layout both tensors have). The
         # first version took 16 (position, head) rows of a flat index: lse loads S apart,
@@ -89,8 +90,11 @@ if triton is not None:
             wa, wb = ea * inv, eb * inv
             d = tl.arange(0, D)
             m2 = live[:, None]
-            o_off = (b * o_sb + h * o_sh + s * o_ss)[:, None] + d[None, :]
-            k_off = (b * b_sb + h * b_sh + s * b_ss)[:, None] + d[None, :]
+            # The outputs' strides come divided by ALIGN (``_launch``): multiplied back by a
+            # constant, Triton knows each row starts ALIGN elements aligned and loads it in
+            # vectors. Unspecialised strides alone gave scalar loads.
+            o_off = ((b * o_sb + h * o_sh + s * o_ss) * ALIGN)[:, None] + d[None, :]
+            k_off = ((b * b_sb + h * b_sh + s * b_ss) * ALIGN)[:, None] + d[None, :]
             o = tl.load(out_ptr + o_off, mask=m2, other=0.0).to(tl.float32)
             x = tl.load(blk_ptr + k_off, mask=m2, other=0.0).to(tl.float32)
             merged = o * wa[:, None] + x * wb[:, None]  # fp32, rounded once as it is stored
@@ -156,13 +160,23 @@ def compile_variants(device: torch.device, dtype: torch.dtype, head_dim: int) ->
             _launch(o[:, :0], lse[:, :, :0], o[:, :0].to(dtype), lse[:, :, :0])
 
 
+ROW_ALIGN = 16  # elements: a 16-byte vector of fp32, two of bf16
+
+
+def row_alignment(*tensors: torch.Tensor) -> int:
+    """``ROW_ALIGN`` where every outer stride of ``tensors`` is a multiple of it (a [b, s, h, d]
+    view of whole heads, d >= 16: every call the ring makes), else 1 (scalar loads)."""
+    strides = [t.stride(i) for t in tensors for i in range(3)]
+    return ROW_ALIGN if all(x % ROW_ALIGN == 0 for x in strides) else 1
+
+
 def _launch(out, lse, block_out, block_lse) -> None:
     b, s, h, d = out.shape
     rows = max(16, 4096 // d)  # positions a program: 4K values of each tensor
     grid = (max(triton.cdiv(s, rows), 1), max(b * h, 1))
-    _merge_kernel[grid](out, lse, block_out, block_lse, s, h,
-                        out.stride(0), out.stride(1), out.stride(2),
-                        lse.stride(0), lse.stride(1), lse.stride(2),
-                        block_out.stride(0), block_out.stride(1), block_out.stride(2),
+    align = row_alignment(out, block_out)
+    o_st, b_st = ([t.stride(i) // align for i in range(3)] for t in (out, block_out))
+    _merge_kernel[grid](out, lse, block_out, block_lse, s, h, *o_st,
+                        lse.stride(0), lse.stride(1), lse.stride(2), *b_st,
                         block_lse.stride(0), block_lse.stride(1), block_lse.stride(2),
-                        D=d, ROWS=rows)
+                        D=d, ROWS=rows, ALIGN=align)
