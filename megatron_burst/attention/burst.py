@@ -42,7 +42,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
     plan, kernel, scale = bound.plan.forward, bound.kernel, bound.scale
     qb = bound.bshd(q)
     b, s, hq, _ = qb.shape
-    fresh = plan.fresh[0]
+    fresh = plan.fresh[0]  # every row's first partial is written (``first_writes``)
     acc = working_dtype(q.dtype)
     # The output has V's head dim (MLA: Q/K 192, V 128). It accumulates in q's dtype where
     # no row takes more than one merge in the kernel that rounds once (``merge.fuses``).
@@ -56,14 +56,13 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
         lse.fill_(float("-inf"))
     ring, _ = bound.movers(plan, (k, v), None, "forward", tag)
     kv = (k, v)
-    for i, step in enumerate(plan.steps):
+    for step, writes in zip(plan.steps, plan.writes, strict=True):
         if ring is not None:
             ring.post(step.hops, kv)
         if kv is not None:  # None: nothing of this step's keys is used here
             kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
-            for call in step.calls:
-                run_forward(kernel, bound.launch(call), qb, kb, vb, out_b, lse, scale,
-                            fresh=fresh and i == 0)
+            for call, (first, _) in zip(step.calls, writes, strict=True):
+                run_forward(kernel, bound.launch(call), qb, kb, vb, out_b, lse, scale, first)
         if step.next is not None:  # (no ring: this rank neither sends nor receives)
             kv = ring.next(step.next) if ring is not None else None
     _finish(ring)
@@ -82,7 +81,7 @@ def _finish(ring, grads=None) -> tuple:
 
 
 def _accumulator(shape, dtype, device, fresh: bool) -> torch.Tensor:
-    """Uninitialised when step 0 writes every row (``fresh``), else zeros."""
+    """Uninitialised when every row's first partial is written (``fresh``), else zeros."""
     return (torch.empty if fresh else torch.zeros)(shape, dtype=dtype, device=device)
 
 
@@ -129,16 +128,16 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                                 _accumulator(v.shape, k_home, v.device, fresh[1])),
                         bound.row_dim)
     kv = (k, v)
-    for i, step in enumerate(plan.steps):
+    for i, (step, writes) in enumerate(zip(plan.steps, plan.writes, strict=True)):
         if ring is not None:
             ring.post(step.hops, kv)
         target, acc = grads.target(i, step)
         if kv is not None:
             kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
             dk_b, dv_b = bound.bshd(target[0]), bound.bshd(target[1])
-            for call in step.calls:
+            for call, first in zip(step.calls, writes, strict=True):
                 run_backward(kernel, bound.launch(call), dob, qb, kb, vb, ob, lse, scale,
-                             dq_b, dk_b, dv_b, fresh if i == 0 else (False, step.acc_fresh))
+                             dq_b, dk_b, dv_b, first)
         grads.pass_on(i, step, acc)
         if step.next is not None:  # (no ring: this rank neither sends nor receives)
             kv = ring.next(step.next) if ring is not None else None
@@ -169,7 +168,7 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     ring, route = bound.movers(plan, bundle, acc_dtype, "backward", tag, (q,))
     grads = Travelling(route, (_accumulator(q.shape, q_home, q.device, fresh[0]),),
                         bound.row_dim)
-    for i, step in enumerate(plan.steps):
+    for i, (step, writes) in enumerate(zip(plan.steps, plan.writes, strict=True)):
         if ring is not None:
             ring.post(step.hops, bundle)
         target, acc = grads.target(i, step)
@@ -179,10 +178,9 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             oj_b = bound.bshd(out) if i == 0 else surrogate_out(doj_b, deltaj)
             dq_b = bound.bshd(target[0])
             # The visitor's queries against our keys: the same blocks the forward computed.
-            for call in step.calls:
+            for call, first in zip(step.calls, writes, strict=True):
                 run_backward(kernel, bound.launch(call), doj_b, qj_b, kb, vb, oj_b, lsej,
-                             scale, dq_b, dk_b, dv_b,
-                             fresh if i == 0 else (step.acc_fresh, False))
+                             scale, dq_b, dk_b, dv_b, first)
         grads.pass_on(i, step, acc)
         if step.next is not None:
             bundle = ring.next(step.next) if ring is not None else None

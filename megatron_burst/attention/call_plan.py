@@ -34,6 +34,7 @@ from ..plan.runs import gapped, held_tables, last_run_step
 from ..plan.schedule import Block, Mask, RingSchedule, last_spanned_step
 from ..plan.segments import Runs
 from ..plan.slices import SliceMask
+from .first_writes import backward_writes, first_writes
 from .pair_calls import PairCalls, one_partial_wire, runs_of
 from .sharding import group_ranks
 
@@ -138,6 +139,8 @@ class PassPlan:
     # accumulator travels in the inputs' own dtype: a kernel's gradients come in it, so the
     # one partial is held exactly (the same bits as fp32), in half the bytes.
     wire: tuple[bool, bool] = (False, False)
+    # Per step, per call: (per query run, per key run) whether its partial is written, not
+    writes: tuple = ()  # folded in: its rows' first (``first_writes``)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -188,7 +191,8 @@ def build_plan(key: PlanKey) -> CallPlan:
         steps = (StepPlan(me, calls(me, me)),)
         alone = PassPlan(steps, _fresh(calls(me, me), rows), False, 0,
                          (_uses(steps, rows, "q"), _uses(steps, rows, "k")))
-        forward = backward = alone
+        forward = dataclasses.replace(alone, **first_writes(alone, rows))
+        backward = dataclasses.replace(alone, **backward_writes(alone, rows, key.backward))
     else:
         forward, backward = _ring_passes(key, sched, topo, calls)
     used = forward.steps + backward.steps
@@ -216,7 +220,8 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
     own = _fresh(calls(me, me), n)
     forward = _pass(topo, last, k_spans, lambda src, at: calls(me, src, k_from=at), own, None,
                     runs)
-    forward = dataclasses.replace(forward, uses=(_uses(forward.steps, n, "q"), 0))
+    forward = dataclasses.replace(forward, uses=(_uses(forward.steps, n, "q"), 0),
+                                  **first_writes(forward, n))
     if key.backward == "burst":
         back = topo.reversed()
         q_spans = (sched.needed_runs if runs else sched.needed_ranges)(back.source, "q")
@@ -231,7 +236,8 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
         uses = (_uses(backward.steps, n, "q"),
                 _uses(backward.steps[:1], n, "k", k_spans[me][1] if last else None, runs))
         wire = one_partial_wire(topo, last, calls, lambda holder, origin: (holder, origin), "k")
-    return forward, dataclasses.replace(backward, uses=uses, wire=wire)
+    return forward, dataclasses.replace(backward, uses=uses, wire=wire,
+                                        **backward_writes(backward, n, key.backward))
 
 
 def _pass(topo: RingPositions, last: int, spans: tuple, calls_with: Callable,

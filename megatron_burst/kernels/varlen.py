@@ -264,24 +264,26 @@ def _lse_rows(lse: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 
 def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                out: torch.Tensor, lse: torch.Tensor, scale: float, fresh: bool = False) -> None:
-    """Compute ``call`` and merge it into the accumulators (bshd views, lse [b, h, s]).
+                out: torch.Tensor, lse: torch.Tensor, scale: float,
+                first: tuple[bool, ...]) -> None:
+    """Compute ``call`` and fold it into the accumulators (bshd views, lse [b, h, s]).
 
-    ``fresh``: nothing has been written to these rows yet: write, do not merge.
+    ``first``: per query run of the call (``call_runs``), whether nothing has been written
+    to its rows yet: then the partial is written there, not merged.
     """
     if not call.varlen:
         blk = call.blocks[0]
         a, b, c, d = blk.q_start, blk.q_stop, blk.k_start, blk.k_stop
         o, o_lse = kernel.forward(_rows(q, a, b), _rows(k, c, d), _rows(v, c, d), blk, scale)
-        _fold_forward(_rows(out, a, b), _lse_rows(lse, a, b), o, o_lse, fresh)
+        _fold_forward(_rows(out, a, b), _lse_rows(lse, a, b), o, o_lse, first[0])
         return
     o, o_lse = kernel.forward_varlen(gather(q[0], call.q_runs), gather(k[0], call.k_runs),
                                      gather(v[0], call.k_runs), call, scale)
     if call.keyless:
         o_lse = seen_nothing(o_lse)
-    for a, b, off in _offsets(call.q_runs):
+    for (a, b, off), write in zip(_offsets(call.q_runs), first, strict=True):
         _fold_forward(out[:, a:b], lse[:, :, a:b], o[None, off:off + b - a],
-                      o_lse[None, :, off:off + b - a], fresh)
+                      o_lse[None, :, off:off + b - a], write)
 
 
 def seen_nothing(lse: torch.Tensor) -> torch.Tensor:
@@ -301,10 +303,11 @@ def _fold_forward(out_rows, lse_rows, o, o_lse, fresh: bool) -> None:
 def run_backward(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor,
                  k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
-                 fresh: tuple[bool, bool] = (False, False)) -> None:
-    """Gradients of ``call``'s blocks, added into the (fp32) accumulators dq, dk, dv.
+                 first: tuple[tuple[bool, ...], tuple[bool, ...]]) -> None:
+    """Gradients of ``call``'s blocks, folded into the accumulators dq, dk, dv.
 
-    ``fresh`` (queries, keys): nothing has been written to those rows yet: write, not add.
+    ``first``: per query run and per key run of the call (``call_runs``), whether nothing
+    has been written to its rows yet: then the gradient is written there, not added.
     """
     if not call.varlen:
         blk = call.blocks[0]
@@ -312,19 +315,20 @@ def run_backward(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor
         gq, gk, gv = kernel.backward(_rows(dout, a, b), _rows(q, a, b), _rows(k, c, d),
                                      _rows(v, c, d), _rows(out, a, b), _lse_rows(lse, a, b),
                                      blk, scale)
-        _fold(_rows(dq, a, b), gq, fresh[0])
-        _fold(_rows(dk, c, d), gk, fresh[1])
-        _fold(_rows(dv, c, d), gv, fresh[1])
+        _fold(_rows(dq, a, b), gq, first[0][0])
+        _fold(_rows(dk, c, d), gk, first[1][0])
+        _fold(_rows(dv, c, d), gv, first[1][0])
         return
     qr, kr = call.q_runs, call.k_runs
     gq, gk, gv = kernel.backward_varlen(
         gather(dout[0], qr), gather(q[0], qr), gather(k[0], kr), gather(v[0], kr),
         gather(out[0], qr), gather(lse[0], qr, dim=1).contiguous(), call, scale)
-    for a, b, off in _offsets(qr):
-        _fold(dq[0, a:b], gq[off:off + b - a], fresh[0])
-    for a, b, off in _offsets(kr):  # a key row used by two blocks appears twice: both add
-        _fold(dk[0, a:b], gk[off:off + b - a], fresh[1])
-        _fold(dv[0, a:b], gv[off:off + b - a], fresh[1])
+    for (a, b, off), write in zip(_offsets(qr), first[0], strict=True):
+        _fold(dq[0, a:b], gq[off:off + b - a], write)
+    # A key row used by two blocks appears twice: both add (``first_writes`` writes none).
+    for (a, b, off), write in zip(_offsets(kr), first[1], strict=True):
+        _fold(dk[0, a:b], gk[off:off + b - a], write)
+        _fold(dv[0, a:b], gv[off:off + b - a], write)
 
 
 def _fold(acc: torch.Tensor, grad: torch.Tensor, fresh: bool) -> None:

@@ -1,0 +1,111 @@
+"""Which of a pass's partial results are written, not folded in: each home row's first.
+
+Every kernel call's result is folded into home accumulators: the forward merges (out,
+lse), the backward adds gradients. A row's first partial needs neither: merging it into
+zeros and lse -inf, or adding it to zeros, gives the partial itself, after reading the
+zeros, and the zeros cost a fill first. A mask whose own step does not cover every row
+exactly once (``call_plan._fresh``: a window's band beside the global rows, a document
+seen whole on the other rank) used to fill and fold every call; on 2x H100 the causal
+blockwise and global window forwards spent 0.7 and 1.1 ms a call in merges
+(``benchmarks/slice_mask_profile.py``). Here each call's run of home rows that no earlier
+call touched is marked to be written, and a home accumulator starts uninitialised when
+every row is first written by such a run (``PassPlan.fresh``).
+
+A backward has one home side and one travelling side (``ring``: dQ home, dK/dV travel;
+``burst``: the other way). The travelling accumulator keeps its own rule: written at step
+0 where the own calls cover it once, and at a later step where its new rows are covered
+once (``StepPlan.acc_fresh``).
+"""
+from __future__ import annotations
+
+import bisect
+
+from ..kernels.varlen import call_runs
+
+Flags = tuple[bool, ...]  # per run of one call, in ``call_runs`` order
+
+
+def first_writes(forward, rows: int) -> dict:
+    """``forward``'s (a ``call_plan.PassPlan``) fields this module decides, for
+    ``dataclasses.replace``: ``writes`` (per step, per call: (query runs' flags, ())) and
+    its ``fresh`` (every one of ``rows`` query rows is first written: no fill)."""
+    flags, fresh = _home_writes(forward, rows, "q")
+    writes = tuple([tuple([(f, ()) for f in step]) for step in flags])
+    return {"writes": writes, "fresh": (fresh, forward.fresh[1])}
+
+
+def backward_writes(backward, rows: int, mode: str) -> dict:
+    """The same for a backward pass of ``mode`` ('ring': dQ stays home; 'burst': dK/dV
+    do): per step, per call, (query runs' flags, key runs' flags), the travelling side's
+    by its own rule."""
+    home = "k" if mode == "burst" else "q"
+    flags, fresh = _home_writes(backward, rows, home)
+    away = 1 if home == "q" else 0
+    writes = []
+    for i, (step, step_flags) in enumerate(zip(backward.steps, flags)):
+        travel = backward.fresh[away] if i == 0 else step.acc_fresh
+        pairs = []
+        for call, f in zip(step.calls, step_flags):
+            t = (travel,) * _runs(call, away)
+            pairs.append((f, t) if away else (t, f))
+        writes.append(tuple(pairs))
+    both = (fresh, backward.fresh[1]) if away else (backward.fresh[0], fresh)
+    return {"writes": tuple(writes), "fresh": both}
+
+
+def _home_writes(pass_, rows: int, side: str) -> tuple[tuple[tuple[Flags, ...], ...], bool]:
+    """(per step, per call: its ``side`` runs' flags; whether every one of ``rows`` rows is
+    first written). Plain loops, no generator: a new pack plans anew, and its host work is
+    counted (``tests/test_host_path.py``)."""
+    index = 0 if side == "q" else 1
+    if pass_.fresh[index]:  # step 0 writes every row once (``call_plan._fresh``): the rest
+        return tuple([tuple([(i == 0,) * _runs(call, index) for call in step.calls])
+                      for i, step in enumerate(pass_.steps)]), True  # fold. Kept cheap.
+    touched: list[tuple[int, int]] = []  # rows written so far: disjoint, sorted, joined
+    clean = True  # every folded run lies on rows already written
+    flags = []
+    for step in pass_.steps:
+        step_flags = []
+        for call in step.calls:
+            firsts = []
+            for a, b in call_runs(call, side):  # in the order the fold runs them
+                write, inside = _seen(touched, a, b)
+                firsts.append(write)
+                clean = clean and (write or inside)
+                if b > a:
+                    _insert(touched, a, b)
+            step_flags.append(tuple(firsts))
+        flags.append(tuple(step_flags))
+    return tuple(flags), clean and touched == ([(0, rows)] if rows else [])
+
+
+def _runs(call, side: int) -> int:
+    """How many runs ``call_runs`` gives on side 0 (queries) or 1 (keys), without making
+    them: a dense call has one."""
+    return len(call.k_runs if side else call.q_runs) if call.varlen else 1
+
+
+def _seen(touched: list[tuple[int, int]], a: int, b: int) -> tuple[bool, bool]:
+    """(no row of [a, b) is in ``touched``, and the run is not empty: written; all of them
+    are: folded without a fill). A key row that two blocks of one call use appears in two
+    runs: the first writes it, the second adds, in that order."""
+    i = bisect.bisect_right(touched, (a, _AFTER))
+    left = touched[i - 1] if i else (0, 0)
+    overlaps = (i and left[1] > a) or (i < len(touched) and touched[i][0] < b)
+    return b > a and not overlaps, b <= a or bool(i and left[0] <= a and left[1] >= b)
+
+
+def _insert(spans: list[tuple[int, int]], a: int, b: int) -> None:
+    """Rows [a, b) added to the sorted, disjoint ``spans``, touching spans joined."""
+    lo = bisect.bisect_left(spans, (a, -1))
+    if lo and spans[lo - 1][1] >= a:
+        lo -= 1
+    hi = lo
+    while hi < len(spans) and spans[hi][0] <= b:
+        hi += 1
+    if hi > lo:
+        a, b = min(a, spans[lo][0]), max(b, spans[hi - 1][1])
+    spans[lo:hi] = [(a, b)]
+
+
+_AFTER = 1 << 62  # sorts after any row: (a, _AFTER) follows every span starting at a
