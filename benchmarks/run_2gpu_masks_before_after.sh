@@ -14,7 +14,7 @@ for side in before after before2; do
   PYTHONPATH=$pkg timeout 280 torchrun --nproc_per_node="$gpus" benchmarks/slice_masks.py \
     --graph --no-torch-flex-cp --families "$families" --out "$out/$side" \
     > "$out/${side}_log.txt" 2>&1
-  echo "$side rc=$?"; grep '^| ' "$out/$side.md" 2>/dev/null | tail -n +3 | cut -c1-200
+  echo "$side rc=$?"; grep '^| ' "$out/$side.md" 2>/dev/null | tail -n +2 | cut -c1-200
   grep -o '"package": "[^"]*"' "$out/$side.json"
 done
 tar -czf "$top/masks$gpus.tgz" -C "$top" "masks$gpus"
