@@ -311,19 +311,28 @@ def test_two_gpu_test_count_is_the_run_on_file():
     _says(f"({dots.count('.')} passed, {dots.count('s')} needs 4 GPUs)")
 
 
+def _mask_table_said(table, json_name: str) -> dict:
+    """Every row of a slice_masks.md table (the header and the twelve families) is in the
+    README; returns its JSON's rows by family."""
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| ")]
+    assert len(rows) == 13
+    for line in rows:
+        _says(line)
+    return {r["family"]: r for r in _load(json_name)["rows"]}
+
+
+def _at_least(run: dict, bar: float) -> list[int]:
+    """How many families reach ``bar``: forward eager, captured, backward eager, captured."""
+    return [sum(r[key] >= bar for r in run.values()) for key in (
+        "efficiency_fwd", "efficiency_graph_fwd", "efficiency_bwd", "efficiency_graph_bwd")]
+
+
 def test_slice_mask_table_is_the_run_on_file():
     """The README's slice-mask table is the benchmark's printout on file, row for row; the
     efficiencies and before/after figures its text quotes are the runs on file."""
     folder = RESULTS / "h200x2_issue42_flex_cp"
-    rows = [line for line in (folder / "slice_masks.md").read_text().splitlines()
-            if line.startswith("| ")]
-    assert len(rows) == 13  # the header and the twelve families
-    for line in rows:
-        _says(line)
-    run = {r["family"]: r for r in _load("h200x2_issue42_flex_cp/slice_masks.json")["rows"]}
-    counts = [sum(r[key] >= 0.75 for r in run.values()) for key in (
-        "efficiency_fwd", "efficiency_graph_fwd", "efficiency_bwd", "efficiency_graph_bwd")]
-    assert counts == [5, 9, 9, 12]
+    run = _mask_table_said(folder / "slice_masks.md", "h200x2_issue42_flex_cp/slice_masks.json")
+    assert _at_least(run, 0.75) == [5, 9, 9, 12]
     _says("The forward reaches the issue's 0.75 in\nfive families of twelve eager")
     _says("and nine captured; the backward in nine eager and\nall twelve captured")
     for family, words in (("full", "full"), ("causal", "causal"),
@@ -1698,15 +1707,8 @@ def _before_after(ms: dict, family: str) -> str:
 def test_the_h100_mask_table_and_its_counts_are_the_run_on_file():
     """The current slice-mask table (2x H100) is the benchmark's printout, row for row, and
     the counts and outlier its text gives are that run's."""
-    rows = [line for line in (RESULTS / "h100x2_issue42_table/sm.md").read_text().splitlines()
-            if line.startswith("| ")]
-    assert len(rows) == 13
-    for line in rows:
-        _says(line)
-    run = {r["family"]: r for r in _load("h100x2_issue42_table/sm.json")["rows"]}
-    counts = [sum(r[key] >= 0.75 for r in run.values()) for key in (
-        "efficiency_graph_fwd", "efficiency_graph_bwd", "efficiency_fwd", "efficiency_bwd")]
-    assert counts == [11, 12, 5, 9]
+    run = _mask_table_said(RESULTS / "h100x2_issue42_table/sm.md", "h100x2_issue42_table/sm.json")
+    assert _at_least(run, 0.75) == [5, 11, 9, 12]
     low = [(f, r["efficiency_graph_fwd"]) for f, r in run.items()
            if r["efficiency_graph_fwd"] < 0.75]
     assert [f for f, _ in low] == ["sliding_window_causal"]
