@@ -6,7 +6,9 @@ For each family (the masks, sizes and inputs of ``slice_masks.py``: GQA 64:8, d 
 8K tokens per GPU): rank 0 prints its plan (per pass and ring step, each kernel launch: dense
 or varlen, its blocks, rows, keys and mask shape; the hops), the forward's mean ms (no
 grad) and fwd+bwd's, then torch.profiler's CUDA and CPU tables over 5 forward calls and 3
-fwd+bwd calls (after warm-up).
+fwd+bwd calls (after warm-up). ``--copies``: also every copy, cast and fill of the forward,
+by shapes and by the package's lines that made it (the causal window's forward ran two 45
+us device copies a call on 2x H100, one of them not accounted for).
 """
 from __future__ import annotations
 
@@ -43,6 +45,36 @@ def describe_plan(plan) -> list[str]:
                 lines.append(f"    {'varlen' if c.varlen else 'dense '} blocks {len(c.blocks):3d} "
                              f"rows {rows:6d} keys {keys:6d} area {area:11d} kinds {kinds}")
     return lines
+
+
+COPIES = ("aten::copy_", "aten::_to_copy", "aten::fill_", "aten::zero_")
+
+
+def copies_table(events, package: str = "megatron_burst") -> list[str]:
+    """Rows of (count, device us in all, op, input shapes, the package's frames that called
+    it) over ``events`` (a profile's ``events()`` recorded with shapes and stacks)."""
+    seen: dict = {}
+    for e in events:
+        if e.name not in COPIES:
+            continue
+        frames = tuple(_frames(e, package))[:3]
+        key = (e.name, str(e.input_shapes), frames)
+        count, us = seen.get(key, (0, 0.0))
+        seen[key] = (count + 1, us + getattr(e, "device_time_total", 0.0))
+    rows = sorted(seen.items(), key=lambda kv: -kv[1][1])
+    return [f"{n:4d} x {us:9.1f} us  {name} {shapes}\n        " + "\n        ".join(frames)
+            for (name, shapes, frames), (n, us) in rows]
+
+
+def _frames(event, package: str):
+    """The package's Python frames above ``event``, innermost first: the stack as the event's
+    own, or (torch's Python tracer) as the function events it sits under."""
+    yield from (f for f in (event.stack or ()) if package in f)
+    parent = event.cpu_parent
+    while parent is not None:
+        if package in parent.name:
+            yield parent.name
+        parent = parent.cpu_parent
 
 
 def mean_ms(fn, dev, n: int) -> float:
@@ -83,6 +115,12 @@ def profile_family(name: str, args, rank: int, world: int, dev) -> None:
         for _ in range(3):
             both()
         torch.cuda.synchronize(dev)
+    if args.copies:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                     record_shapes=True, with_stack=True) as prof_c:
+            for _ in range(5):
+                fwd()
+            torch.cuda.synchronize(dev)
     if rank == 0:
         plans = [p for p in prepare.PREPARED.values() if p.call.mask == mask]
         print(f"===== {name}: {len(lens)} documents, area {mask.area}, forward {fwd_ms:.2f} ms, "
@@ -94,12 +132,18 @@ def profile_family(name: str, args, rank: int, world: int, dev) -> None:
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14))
             print(f"--- {label}: by CPU time")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+        if args.copies:
+            print("--- forward x5: copies, casts and fills")
+            print("\n".join(copies_table(prof_c.events())))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--families", default="sliding_window_causal,causal_document")
     p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--copies", action="store_true",
+                   help="also list the forward's copies, casts and fills by the lines that "
+                        "made them")
     args = p.parse_args()
     rank, world = start_ranks()
     dev = torch.device("cuda", torch.cuda.current_device())
