@@ -6,13 +6,18 @@ For each family (the masks, sizes and inputs of ``slice_masks.py``: GQA 64:8, d 
 8K tokens per GPU): rank 0 prints its plan (per pass and ring step, each kernel launch: dense
 or varlen, its blocks, rows, keys and mask shape; the hops), the forward's mean ms (no
 grad) and fwd+bwd's, then torch.profiler's CUDA and CPU tables over 5 forward calls and 3
-fwd+bwd calls (after warm-up). ``--copies``: also every copy, cast and fill of the forward,
+fwd+bwd calls (after warm-up). ``--fresh``: also fwd+bwd with a new document pack (so a new
+mask) every call, as training feeds them, against the same mask, each call synchronised
+and the ranks aligned (``slice_masks.py``'s "new pack" column: on 2x H100 prefix-LM
+documents ran 414 TFLOP/s per GPU on one mask, 164 on new ones), then torch.profiler's
+tables over 3 new-mask calls. ``--copies``: also every copy, cast and fill of the forward,
 by shapes and by the package's lines that made it (the causal window's forward ran two 45
 us device copies a call on 2x H100, one of them not accounted for).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -87,6 +92,47 @@ def mean_ms(fn, dev, n: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / n
 
 
+def per_call_ms(call, dev, n: int) -> float:
+    """Mean ms of ``n`` calls, each synchronised and the ranks aligned before it."""
+    took = 0.0
+    for _ in range(n):
+        torch.cuda.synchronize(dev)
+        dist.barrier()
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize(dev)
+        took += time.perf_counter() - t0
+    return took * 1e3 / n
+
+
+def profile_fresh(name: str, args, rank: int, world: int, dev, full) -> None:
+    """fwd+bwd on one mask and on a new pack's mask every call; the new masks' profile."""
+    total, base = args.tokens * world, zlib.crc32(name.encode())
+    masks = (mf.family(name, pile_like(total, seed=base + 1 + i), **knobs(total, 1.0))
+             for i in itertools.count())
+    same = next(masks)
+
+    def call(mask=None):
+        mask = next(masks) if mask is None else mask
+        q, k, v, do = (mb.shard_seq(t, mask=mask).contiguous() for t in full)
+        mb.burst_attn(*(t.requires_grad_() for t in (q, k, v)), mask=mask).backward(do)
+
+    per_call_ms(call, dev, 6)  # 'auto' decides and checks its first masks' keys
+    same_ms = per_call_ms(lambda: call(same), dev, 10)
+    new_ms = per_call_ms(call, dev, 10)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize(dev)
+    if rank == 0:
+        print(f"===== {name}, fwd+bwd a call: one mask {same_ms:.2f} ms, a new mask every "
+              f"call {new_ms:.2f} ms (means of 10, each call synchronised)")
+        print("--- new masks x3: by CUDA time")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14))
+        print("--- new masks x3: by CPU time")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+
+
 def profile_family(name: str, args, rank: int, world: int, dev) -> None:
     total = args.tokens * world
     lens = pile_like(total, seed=zlib.crc32(name.encode()))
@@ -135,12 +181,16 @@ def profile_family(name: str, args, rank: int, world: int, dev) -> None:
         if args.copies:
             print("--- forward x5: copies, casts and fills")
             print("\n".join(copies_table(prof_c.events())))
+    if args.fresh:
+        profile_fresh(name, args, rank, world, dev, full)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--families", default="sliding_window_causal,causal_document")
     p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--fresh", action="store_true",
+                   help="also a new mask every call against one mask, and its profile")
     p.add_argument("--copies", action="store_true",
                    help="also list the forward's copies, casts and fills by the lines that "
                         "made them")
