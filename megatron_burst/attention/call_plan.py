@@ -139,8 +139,8 @@ class PassPlan:
     # accumulator travels in the inputs' own dtype: a kernel's gradients come in it, so the
     # one partial is held exactly (the same bits as fp32), in half the bytes.
     wire: tuple[bool, bool] = (False, False)
-    # Per step, per call: (per query run, per key run) whether its partial is written, not
-    writes: tuple = ()  # folded in: its rows' first (``first_writes``)
+    # Per step, per call: (per query run, per key run) written, not folded (``first_writes``)
+    writes: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -325,7 +325,7 @@ def run_backward(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor
         gather(out[0], qr), gather(lse[0], qr, dim=1).contiguous(), call, scale)
     for (a, b, off), write in zip(_offsets(qr), first[0], strict=True):
         _fold(dq[0, a:b], gq[off:off + b - a], write)
-    # A key row used by two blocks appears twice: both add (``first_writes`` writes none).
+    # A key row that two blocks use appears twice: the first may write it, the second adds.
     for (a, b, off), write in zip(_offsets(kr), first[1], strict=True):
         _fold(dk[0, a:b], gk[off:off + b - a], write)
         _fold(dv[0, a:b], gv[off:off + b - a], write)
