@@ -21,7 +21,8 @@ Megatron-Core adapter and entry points), ``launch`` (configs, plans, flags, SLUR
 ``tools`` (the CPU trainer, tuning, the demo) and ``cli`` (the ``megatron-burst`` command).
 """
 __all__ = ["burst_attn", "shard_seq", "unshard_seq", "count_comm", "CommStats",
-           "pack_documents", "DocumentPack", "SliceMask", "BurstDotProductAttention", "BurstSpecProvider"]
+           "pack_documents", "DocumentPack", "SliceMask", "BurstDotProductAttention",
+           "BurstSpecProvider"]
 __version__ = "0.1.0"
 
 # Imported on first use, so that `megatron-burst --help` and the launch tools, which need

@@ -33,8 +33,9 @@ A kept output belongs to the forward that made it, by construction:
   the ring, exact and only slower).
 
 What it costs: the fingerprint is one int8 matrix product over the bytes of q, k and v (no
-copy of a contiguous tensor) on the first forward and on the recompute, and deciding a take reads one small tensor on the host (the GPU is waited for
-once per recomputed layer) after one all-reduce of one integer.
+copy of a contiguous tensor) on the first forward and on the recompute, and deciding a take
+reads one small tensor on the host (the GPU is waited for once per recomputed layer) after
+one all-reduce of one integer.
 """
 from __future__ import annotations
 

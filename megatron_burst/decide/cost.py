@@ -1,8 +1,8 @@
 """Communication cost of the burst ring: the bytes each rank sends, per pass and mode.
 
 These formulas are the contract ``count_comm()`` is tested against, and the byte terms of
-the time model (``timing``, which decides ``backward="auto"`` in seconds). Per rank, with G ranks, T local tokens
-(batch x local sequence), e bytes per element of q/k/v, fp32 (4-byte) gradient
+the time model (``timing``, which decides ``backward="auto"`` in seconds). Per rank, with G
+ranks, T local tokens (batch x local sequence), e bytes per element of q/k/v, fp32 (4-byte) gradient
 accumulators and fp32 lse/delta, Q/K head dim d and V head dim dv (MLA: d = 192, dv = 128;
 otherwise dv = d, and every formula below is the one of d alone):
 

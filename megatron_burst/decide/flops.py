@@ -12,9 +12,10 @@ convention of Megatron's own count and of MFU. Per token, one layer's forward:
 - MLP: ``2 h f x 3`` with SwiGLU (gate and up, h -> 2f, then down, f -> h), ``x 2`` without.
 
 Attention costs ``2 hq (d + dv)`` per visible (query, key) pair and layer (QK^T at Q/K's
-head dim, PV at V's; ``4 hq d`` where they agree): a causal document of n tokens has n(n+1)/2 pairs, a pack the sum over its
-documents (``causal_pairs``), so document masks remove work and the count says so. The
-logits cost ``2 h V`` per token, V the *padded* vocabulary the output layer multiplies by.
+head dim, PV at V's; ``4 hq d`` where they agree): a causal document of n tokens has
+n(n+1)/2 pairs, a pack the sum over its documents (``causal_pairs``), so document masks
+remove work and the count says so. The logits cost ``2 h V`` per token, V the *padded*
+vocabulary the output layer multiplies by.
 Norms, RoPE, softmax, the loss and the embedding lookup are no matmul and are not counted.
 
 Model FLOPs (MFU's numerator) leave recompute out; ``hardware`` adds what recompute repeats

@@ -79,7 +79,8 @@ def emulated_links(nodes: VirtualNodes | None) -> str | None:
     """The virtual links as a key field (one spelling whatever the variable's spacing)."""
     if nodes is None:
         return None
-    return f"gpus_per_node={nodes.gpus_per_node},gbps={nodes.gbps:g},latency_us={nodes.latency_us:g}"
+    return (f"gpus_per_node={nodes.gpus_per_node},gbps={nodes.gbps:g},"
+            f"latency_us={nodes.latency_us:g}")
 
 
 def measure_on() -> bool:

@@ -148,7 +148,8 @@ def configure(args: Any, model_cfg: Any = None) -> Any:
     return _RUN
 
 
-def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: Optional[int] = None, **kwargs: Any):
+def model_provider(pre_process: bool = True, post_process: bool = True,
+                   vp_stage: Optional[int] = None, **kwargs: Any):
     """GPTModel with BurstAttention layers (the pre-0.17 `pretrain` calls this)."""
     from megatron.core.models.gpt import GPTModel
 
@@ -201,7 +202,8 @@ def main() -> None:
         pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder,
                  forward_step, extra_args_provider=add_burst_args, args_defaults=defaults)
         return
-    from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+    from megatron.training.argument_utils import (gpt_config_from_args,
+                                                   pretrain_cfg_container_from_args)
     from megatron.training.arguments import parse_and_validate_args
 
     args = parse_and_validate_args(extra_args_provider=add_burst_args, args_defaults=defaults)

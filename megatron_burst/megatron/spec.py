@@ -62,7 +62,8 @@ class BurstSpecProvider(BackendSpecProvider):
         self.use_te = HAVE_TE if use_te is None else use_te
         if self.use_te and not HAVE_TE:
             raise ValueError("use_te=True but transformer_engine is not importable")
-        self.fallback: BackendSpecProvider = TESpecProvider() if self.use_te else LocalSpecProvider()
+        self.fallback: BackendSpecProvider = (TESpecProvider() if self.use_te
+                                              else LocalSpecProvider())
         unknown = sorted(set(options) - set(TOPOLOGY_OPTIONS))
         if unknown:
             raise ValueError(f"BurstSpecProvider: unknown option(s) {unknown}; the options are "
@@ -153,7 +154,8 @@ def get_gpt_layer_burst_spec(
             "with BurstSpecProvider"
         )
     provider = BurstSpecProvider(use_te, topology=topology, remat_aware=remat_aware, **options)
-    qk_layernorm = _config_value(config, "qk_layernorm", False) if qk_layernorm is None else qk_layernorm
+    if qk_layernorm is None:
+        qk_layernorm = _config_value(config, "qk_layernorm", False)
     qk_l2_norm = _config_value(config, "qk_l2_norm", False) if qk_l2_norm is None else qk_l2_norm
     spec = _megatron_layer_spec(
         provider.use_te, mla=bool(_config_value(config, "multi_latent_attention", False)),
@@ -209,7 +211,8 @@ def _block_of(spec: ModuleSpec, config: Any, vp_stage: Optional[int]
 def get_llama_layer_burst_spec(
     config: Any = None, vp_stage: Optional[int] = None, **overrides: Any
 ) -> Union[ModuleSpec, TransformerBlockSubmodules]:
-    """Llama-style layer spec (RMSNorm; SwiGLU and RoPE come from the config) with BurstAttention."""
+    """Llama-style layer spec (RMSNorm; SwiGLU and RoPE come from the config) with
+    BurstAttention."""
     if config is not None and _config_value(config, "normalization", "RMSNorm") != "RMSNorm":
         raise ValueError(
             f"get_llama_layer_burst_spec needs --normalization RMSNorm, "

@@ -39,7 +39,8 @@ def cpu_model_parallel_seed(seed: int) -> None:
 
 
 def init_parallel(
-    tp: int = 1, pp: int = 1, cp: int = 1, hierarchical_cp: Optional[List[int]] = None, seed: int = 1234
+    tp: int = 1, pp: int = 1, cp: int = 1, hierarchical_cp: Optional[List[int]] = None,
+    seed: int = 1234,
 ) -> None:
     """(Re)build megatron-core's parallel state on an initialised gloo world, and seed RNGs.
 
@@ -117,7 +118,8 @@ def transformer_config(
         batch_p2p_comm=False,
     )
     if recompute == "full":
-        kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        kwargs.update(recompute_granularity="full", recompute_method="uniform",
+                      recompute_num_layers=1)
     elif recompute == "selective":
         kwargs.update(recompute_granularity="selective", recompute_modules=["core_attn"])
     elif recompute is not None:
@@ -186,12 +188,14 @@ def train_step(
         cp_size = parallel_state.get_context_parallel_world_size()
         (loss_sum * cp_size / num_tokens).backward()
     else:
-        dist.send(output.detach().contiguous(), parallel_state.get_pipeline_model_parallel_next_rank())
+        dist.send(output.detach().contiguous(),
+                  parallel_state.get_pipeline_model_parallel_next_rank())
         grad = torch.empty_like(output)
         dist.recv(grad, parallel_state.get_pipeline_model_parallel_next_rank())
         output.backward(grad)
     if not first:
-        dist.send(input_tensor.grad.contiguous(), parallel_state.get_pipeline_model_parallel_prev_rank())
+        dist.send(input_tensor.grad.contiguous(),
+                  parallel_state.get_pipeline_model_parallel_prev_rank())
     reduce_gradients(model)
 
     # The last stage holds the loss: sum its CP shards, then share it along the pipeline.

@@ -6,7 +6,8 @@ not divide, a world size that does not add up, an inner ring that crosses nodes,
 per GPU beyond the device, head dims the GPU kernels cannot run (MLA's Q/K and V dims each),
 MLA latents that do not split over TP. ``plan_report.report``
 renders what it costs: memory per GPU, the ring's bytes, the topologies the time model ranked,
-and the step and job time (``step_time``), all from one time model (``megatron_burst.decide.timing``).
+and the step and job time (``step_time``), all from one time model
+(``megatron_burst.decide.timing``).
 """
 from __future__ import annotations
 

@@ -207,8 +207,8 @@ def _step_lines(cfg: Config, step: StepTime | None) -> list[str]:
     out.append(f"  throughput: {step.tokens_per_s_per_gpu:,.0f} tokens/s per GPU{mfu}")
     total_tokens = tr.train_iters * step.tokens
     out.append(f"  training.train_iters {tr.train_iters:,} x {step.tokens:,} tokens = "
-               f"{format_count(total_tokens)} tokens: {format_duration(tr.train_iters * step.step_s)}"
-               f" on {step.gpus} GPUs")
+               f"{format_count(total_tokens)} tokens: "
+               f"{format_duration(tr.train_iters * step.step_s)} on {step.gpus} GPUs")
     out.append(f"  calibrated: the rest of the layers (norms, RoPE, SwiGLU, residuals, the loss) "
                f"is fitted to measured H200 runs (`python -m megatron_burst.tools.calibration "
                f"benchmarks/results` prints each run's error); a job adds {STEP_MARGIN:.0%}, the "
