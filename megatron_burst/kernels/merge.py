@@ -170,13 +170,16 @@ def row_alignment(*tensors: torch.Tensor) -> int:
     return ROW_ALIGN if all(x % ROW_ALIGN == 0 for x in strides) else 1
 
 
-def _launch(out, lse, block_out, block_lse) -> None:
+def _launch(out, lse, block_out, block_lse, rows: int | None = None,
+            num_warps: int = 4) -> None:
+    """The fused merge's launch; ``rows`` (positions a program, default 4K values of each
+    tensor) and ``num_warps`` are for ``benchmarks/merge_rate.py --sweep``."""
     b, s, h, d = out.shape
-    rows = max(16, 4096 // d)  # positions a program: 4K values of each tensor
+    rows = rows or max(16, 4096 // d)
     grid = (max(triton.cdiv(s, rows), 1), max(b * h, 1))
     align = row_alignment(out, block_out)
     o_st, b_st = ([t.stride(i) // align for i in range(3)] for t in (out, block_out))
     _merge_kernel[grid](out, lse, block_out, block_lse, s, h, *o_st,
                         lse.stride(0), lse.stride(1), lse.stride(2), *b_st,
                         block_lse.stride(0), block_lse.stride(1), block_lse.stride(2),
-                        D=d, ROWS=rows, ALIGN=align)
+                        D=d, ROWS=rows, ALIGN=align, num_warps=num_warps)
