@@ -33,7 +33,7 @@ import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import prepare  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from ranks import start_ranks  # noqa: E402
-from slice_masks import knobs, pile_like  # noqa: E402
+from slice_masks import knobs, pile_like, timed  # noqa: E402
 
 
 def describe_plan(plan) -> list[str]:
@@ -92,19 +92,6 @@ def mean_ms(fn, dev, n: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / n
 
 
-def per_call_ms(call, dev, n: int) -> float:
-    """Mean ms of ``n`` calls, each synchronised and the ranks aligned before it."""
-    took = 0.0
-    for _ in range(n):
-        torch.cuda.synchronize(dev)
-        dist.barrier()
-        t0 = time.perf_counter()
-        call()
-        torch.cuda.synchronize(dev)
-        took += time.perf_counter() - t0
-    return took * 1e3 / n
-
-
 def profile_fresh(name: str, args, rank: int, world: int, dev, full) -> None:
     """fwd+bwd on one mask and on a new pack's mask every call; the new masks' profile."""
     total, base = args.tokens * world, zlib.crc32(name.encode())
@@ -117,9 +104,11 @@ def profile_fresh(name: str, args, rank: int, world: int, dev, full) -> None:
         q, k, v, do = (mb.shard_seq(t, mask=mask).contiguous() for t in full)
         mb.burst_attn(*(t.requires_grad_() for t in (q, k, v)), mask=mask).backward(do)
 
-    per_call_ms(call, dev, 6)  # 'auto' decides and checks its first masks' keys
-    same_ms = per_call_ms(lambda: call(same), dev, 10)
-    new_ms = per_call_ms(call, dev, 10)
+    for _ in range(6):  # 'auto' decides and checks its first new masks' keys
+        call()
+    # Each call synchronised and the ranks aligned before it (``slice_masks.timed``).
+    same_ms = timed(lambda: call(same), dev, 1, 10, align=True)
+    new_ms = timed(call, dev, 0, 10, align=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             call()
