@@ -192,7 +192,7 @@ def build_plan(key: PlanKey) -> CallPlan:
         alone = PassPlan(steps, _fresh(calls(me, me), rows), False, 0,
                          (_uses(steps, rows, "q"), _uses(steps, rows, "k")))
         forward = dataclasses.replace(alone, **first_writes(alone, rows))
-        backward = dataclasses.replace(alone, **backward_writes(alone, rows, key.backward))
+        backward = dataclasses.replace(alone, **backward_writes(alone, rows, key.backward, forward))
     else:
         forward, backward = _ring_passes(key, sched, topo, calls)
     used = forward.steps + backward.steps
@@ -237,7 +237,7 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
                 _uses(backward.steps[:1], n, "k", k_spans[me][1] if last else None, runs))
         wire = one_partial_wire(topo, last, calls, lambda holder, origin: (holder, origin), "k")
     return forward, dataclasses.replace(backward, uses=uses, wire=wire,
-                                        **backward_writes(backward, n, key.backward))
+                                        **backward_writes(backward, n, key.backward, forward))
 
 
 def _pass(topo: RingPositions, last: int, spans: tuple, calls_with: Callable,

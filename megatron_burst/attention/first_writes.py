@@ -34,12 +34,17 @@ def first_writes(forward, rows: int) -> dict:
     return {"writes": writes, "fresh": (fresh, forward.fresh[1])}
 
 
-def backward_writes(backward, rows: int, mode: str) -> dict:
+def backward_writes(backward, rows: int, mode: str, forward) -> dict:
     """The same for a backward pass of ``mode`` ('ring': dQ stays home; 'burst': dK/dV
     do): per step, per call, (query runs' flags, key runs' flags), the travelling side's
-    by its own rule."""
+    by its own rule. ``forward``: the call's forward, with its writes; a 'ring' backward
+    whose steps make the forward's calls (the plans make them so) takes its query flags."""
     home = "k" if mode == "burst" else "q"
-    flags, fresh = _home_writes(backward, rows, home)
+    if home == "q" and not backward.fresh[0] and _same_calls(forward, backward):
+        flags = tuple([tuple([q for q, _ in step]) for step in forward.writes])
+        fresh = forward.fresh[0]
+    else:  # (a pass whose own step writes every row once is cheap to flag: no search)
+        flags, fresh = _home_writes(backward, rows, home)
     away = 1 if home == "q" else 0
     writes = []
     for i, (step, step_flags) in enumerate(zip(backward.steps, flags)):
@@ -51,6 +56,13 @@ def backward_writes(backward, rows: int, mode: str) -> dict:
         writes.append(tuple(pairs))
     both = (fresh, backward.fresh[1]) if away else (backward.fresh[0], fresh)
     return {"writes": tuple(writes), "fresh": both}
+
+
+def _same_calls(forward, backward) -> bool:
+    """Whether the two passes make the same kernel calls, step for step (a 'ring'
+    backward's: ``call_plan`` builds both from one ``PairCalls``)."""
+    return len(forward.steps) == len(backward.steps) and all(
+        f.calls is b.calls for f, b in zip(forward.steps, backward.steps))
 
 
 def _home_writes(pass_, rows: int, side: str) -> tuple[tuple[tuple[Flags, ...], ...], bool]:

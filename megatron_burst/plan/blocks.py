@@ -149,8 +149,8 @@ def coalesced(blocks: Sequence[Block]) -> tuple[Block, ...]:
         return (one,)
     if len(blocks) > MAX_COALESCED or all(b.kind == "causal" for b in blocks):
         return tuple(blocks)  # many (a pack's documents), or nothing between the diagonals
-    masked = [b for b in blocks if b.kind != "full"]
-    band = as_one(masked) if len(masked) > 1 else None
+    masked = [b for b in blocks if b.kind != "full"]  # (all of them: ``one`` said no)
+    band = as_one(masked) if 1 < len(masked) < len(blocks) else None
     if band is not None and band.kind == "band":  # a global window's band beside its columns
         return (band, *(b for b in blocks if b.kind == "full"))
     diagonal = sorted((b for b in blocks if b.kind == "causal"), key=lambda b: b.q_start)
