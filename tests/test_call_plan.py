@@ -134,8 +134,8 @@ def _bf16_grads(rank: int, world: int, backward: str, wide: bool) -> list:
     from megatron_burst.attention import burst
 
     if wide:
-        real = burst._home_dtype
-        burst._home_dtype = lambda dtype, uses, wide=False: real(dtype, uses, True)
+        real = burst.home_dtype
+        burst.home_dtype = lambda dtype, uses, wide=False: real(dtype, uses, True)
     gen = torch.Generator().manual_seed(10 + rank)
     q, k, v = (torch.randn(1, 64, h, 16, generator=gen).bfloat16().requires_grad_()
                for h in (4, 2, 2))

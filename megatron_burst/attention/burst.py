@@ -30,6 +30,8 @@ from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
 from . import replay
 from .bound_plan import BoundPlan
+from .home_output import (accumulator, first_call_home, first_grad_home, home_dtype,
+                          new_home, starts_whole)
 from .travelling import Travelling
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
@@ -47,13 +49,13 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
     # The output has V's head dim (MLA: Q/K 192, V 128). It accumulates in q's dtype where
     # no row takes more than one merge in the kernel that rounds once (``merge.fuses``).
     merged = not (fresh and plan.uses[0] <= 1)  # some row takes a partial by a merge
-    home = _home_dtype(q.dtype, plan.uses[0]) \
+    home = home_dtype(q.dtype, plan.uses[0]) \
         if not merged or fuses(q.device, q.dtype, v.shape[-1]) else acc
-    out = _accumulator((*q.shape[:-1], v.shape[-1]), home, q.device, fresh)
-    out_b = bound.bshd(out)
-    lse = torch.empty((b, hq, s), dtype=acc, device=q.device)
-    if not fresh:
-        lse.fill_(float("-inf"))
+    shape = (*q.shape[:-1], v.shape[-1])
+    out = lse = out_b = None  # made by the first call where it covers every row
+    if not starts_whole(plan, s):
+        out, lse = new_home(shape, (b, hq, s), home, acc, q.device, fresh)
+        out_b = bound.bshd(out)
     ring, _ = bound.movers(plan, (k, v), None, "forward", tag)
     kv = (k, v)
     for step, writes in zip(plan.steps, plan.writes, strict=True):
@@ -62,6 +64,11 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
         if kv is not None:  # None: nothing of this step's keys is used here
             kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
             for call, (first, _) in zip(step.calls, writes, strict=True):
+                if out is None:
+                    out, lse = first_call_home(bound, bound.launch(call), qb, kb, vb, shape,
+                                               home, acc)
+                    out_b = bound.bshd(out)
+                    continue
                 run_forward(kernel, bound.launch(call), qb, kb, vb, out_b, lse, scale, first)
         if step.next is not None:  # (no ring: this rank neither sends nor receives)
             kv = ring.next(step.next) if ring is not None else None
@@ -78,21 +85,6 @@ def _finish(ring, grads=None) -> tuple:
     if ring is not None:
         ring.comm.finish()
     return values
-
-
-def _accumulator(shape, dtype, device, fresh: bool) -> torch.Tensor:
-    """Uninitialised when every row's first partial is written (``fresh``), else zeros."""
-    return (torch.empty if fresh else torch.zeros)(shape, dtype=dtype, device=device)
-
-
-def _home_dtype(dtype: torch.dtype, uses: int, wide: bool = False) -> torch.dtype:
-    """The dtype of a home accumulator whose rows each receive at most ``uses`` partial
-    results: the inputs' own half precision where that is at most two (their sum, computed
-    in fp32 and rounded once, is what an fp32 accumulator cast at the end gives, bit for
-    bit), else fp32 (``working_dtype``); ``wide``: fp32 regardless."""
-    if not wide and uses <= 2 and dtype in (torch.bfloat16, torch.float16):
-        return dtype
-    return working_dtype(dtype)
 
 
 def _backward_lse(bound: BoundPlan, lse: torch.Tensor) -> torch.Tensor:
@@ -114,18 +106,20 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                      out: torch.Tensor, lse: torch.Tensor, bound: BoundPlan,
                      tag: CallTag | None, wide: bool = False) -> Grads:
     """Backward with K/V travelling and dK/dV accumulating behind them (``ring`` mode).
-    ``wide``: fp32 home accumulators, whatever the plan allows (``_home_dtype``)."""
+    ``wide``: fp32 home accumulators, whatever the plan allows (``home_dtype``)."""
     if bound.whole is not None:  # one kernel call: its gradients are the answer
         return _whole_backward(bound, dout, q, k, v, out, lse)
     plan, kernel, scale = bound.plan.backward, bound.kernel, bound.scale
     qb, dob, ob = bound.bshd(q), bound.bshd(dout), bound.bshd(out)
     acc_dtype = working_dtype(q.dtype)
-    fresh, (q_home, k_home) = plan.fresh, (_home_dtype(q.dtype, n, wide) for n in plan.uses)
-    dq = _accumulator(q.shape, q_home, q.device, fresh[0])
-    dq_b = bound.bshd(dq)
+    fresh, (q_home, k_home) = plan.fresh, (home_dtype(q.dtype, n, wide) for n in plan.uses)
+    dq = dq_b = None  # made by the first call where it covers every row
+    if not starts_whole(plan, qb.shape[1]):
+        dq = accumulator(q.shape, q_home, q.device, fresh[0])
+        dq_b = bound.bshd(dq)
     ring, route = bound.movers(plan, (k, v), acc_dtype, "backward", tag)
-    grads = Travelling(route, (_accumulator(k.shape, k_home, k.device, fresh[1]),
-                                _accumulator(v.shape, k_home, v.device, fresh[1])),
+    grads = Travelling(route, (accumulator(k.shape, k_home, k.device, fresh[1]),
+                                accumulator(v.shape, k_home, v.device, fresh[1])),
                         bound.row_dim)
     kv = (k, v)
     for i, (step, writes) in enumerate(zip(plan.steps, plan.writes, strict=True)):
@@ -136,6 +130,11 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
             dk_b, dv_b = bound.bshd(target[0]), bound.bshd(target[1])
             for call, first in zip(step.calls, writes, strict=True):
+                if dq is None:
+                    dq = first_grad_home(bound, bound.launch(call), dob, qb, kb, vb, ob, lse,
+                                         dk_b, dv_b, first[1][0], q.shape, q_home)
+                    dq_b = bound.bshd(dq)
+                    continue
                 run_backward(kernel, bound.launch(call), dob, qb, kb, vb, ob, lse, scale,
                              dq_b, dk_b, dv_b, first)
         grads.pass_on(i, step, acc)
@@ -160,13 +159,13 @@ def ring_backward_burst(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     plan, kernel, scale = bound.plan.backward, bound.kernel, bound.scale
     kb, vb = bound.bshd(k), bound.bshd(v)
     acc_dtype = working_dtype(q.dtype)
-    fresh, (q_home, k_home) = plan.fresh, (_home_dtype(q.dtype, n, wide) for n in plan.uses)
-    dk = _accumulator(k.shape, k_home, k.device, fresh[1])
-    dv = _accumulator(v.shape, k_home, v.device, fresh[1])
+    fresh, (q_home, k_home) = plan.fresh, (home_dtype(q.dtype, n, wide) for n in plan.uses)
+    dk = accumulator(k.shape, k_home, k.device, fresh[1])
+    dv = accumulator(v.shape, k_home, v.device, fresh[1])
     dk_b, dv_b = bound.bshd(dk), bound.bshd(dv)
     bundle = (q, dout, lse, delta)
     ring, route = bound.movers(plan, bundle, acc_dtype, "backward", tag, (q,))
-    grads = Travelling(route, (_accumulator(q.shape, q_home, q.device, fresh[0]),),
+    grads = Travelling(route, (accumulator(q.shape, q_home, q.device, fresh[0]),),
                         bound.row_dim)
     for i, (step, writes) in enumerate(zip(plan.steps, plan.writes, strict=True)):
         if ring is not None:

@@ -144,7 +144,7 @@ def compile_variants(device: torch.device, dtype: torch.dtype, head_dim: int) ->
     """Both accumulator variants of the merge for these partials, compiled before the first
     call that may merge runs (``prepare`` asks when it plans a ring call on CUDA): a pack
     whose rows take at most two partials merges into half-precision homes, others into fp32
-    (``burst._home_dtype``), so which one a new pack needs, and whether it merges at all
+    (``home_output.home_dtype``), so which one a new pack needs, and whether it merges at all
     (documents held whole on one rank need no merge), depends on the pack. Compiled on
     demand, the first merge of a run cost a Triton compile (0.35-0.6 s, most of it Triton
     hashing its own sources) at whichever pack first needed one, inside a timed step

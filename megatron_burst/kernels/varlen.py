@@ -311,13 +311,8 @@ def run_backward(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor
     """
     if not call.varlen:
         blk = call.blocks[0]
-        a, b, c, d = blk.q_start, blk.q_stop, blk.k_start, blk.k_stop
-        gq, gk, gv = kernel.backward(_rows(dout, a, b), _rows(q, a, b), _rows(k, c, d),
-                                     _rows(v, c, d), _rows(out, a, b), _lse_rows(lse, a, b),
-                                     blk, scale)
-        _fold(_rows(dq, a, b), gq, first[0][0])
-        _fold(_rows(dk, c, d), gk, first[1][0])
-        _fold(_rows(dv, c, d), gv, first[1][0])
+        gq = dense_backward(kernel, blk, dout, q, k, v, out, lse, scale, dk, dv, first[1][0])
+        _fold(_rows(dq, blk.q_start, blk.q_stop), gq, first[0][0])
         return
     qr, kr = call.q_runs, call.k_runs
     gq, gk, gv = kernel.backward_varlen(
@@ -329,6 +324,20 @@ def run_backward(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor
     for (a, b, off), write in zip(_offsets(kr), first[1], strict=True):
         _fold(dk[0, a:b], gk[off:off + b - a], write)
         _fold(dv[0, a:b], gv[off:off + b - a], write)
+
+
+def dense_backward(kernel, blk: Block, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
+                   dk: torch.Tensor, dv: torch.Tensor, first_keys: bool) -> torch.Tensor:
+    """The gradients of one dense block: dK/dV folded into ``dk``/``dv`` (written where
+    ``first_keys``), dQ of the block's rows returned for the caller to place."""
+    a, b, c, d = blk.q_start, blk.q_stop, blk.k_start, blk.k_stop
+    gq, gk, gv = kernel.backward(_rows(dout, a, b), _rows(q, a, b), _rows(k, c, d),
+                                 _rows(v, c, d), _rows(out, a, b), _lse_rows(lse, a, b),
+                                 blk, scale)
+    _fold(_rows(dk, c, d), gk, first_keys)
+    _fold(_rows(dv, c, d), gv, first_keys)
+    return gq
 
 
 def _fold(acc: torch.Tensor, grad: torch.Tensor, fresh: bool) -> None:

@@ -1,0 +1,96 @@
+"""The forward's home accumulators (out, lse), taken from the pass's first kernel call.
+
+Where a forward pass starts with one dense block over every query row (step 0 of a causal
+sequence, which coalesces into one causal block; a window's band; a full block), that
+call's output already holds every row's first partial. Copying it into a new accumulator
+was a full pass over the output: 87 us a call for 8,192 rows x 64 heads x 128 in bf16 on an
+H100 (``benchmarks/slice_mask_profile.py --copies``: the causal window's two 45 us device
+copies were this one copy). Here the output becomes the accumulator wherever it is laid out
+as the accumulator would be: the call's format, contiguous, the home dtype. Anything else
+is written into a new accumulator, as before, so the values are the same bits either way.
+
+The kernels return tensors of their own (none hands back a buffer it reuses on a later
+call), so the accumulator owns its memory whichever way it was made.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.protocol import working_dtype
+from ..kernels.varlen import dense_backward
+from .bound_plan import BoundPlan
+from .call_plan import PassPlan
+
+
+def home_dtype(dtype: torch.dtype, uses: int, wide: bool = False) -> torch.dtype:
+    """The dtype of a home accumulator whose rows each receive at most ``uses`` partial
+    results: the inputs' own half precision where that is at most two (their sum, computed
+    in fp32 and rounded once, is what an fp32 accumulator cast at the end gives, bit for
+    bit), else fp32 (``working_dtype``); ``wide``: fp32 regardless."""
+    if not wide and uses <= 2 and dtype in (torch.bfloat16, torch.float16):
+        return dtype
+    return working_dtype(dtype)
+
+
+def accumulator(shape, dtype, device, fresh: bool) -> torch.Tensor:
+    """Uninitialised when every row's first partial is written (``fresh``), else zeros."""
+    return (torch.empty if fresh else torch.zeros)(shape, dtype=dtype, device=device)
+
+
+def new_home(shape: tuple, lse_shape: tuple, home: torch.dtype, lse_dtype: torch.dtype,
+             device, fresh: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A forward's (out, lse) made before any call: uninitialised where every row is
+    written first (``fresh``), else zeros and -inf (nothing seen yet)."""
+    lse = torch.empty(lse_shape, dtype=lse_dtype, device=device)
+    if not fresh:
+        lse.fill_(float("-inf"))
+    return accumulator(shape, home, device, fresh), lse
+
+
+def starts_whole(plan: PassPlan, rows: int) -> bool:
+    """Whether ``plan``'s first kernel call is one dense block over all ``rows`` query rows
+    (so it writes every row first: ``first_writes``)."""
+    if not plan.fresh[0] or not plan.steps or not plan.steps[0].calls:
+        return False
+    call = plan.steps[0].calls[0]
+    blk = call.blocks[0] if call.blocks else None
+    return not call.varlen and blk is not None and blk.q_start == 0 and blk.q_stop == rows
+
+
+def _adopted(t: torch.Tensor, bound: BoundPlan, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` (bshd) in the call's format where it is laid out as a new accumulator would be
+    (contiguous, ``shape``, ``dtype``), else a new accumulator holding a copy of it."""
+    own = bound.bshd(t)
+    if t.dtype == dtype and tuple(own.shape) == tuple(shape) and own.is_contiguous():
+        return own
+    own = torch.empty(shape, dtype=dtype, device=t.device)
+    bound.bshd(own).copy_(t)
+    return own
+
+
+def first_call_home(bound: BoundPlan, call, qb: torch.Tensor, kb: torch.Tensor,
+                    vb: torch.Tensor, shape: tuple, home: torch.dtype,
+                    lse_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out in the call's format, lse [b, h, s]) after the dense whole-rows ``call``: its
+    own output and lse where their layout and dtype are the accumulators', else copies."""
+    blk = call.blocks[0]
+    c, d = blk.k_start, blk.k_stop
+    if (c, d) != (0, kb.shape[1]):  # (a slice is a host op of its own: skip it if whole)
+        kb, vb = kb[:, c:d], vb[:, c:d]
+    o, o_lse = bound.kernel.forward(qb, kb, vb, blk, bound.scale)
+    out, lse = _adopted(o, bound, shape, home), o_lse
+    if lse.dtype != lse_dtype or not lse.is_contiguous():
+        lse = torch.empty(o_lse.shape, dtype=lse_dtype, device=qb.device)
+        lse.copy_(o_lse)
+    return out, lse
+
+
+def first_grad_home(bound: BoundPlan, call, dob: torch.Tensor, qb: torch.Tensor,
+                    kb: torch.Tensor, vb: torch.Tensor, ob: torch.Tensor, lse: torch.Tensor,
+                    dk_b: torch.Tensor, dv_b: torch.Tensor, first_keys: bool, shape: tuple,
+                    home: torch.dtype) -> torch.Tensor:
+    """dQ in the call's format after the dense whole-rows ``call`` (its dK/dV folded into
+    ``dk_b``/``dv_b``): the kernel's own dQ where laid out as the accumulator, else a copy."""
+    gq = dense_backward(bound.kernel, call.blocks[0], dob, qb, kb, vb, ob, lse, bound.scale,
+                        dk_b, dv_b, first_keys)
+    return _adopted(gq, bound, shape, home)
