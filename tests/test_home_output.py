@@ -17,7 +17,7 @@ from megatron_burst.plan import mask_families as mf
 from megatron_burst.plan.schedule import Mask
 
 from .distributed import run_ranks
-from .reference import reference_attention
+from .reference import reference_attention, slice_allowed
 from .test_slice_masks import KNOBS
 
 
@@ -28,27 +28,36 @@ def _plans(layout, docs, mask, world=2):
 
 
 @pytest.mark.parametrize("layout,mask,whole", [
-    ("zigzag", Mask(True), True),  # step 0: the two causal chunks and their full block, one
-    ("contiguous", Mask(True, (6, 0)), True),  # the window's band over every row
-    ("contiguous", Mask(False), True),
-    ("area", mf.family("causal_document", (5, 9, 3, 47), **KNOBS), False),  # blocks a doc
+    ("zigzag", Mask(True), [True, True]),  # the two causal chunks and their full block: one
+    ("contiguous", Mask(True, (6, 0)), [True, True]),  # the window's band over every row
+    ("contiguous", Mask(False), [True, True]),
+    ("area", mf.family("causal_document", (5, 9, 3, 47), **KNOBS), [True, True]),  # varlen
+    # Rank 1's rows see no key: nothing writes them, so they start from zeros.
+    ("contiguous", mb.SliceMask(q_ranges=[(0, 40)], k_ranges=[(0, 40)], kinds=["causal"]),
+     [True, False]),
+    # The first call covers some rows only (the prefix's blocks go in a call of their own).
+    ("area", mf.family("prefix_lm_document", (5, 9, 3, 47), **KNOBS), [False, False]),
 ])
 def test_which_plans_start_with_one_call_over_every_row(layout, mask, whole):
-    for plan in _plans(layout, (64,), mask):
-        assert starts_whole(plan.forward, plan.rows) is whole
+    assert [starts_whole(p.forward, p.rows) for p in _plans(layout, (64,), mask)] == whole
 
 
-def adopt_worker(rank, world, strided, backward):
+def adopt_worker(rank, world, strided, case):
     from megatron_burst.kernels import reference
 
     made = {"forward": [], "backward": []}
     kernel = reference.ReferenceAttention
-    real_fwd, real_bwd = kernel.forward, kernel.backward
+    # A pack's first call is one varlen call over every row; a plain sequence's a dense one.
+    fwd_name, bwd_name = ("forward_varlen", "backward_varlen") if case == "documents" else \
+        ("forward", "backward")
+    real_fwd, real_bwd = getattr(kernel, fwd_name), getattr(kernel, bwd_name)
 
     def laid_out(t):
-        # The same values, contiguous (as flash and cuDNN return them), or laid out
-        # [b, h, s, d]: then the ring must copy them into an accumulator of its own.
-        return t.transpose(1, 2).contiguous().transpose(1, 2) if strided else t.contiguous()
+        # The same values, contiguous (as flash and cuDNN return them), or with the heads
+        # outermost: then the ring must copy them into an accumulator of its own.
+        rows = t.dim() - 3  # [b, s, h, d] or a varlen call's [s, h, d]
+        return (t.transpose(rows, rows + 1).contiguous().transpose(rows, rows + 1)
+                if strided else t.contiguous())
 
     def forward(self, *args):
         o, lse = real_fwd(self, *args)
@@ -60,24 +69,30 @@ def adopt_worker(rank, world, strided, backward):
         made["backward"].append(laid_out(dq))
         return made["backward"][-1], dk, dv
 
-    kernel.forward, kernel.backward = forward, backward_
+    setattr(kernel, fwd_name, forward)
+    setattr(kernel, bwd_name, backward_)
+    mask = mf.family("causal_document", (5, 9, 3, 47)) if case == "documents" else \
+        mb.SliceMask(q_ranges=[(0, 64)], k_ranges=[(0, 64)], kinds=["causal"])
     torch.manual_seed(3)
     full = [torch.randn(1, 64, h, 8, dtype=torch.float64) for h in (4, 2, 2, 4)]
-    q, k, v, do = (mb.shard_seq(t, layout="zigzag").requires_grad_() for t in full)
-    out = mb.burst_attn(q, k, v, causal=True, kernel="reference", backward=backward)
+    q, k, v, do = (mb.shard_seq(t, mask=mask).requires_grad_() for t in full)
+    out = mb.burst_attn(q, k, v, mask=mask, kernel="reference", backward="ring")
     dq, = torch.autograd.grad(out, q, do)
     whole = [t.clone().requires_grad_() for t in full[:3]]
-    ref = reference_attention(*whole, causal=True, scale=8 ** -0.5)[0]
+    ref = reference_attention(*whole, causal=False, scale=8 ** -0.5, allowed=slice_allowed(
+        64, mask.q_ranges, mask.k_ranges, mask.kinds))[0]
     ref_dq, = torch.autograd.grad(ref, whole[0], full[3])
-    shard = lambda t: mb.shard_seq(t, layout="zigzag")  # noqa: E731
+    shard = lambda t: mb.shard_seq(t, mask=mask)  # noqa: E731
     return (out.data_ptr() == made["forward"][0].data_ptr(),
             dq.data_ptr() == made["backward"][0].data_ptr(),
             max((out - shard(ref)).abs().max().item(), (dq - shard(ref_dq)).abs().max().item()))
 
+
+@pytest.mark.parametrize("case", ["causal", "documents"])
 @pytest.mark.parametrize("strided", [False, True])
-def test_the_first_call_over_every_row_is_the_output_unless_laid_out_otherwise(strided):
+def test_the_first_call_over_every_row_is_the_output_unless_laid_out_otherwise(strided, case):
     """The forward's out, and the 'ring' backward's dQ (its home accumulator)."""
-    for out_adopted, dq_adopted, err in run_ranks(2, adopt_worker, strided, "ring"):
+    for out_adopted, dq_adopted, err in run_ranks(2, adopt_worker, strided, case):
         assert out_adopted is (not strided)
         assert dq_adopted is (not strided)
         assert err < 1e-12

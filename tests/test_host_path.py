@@ -98,8 +98,10 @@ def test_a_new_cp1_pack_is_planned_without_python_per_document():
 # Issue 44 (settings read once, one deferred-check queue) took them from 773/809/2102 to
 # 725/761/2068. Reading the rank and the timeout only where an error needs them: 711/747/2111.
 # Issue 42's first writes (a pass's runs written, not folded in, where their rows are new:
-# ``attention.first_writes``) cost a new pack's plan 27 calls: 738/775/2175.
-BUDGETS = {"plain ring": 740, "plain burst": 775, "new pack": 2180}
+# ``attention.first_writes``) cost a new pack's plan 27 calls: 738/775/2175. Taking a pass's
+# first call over every row as its output (``attention.home_output``: no copy of the output
+# on the device) costs a plain call 4: 742/779/2176.
+BUDGETS = {"plain ring": 745, "plain burst": 780, "new pack": 2180}
 
 
 def _all_calls(fn) -> int:

@@ -1765,3 +1765,34 @@ def test_the_band_union_merges_and_first_writes_are_the_runs_on_file():
           f"{_before_after(ms, 'shared_question')}")
     ms = _captured_fwd("h100x2_issue42_first_writes")
     _says(f"causal blockwise {_before_after(ms, 'causal_blockwise')} ms; the\nother families")
+
+
+def test_the_first_call_output_and_a_new_masks_cost_are_the_runs_on_file():
+    """The before / after figures of a pass's first call kept as its output, the copy it
+    saved, and what a new mask costs, taken apart, as the README says them."""
+    ms = _captured_fwd("h100x2_issue42_home_output")
+    _says(f"of the causal window {_before_after(ms, 'sliding_window_causal')} ms, the "
+          f"two-sided window {_before_after(ms, 'sliding_window')},")
+    copies = (RESULTS / "h100x2_issue42_home_output/copies_before.txt").read_text()
+    line = next(x for x in copies.split("copies, casts and fills")[1].splitlines()
+                if "[[1, 8192, 64, 128], [1, 8192, 64, 128]" in x)
+    _says(f"({line.split()[2]} us over 5 forwards)")
+    after = (RESULTS / "h100x2_issue42_home_output/copies_after.txt").read_text()
+    assert "[1, 8192, 64, 128]" not in after.split("copies, casts and fills")[1]
+    ms = _captured_fwd("h100x2_issue42_home_output_packs")
+    _says(f"causal documents {_before_after(ms, 'causal_document')};")
+    cost = _load("h100x2_issue42_home_output_packs/new_mask_cost.json")["families"]
+    mean = lambda rows, key: sum(key(r) for r in rows) / len(rows)  # noqa: E731
+    host = [mean(rows, lambda r: r["new"][0]) - mean(rows, lambda r: r["third"][0])
+            for rows in cost.values()]
+    rate = [1 - mean(rows, lambda r: r["tflops_new"]) / mean(rows, lambda r: r["tflops_kept"])
+            for rows in cost.values()]
+    pfx = cost["prefix_lm_document"]
+    fixed = _load("h100x2_issue42_home_output_packs/masks2/before.json")["rows"]
+    fixed = next(r for r in fixed if r["family"] == "prefix_lm_document")
+    percent = _span([x * 100 for x in rate], "{:.0f}")
+    _says(f"{_span(host, '{:.1f}')} ms of host time, {percent}% of the rate "
+          f"(prefix-LM documents {mean(pfx, lambda r: r['tflops_new']):.0f} against "
+          f"{mean(pfx, lambda r: r['tflops_kept']):.0f} TFLOP/s")
+    _says(f"prefix-LM documents {mean(pfx, lambda r: r['tflops_kept']):.0f}\nwith its plan kept "
+          f"against {fixed['burst']['fwd_bwd_tflops']:.0f} on one fixed mask")

@@ -13,11 +13,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import slice_mask_profile  # noqa: E402
 
 from megatron_burst.plan.schedule import Block  # noqa: E402
-from megatron_burst.kernels import varlen  # noqa: E402
+from megatron_burst.kernels import run_calls, varlen  # noqa: E402
 
 
 def test_copies_are_grouped_by_shape_and_by_the_package_lines_that_made_them():
-    """A call's first write copies its partial into the accumulator (``varlen._fold_forward``
+    """A call's first write copies its partial into the accumulator (``run_calls._fold_forward``
     via ``run_forward``): the table names it, with its shapes, once per shape."""
     q = k = v = torch.randn(1, 32, 2, 8)
     out, lse = torch.empty(1, 32, 2, 8), torch.empty(1, 2, 32)
@@ -29,7 +29,7 @@ def test_copies_are_grouped_by_shape_and_by_the_package_lines_that_made_them():
     call = varlen.KernelLaunch((Block(0, 32, 0, 32, "full"),), False)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as p:
         for _ in range(3):
-            varlen.run_forward(Kernel(), call, q, k, v, out, lse, 1.0, (True,))
+            run_calls.run_forward(Kernel(), call, q, k, v, out, lse, 1.0, (True,))
     rows = slice_mask_profile.copies_table(p.events())
     copies = [r for r in rows if "aten::copy_ [[1, 32, 2, 8], [1, 32, 2, 8]" in r]
     assert len(copies) == 2  # the fake kernel's clone, under run_forward; and the write

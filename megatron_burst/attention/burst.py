@@ -35,7 +35,7 @@ from .home_output import (accumulator, first_call_home, first_grad_home, home_dt
 from .travelling import Travelling
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
-from ..kernels.varlen import run_backward, run_forward, seen_nothing
+from ..kernels.run_calls import run_backward, run_forward, seen_nothing
 
 
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: BoundPlan,
@@ -132,7 +132,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             for call, first in zip(step.calls, writes, strict=True):
                 if dq is None:
                     dq = first_grad_home(bound, bound.launch(call), dob, qb, kb, vb, ob, lse,
-                                         dk_b, dv_b, first[1][0], q.shape, q_home)
+                                         dk_b, dv_b, first[1], q.shape, q_home)
                     dq_b = bound.bshd(dq)
                     continue
                 run_backward(kernel, bound.launch(call), dob, qb, kb, vb, ob, lse, scale,

@@ -1,13 +1,16 @@
-"""The forward's home accumulators (out, lse), taken from the pass's first kernel call.
+"""The home accumulators (out, lse; the 'ring' backward's dQ), taken from the first call.
 
-Where a forward pass starts with one dense block over every query row (step 0 of a causal
-sequence, which coalesces into one causal block; a window's band; a full block), that
-call's output already holds every row's first partial. Copying it into a new accumulator
-was a full pass over the output: 87 us a call for 8,192 rows x 64 heads x 128 in bf16 on an
-H100 (``benchmarks/slice_mask_profile.py --copies``: the causal window's two 45 us device
-copies were this one copy). Here the output becomes the accumulator wherever it is laid out
-as the accumulator would be: the call's format, contiguous, the home dtype. Anything else
-is written into a new accumulator, as before, so the values are the same bits either way.
+Where a pass starts with one kernel call over every query row in row order (step 0 of a
+causal sequence, which coalesces into one causal block; a window's band; and, where masks
+change with the data, the one varlen call that holds a pack's step 0), that call's output
+already holds every row's first partial. Copying it into a new accumulator was a full
+pass over the output: 87 us a call for 8,192 rows x 64 heads x 128 in bf16 on an H100
+(``benchmarks/slice_mask_profile.py --copies``: the causal window's two 45 us device
+copies were this one copy). Here the output becomes the accumulator wherever it is laid
+out as the accumulator would be: the call's format, contiguous, the home dtype
+(``home_dtype``). Anything else is written into a new accumulator, as before, so the
+values are the same bits either way. The 'ring' backward's dQ (its home accumulator) is
+taken from its first call the same way; the travelling accumulators are not.
 
 The kernels return tensors of their own (none hands back a buffer it reuses on a later
 call), so the accumulator owns its memory whichever way it was made.
@@ -17,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels.protocol import working_dtype
-from ..kernels.varlen import dense_backward
+from ..kernels.run_calls import backward_partial, forward_partial
+from ..kernels.varlen import call_runs
 from .bound_plan import BoundPlan
 from .call_plan import PassPlan
 
@@ -48,13 +52,12 @@ def new_home(shape: tuple, lse_shape: tuple, home: torch.dtype, lse_dtype: torch
 
 
 def starts_whole(plan: PassPlan, rows: int) -> bool:
-    """Whether ``plan``'s first kernel call is one dense block over all ``rows`` query rows
-    (so it writes every row first: ``first_writes``)."""
+    """Whether ``plan``'s first kernel call covers all ``rows`` query rows in one run, in
+    order (a dense block over them, or a varlen call whose sequences follow one another
+    over them): it writes every row first (``first_writes``), its output in row order."""
     if not plan.fresh[0] or not plan.steps or not plan.steps[0].calls:
         return False
-    call = plan.steps[0].calls[0]
-    blk = call.blocks[0] if call.blocks else None
-    return not call.varlen and blk is not None and blk.q_start == 0 and blk.q_stop == rows
+    return call_runs(plan.steps[0].calls[0], "q") == ((0, rows),)
 
 
 def _adopted(t: torch.Tensor, bound: BoundPlan, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -71,26 +74,24 @@ def _adopted(t: torch.Tensor, bound: BoundPlan, shape: tuple, dtype: torch.dtype
 def first_call_home(bound: BoundPlan, call, qb: torch.Tensor, kb: torch.Tensor,
                     vb: torch.Tensor, shape: tuple, home: torch.dtype,
                     lse_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out in the call's format, lse [b, h, s]) after the dense whole-rows ``call``: its
-    own output and lse where their layout and dtype are the accumulators', else copies."""
-    blk = call.blocks[0]
-    c, d = blk.k_start, blk.k_stop
-    if (c, d) != (0, kb.shape[1]):  # (a slice is a host op of its own: skip it if whole)
-        kb, vb = kb[:, c:d], vb[:, c:d]
-    o, o_lse = bound.kernel.forward(qb, kb, vb, blk, bound.scale)
-    out, lse = _adopted(o, bound, shape, home), o_lse
+    """(out in the call's format, lse [b, h, s]) after ``call``, which covers every row
+    (``starts_whole``): its own output and lse where their layout and dtype are the
+    accumulators', else copies."""
+    o, o_lse = forward_partial(bound.kernel, call, qb, kb, vb, bound.scale)
+    lse = o_lse
     if lse.dtype != lse_dtype or not lse.is_contiguous():
         lse = torch.empty(o_lse.shape, dtype=lse_dtype, device=qb.device)
         lse.copy_(o_lse)
-    return out, lse
+    return _adopted(o, bound, shape, home), lse
 
 
 def first_grad_home(bound: BoundPlan, call, dob: torch.Tensor, qb: torch.Tensor,
                     kb: torch.Tensor, vb: torch.Tensor, ob: torch.Tensor, lse: torch.Tensor,
-                    dk_b: torch.Tensor, dv_b: torch.Tensor, first_keys: bool, shape: tuple,
-                    home: torch.dtype) -> torch.Tensor:
-    """dQ in the call's format after the dense whole-rows ``call`` (its dK/dV folded into
-    ``dk_b``/``dv_b``): the kernel's own dQ where laid out as the accumulator, else a copy."""
-    gq = dense_backward(bound.kernel, call.blocks[0], dob, qb, kb, vb, ob, lse, bound.scale,
-                        dk_b, dv_b, first_keys)
+                    dk_b: torch.Tensor, dv_b: torch.Tensor, first_keys: tuple[bool, ...],
+                    shape: tuple, home: torch.dtype) -> torch.Tensor:
+    """dQ in the call's format after ``call``, which covers every row (its dK/dV folded
+    into ``dk_b``/``dv_b``): the kernel's own dQ where laid out as the accumulator, else a
+    copy."""
+    gq = backward_partial(bound.kernel, call, dob, qb, kb, vb, ob, lse, bound.scale, dk_b,
+                          dv_b, first_keys)
     return _adopted(gq, bound, shape, home)

@@ -11,7 +11,8 @@ One module per job:
   ``BandDispatch``, ``KERNELS``);
 - ``merge``: the online-softmax merge of partial results (``merge_partial``);
 - ``varlen``: a ring step's blocks as few varlen calls; ``pack_calls``: a document pack's
-  calls for one pair of ring members, made from arrays.
+  calls for one pair of ring members, made from arrays;
+- ``run_calls``: a step's calls run and their results folded into the accumulators.
 
 Backends: ``flash_attn`` (the package, when importable), PyTorch's built-in CUDA kernels
 (cuDNN, then flash: each is probed once and skipped if it fails; band blocks go to

@@ -27,7 +27,6 @@ import torch
 
 import numpy as np
 
-from .merge import merge_partial
 from ..plan.blocks import coalesced
 from ..plan.schedule import Block, Mask
 
@@ -227,13 +226,6 @@ def gather(x: torch.Tensor, runs: Runs, dim: int = 0) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
-def _offsets(runs: Runs):
-    off = 0
-    for a, b in runs:
-        yield a, b, off
-        off += b - a
-
-
 def covers(calls: Sequence[KernelLaunch], rows: int, side: str) -> bool:
     """Whether ``calls`` touch each of ``rows`` rows on ``side`` ('q' or 'k') exactly once.
 
@@ -251,97 +243,3 @@ def call_runs(call: KernelLaunch, side: str) -> Runs:
         return call.q_runs if side == "q" else call.k_runs
     blk = call.blocks[0]
     return ((blk.q_start, blk.q_stop),) if side == "q" else ((blk.k_start, blk.k_stop),)
-
-
-def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Rows ``start:stop`` of a [b, s, ...] view; the tensor itself when that is all of it
-    (a slice is an op of its own on the host: most blocks of a plain sequence span it)."""
-    return t if start == 0 and stop == t.shape[1] else t[:, start:stop]
-
-
-def _lse_rows(lse: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    return lse if start == 0 and stop == lse.shape[2] else lse[:, :, start:stop]
-
-
-def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                out: torch.Tensor, lse: torch.Tensor, scale: float,
-                first: tuple[bool, ...]) -> None:
-    """Compute ``call`` and fold it into the accumulators (bshd views, lse [b, h, s]).
-
-    ``first``: per query run of the call (``call_runs``), whether nothing has been written
-    to its rows yet: then the partial is written there, not merged.
-    """
-    if not call.varlen:
-        blk = call.blocks[0]
-        a, b, c, d = blk.q_start, blk.q_stop, blk.k_start, blk.k_stop
-        o, o_lse = kernel.forward(_rows(q, a, b), _rows(k, c, d), _rows(v, c, d), blk, scale)
-        _fold_forward(_rows(out, a, b), _lse_rows(lse, a, b), o, o_lse, first[0])
-        return
-    o, o_lse = kernel.forward_varlen(gather(q[0], call.q_runs), gather(k[0], call.k_runs),
-                                     gather(v[0], call.k_runs), call, scale)
-    if call.keyless:
-        o_lse = seen_nothing(o_lse)
-    for (a, b, off), write in zip(_offsets(call.q_runs), first, strict=True):
-        _fold_forward(out[:, a:b], lse[:, :, a:b], o[None, off:off + b - a],
-                      o_lse[None, :, off:off + b - a], write)
-
-
-def seen_nothing(lse: torch.Tensor) -> torch.Tensor:
-    """lse with flash's +inf (a sequence with queries and no keys) made -inf: the merge's
-    "nothing seen". The output rows are zeros already."""
-    return lse.masked_fill(lse == float("inf"), float("-inf"))
-
-
-def _fold_forward(out_rows, lse_rows, o, o_lse, fresh: bool) -> None:
-    if fresh:
-        out_rows.copy_(o)
-        lse_rows.copy_(o_lse)
-    else:
-        merge_partial(out_rows, lse_rows, o, o_lse)
-
-
-def run_backward(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor,
-                 k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                 scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
-                 first: tuple[tuple[bool, ...], tuple[bool, ...]]) -> None:
-    """Gradients of ``call``'s blocks, folded into the accumulators dq, dk, dv.
-
-    ``first``: per query run and per key run of the call (``call_runs``), whether nothing
-    has been written to its rows yet: then the gradient is written there, not added.
-    """
-    if not call.varlen:
-        blk = call.blocks[0]
-        gq = dense_backward(kernel, blk, dout, q, k, v, out, lse, scale, dk, dv, first[1][0])
-        _fold(_rows(dq, blk.q_start, blk.q_stop), gq, first[0][0])
-        return
-    qr, kr = call.q_runs, call.k_runs
-    gq, gk, gv = kernel.backward_varlen(
-        gather(dout[0], qr), gather(q[0], qr), gather(k[0], kr), gather(v[0], kr),
-        gather(out[0], qr), gather(lse[0], qr, dim=1).contiguous(), call, scale)
-    for (a, b, off), write in zip(_offsets(qr), first[0], strict=True):
-        _fold(dq[0, a:b], gq[off:off + b - a], write)
-    # A key row that two blocks use appears twice: the first may write it, the second adds.
-    for (a, b, off), write in zip(_offsets(kr), first[1], strict=True):
-        _fold(dk[0, a:b], gk[off:off + b - a], write)
-        _fold(dv[0, a:b], gv[off:off + b - a], write)
-
-
-def dense_backward(kernel, blk: Block, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
-                   dk: torch.Tensor, dv: torch.Tensor, first_keys: bool) -> torch.Tensor:
-    """The gradients of one dense block: dK/dV folded into ``dk``/``dv`` (written where
-    ``first_keys``), dQ of the block's rows returned for the caller to place."""
-    a, b, c, d = blk.q_start, blk.q_stop, blk.k_start, blk.k_stop
-    gq, gk, gv = kernel.backward(_rows(dout, a, b), _rows(q, a, b), _rows(k, c, d),
-                                 _rows(v, c, d), _rows(out, a, b), _lse_rows(lse, a, b),
-                                 blk, scale)
-    _fold(_rows(dk, c, d), gk, first_keys)
-    _fold(_rows(dv, c, d), gv, first_keys)
-    return gq
-
-
-def _fold(acc: torch.Tensor, grad: torch.Tensor, fresh: bool) -> None:
-    if fresh:
-        acc.copy_(grad)
-    else:
-        acc += grad
