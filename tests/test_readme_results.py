@@ -1796,3 +1796,15 @@ def test_the_first_call_output_and_a_new_masks_cost_are_the_runs_on_file():
           f"{mean(pfx, lambda r: r['tflops_kept']):.0f} TFLOP/s")
     _says(f"prefix-LM documents {mean(pfx, lambda r: r['tflops_kept']):.0f}\nwith its plan kept "
           f"against {fixed['burst']['fwd_bwd_tflops']:.0f} on one fixed mask")
+
+
+def test_the_causal_windows_later_captured_efficiency_is_the_runs_on_file():
+    """The causal window's captured forward efficiency in the runs after its output stopped
+    being copied (the home_output run's 'after', the flex-1024 run's two 'before' runs)."""
+    runs = [("h100x2_issue42_home_output", "after"),
+            ("h100x2_issue42_flex_1024_rejected", "before"),
+            ("h100x2_issue42_flex_1024_rejected", "before2")]
+    eff = [next(r for r in _load(f"{folder}/masks2/{side}.json")["rows"]
+                if r["family"] == "sliding_window_causal")["efficiency_graph_fwd"]
+           for folder, side in runs]
+    _says(f"it read {eff[0]:.2f},\n{eff[1]:.2f} and {eff[2]:.2f} in three later runs")
