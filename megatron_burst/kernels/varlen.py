@@ -14,7 +14,8 @@ per call, the varlen flash kernel milliseconds: the "1 GPU cuDNN per document" a
 varlen flash" rows of benchmarks/results/h200x2_documents_fresh.md), so there every block
 goes varlen (``shape_free``): the flash kernel builds nothing per shape. So do the blocks of
 a slice mask that changes from call to call (``attention.varying_masks``). Packing copies only
-what is not already one contiguous run of rows; outputs are merged back run by run, as views.
+what is not already one contiguous run of rows; outputs are folded back run by run, as views
+(``run_calls``).
 """
 from __future__ import annotations
 
