@@ -42,7 +42,7 @@ def test_which_plans_start_with_one_call_over_every_row(layout, mask, whole):
     assert [starts_whole(p.forward, p.rows) for p in _plans(layout, (64,), mask)] == whole
 
 
-def adopt_worker(rank, world, strided, case):
+def adopt_worker(rank, world, strided, case, fmt):
     from megatron_burst.kernels import reference
 
     made = {"forward": [], "backward": []}
@@ -75,24 +75,32 @@ def adopt_worker(rank, world, strided, case):
         mb.SliceMask(q_ranges=[(0, 64)], k_ranges=[(0, 64)], kinds=["causal"])
     torch.manual_seed(3)
     full = [torch.randn(1, 64, h, 8, dtype=torch.float64) for h in (4, 2, 2, 4)]
-    q, k, v, do = (mb.shard_seq(t, mask=mask).requires_grad_() for t in full)
-    out = mb.burst_attn(q, k, v, mask=mask, kernel="reference", backward="ring")
+    seq = 0 if fmt == "sbhd" else 1  # sbhd: the same tensors, sequence first
+
+    def shard(t):  # [1, s, h, d] -> this rank's rows in the call's format
+        return mb.shard_seq(t.transpose(0, 1) if seq == 0 else t, mask=mask, seq_dim=seq)
+
+    q, k, v, do = (shard(t).requires_grad_() for t in full)
+    out = mb.burst_attn(q, k, v, mask=mask, kernel="reference", backward="ring",
+                        qkv_format=fmt)
     dq, = torch.autograd.grad(out, q, do)
     whole = [t.clone().requires_grad_() for t in full[:3]]
     ref = reference_attention(*whole, causal=False, scale=8 ** -0.5, allowed=slice_allowed(
         64, mask.q_ranges, mask.k_ranges, mask.kinds))[0]
     ref_dq, = torch.autograd.grad(ref, whole[0], full[3])
-    shard = lambda t: mb.shard_seq(t, mask=mask)  # noqa: E731
     return (out.data_ptr() == made["forward"][0].data_ptr(),
             dq.data_ptr() == made["backward"][0].data_ptr(),
             max((out - shard(ref)).abs().max().item(), (dq - shard(ref_dq)).abs().max().item()))
 
 
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
 @pytest.mark.parametrize("case", ["causal", "documents"])
 @pytest.mark.parametrize("strided", [False, True])
-def test_the_first_call_over_every_row_is_the_output_unless_laid_out_otherwise(strided, case):
-    """The forward's out, and the 'ring' backward's dQ (its home accumulator)."""
-    for out_adopted, dq_adopted, err in run_ranks(2, adopt_worker, strided, case):
+def test_the_first_call_over_every_row_is_the_output_unless_laid_out_otherwise(strided, case,
+                                                                                fmt):
+    """The forward's out, and the 'ring' backward's dQ (its home accumulator), in both
+    formats (sbhd: the kernels' bshd output seen sequence first is laid out as sbhd)."""
+    for out_adopted, dq_adopted, err in run_ranks(2, adopt_worker, strided, case, fmt):
         assert out_adopted is (not strided)
         assert dq_adopted is (not strided)
         assert err < 1e-12
