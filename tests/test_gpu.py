@@ -981,3 +981,50 @@ def test_bf16_accumulators_on_the_wire_give_the_fp32_wire_bits_over_nccl():
                         (rank, a[:2], name, _spread(x1, y1), _spread(x1, x2), _spread(y1, y2))
     print(f"{exact} of 32 tensors bit for bit (the rest vary call to call in the kernel)")
     assert exact >= 16  # out, dk and dv of every ring-backward case at least
+
+
+def adoption_worker(rank, world, device_type):
+    """Per case, whether the forward's first call over every row was taken as its output
+    (``home_output``: (called, adopted)), with the kernels the call chose on this device."""
+    from megatron_burst.attention import home_output
+
+    made = []
+    real = home_output.forward_partial
+
+    def recorded(*args):
+        o, lse = real(*args)
+        made.append(o.data_ptr())
+        return o, lse
+
+    home_output.forward_partial = recorded
+    dev = torch.device(device_type, rank if device_type == "cuda" else 0)
+    dtype = torch.bfloat16 if device_type == "cuda" else torch.float32
+    gen = torch.Generator(device=dev).manual_seed(5)
+    s = 4096 * world
+    full = [torch.randn(1, s, h, 128, device=dev, dtype=dtype, generator=gen) for h in (16, 4, 4)]
+    cu = torch.tensor([0, 1000, 3500, 6000, s], dtype=torch.int32, device=dev)
+    cases = {  # plain causal (cuDNN), a causal window's band (FlexAttention), a pack (varlen)
+        "causal": (dict(layout="zigzag"), dict(causal=True)),
+        "window": (dict(layout="contiguous"), dict(window_size=(1024, 0), layout="contiguous")),
+        "pack": (dict(layout="whole_docs", cu_seqlens=cu),
+                 dict(causal=True, layout="whole_docs", cu_seqlens=cu)),
+    }
+    found = {}
+    for name, (shard, call) in cases.items():
+        made.clear()
+        local = [mb.shard_seq(t, **shard) for t in full]
+        with torch.no_grad():
+            out = mb.burst_attn(*local, **call)
+        found[name] = (bool(made), bool(made) and out.data_ptr() == made[0])
+    return found
+
+
+@pytest.mark.skipif(NGPU < 2, reason="needs 2 GPUs")
+def test_the_first_call_over_every_row_is_the_output_over_nccl():
+    """cuDNN, FlexAttention and flash return their outputs laid out as the accumulator, so
+    a pass that starts with one call over every row keeps that output (no copy of it)."""
+    for rank, found in enumerate(run_ranks(2, adoption_worker, "cuda", backend="nccl",
+                                           timeout=300)):
+        assert found["causal"] == (True, True), (rank, found)
+        assert found["window"] == (True, True), (rank, found)
+        assert found["pack"][0] is False or found["pack"] == (True, True), (rank, found)
