@@ -1,6 +1,6 @@
 """The forward's first call over every row becomes the accumulator (``home_output``).
 
-Which plans start with one dense block over every row (``starts_whole``), and, on two CPU
+Which plans start with one call over every row (``PassPlan.home_from_first``), and, on two CPU
 ranks, that the output burst_attn returns is then that call's own tensor (no copy), while a
 kernel whose output is laid out otherwise still gets a fresh accumulator; both exact against
 the float64 reference.
@@ -12,7 +12,6 @@ import torch
 
 import megatron_burst as mb
 from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key
-from megatron_burst.attention.home_output import starts_whole
 from megatron_burst.plan import mask_families as mf
 from megatron_burst.plan.schedule import Mask
 
@@ -39,7 +38,10 @@ def _plans(layout, docs, mask, world=2):
     ("area", mf.family("prefix_lm_document", (5, 9, 3, 47), **KNOBS), [False, False]),
 ])
 def test_which_plans_start_with_one_call_over_every_row(layout, mask, whole):
-    assert [starts_whole(p.forward, p.rows) for p in _plans(layout, (64,), mask)] == whole
+    plans = _plans(layout, (64,), mask)
+    assert [p.forward.home_from_first for p in plans] == whole
+    # The 'ring' backward's home is dQ, from the same calls: the same answer.
+    assert [p.backward.home_from_first for p in plans] == whole
 
 
 def adopt_worker(rank, world, strided, case, fmt):

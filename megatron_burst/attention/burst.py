@@ -30,8 +30,7 @@ from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
 from . import replay
 from .bound_plan import BoundPlan
-from .home_output import (accumulator, first_call_home, first_grad_home, home_dtype,
-                          new_home, starts_whole)
+from .home_output import accumulator, first_call_home, first_grad_home, home_dtype, new_home
 from .travelling import Travelling
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
@@ -53,7 +52,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
         if not merged or fuses(q.device, q.dtype, v.shape[-1]) else acc
     shape = (*q.shape[:-1], v.shape[-1])
     out = lse = out_b = None  # made by the first call where it covers every row
-    if not starts_whole(plan, s):
+    if not plan.home_from_first:
         out, lse = new_home(shape, (b, hq, s), home, acc, q.device, fresh)
         out_b = bound.bshd(out)
     ring, _ = bound.movers(plan, (k, v), None, "forward", tag)
@@ -114,7 +113,7 @@ def ring_backward_kv(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     acc_dtype = working_dtype(q.dtype)
     fresh, (q_home, k_home) = plan.fresh, (home_dtype(q.dtype, n, wide) for n in plan.uses)
     dq = dq_b = None  # made by the first call where it covers every row
-    if not starts_whole(plan, qb.shape[1]):
+    if not plan.home_from_first:
         dq = accumulator(q.shape, q_home, q.device, fresh[0])
         dq_b = bound.bshd(dq)
     ring, route = bound.movers(plan, (k, v), acc_dtype, "backward", tag)

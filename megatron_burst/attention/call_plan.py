@@ -139,8 +139,8 @@ class PassPlan:
     # accumulator travels in the inputs' own dtype: a kernel's gradients come in it, so the
     # one partial is held exactly (the same bits as fp32), in half the bytes.
     wire: tuple[bool, bool] = (False, False)
-    # Per step, per call: (per query run, per key run) written, not folded (``first_writes``)
-    writes: tuple = ()
+    writes: tuple = ()  # per step, per call: (query runs', key runs') written (first_writes)
+    home_from_first: bool = False  # the home accumulator is the first call's output (same)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

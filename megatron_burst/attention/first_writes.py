@@ -31,7 +31,8 @@ def first_writes(forward, rows: int) -> dict:
     its ``fresh`` (every one of ``rows`` query rows is first written: no fill)."""
     flags, fresh = _home_writes(forward, rows, "q")
     writes = tuple([tuple([(f, ()) for f in step]) for step in flags])
-    return {"writes": writes, "fresh": (fresh, forward.fresh[1])}
+    return {"writes": writes, "fresh": (fresh, forward.fresh[1]),
+            "home_from_first": fresh and _first_covers(forward, rows)}
 
 
 def backward_writes(backward, rows: int, mode: str, forward) -> dict:
@@ -55,7 +56,18 @@ def backward_writes(backward, rows: int, mode: str, forward) -> dict:
             pairs.append((f, t) if away else (t, f))
         writes.append(tuple(pairs))
     both = (fresh, backward.fresh[1]) if away else (backward.fresh[0], fresh)
-    return {"writes": tuple(writes), "fresh": both}
+    # Only a home dQ is taken from the first call ('ring'); dK/dV's calls are per key run.
+    return {"writes": tuple(writes), "fresh": both,
+            "home_from_first": bool(away) and fresh and _first_covers(backward, rows)}
+
+
+def _first_covers(pass_, rows: int) -> bool:
+    """Whether ``pass_``'s first kernel call covers all ``rows`` query rows in one run, in
+    order (a dense block over them, or a varlen call whose sequences follow one another
+    over them): where every row is first written, its output is the home accumulator in
+    row order (``home_output``)."""
+    steps = pass_.steps
+    return bool(steps and steps[0].calls) and call_runs(steps[0].calls[0], "q") == ((0, rows),)
 
 
 def _same_calls(forward, backward) -> bool:

@@ -10,7 +10,8 @@ copies were this one copy). Here the output becomes the accumulator wherever it 
 out as the accumulator would be: the call's format, contiguous, the home dtype
 (``home_dtype``). Anything else is written into a new accumulator, as before, so the
 values are the same bits either way. The 'ring' backward's dQ (its home accumulator) is
-taken from its first call the same way; the travelling accumulators are not.
+taken from its first call the same way; the travelling accumulators are not. Whether a
+pass starts so is decided once, with its plan (``first_writes``: ``PassPlan.home_from_first``).
 
 The kernels return tensors of their own (none hands back a buffer it reuses on a later
 call), so the accumulator owns its memory whichever way it was made.
@@ -21,9 +22,7 @@ import torch
 
 from ..kernels.protocol import working_dtype
 from ..kernels.run_calls import backward_partial, forward_partial
-from ..kernels.varlen import call_runs
 from .bound_plan import BoundPlan
-from .call_plan import PassPlan
 
 
 def home_dtype(dtype: torch.dtype, uses: int, wide: bool = False) -> torch.dtype:
@@ -51,15 +50,6 @@ def new_home(shape: tuple, lse_shape: tuple, home: torch.dtype, lse_dtype: torch
     return accumulator(shape, home, device, fresh), lse
 
 
-def starts_whole(plan: PassPlan, rows: int) -> bool:
-    """Whether ``plan``'s first kernel call covers all ``rows`` query rows in one run, in
-    order (a dense block over them, or a varlen call whose sequences follow one another
-    over them): it writes every row first (``first_writes``), its output in row order."""
-    if not plan.fresh[0] or not plan.steps or not plan.steps[0].calls:
-        return False
-    return call_runs(plan.steps[0].calls[0], "q") == ((0, rows),)
-
-
 def _adopted(t: torch.Tensor, bound: BoundPlan, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """``t`` (bshd) in the call's format where it is laid out as a new accumulator would be
     (contiguous, ``shape``, ``dtype``), else a new accumulator holding a copy of it."""
@@ -75,8 +65,8 @@ def first_call_home(bound: BoundPlan, call, qb: torch.Tensor, kb: torch.Tensor,
                     vb: torch.Tensor, shape: tuple, home: torch.dtype,
                     lse_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(out in the call's format, lse [b, h, s]) after ``call``, which covers every row
-    (``starts_whole``): its own output and lse where their layout and dtype are the
-    accumulators', else copies."""
+    (``PassPlan.home_from_first``): its own output and lse where their layout and dtype
+    are the accumulators', else copies."""
     o, o_lse = forward_partial(bound.kernel, call, qb, kb, vb, bound.scale)
     lse = o_lse
     if lse.dtype != lse_dtype or not lse.is_contiguous():
