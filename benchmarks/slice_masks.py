@@ -91,9 +91,23 @@ def sync(dev) -> None:
         torch.cuda.synchronize()
 
 
-def timed(step, dev, warmup: int, iters: int, align: bool) -> float:
+def timed(step, dev, warmup: int, iters: int, align: bool, chained: bool = False) -> float:
     """Mean ms of ``step()`` over ``iters`` calls after ``warmup``; ``align``: the ranks
-    meet before each (every rank runs ``step``; not for rank 0's one-GPU methods)."""
+    meet before each (every rank runs ``step``; not for rank 0's one-GPU methods).
+    ``chained``: the ``iters`` calls back to back, synchronised once at the end, as a model's
+    layers call attention (the host runs ahead while the GPUs work); else each call is
+    synchronised on its own, so its host time before its first kernel is counted."""
+    if chained:
+        for _ in range(warmup):
+            step()
+        sync(dev)
+        if align:
+            dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            step()
+        sync(dev)
+        return (time.perf_counter() - t0) * 1e3 / iters
     times = []
     for i in range(warmup + iters):
         sync(dev)
@@ -107,7 +121,8 @@ def timed(step, dev, warmup: int, iters: int, align: bool) -> float:
     return sum(times) / len(times)
 
 
-def fwd_and_fwdbwd(fn, inputs, do, dev, args, align: bool = False) -> tuple[float, float]:
+def fwd_and_fwdbwd(fn, inputs, do, dev, args, align: bool = False,
+                   chained: bool = False) -> tuple[float, float]:
     def forward():
         with torch.no_grad():
             fn(*inputs)
@@ -115,8 +130,8 @@ def fwd_and_fwdbwd(fn, inputs, do, dev, args, align: bool = False) -> tuple[floa
     def both():
         fn(*inputs).backward(do)
 
-    return (timed(forward, dev, args.warmup, args.iters, align),
-            timed(both, dev, args.warmup, args.iters, align))
+    return (timed(forward, dev, args.warmup, args.iters, align, chained),
+            timed(both, dev, args.warmup, args.iters, align, chained))
 
 
 class Flex:
@@ -184,6 +199,8 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
         return mb.burst_attn(a, b, c, mask=mask, backward=args.backward)
 
     fwd, both = fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True)
+    chained = _speed(*fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True,
+                                     chained=True), flops, world) if args.chained else None
     with mb.count_comm() as sent:  # what one call sends from each rank (each pass), once
         burst(q, k, v).backward(local[3])  # 'auto' has measured and checked its choice
     ranks_sent = [torch.zeros(2, dtype=torch.float64, device=dev) for _ in range(world)]
@@ -203,6 +220,8 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
                burst_fresh=fresh_packs(name, args, world, dev, full))
     if captured is not None:
         row["burst_graph"] = captured
+    if chained is not None:
+        row["burst_chained"] = chained
     cp_out = None
     if flex_cp is not None:
         row["torch_flex_cp"], cp_out = _torch_flex_cp(flex_cp, mask, full, dev, args, flops,
@@ -215,6 +234,9 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
         one = lambda a, b, c: mb.burst_attn(a, b, c, solo, mask=mask)  # noqa: E731
         row["one_gpu_plan"] = _speed(*fwd_and_fwdbwd(one, (fq, fk, fv), full[3], dev, args),
                                      flops, 1)
+        if args.chained:
+            row["one_gpu_plan_chained"] = _speed(*fwd_and_fwdbwd(
+                one, (fq, fk, fv), full[3], dev, args, chained=True), flops, 1)
         with torch.no_grad():
             ref = one(*full[:3]).float()
         row["rel_err_vs_one_gpu"] = float((got.float() - ref).norm() / ref.norm())
@@ -226,6 +248,9 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
                 flex.use(mask)
                 row["one_gpu_flex"] = _speed(*fwd_and_fwdbwd(flex, (fq, fk, fv), full[3], dev,
                                                              args), flops, 1)
+                if args.chained:
+                    row["one_gpu_flex_chained"] = _speed(*fwd_and_fwdbwd(
+                        flex, (fq, fk, fv), full[3], dev, args, chained=True), flops, 1)
             except Exception as err:  # noqa: BLE001  (report it, keep the run)
                 row["one_gpu_flex"] = dict(error=f"{type(err).__name__}: {err}"[:200])
         _efficiency(row)
@@ -266,15 +291,25 @@ def _speed(fwd_ms: float, both_ms: float, flops: float, gpus: int) -> dict:
 
 
 def _efficiency(row: dict) -> None:
+    """burst's TFLOP/s over the faster one-GPU method's; back to back against the one-GPU
+    methods timed back to back too (their host time hides behind their kernels as well)."""
     singles = [row[m] for m in ("one_gpu_plan", "one_gpu_flex") if "fwd_tflops" in row.get(m, {})]
+    chained = [row[f"{m}_chained"] for m in ("one_gpu_plan", "one_gpu_flex")
+               if "fwd_tflops" in row.get(f"{m}_chained", {})]
     for part in ("fwd", "bwd", "fwd_bwd"):
         best = max(s[f"{part}_tflops"] for s in singles)
         row[f"efficiency_{part}"] = row["burst"][f"{part}_tflops"] / best
         if "fwd_tflops" in row.get("burst_graph", {}):
             row[f"efficiency_graph_{part}"] = row["burst_graph"][f"{part}_tflops"] / best
+        if chained and "burst_chained" in row:
+            row[f"efficiency_chained_{part}"] = row["burst_chained"][f"{part}_tflops"] / max(
+                s[f"{part}_tflops"] for s in chained)
 
 
 def table(meta: dict, rows: list[dict]) -> str:
+    """The rows as a Markdown table; a back-to-back column where the run timed it
+    (``--chained``), so earlier runs' tables print as they did."""
+    back = any("efficiency_chained_fwd" in r for r in rows)
     lines = [f"{meta['device']} x{meta['world']}, torch {meta['torch']}, {meta['date']}, "
              f"{meta['tokens_per_gpu']} tokens/GPU, GQA {meta['heads']}, d {meta['head_dim']}, "
              f"{meta['dtype']}", f"command: `{meta['command']}`", "",
@@ -282,21 +317,24 @@ def table(meta: dict, rows: list[dict]) -> str:
              "PyTorch Flex CP fwd / bwd | "
              "burst fwd+bwd same mask / new pack | 1 GPU plan fwd / bwd | "
              "1 GPU Flex fwd / bwd | efficiency fwd / bwd | captured efficiency fwd / bwd | "
-             "rel err | burst fwd / fwd+bwd ms | busiest rank sends fwd / bwd MB |",
-             "|" + "---|" * 13]
+             + ("back-to-back efficiency fwd / bwd | " if back else "")
+             + "rel err | burst fwd / fwd+bwd ms | busiest rank sends fwd / bwd MB |",
+             "|" + "---|" * (14 if back else 13)]
     pair = lambda s: (f"{s['fwd_tflops']:.3g} / {s['bwd_tflops']:.3g}"  # noqa: E731
                       if s and "fwd_tflops" in s else (s or {}).get("error", "-")[:40])
     for r in rows:
-        eff, graph = (f"{r[f'{e}fwd']:.2f} / {r[f'{e}bwd']:.2f}" if f"{e}fwd" in r else "-"
-                      for e in ("efficiency_", "efficiency_graph_"))
+        eff, graph, chained = (f"{r[f'{e}fwd']:.2f} / {r[f'{e}bwd']:.2f}"
+                               if f"{e}fwd" in r else "-"
+                               for e in ("efficiency_", "efficiency_graph_",
+                                         "efficiency_chained_"))
         if "error" in r.get("burst_graph", {}):
             graph = r["burst_graph"]["error"][:40]
         lines.append(f"| {r['family']} | {r['slices']} | {r['balance_area']:.3f} / "
                      f"{r['balance_zigzag']:.3f} | {pair(r['burst'])} | "
                      f"{pair(r.get('torch_flex_cp'))} | {_fresh(r)} | "
                      f"{pair(r.get('one_gpu_plan'))} | {pair(r.get('one_gpu_flex'))} | {eff} | "
-                     f"{graph} | "
-                     f"{r.get('rel_err_vs_one_gpu', float('nan')):.1e} | "
+                     f"{graph} | " + (f"{chained} | " if back else "")
+                     + f"{r.get('rel_err_vs_one_gpu', float('nan')):.1e} | "
                      f"{r['burst']['fwd_ms']:.3f} / {r['burst']['fwd_bwd_ms']:.3f} | "
                      f"{r['sent_mb']['forward']:.1f} / {r['sent_mb']['backward']:.1f} |")
     return "\n".join(lines)
@@ -325,6 +363,9 @@ def main() -> None:
                    help="burst_attn's backward (default: 'auto', as a user calls it)")
     p.add_argument("--graph", action="store_true",
                    help="also time burst_attn captured in CUDA graphs (GPU only)")
+    p.add_argument("--chained", action="store_true",
+                   help="also time the eager calls back to back, synchronised once at the "
+                        "end, as a model's layers make them (burst and the one-GPU methods)")
     p.add_argument("--fresh-kernel", default=None,
                    help="the kernel the new-pack row forces (e.g. torch-flash, which builds "
                         "nothing per block shape); default: the automatic choice")
