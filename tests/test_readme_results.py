@@ -1842,3 +1842,27 @@ def test_the_flex_1024_trial_is_the_run_on_file():
     """The FlexAttention trial for 1,024-row bands, not kept, as the README says it."""
     ms = _captured_fwd("h100x2_issue42_flex_1024_rejected")
     _says(f"its captured\nforward read {_before_after(ms, 'sliding_window_causal')} ms")
+
+
+def test_the_host_parts_of_a_forward_are_the_run_on_file():
+    """The host's parts of an eager slice-mask forward, as the README gives them, are
+    ``benchmarks/host_parts.py``'s run on file (back to back, rank 0)."""
+    rows = _load("h100x2_issue42_host_parts/host_parts.json")["rows"]
+    b2b = [r["back_to_back"] for r in rows]
+
+    def span(values) -> str:
+        values = [x for x in values if x > 0]
+        return f"{min(values):.2f}-{max(values):.2f}"
+
+    part = lambda name: span(r["parts_ms"].get(name, 0) for r in b2b)  # noqa: E731
+    packs = [r["parts_ms"].get(n, 0) for r in b2b for n in ("pack K/V", "pack edges")]
+    share = [sum(v for k, v in r["parts_ms"].items() if k != "NCCL calls") / r["host_ms"]
+             for r in b2b]
+    assert len(rows) == 6
+    _says(f"{span(r['host_ms'] for r in b2b)} ms of host time a forward in the\nsix families "
+          "timed")
+    _says(f"the attention kernels' launches {part('kernel calls')} ms of it, the fused merge's\n"
+          f"Triton launches {part('merge launches')}, packing K/V (or a window's edges) into one "
+          f"message {span(packs)},\nposting a hop {part('post a hop')} (NCCL's own calls "
+          f"{part('NCCL calls')} of that) and waiting for one {part('wait for a hop')}:\n"
+          f"together {min(share) * 100:.0f}-{max(share) * 100:.0f}%")
