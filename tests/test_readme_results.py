@@ -1866,3 +1866,23 @@ def test_the_host_parts_of_a_forward_are_the_run_on_file():
           f"message {span(packs)},\nposting a hop {part('post a hop')} (NCCL's own calls "
           f"{part('NCCL calls')} of that) and waiting for one {part('wait for a hop')}:\n"
           f"together {min(share) * 100:.0f}-{max(share) * 100:.0f}%")
+
+
+def test_the_unsteady_machine_and_the_healthy_spread_are_the_logs_on_file():
+    """The throttled machine's choice timed 25.2 then 68.6 ms and two checks switched; on
+    the healthy runs on file the choice's two timings were at most 1.64x apart."""
+    import re
+
+    pattern = re.compile(r"measured ([\d.]+) ms \(.*?the choice again ([\d.]+) ms")
+    hot = (RESULTS / "h100x2_issue42_throttled/sm_log.txt").read_text()
+    pairs = {(float(a), float(b)) for a, b in pattern.findall(hot)}
+    assert (25.22, 68.56) in pairs
+    switched = {line for line in hot.splitlines() if "switched to" in line}
+    assert len(switched) == 2
+    _says("timed one choice 25.2 then 68.6 ms and switched two checks on such\ntimings")
+    spread = [max(a, b) / min(a, b)
+              for path in RESULTS.rglob("*.txt") if "throttled" not in str(path)
+              for a, b in ((float(x), float(y)) for x, y in pattern.findall(
+                  path.read_text(errors="ignore")))]
+    assert len(spread) > 50
+    _says(f"on healthy machines the two were\nat most {max(spread):.2f}x apart")

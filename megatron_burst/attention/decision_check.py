@@ -15,7 +15,9 @@ is timed likewise, once; so is the choice's topology with the other backward mod
 the model was off or predicted that mode within twice its error (``sibling_of``), and then
 the choice again (its first runs met the first packs of the shape; the faster of its two
 timings stands for it); the fastest becomes the decision's verdict where it beat the choice
-by more than a timing's noise (``SWITCH_MARGIN``), on every rank; what changed is logged. A
+by more than a timing's noise (``SWITCH_MARGIN``), on every rank, unless the choice's own two
+timings are more than twice apart (``UNSTEADY``: a throttled or shared GPU), when the
+model's choice stands; what changed is logged. A
 verdict holds for the decision's inputs (``options.Decision.key``: shape, tokens, mask,
 options, profile, whether documents are packed) and the call's layout, window and whether
 it packs documents: every later call of them, any layer, any document pack (decided from
@@ -53,6 +55,12 @@ MODEL_ERROR = 0.15
 # switched, where over 16 rounds of new packs the ring ran 7.65 ms and the burst 7.72
 # (``results/h100x2_issue41_settled``).
 SWITCH_MARGIN = 0.03
+# How far apart the choice's two timings may be before the machine's timings are not
+# trusted to rank anything: more than 2x. On healthy 2x H100 the two were at most 1.64x
+# apart (the first met the shape's first packs); on one whose second GPU ran hot (software
+# and hardware thermal slowdown, ``results/h100x2_issue42_throttled``) up to 3.2x, and two
+# checks switched on such timings. Then the model's choice is kept, and the log says why.
+UNSTEADY = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +82,7 @@ class Check:
     # (``results/h100x2_issue41_settled``).
     chosen_again_s: float | None = None
     seconds: float = 0.0  # what the check itself took (said in its log line)
+    unsteady: bool = False  # the choice's two timings too far apart to rank by (UNSTEADY)
 
 
 CHECKS: dict[tuple, Check] = {}  # check_key -> its check
@@ -139,9 +148,10 @@ def check(group, world: int, decision: Decision, call, q, k, v, arguments: dict,
         # a global window's choice timed 124.0 ms, the other backward 124.4, the choice
         # again 133.8, and the check switched)
         times[0] = (min(measured, again), chosen.topology)
-        result = dataclasses.replace(result, chosen_again_s=again)
-    result = dataclasses.replace(result, kept=settled(times),
-                                 seconds=time.perf_counter() - t0)
+        result = dataclasses.replace(result, chosen_again_s=again,
+                                     unsteady=unsteady(measured, again))
+    kept = chosen.topology if result.unsteady else settled(times)
+    result = dataclasses.replace(result, kept=kept, seconds=time.perf_counter() - t0)
     CHECKS[check_key(group, decision, call)] = result
     _log(result, off, runner)
     return result
@@ -171,6 +181,13 @@ def settled(times: list[tuple[float, CPTopology]]) -> CPTopology:
     return best if best_s < first_s * (1 - SWITCH_MARGIN) else first
 
 
+def unsteady(first_s: float, again_s: float) -> bool:
+    """Whether one topology's two timings are more than ``UNSTEADY`` apart: the machine's
+    timings (a GPU throttled, shared or busy) are then no ground to rank topologies by.
+    Every rank compares rank 0's numbers, so every rank decides alike."""
+    return max(first_s, again_s) > (1 + UNSTEADY) * min(first_s, again_s)
+
+
 def near_tie(chosen_s: float, runner_s: float) -> bool:
     """Whether the model's two best predictions are closer than its stated error."""
     return runner_s <= chosen_s * (1 + MODEL_ERROR)
@@ -196,10 +213,15 @@ def _log(result: Check, off: float, runner) -> None:
     if result.chosen_again_s is not None:
         parts.append(f"the choice again {result.chosen_again_s * 1e3:.2f} ms")
     changed = result.kept != result.chosen
-    logger.warning("%s, %s): %s: %s%s", said, why, "; ".join(parts),
-                   f"switched to {result.kept.describe()}" if changed
-                   else f"kept the first choice (none faster by more than "
-                        f"{SWITCH_MARGIN:.0%})", took)
+    if result.unsteady:
+        outcome = (f"the choice's two timings are more than {1 + UNSTEADY:.0f}x apart, so this "
+                   f"machine's timings are unsteady (a GPU throttled, shared or busy?): kept "
+                   f"the model's choice")
+    elif changed:
+        outcome = f"switched to {result.kept.describe()}"
+    else:
+        outcome = f"kept the first choice (none faster by more than {SWITCH_MARGIN:.0%})"
+    logger.warning("%s, %s): %s: %s%s", said, why, "; ".join(parts), outcome, took)
 
 
 def _timed(group, topology: CPTopology, q, k, v, arguments: dict, attend,
