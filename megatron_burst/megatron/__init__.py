@@ -15,7 +15,8 @@ FLOPs (`run_flops`) and the rank-0 printer (`printer`). Packed documents: `docum
 `document_batches` (a micro-batch made off the step), `prefetch` (made on a background
 thread), `batch_verdict` (every rank's batch made), `pack_plans` (a pack's ring plans made
 ahead); `mask_batches` (--burst-mask-builder: a slice mask per micro-batch, sharded by
-mask area); `trace` profiles a few micro-batches. `environment` says what the installed
+mask area), `mask_batch_maker` (such a micro-batch made off the step, its plans ahead);
+`trace` profiles a few micro-batches. `environment` says what the installed
 megatron-core (and Megatron-LM) can run, for this layer and the launch layer above it.
 """
 from megatron_burst.comm.lazy import lazy_names

@@ -57,11 +57,13 @@ class PreparedBatch:
         return (*tensors, params)
 
 
-def _pinned(t: torch.Tensor) -> torch.Tensor:
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in pinned memory (as is where it is on the GPU or pinned already)."""
     return t if t.is_cuda or t.is_pinned() else t.pin_memory()
 
 
-def _on_host(sample: Mapping[str, Any]) -> bool:
+def on_host(sample: Mapping[str, Any]) -> bool:
+    """Whether no tensor of ``sample`` lives on the GPU."""
     return all(not (isinstance(v, torch.Tensor) and v.is_cuda) for v in sample.values())
 
 
@@ -88,17 +90,17 @@ class DocumentBatchMaker:
                         else (None, 0.0))
         cu = pack.cu_seqlens
         if self.pin:
-            local = {key: _pinned(value) for key, value in local.items()}
-            cu = _pinned(cu)
+            local = {key: pinned(value) for key, value in local.items()}
+            cu = pinned(cu)
             if params.pack is None:  # the step copies them to the GPU
-                bounds = _pinned(params.cu_seqlens_q)
+                bounds = pinned(params.cu_seqlens_q)
                 params = dataclasses.replace(params, cu_seqlens_q=bounds, cu_seqlens_kv=bounds)
         return PreparedBatch(sample, local, params, pack, cu, calls, flops, share)
 
     def ahead(self, sample: Any) -> Any:
         """What the background thread makes of ``sample``: its batch, or the sample itself
         where it lives on the GPU (reading it there would wait for the step's stream)."""
-        if isinstance(sample, Mapping) and _on_host(sample):
+        if isinstance(sample, Mapping) and on_host(sample):
             return self(sample)
         return sample
 

@@ -9,6 +9,11 @@ was sharded with, the layer's mask, and the run's CP topology and group), and
 ``plan_pack`` asks ``plan_for`` for its key. The boundaries go to the device at the step
 (``upload``), on the step's own stream, by one non-blocking copy from pinned memory.
 
+Under a mask builder (``mask_batches``) each micro-batch brings its own slice mask: its
+plan is made ahead the same way (``plan_mask``), under the key a layer's call uses once
+masks follow the data (shape-free: ``attention.varying_masks``), which is every call of
+the shape from the second different mask on.
+
 Plans are keyed by value, so a target that no layer uses only costs time, and a layer
 whose plan was not made ahead makes it itself: exact either way.
 """
@@ -24,6 +29,7 @@ from megatron_burst.attention.call_plan import (CallPlan, PlanKey, RingKey, plan
 from megatron_burst.decide.topology import CPTopology
 from megatron_burst.plan.packs import DocumentPack
 from megatron_burst.plan.schedule import Mask
+from megatron_burst.plan.slices import SliceMask
 from megatron_burst.kernels.varlen import KernelLaunch, upload_boundaries
 
 
@@ -68,6 +74,15 @@ def plan_pack(pack: DocumentPack, target: PlanTarget, ring: Optional[RingKey]) -
     """``pack``'s plan for ``target`` (``ring``: ``target.ring()``, read once), made on the
     host by the one plan function, or found where it was made before."""
     return plan_for(target.key(pack, ring))
+
+
+def plan_mask(mask: SliceMask, total: int, target: PlanTarget,
+              ring: Optional[RingKey]) -> CallPlan:
+    """The plan of a ``total``-token sequence under the slice ``mask`` for ``target`` (its
+    layout and topology; its own mask is not read), under the key a layer's call of that
+    sequence uses once masks follow the data: shape-free (``prepare._bind_plan``)."""
+    return plan_for(plan_key(target.layout, target.world, (total,), mask, target.ulysses,
+                             ring, target.backward, batch=1, dense_min_area=None))
 
 
 def upload(calls: Sequence[KernelLaunch], device: torch.device) -> None:

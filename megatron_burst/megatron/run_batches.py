@@ -5,7 +5,9 @@ It exists so that both entry points get their document batches from one function
 and each micro-batch is made by `document_batches.DocumentBatchMaker` (boundaries from EOD,
 positions restarted per document, tokens, labels, loss mask and positions sharded with the
 attention's layout, and the `DocumentParams` the layers read, its pack's ring plans made),
-off the step on the data path's background thread (`prefetch`).
+off the step on the data path's background thread (`prefetch`). Under a mask builder
+(`mask_batch`) each micro-batch is made the same way by `mask_batch_maker.MaskBatchMaker`
+(the builder's slice mask, the batch placed by its area, the mask's ring plans made).
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from megatron_burst.megatron import prefetch
 from megatron_burst.megatron.burst_run import configured_topology
 from megatron_burst.megatron.document_batches import DocumentBatches, DocumentBatchMaker
 from megatron_burst.megatron.documents import BATCH_KEYS
-from megatron_burst.megatron.mask_batches import load_builder, shard_mask_batch
+from megatron_burst.megatron.mask_batch_maker import (MaskBatchMaker, PreparedMaskBatch,
+                                                      mask_targets)
+from megatron_burst.megatron.mask_batches import load_builder
 from megatron_burst.megatron.pack_plans import targets_from_args
 from megatron_burst.megatron.printer import say
 from megatron_burst.megatron.run_flops import FlopsCounter, layer_windows
@@ -35,23 +39,40 @@ def dataset_on_every_rank(args: Any) -> bool:
 
 def mask_batch(data_iterator: Iterator, args: Any) -> Tuple[Any, ...]:
     """(tokens, labels, loss_mask, position_ids, packed_seq_params) of the next micro-batch
-    under ``--burst-mask-builder``: the builder's mask, the batch sharded by mask area on
-    the host (``mask_batches.shard_mask_batch``), then this rank's rows to the device. Made
-    on the step (no prefetch thread: a builder is the user's code)."""
+    under ``--burst-mask-builder``: the builder's mask, the batch placed by mask area on the
+    host and the mask's ring plans made (``mask_batch_maker.MaskBatchMaker``), two
+    micro-batches ahead on the data path's background thread under Megatron's
+    RerunDataIterator, as document batches are ($MEGATRON_BURST_PREFETCH=0: on the step);
+    this step only copies this rank's rows to the device."""
+    maker, agree = _mask_maker(args)
+    source = data_iterator
+    if prefetch.enabled():
+        source = prefetch.prefetching(data_iterator, maker.ahead, agree)
+    item = next(source)
+    batch = item if isinstance(item, PreparedMaskBatch) else maker(item)
+    return batch.to_step(_device())
+
+
+_MASK_MAKERS: List[Any] = []  # [(args, CP group, MaskBatchMaker, agree group)]: the run's
+
+
+def _mask_maker(args: Any) -> Tuple[MaskBatchMaker, Any]:
+    """The run's mask batch maker (its builder loaded once) and the ranks that must stop
+    together when one fails to make its batch; made again only for other arguments or
+    another CP group (a new run in-process)."""
     from megatron.core import parallel_state
     from megatron.training import get_tokenizer
 
-    if not _BUILDER or _BUILDER[0] != args.burst_mask_builder:
-        _BUILDER[:] = [args.burst_mask_builder, load_builder(args.burst_mask_builder)]
-    sample = next(data_iterator)
-    host = {key: value.cpu() for key, value in sample.items() if isinstance(value, torch.Tensor)}
-    local, params = shard_mask_batch({**sample, **host}, _BUILDER[1], get_tokenizer().eod,
-                                     parallel_state.get_context_parallel_group())
-    device = _device()
-    return (*(local[key].to(device, non_blocking=True) for key in BATCH_KEYS), params)
+    group = parallel_state.get_context_parallel_group()
+    if _MASK_MAKERS and _MASK_MAKERS[0][0] is args and _MASK_MAKERS[0][1] is group:
+        return _MASK_MAKERS[0][2], _MASK_MAKERS[0][3]
+    targets = mask_targets("area", configured_topology(), group)
+    maker = MaskBatchMaker(load_builder(args.burst_mask_builder), get_tokenizer().eod, group,
+                           targets, pin=torch.cuda.is_available())
+    agree = parallel_state.get_tensor_and_context_parallel_group(check_initialized=False)
+    _MASK_MAKERS[:] = [(args, group, maker, agree or group)]
+    return maker, agree or group
 
-
-_BUILDER: List[Any] = []  # [spec, the function it names]: loaded once per run
 
 def document_batch(data_iterator: Iterator, args: Any) -> Tuple[Any, ...]:
     """(tokens, labels, loss_mask, position_ids, packed_seq_params) of the next micro-batch.
