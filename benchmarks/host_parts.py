@@ -40,7 +40,7 @@ from megatron_burst.attention import home_output  # noqa: E402
 from megatron_burst.comm import messages, rings  # noqa: E402
 from megatron_burst.kernels import merge, run_calls  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
-from ranks import ran_package, start_ranks  # noqa: E402
+from ranks import gpu_health, ran_package, start_ranks  # noqa: E402
 from slice_masks import knobs, pile_like  # noqa: E402
 
 # (owner, attribute, its name in the table): the parts timed. Each is looked up through its
@@ -166,9 +166,11 @@ def main() -> None:
     dev = torch.device("cpu") if args.cpu_smoke else torch.device("cuda",
                                                                   torch.cuda.current_device())
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
+    health = gpu_health() if rank == 0 else None  # before the run: idle
     rows = [family_parts(name, args, world, dev, dtype) for name in args.families.split(",")]
     if rank == 0:
         meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                    gpus_before=health, gpus_after=gpu_health(),
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, warmup=args.warmup,
                     iters=args.iters, package=ran_package(),

@@ -11,11 +11,16 @@ entry point, whose `configure_run` reads the same variable. `host_and_wall_ms` i
 host-time benchmarks' clock: the ranks aligned, the host's share and the GPU's wall.
 `ran_package` is the folder of the package a run imported, for its result file: a
 before-and-after pair on two trees (``$PYTHONPATH``) shows there which tree each side timed.
+`gpu_health` is each GPU's temperature, SM clock and active clock-event reasons, for a result
+file's meta before and after its run: a machine whose GPU ran hot timed the backward 3-4x
+slow (``results/h100x2_issue42_throttled``), and a result should say it was not one.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
+import subprocess
 import time
 
 import torch
@@ -24,7 +29,10 @@ import torch.distributed as dist
 from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV
 from megatron_burst.comm.emulator import active, install_from_env
 
-__all__ = ["EMULATE_ENV", "emulated", "host_and_wall_ms", "ran_package", "start_ranks"]
+__all__ = ["EMULATE_ENV", "emulated", "gpu_health", "host_and_wall_ms", "ran_package",
+           "start_ranks"]
+
+_HEALTH = ("index", "temperature.gpu", "clocks.sm", "clocks_event_reasons.active")
 
 
 def start_ranks(backend: str = "nccl") -> tuple[int, int]:
@@ -44,6 +52,24 @@ def ran_package() -> str:
     import megatron_burst
 
     return os.path.dirname(os.path.abspath(megatron_burst.__file__))
+
+
+def gpu_health() -> list[dict] | None:
+    """Each GPU's index, temperature (C), SM clock (MHz) and active clock-event reasons (a
+    bit mask in hex: thermal and power slowdowns among them), as ``nvidia-smi`` reads them;
+    None where there is no ``nvidia-smi`` or it fails."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(_HEALTH)}",
+                               "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [[x.strip() for x in line.split(",")] for line in done.stdout.splitlines()
+            if line.strip()]
+    return [dict(index=int(r[0]), temperature_c=float(r[1]), sm_mhz=float(r[2]),
+                 clock_events=r[3]) for r in rows if len(r) == len(_HEALTH)]
 
 
 def emulated() -> bool:

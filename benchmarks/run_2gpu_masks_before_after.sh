@@ -9,6 +9,7 @@ set -uo pipefail
 top=${1:?output folder}; before=$(cd "${2:?tree before}" && pwd); families=${3:?families}
 gpus=${4:-2}; out="$top/masks$gpus"; mkdir -p "$out"
 . benchmarks/session_env.sh "$out"
+gpu_gate || exit 3  # a GPU idling hot times nothing worth keeping
 for side in before after before2; do
   pkg=$PWD; [ "${side%2}" = before ] && pkg=$before
   PYTHONPATH=$pkg timeout 280 torchrun --nproc_per_node="$gpus" benchmarks/slice_masks.py \

@@ -8,6 +8,17 @@ export PYTHONUNBUFFERED=1
 quiet() { grep -v -E "Warning:|warnings\.warn|^\*\*\*|OMP_NUM|return func|^W[0-9]|Guessing device"; }
 SESSION_OUT=${1:?output folder}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$SESSION_OUT/device.txt"
+# gpu_gate [MAX_C]: each GPU's idle temperature, SM clock and clock-event reasons in
+# OUTDIR/gate.txt; returns 3 (saying HOT) where one idles above MAX_C (default 55): a machine
+# whose second GPU idled at 70 C timed the backward 3-4x slow (results/h100x2_issue42_throttled).
+gpu_gate() {
+  nvidia-smi --query-gpu=index,temperature.gpu,clocks.sm,clocks_event_reasons.active \
+    --format=csv > "$SESSION_OUT/gate.txt"
+  if nvidia-smi --query-gpu=temperature.gpu --format=csv,noheader,nounits \
+      | awk -v m="${1:-55}" '$1 > m {hot = 1} END {exit !hot}'; then
+    echo "HOT: a GPU idles above ${1:-55} C"; cat "$SESSION_OUT/gate.txt"; return 3
+  fi
+}
 # install_wheels: the wheels carried in .whl/ (megatron-core, einops) into /tmp/site, pip's log
 # in OUTDIR/pip.txt; the scripts then put $PWD:/tmp/site on PYTHONPATH.
 install_wheels() {

@@ -67,7 +67,7 @@ from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
 from flex_cp import FlexCP, dense_mask  # noqa: E402
-from ranks import ran_package, start_ranks  # noqa: E402
+from ranks import gpu_health, ran_package, start_ranks  # noqa: E402
 
 
 def pile_like(total: int, seed: int, scale: float = 1.0) -> tuple[int, ...]:
@@ -400,10 +400,12 @@ def main() -> None:
             flex_cp = FlexCP(args.tokens * world, world, dev)
         except (RuntimeError, ValueError) as err:  # the same on every rank: said in meta
             flex_cp_note = str(err)
+    health = gpu_health() if rank == 0 else None  # before the run: idle
     rows = [run_family(name, args, world, rank, dev, dtype, solos[rank], flex, flex_cp)
             for name in args.families.split(",")]
     if rank == 0:
         meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                    gpus_before=health, gpus_after=gpu_health(),
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,

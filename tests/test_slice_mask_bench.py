@@ -59,3 +59,19 @@ def test_the_table_gains_the_column_only_where_it_was_timed():
         assert header.count("|") == rule.count("|") == row.count("|") == columns + 1
         assert ("back-to-back efficiency" in header) is chained
     assert "| 0.75 / 0.45 |" in row
+
+
+def test_gpu_health_reads_nvidia_smi_and_is_none_without_it(tmp_path, monkeypatch):
+    """The result files' record of each GPU's temperature, clock and clock-event reasons
+    (a throttled machine timed the backward 3-4x slow): read from nvidia-smi; None where
+    there is none."""
+    ranks = pytest.importorskip("ranks")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert ranks.gpu_health() is None
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '0, 36, 1980, 0x0000000000000000'\n"
+                    "echo '1, 70, 1410, 0x0000000000000060'\n")
+    fake.chmod(0o755)
+    assert ranks.gpu_health() == [
+        dict(index=0, temperature_c=36.0, sm_mhz=1980.0, clock_events="0x0000000000000000"),
+        dict(index=1, temperature_c=70.0, sm_mhz=1410.0, clock_events="0x0000000000000060")]
