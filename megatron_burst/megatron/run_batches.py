@@ -19,7 +19,6 @@ import torch.distributed as dist
 from megatron_burst.megatron import prefetch
 from megatron_burst.megatron.burst_run import configured_topology
 from megatron_burst.megatron.document_batches import DocumentBatches, DocumentBatchMaker
-from megatron_burst.megatron.documents import BATCH_KEYS
 from megatron_burst.megatron.mask_batch_maker import (MaskBatchMaker, PreparedMaskBatch,
                                                       mask_targets)
 from megatron_burst.megatron.mask_batches import load_builder
@@ -53,24 +52,26 @@ def mask_batch(data_iterator: Iterator, args: Any) -> Tuple[Any, ...]:
     return batch.to_step(_device())
 
 
-_MASK_MAKERS: List[Any] = []  # [(args, CP group, MaskBatchMaker, agree group)]: the run's
+# [((builder, topology), CP group, MaskBatchMaker, agree group)]: the run's
+_MASK_MAKERS: List[Any] = []
 
 
 def _mask_maker(args: Any) -> Tuple[MaskBatchMaker, Any]:
     """The run's mask batch maker (its builder loaded once) and the ranks that must stop
-    together when one fails to make its batch; made again only for other arguments or
-    another CP group (a new run in-process)."""
+    together when one fails to make its batch; made again for another builder or topology
+    (by value) or another CP group (a new run in-process)."""
     from megatron.core import parallel_state
     from megatron.training import get_tokenizer
 
     group = parallel_state.get_context_parallel_group()
-    if _MASK_MAKERS and _MASK_MAKERS[0][0] is args and _MASK_MAKERS[0][1] is group:
+    key = (args.burst_mask_builder, configured_topology())
+    if _MASK_MAKERS and _MASK_MAKERS[0][0] == key and _MASK_MAKERS[0][1] is group:
         return _MASK_MAKERS[0][2], _MASK_MAKERS[0][3]
-    targets = mask_targets("area", configured_topology(), group)
-    maker = MaskBatchMaker(load_builder(args.burst_mask_builder), get_tokenizer().eod, group,
-                           targets, pin=torch.cuda.is_available())
+    targets = mask_targets("area", key[1], group)
+    maker = MaskBatchMaker(load_builder(key[0]), get_tokenizer().eod, group, targets,
+                           pin=torch.cuda.is_available())
     agree = parallel_state.get_tensor_and_context_parallel_group(check_initialized=False)
-    _MASK_MAKERS[:] = [(args, group, maker, agree or group)]
+    _MASK_MAKERS[:] = [(key, group, maker, agree or group)]
     return maker, agree or group
 
 
