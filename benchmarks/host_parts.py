@@ -25,7 +25,6 @@ import collections
 import contextlib
 import datetime
 import functools
-import json
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ from megatron_burst.attention import home_output  # noqa: E402
 from megatron_burst.comm import messages, rings  # noqa: E402
 from megatron_burst.kernels import merge, run_calls  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
-from ranks import gpu_health, ran_package, start_ranks  # noqa: E402
+from ranks import gpu_health, ran_package, start_ranks, write_run  # noqa: E402
 from slice_masks import knobs, pile_like  # noqa: E402
 
 # (owner, attribute, its name in the table): the parts timed. Each is looked up through its
@@ -177,11 +176,7 @@ def main() -> None:
                     date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         text = table(meta, rows)
         print(text)
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out + ".json", "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text + "\n")
+        write_run(args.out, meta, rows, text)
     dist.barrier()
     dist.destroy_process_group()
 

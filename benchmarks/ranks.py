@@ -11,12 +11,14 @@ entry point, whose `configure_run` reads the same variable. `host_and_wall_ms` i
 host-time benchmarks' clock: the ranks aligned, the host's share and the GPU's wall.
 `ran_package` is the folder of the package a run imported, for its result file: a
 before-and-after pair on two trees (``$PYTHONPATH``) shows there which tree each side timed.
+`write_run` writes a run's ``OUT.json`` (meta and rows) and ``OUT.md`` (its table).
 `gpu_health` is each GPU's temperature, SM clock and active clock-event reasons, for a result
 file's meta before and after its run: a machine whose GPU ran hot timed the backward 3-4x
 slow (``results/h100x2_issue42_throttled``), and a result should say it was not one.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -30,7 +32,7 @@ from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV
 from megatron_burst.comm.emulator import active, install_from_env
 
 __all__ = ["EMULATE_ENV", "emulated", "gpu_health", "host_and_wall_ms", "ran_package",
-           "start_ranks"]
+           "start_ranks", "write_run"]
 
 _HEALTH = ("index", "temperature.gpu", "clocks.sm", "clocks_event_reasons.active")
 
@@ -70,6 +72,16 @@ def gpu_health() -> list[dict] | None:
             if line.strip()]
     return [dict(index=int(r[0]), temperature_c=float(r[1]), sm_mhz=float(r[2]),
                  clock_events=r[3]) for r in rows if len(r) == len(_HEALTH)]
+
+
+def write_run(out: str, meta: dict, rows: list, text: str) -> None:
+    """``out``.json (``meta`` and ``rows``) and ``out``.md (``text``, the run's table), the
+    folder made where it is missing."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out + ".json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    with open(out + ".md", "w") as f:
+        f.write(text + "\n")
 
 
 def emulated() -> bool:

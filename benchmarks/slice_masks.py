@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import math
 import os
@@ -67,7 +66,7 @@ from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
 from flex_cp import FlexCP, dense_mask  # noqa: E402
-from ranks import gpu_health, ran_package, start_ranks  # noqa: E402
+from ranks import gpu_health, ran_package, start_ranks, write_run  # noqa: E402
 
 
 def pile_like(total: int, seed: int, scale: float = 1.0) -> tuple[int, ...]:
@@ -415,11 +414,7 @@ def main() -> None:
                     date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
         text = table(meta, rows)
         print(text)
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out + ".json", "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text + "\n")
+        write_run(args.out, meta, rows, text)
     dist.barrier()  # no rank leaves while rank 0 still writes
     if args.graph:  # NCCL's teardown after CUDA graphs hung on these hosts (2x H100, torch
         torch.cuda.synchronize()  # 2.11; as in host_time.py): every rank leaves together

@@ -515,9 +515,11 @@ def test_another_topology_replaces_the_choice_only_beyond_a_timings_noise(faster
     assert run_ranks(2, _margin, faster_by, timeout=120) == [(kept, True), (kept, True)]
 
 
-def _slow_again(rank, world, again):
-    """A near tie whose choice times 1.0 s, then ``again`` when timed again; the runner-up
-    0.98 s."""
+def _timed_twice(rank, clock: list, label: str):
+    """A near tie (burst predicted 1.0 s, ring 1.05) checked under a clock that returns
+    ``clock`` in turn (the choice, the runner-up, the choice again): the check, and what it
+    logged."""
+    import logging
     from types import SimpleNamespace
 
     import megatron_burst as mb
@@ -528,14 +530,29 @@ def _slow_again(rank, world, again):
     burst, ring = (CPTopology.build(2, backward=b) for b in ("burst", "ring"))
     ranked = (SimpleNamespace(topology=burst, total_s=1.0),
               SimpleNamespace(topology=ring, total_s=1.05))
-    decision = Decision(burst, ranked, None, ("slow again", again))
+    decision = Decision(burst, ranked, None, (label, tuple(clock)))
     call = SimpleNamespace(layout="zigzag", window_size=(-1, -1), cu_seqlens=None)
-    clock = iter([1.0, 0.98, again])
-    swap(decision_check, "TIMER", lambda topology, run, device, group: (run(), next(clock))[1])
+    times = iter(clock)
+    swap(decision_check, "TIMER", lambda topology, run, device, group: (run(), next(times))[1])
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger(decision_check.__name__)
+    logger.addHandler(handler)
     gen = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
-    found = decision_check.check(None, world, decision, call, q, k, v, {"causal": True},
-                                 mb.burst_attn)
+    try:
+        found = decision_check.check(None, 2, decision, call, q, k, v, {"causal": True},
+                                     mb.burst_attn)
+    finally:
+        logger.removeHandler(handler)
+    return found, said
+
+
+def _slow_again(rank, world, again):
+    """A near tie whose choice times 1.0 s, then ``again`` when timed again; the runner-up
+    0.98 s."""
+    found, _ = _timed_twice(rank, [1.0, 0.98, again], "slow again")
     return found.kept.backward, found.chosen_again_s
 
 
@@ -549,30 +566,7 @@ def test_the_choice_keeps_the_faster_of_its_two_timings(again, kept):
 def _unsteady(rank, world, again):
     """A near tie whose choice times 1.0 s, the runner-up 0.5 s, then the choice ``again``;
     what was kept and what the log said."""
-    import logging
-    from types import SimpleNamespace
-
-    import megatron_burst as mb
-    from megatron_burst.attention import decision_check
-    from megatron_burst.decide.options import Decision
-    from megatron_burst.decide.topology import CPTopology
-
-    burst, ring = (CPTopology.build(2, backward=b) for b in ("burst", "ring"))
-    ranked = (SimpleNamespace(topology=burst, total_s=1.0),
-              SimpleNamespace(topology=ring, total_s=1.05))
-    decision = Decision(burst, ranked, None, ("unsteady", again))
-    call = SimpleNamespace(layout="zigzag", window_size=(-1, -1), cu_seqlens=None)
-    clock = iter([1.0, 0.5, again])
-    swap(decision_check, "TIMER", lambda topology, run, device, group: (run(), next(clock))[1])
-    said = []
-    handler = logging.Handler()
-    handler.emit = lambda record: said.append(record.getMessage())
-    logging.getLogger(decision_check.__name__).addHandler(handler)
-    gen = torch.Generator().manual_seed(rank)
-    q, k, v = (torch.randn(1, 32, 2, 8, generator=gen) for _ in range(3))
-    found = decision_check.check(None, world, decision, call, q, k, v, {"causal": True},
-                                 mb.burst_attn)
-    logging.getLogger(decision_check.__name__).removeHandler(handler)
+    found, said = _timed_twice(rank, [1.0, 0.5, again], "unsteady")
     return found.kept.backward, found.unsteady, "unsteady" in said[-1]
 
 

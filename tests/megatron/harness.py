@@ -209,3 +209,46 @@ def packed_reference(docs: Tuple[int, ...], seed: int) -> Tuple[Dict[str, torch.
     cu = torch.tensor([0, *torch.tensor(docs).cumsum(0).tolist()], dtype=torch.int32)
     loss, grads = reference_packed_step(full, cu, weights)
     return full, weights, {"loss": loss, "grads": grads}
+
+
+def prefetch_threads_left() -> list:
+    """The names of the data path's prefetch threads still alive (none, after close)."""
+    import threading
+
+    from megatron_burst.megatron import prefetch
+
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefetch.THREAD_PREFIX)]
+
+
+def assert_same_steps(ahead: list, on_step: list, steps: int) -> None:
+    """Each of ``steps`` steps' (loss, gradients) made ahead equals the one made on the step,
+    bit for bit, and the steps' losses all differ (each batch its own)."""
+    assert len(ahead) == len(on_step) == steps
+    for (loss_a, grads_a), (loss_s, grads_s) in zip(ahead, on_step):
+        assert loss_a == loss_s
+        for name in grads_s:
+            assert torch.equal(grads_a[name], grads_s[name]), name
+    losses = [loss for loss, _ in ahead]
+    assert len(set(losses)) == len(losses)
+
+
+def prefetch_off():
+    """A context in which the data path makes its batches on the step
+    ($MEGATRON_BURST_PREFETCH=0; the package reads its settings once, so they are read
+    again on the way in and out)."""
+    import contextlib
+    import os
+
+    from megatron_burst.comm import settings
+    from megatron_burst.megatron import prefetch
+
+    @contextlib.contextmanager
+    def off():
+        os.environ[prefetch.ENV] = "0"
+        settings.reload()
+        try:
+            yield
+        finally:
+            os.environ[prefetch.ENV] = "1"
+            settings.reload()
+    return off()

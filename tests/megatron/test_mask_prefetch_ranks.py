@@ -134,13 +134,11 @@ def _repeated_mask_plans_once() -> list[int]:
 
 
 def _cases(rank: int, world: int) -> dict:
-    import os
     import pickle
     import warnings
 
     warnings.filterwarnings("ignore")
     _tokenizer_stub()
-    from megatron_burst.comm import settings
     from megatron_burst.megatron import prefetch
 
     weights = {k: v.detach().clone() for k, v in harness.reference_model().state_dict().items()
@@ -149,11 +147,8 @@ def _cases(rank: int, world: int) -> dict:
     samples = [packed_batch(lens, seed) for lens, seed in PACKS]
     out = {}
     out["ahead"], out["built_ahead"] = _steps(model, BUILDER, samples)
-    os.environ[prefetch.ENV] = "0"
-    settings.reload()  # the package reads its settings once; this rank changes one
-    out["on_step"], out["built_on_step"] = _steps(model, BUILDER, samples)
-    os.environ[prefetch.ENV] = "1"
-    settings.reload()
+    with harness.prefetch_off():
+        out["on_step"], out["built_on_step"] = _steps(model, BUILDER, samples)
     out["failing"] = _failing(model)
     out["repeated"] = _repeated_mask_plans_once()
     from megatron_burst.megatron.run_batches import _MASK_MAKERS
@@ -161,8 +156,7 @@ def _cases(rank: int, world: int) -> dict:
     made = _MASK_MAKERS[0][2](samples[0])
     out["pickled"] = type(pickle.loads(pickle.dumps(made))).__name__
     prefetch.close_all()
-    out["threads_left"] = [t.name for t in threading.enumerate()
-                           if t.name.startswith(prefetch.THREAD_PREFIX)]
+    out["threads_left"] = harness.prefetch_threads_left()
     return out
 
 
@@ -173,13 +167,7 @@ def ranks() -> list:
 
 def test_made_ahead_or_on_the_step_the_losses_and_grads_are_the_same(ranks):
     for r in ranks:
-        assert len(r["ahead"]) == len(PACKS)
-        for (loss_a, grads_a), (loss_s, grads_s) in zip(r["ahead"], r["on_step"]):
-            assert loss_a == loss_s
-            for name in grads_s:
-                assert torch.equal(grads_a[name], grads_s[name]), name
-    losses = [loss for loss, _ in ranks[0]["ahead"]]
-    assert len(set(losses)) == len(losses)  # four packs, four masks, four steps
+        harness.assert_same_steps(r["ahead"], r["on_step"], len(PACKS))
 
 
 def test_made_ahead_the_step_thread_plans_only_the_first_batch(ranks):

@@ -180,12 +180,10 @@ def _failing_cases(rank: int, model, args) -> dict:
 
 
 def _cases(rank: int, world: int) -> dict:
-    import os
     import warnings
 
     warnings.filterwarnings("ignore")
     _tokenizer_stub()
-    from megatron_burst.comm import settings
     from megatron_burst.megatron import prefetch
 
     weights = {k: v.detach().clone() for k, v in harness.reference_model().state_dict().items()
@@ -196,16 +194,12 @@ def _cases(rank: int, world: int) -> dict:
     out["ahead"] = _steps(model, args, samples)
     out["planned_ahead"] = _planned_on_this_thread(model, args, samples)
     out["planned_during_steps"] = _planned_during_steps(model, args, samples)
-    os.environ[prefetch.ENV] = "0"
-    settings.reload()  # the package reads its settings once; this rank changes one
-    out["on_step"] = _steps(model, args, samples)
-    out["planned_on_step"] = _planned_on_this_thread(model, args, samples)
-    os.environ[prefetch.ENV] = "1"
-    settings.reload()
+    with harness.prefetch_off():
+        out["on_step"] = _steps(model, args, samples)
+        out["planned_on_step"] = _planned_on_this_thread(model, args, samples)
     out["failing"] = _failing_cases(rank, model, args)
     prefetch.close_all()
-    out["threads_left"] = [t.name for t in threading.enumerate()
-                           if t.name.startswith(prefetch.THREAD_PREFIX)]
+    out["threads_left"] = harness.prefetch_threads_left()
     return out
 
 
@@ -220,13 +214,7 @@ def test_the_run_plans_for_the_targets_its_layers_call(ranks):
 
 def test_made_ahead_or_on_the_step_the_losses_and_grads_are_the_same(ranks):
     for r in ranks:
-        assert len(r["ahead"]) == len(PACKS)
-        for (loss_a, grads_a), (loss_s, grads_s) in zip(r["ahead"], r["on_step"]):
-            assert loss_a == loss_s
-            for name in grads_s:
-                assert torch.equal(grads_a[name], grads_s[name]), name
-    losses = [loss for loss, _ in ranks[0]["ahead"]]
-    assert len(set(losses)) == len(losses)  # four packs, four different steps
+        harness.assert_same_steps(r["ahead"], r["on_step"], len(PACKS))
 
 
 def test_the_pack_after_next_is_planned_while_the_step_runs(ranks):
