@@ -19,23 +19,23 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from ..comm.ring_positions import (AccumulatorStep, Hop, RingPositions, accumulator_steps,
-                                   next_kind, route_hops)
+from ..comm.ring_positions import RingPositions
 from ..kernels.device_calls import BoundarySides
-from ..kernels.varlen import KernelLaunch, call_runs, covers, upload_boundaries
-from ..plan.blocks import most_per_row
+from ..kernels.varlen import KernelLaunch, call_runs, upload_boundaries
 from ..plan.packs import DocumentPack
-from ..plan.runs import gapped, held_tables, last_run_step
+from ..plan.runs import gapped, last_run_step, two_way_reach
 from ..plan.schedule import Block, Mask, RingSchedule, last_spanned_step
 from ..plan.segments import Runs
 from ..plan.slices import SliceMask
 from .first_writes import backward_writes, first_writes
-from .pair_calls import PairCalls, one_partial_wire, runs_of
+from .neighbour_passes import neighbour_passes
+from .pair_calls import PairCalls, one_partial_wire
+from .pass_plan import PassPlan, StepPlan, build_pass, fresh_of, uses_of
 from .sharding import group_ranks
 
 
@@ -102,47 +102,6 @@ def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
                    None if pack or device_docs else dense_min_area, device_docs)
 
 
-@dataclasses.dataclass(frozen=True)
-class StepPlan:
-    """One ring step of one pass: whose payload this position holds (``source``), the
-    kernel calls of its blocks, the hops that bring the next step's payload (and which of
-    them to wait on, ``next``: None at the last step), and the travelling accumulators'
-    traffic (backward passes from step 1)."""
-
-    source: int
-    calls: tuple[KernelLaunch, ...]
-    hops: tuple[Hop, ...] = ()
-    next: str | None = None
-    acc: AccumulatorStep | None = None
-    # The calls write each row of the travelling accumulator exactly once: it starts
-    # uninitialised and they write into it (else it starts at zero and they add).
-    acc_fresh: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class PassPlan:
-    """One pass round the ring: its steps, and whether step 0 (a member against its own
-    keys) writes each query row and each key row exactly once (``fresh``), so that the
-    accumulators start uninitialised instead of zeroed."""
-
-    steps: tuple[StepPlan, ...]
-    fresh: tuple[bool, bool]
-    travels: bool  # any hop at all: the pass needs a ring and its messages
-    receives: int = 0  # messages this rank receives in the pass (headers to check)
-    # The most partial results any one home row of the queries' and of the keys'
-    # accumulators receives (kernel calls, and a travelling accumulator coming home).
-    # At most two: the sum is exact in the inputs' half precision (one rounding, as an
-    # fp32 accumulator cast at the end gives), so no fp32 copy of them is needed.
-    uses: tuple[int, int] = (0, 0)
-    # Whether the travelling accumulator this rank fills (first) and the one it receives
-    # home (second) take at most one kernel partial per row on their whole route. Such an
-    # accumulator travels in the inputs' own dtype: a kernel's gradients come in it, so the
-    # one partial is held exactly (the same bits as fp32), in half the bytes.
-    wire: tuple[bool, bool] = (False, False)
-    writes: tuple = ()  # per step, per call: (query runs', key runs') written (first_writes)
-    home_from_first: bool = False  # the home accumulator is the first call's output (same)
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class CallPlan:
     """A call's plan (see the module docstring). ``whole``: a single member's whole
@@ -189,8 +148,8 @@ def build_plan(key: PlanKey) -> CallPlan:
     calls = PairCalls(key, sched, topo)
     if topo is None:  # one member: one step against its own keys, nothing travels
         steps = (StepPlan(me, calls(me, me)),)
-        alone = PassPlan(steps, _fresh(calls(me, me), rows), False, 0,
-                         (_uses(steps, rows, "q"), _uses(steps, rows, "k")))
+        alone = PassPlan(steps, fresh_of(calls(me, me), rows), False, 0,
+                         (uses_of(steps, rows, "q"), uses_of(steps, rows, "k")))
         forward = dataclasses.replace(alone, **first_writes(alone, rows))
         backward = dataclasses.replace(alone, **backward_writes(alone, rows, key.backward, forward))
     else:
@@ -212,83 +171,37 @@ def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
     Forward: K/V go round ``topo``. Backward 'ring': K/V go round again, their dK/dV one
     step behind. Backward 'burst': the queries (with dO, lse, delta) go round the reversed
     ring, so at step s a member holds the queries that held its K/V at step s of the
-    forward (the same pairs step for step, and the same last step); dQ one step behind."""
+    forward (the same pairs step for step, and the same last step); dQ one step behind.
+    Where every payload read is a few members away one way or the other (a two-sided
+    window on 4+ members), a round each way takes fewer steps (``neighbour_passes``)."""
+    reach = two_way_reach(sched, topo, key.ulysses)
+    if reach is not None:
+        return neighbour_passes(sched, topo, calls, key.backward, reach)
     runs = gapped(sched)  # a window's hop carries its edges as runs (``plan.runs``)
-    k_spans = (sched.needed_runs if runs else sched.needed_ranges)(topo.source, "k")
+    tables = sched.needed_runs if runs else sched.needed_ranges
+    k_spans = tables(topo.source, "k")
     last = last_spanned_step(k_spans) if not runs else last_run_step(k_spans)
     me, n = topo.index, sched.shard(topo.index).length
-    own = _fresh(calls(me, me), n)
-    forward = _pass(topo, last, k_spans, lambda src, at: calls(me, src, k_from=at), own, None,
-                    runs)
-    forward = dataclasses.replace(forward, uses=(_uses(forward.steps, n, "q"), 0),
+    own = fresh_of(calls(me, me), n)
+    on_keys = lambda src, at: calls(me, src, k_from=at)  # noqa: E731
+    forward = build_pass(topo, last, k_spans, on_keys, own, None, runs)
+    forward = dataclasses.replace(forward, uses=(uses_of(forward.steps, n, "q"), 0),
                                   **first_writes(forward, n))
     if key.backward == "burst":
         back = topo.reversed()
-        q_spans = (sched.needed_runs if runs else sched.needed_ranges)(back.source, "q")
-        backward = _pass(back, last, q_spans, lambda src, at: calls(src, me, q_from=at), own,
-                         "q", runs)
-        uses = (_uses(backward.steps[:1], n, "q", q_spans[me][1] if last else None, runs),
-                _uses(backward.steps, n, "k"))
+        q_spans = tables(back.source, "q")
+        backward = build_pass(back, last, q_spans, lambda src, at: calls(src, me, q_from=at),
+                              own, "q", runs)
+        uses = (uses_of(backward.steps[:1], n, "q", q_spans[me][1] if last else None, runs),
+                uses_of(backward.steps, n, "k"))
         wire = one_partial_wire(back, last, calls, lambda holder, origin: (origin, holder), "q")
     else:
-        backward = _pass(topo, last, k_spans, lambda src, at: calls(me, src, k_from=at), own,
-                         "k", runs)
-        uses = (_uses(backward.steps, n, "q"),
-                _uses(backward.steps[:1], n, "k", k_spans[me][1] if last else None, runs))
+        backward = build_pass(topo, last, k_spans, on_keys, own, "k", runs)
+        uses = (uses_of(backward.steps, n, "q"),
+                uses_of(backward.steps[:1], n, "k", k_spans[me][1] if last else None, runs))
         wire = one_partial_wire(topo, last, calls, lambda holder, origin: (holder, origin), "k")
     return forward, dataclasses.replace(backward, uses=uses, wire=wire,
                                         **backward_writes(backward, n, key.backward, forward))
-
-
-def _pass(topo: RingPositions, last: int, spans: tuple, calls_with: Callable,
-          fresh: tuple[bool, bool], accumulate: str | None, runs: bool = False) -> PassPlan:
-    """The steps of one pass round ``topo`` (``spans``: its payload's span table,
-    ``RingSchedule.needed_ranges``, or with ``runs`` its run table, ``needed_runs``);
-    ``calls_with(source, held)``: the calls on the source's payload as held (from a row,
-    or packed from runs); ``accumulate``: the side ('k' or 'q') of the payload whose
-    gradients travel, if any."""
-    gather = home = held = None
-    if runs:
-        rows, starts, gather, home, held = held_tables(spans)
-    else:
-        rows = lambda origin, step: spans[origin][step][1] - spans[origin][step][0]  # noqa
-        starts = lambda origin, step: spans[origin][step][0]  # noqa: E731
-    hops = route_hops(topo, last, rows, starts, gather)
-    accs = (accumulator_steps(topo, last, rows, starts, home) if accumulate
-            else (None,) * (last + 1))
-    steps = []
-    for step in range(last + 1):
-        source = topo.source(topo.index, step)
-        if held is not None:
-            at = held(source, step)
-            calls = calls_with(source, at) if at is not None else ()
-        else:
-            first, stop = spans[source][step] if step else (0, 1)  # step 0: its own, whole
-            calls = calls_with(source, first) if stop > first else ()  # else nothing used
-        acc = accs[step]
-        acc_fresh = bool(acc is not None and acc.new_rows and not acc.held_at
-                         and covers(calls, acc.new_rows, accumulate))
-        steps.append(StepPlan(source, calls, hops[step],
-                              next_kind(topo, step) if step < last else None, acc, acc_fresh))
-    receives = sum(bool(h.n_recv) for hop in hops for h in hop) + sum(
-        (a.recv_next is not None) + (a.recv_home is not None) for a in accs if a is not None)
-    return PassPlan(tuple(steps), fresh, any(hops), receives)
-
-
-def _uses(steps: tuple[StepPlan, ...], rows: int, side: str, returned=None,
-          runs: bool = False) -> int:
-    """The most kernel calls of ``steps`` that touch any one of the ``rows`` rows on
-    ``side``, with one more on the ``returned`` rows (an accumulator come home: a span, or
-    with ``runs`` its runs)."""
-    spans = runs_of([call for step in steps for call in step.calls], side)
-    if runs:
-        return most_per_row(spans + list(returned or ()))
-    return most_per_row(spans + ([returned] if returned and returned[1] > returned[0] else []))
-
-
-def _fresh(own: tuple[KernelLaunch, ...], rows: int) -> tuple[bool, bool]:
-    """Whether a member's own calls write every query row, and every key row, once."""
-    return covers(own, rows, "q"), covers(own, rows, "k")
 
 
 def _all_rows_see(forward: PassPlan, rows: int) -> bool:

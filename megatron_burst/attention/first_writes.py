@@ -4,7 +4,7 @@ Every kernel call's result is folded into home accumulators: the forward merges 
 lse), the backward adds gradients. A row's first partial needs neither: merging it into
 zeros and lse -inf, or adding it to zeros, gives the partial itself, after reading the
 zeros, and the zeros cost a fill first. A mask whose own step does not cover every row
-exactly once (``call_plan._fresh``: a window's band beside the global rows, a document
+exactly once (``pass_plan.fresh_of``: a window's band beside the global rows, a document
 seen whole on the other rank) used to fill and fold every call; on 2x H100 the causal
 blockwise and global window forwards spent 0.7 and 1.1 ms a call in merges
 (``benchmarks/slice_mask_profile.py``). Here each call's run of home rows that no earlier
@@ -82,7 +82,7 @@ def _home_writes(pass_, rows: int, side: str) -> tuple[tuple[tuple[Flags, ...], 
     first written). Plain loops, no generator: a new pack plans anew, and its host work is
     counted (``tests/test_host_path.py``)."""
     index = 0 if side == "q" else 1
-    if pass_.fresh[index]:  # step 0 writes every row once (``call_plan._fresh``): the rest
+    if pass_.fresh[index]:  # step 0 writes every row once (``pass_plan.fresh_of``): the rest
         return tuple([tuple([(i == 0,) * _runs(call, index) for call in step.calls])
                       for i, step in enumerate(pass_.steps)]), True  # fold. Kept cheap.
     touched: list[tuple[int, int]] = []  # rows written so far: disjoint, sorted, joined

@@ -104,9 +104,11 @@ def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
     ring = topology.ring_size
     plan = _HopPlan(topology, sched, batch, backward)
     passes = FWD_BWD_PASSES - 1 if backward else 1.0
-    compute = [[_step_compute(topology, rate, sched, batch, p, plan.topo.source(p, s),
-                              plan.burst, passes) for s in range(ring)] for p in range(ring)]
-    last = max((s for p in range(ring) for s in range(ring) if compute[p][s]), default=0)
+    compute = [[_step_compute(topology, rate, sched, batch, p, plan.source(p, s),
+                              plan.burst, passes) for s in range(plan.steps)]
+               for p in range(ring)]
+    last = max((s for p in range(ring) for s in range(plan.steps) if compute[p][s]),
+               default=0)
     # A flat ring over nodes waits on IB.
     crosses = ring > max(1, max_intra_node_size // topology.ulysses)
     near = prof.inter if crosses and not topology.double else prof.intra
@@ -130,11 +132,14 @@ def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
 
 class _HopPlan:
     """The hops of one pass, member by member and step by step, with their bytes: the plan
-    the ring follows (``payload_hops``) over the rows the schedule says are used."""
+    the ring follows (``payload_hops``) over the rows the schedule says are used. Where the
+    call's plan goes round the ring both ways (``plan.runs.two_way_reach``), so does this:
+    a round of ``a`` steps and one of ``b`` after it, the second's first hops at step 0."""
 
     def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):
         # The comm package imports torch: not for plan.
         from ..comm.ring_positions import RingPositions
+        from ..plan.runs import two_way_reach
 
         self.ring = topology.ring_size
         self.inner = topology.positions_per_node if topology.double else self.ring
@@ -142,42 +147,73 @@ class _HopPlan:
         topo = RingPositions(range(self.ring), 0, self.inner)
         self.topo = topo.reversed() if self.burst else topo
         self.side = "q" if self.burst else "k"
-        self.rows = sched.needed_rows(self.topo.source, self.side)
         self.topology, self.sched, self.batch, self.backward = topology, sched, batch, backward
         self.payload = batch * _row_bytes(topology, backward, 4)[0]
         self._acc: dict[int, int] = {}
-        # Each member's view of the ring, made once: hops and accumulators ask every step.
-        self._mine = [RingPositions(range(self.ring), m, self.inner, self.topo.direction)
-                      for m in range(self.ring)]
+        reach = two_way_reach(sched, topo, topology.ulysses) if self.ring > 1 else None
+        # (the round's ring, its rows table, its last step): one round, or one each way
+        ways = [(self.topo, None)] if reach is None else [(self.topo, reach[0]),
+                                                          (self.topo.reversed(), reach[1])]
+        self.rounds = [(t, sched.needed_rows(t.source, self.side, last),
+                        self.ring - 1 if last is None else last) for t, last in ways]
+        self.rows = self.rounds[0][1]
+        self.steps = 1 + sum(last for _, _, last in self.rounds) if reach else self.ring
+        # Each member's view of each round's ring, made once: hops and accumulators ask.
+        self._mine = [[RingPositions(range(self.ring), m, self.inner, t.direction)
+                       for m in range(self.ring)] for t, _, _ in self.rounds]
+
+    def _at(self, step: int) -> tuple[int, int] | None:
+        """(round, its step) of the pass's ``step`` (step 0 is every round's); None past
+        the pass's steps."""
+        for r, (_, _, last) in enumerate(self.rounds):
+            if step <= last:
+                return r, step
+            step -= last
+        return None
+
+    def source(self, member: int, step: int) -> int:
+        """Whose payload ``member`` holds at ``step``."""
+        r, s = self._at(step)
+        return self.rounds[r][0].source(member, s)
 
     def acc(self, member: int, mine) -> int:
         """Bytes per row of the gradient accumulator ``member`` fills and passes on, as wide
         as the call's plan makes it there (``topology.accumulator_wire_bytes``: one holder
-        whose blocks touch each row once sends it in the inputs' dtype)."""
+        whose blocks touch each row once sends it in the inputs' dtype; fp32 in rounds
+        both ways)."""
         if not self.backward:
             return 0
         if member not in self._acc:
-            width = accumulator_wire_bytes(self.sched, mine, self.rows, self.side,
-                                           self.topology.heads.elem_bytes)
+            width = 4 if len(self.rounds) > 1 else accumulator_wire_bytes(
+                self.sched, mine, self.rows, self.side, self.topology.heads.elem_bytes)
             self._acc[member] = self.batch * _row_bytes(self.topology, True, width)[1]
         return self._acc[member]
 
     def hops(self, member: int, step: int) -> list[tuple[str, int]]:
         """(kind, bytes) of each payload hop ``member`` posts at ``step``, 'intra' or
-        'inter' (posted ahead of the step's compute)."""
+        'inter' (posted ahead of the step's compute); at step 0 every round's."""
         from ..comm.ring_positions import payload_hops  # as in __init__
 
-        return [(kind, sent * self.payload) for kind, _, sent, *_ in
-                payload_hops(self._mine[member], step, lambda o, s: self.rows[o][s])]
+        at = self._at(step)
+        if at is None:
+            return []
+        rounds = range(len(self.rounds)) if step == 0 else (at[0],)
+        return [(kind, sent * self.payload) for r in rounds
+                for kind, _, sent, *_ in payload_hops(
+                    self._mine[r][member], at[1] if step else 0,
+                    lambda o, s, rows=self.rounds[r][1]: rows[o][s])
+                if at[1] < self.rounds[r][2] or step == 0]
 
     def acc_after(self, member: int, step: int) -> int:
         """Bytes of the gradient accumulator ``member`` sends on (or home) after ``step``'s
         compute: from step 1, as ``cost.ring_pass_bytes`` counts it; 0 in the forward."""
-        if not self.backward or step < 1:
+        at = self._at(step)
+        if not self.backward or step < 1 or at is None:
             return 0
-        mine = self._mine[member]
-        origin = mine.source(member, step)
-        return self.rows[origin][1] * self.acc(member, mine) if self.rows[origin][step] else 0
+        r, s = at
+        mine, rows = self._mine[r][member], self.rounds[r][1]
+        origin = mine.source(member, s)
+        return rows[origin][1] * self.acc(member, mine) if rows[origin][s] else 0
 
 
 def _row_bytes(topology: CPTopology, backward: bool, acc_bytes: int) -> tuple[int, int]:

@@ -304,7 +304,7 @@ def own_launch(runs: tuple[Run, ...], causal: bool, sides: BoundarySides) -> Dev
     position, so flash's causal mask (query and key sequences of one length) is key <= query.
     One call instead of a block per pair of runs (a zigzag rank's second chunk against its
     first was a span call of its own): one launch, and no merge, fewer passes over the rows
-    and fewer partials per row (``call_plan._uses``) in both directions."""
+    and fewer partials per row (``pass_plan.uses_of``) in both directions."""
     first, rows = runs[0][0], sum(n for _, _, n in runs)
     table = sides.add([(0, n, pos) for _, pos, n in runs])
     window, flash_causal = mask_shape(Block(0, rows, 0, rows, "causal" if causal else "full"))

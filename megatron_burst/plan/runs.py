@@ -21,6 +21,10 @@ Documents packed on the host keep their spans (one run): their holders read a do
 leading rows, and a pack is planned on every call's path, where the runs' extra Python
 would cost more than the rows they save. Slice masks and windows (planned once per shape)
 take runs.
+
+``two_way_reach`` says where a pass goes round the ring both ways instead (a two-sided
+window on 4+ members: ``attention.neighbour_passes``), each round's table cut at its last
+step (``needed_runs(..., last=)``).
 """
 from __future__ import annotations
 
@@ -43,17 +47,21 @@ def gapped(sched: "RingSchedule") -> bool:
     return not layout_named(sched.layout, MASK if masked else PLAIN).hops_from_first_row
 
 
-def needed_runs(sched: "RingSchedule", source: Source, side: str = "k"
-                ) -> tuple[tuple[Runs, ...], ...]:
+def needed_runs(sched: "RingSchedule", source: Source, side: str = "k",
+                last: int | None = None) -> tuple[tuple[Runs, ...], ...]:
     """``runs[o][s]``: the rows of member o's payload used at step s or later (``()``:
-    none), as runs (module docstring); side 'k' or 'q' as in ``needed_ranges``."""
+    none), as runs (module docstring); side 'k' or 'q' as in ``needed_ranges``. ``last``:
+    a pass that stops there (``attention.neighbour_passes``: one step each way), whose
+    table counts no use after it (a gapped schedule's only)."""
     if not gapped(sched):
+        if last is not None:
+            raise ValueError("needed_runs: last= is for schedules read at runs (gapped)")
         return tuple(tuple(((a, z),) if z > a else () for a, z in row)
                      for row in sched.needed_ranges(source, side))
     size, on_keys = sched.ring_size, side == "k"
     used: list[list[Runs]] = [[()] * size for _ in range(size)]
     for m in range(size):
-        for s in range(size):
+        for s in range(size if last is None else last + 1):
             o = source(m, s)
             blocks = sched.split_blocks(m, o) if on_keys else sched.split_blocks(o, m)
             used[o][s] = merged([(b.k_start, b.k_stop) if on_keys else (b.q_start, b.q_stop)
@@ -147,3 +155,33 @@ def last_run_step(runs: tuple[tuple[Runs, ...], ...]) -> int:
     """The last step of a run table that uses any row (``schedule.last_spanned_step``)."""
     return max((s for row in runs for s, r in enumerate(row) if r), default=0)
 
+
+def two_way_reach(sched: "RingSchedule", topo, ulysses: int) -> tuple[int, int] | None:
+    """(a, b): the steps a pass takes round the ring and round the reversed ring, where
+    that is fewer than one way round takes (None: one way, as before). Every payload a
+    member reads is then at most ``a`` members behind it or ``b`` ahead, and each (query,
+    key) pair of members is read in exactly one of the two rounds (``a + b`` is less than
+    the members, so no distance is in both). Only a flat ring of 4+ members without
+    Ulysses, a schedule read at runs; both sides agree, a pair being the same either way.
+    ``topo``: the ring's positions (``comm.RingPositions``). The plan
+    (``attention.neighbour_passes``) and the cost model (``decide.topology``) both ask here."""
+    size = topo.size
+    if size < 4 or topo.nodes != 1 or ulysses != 1 or not gapped(sched):
+        return None
+    read = sorted({s for m in range(size) for s in range(1, size)
+                   if sched.split_blocks(m, topo.source(m, s))})
+    if not read:
+        return None
+    best = None
+    for cut in range(read[-1] + 1):  # distances up to ``cut`` one way, the rest the other
+        a = max((s for s in read if s <= cut), default=0)
+        b = max((size - s for s in read if s > cut), default=0)
+        if best is None or a + b < sum(best):
+            best = (a, b)
+    return best if _fewer_steps(best, read[-1]) else None
+
+
+def _fewer_steps(reach: tuple[int, int], one_way: int) -> bool:
+    """Whether rounds of ``reach`` (a, b) take fewer steps than ``one_way``'s one round, with
+    a step each way."""
+    return reach[1] > 0 and reach[0] > 0 and sum(reach) < one_way

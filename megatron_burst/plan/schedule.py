@@ -242,19 +242,22 @@ class RingSchedule:
             return found
         return tuple(sorted((*found, *whole), key=lambda b: (b.q_start, b.k_start)))
 
-    def needed_rows(self, source: Source, side: str = "k") -> tuple[tuple[int, ...], ...]:
+    def needed_rows(self, source: Source, side: str = "k", last: int | None = None
+                    ) -> tuple[tuple[int, ...], ...]:
         """``rows[o][s]``: how many rows of member o's payload a hop carries to a member that
-        first uses it at step s (``needed_runs``' rows; zero: nothing is sent)."""
+        first uses it at step s (``needed_runs``' rows; zero: nothing is sent); ``last``: a
+        round that stops there (``needed_runs``)."""
         if not gapped(self):  # one run a payload: its span (a new pack's path: no more)
             return tuple(tuple(stop - start for start, stop in row)
                          for row in self.needed_ranges(source, side))
         return tuple(tuple(sum(z - a for a, z in runs) for runs in row)
-                     for row in self.needed_runs(source, side))
+                     for row in self.needed_runs(source, side, last))
 
-    def needed_runs(self, source: Source, side: str = "k"):
+    def needed_runs(self, source: Source, side: str = "k", last: int | None = None):
         """``runs[o][s]``: the rows of ``needed_ranges``' spans that are read, as runs
-        (``plan.runs``: a window's hop carries the two edges it is read at)."""
-        return needed_runs(self, source, side)
+        (``plan.runs``: a window's hop carries the two edges it is read at); ``last``: no
+        use after that step counted."""
+        return needed_runs(self, source, side, last)
 
     def needed_ranges(self, source: Source, side: str = "k"
                       ) -> tuple[tuple[tuple[int, int], ...], ...]:
