@@ -59,17 +59,19 @@ def main() -> None:
 
 
 def planner_main(doc: str, script: str, row_of: Callable[[str, int, int], dict],
-                 header: list[str], cells: Callable[[dict], list]) -> None:
+                 header: list[str], cells: Callable[[dict], list],
+                 names: tuple[str, ...] = ()) -> None:
     """The planner benchmarks' command line (``--world``, ``--per-rank``, ``--out``): a row
-    per family and world (``row_of(family, world, rows per rank)``), printed as a table
-    (``header``; ``cells``: a row's) and written to OUT (JSON: the rows, and a meta naming
-    the package and the command) and OUT's .md (the table)."""
+    per family and world (``row_of(family, world, rows per rank)``; ``names``: more rows
+    after the families, which ``row_of`` knows), printed as a table (``header``; ``cells``:
+    a row's) and written to OUT (JSON: the rows, and a meta naming the package and the
+    command) and OUT's .md (the table)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--per-rank", type=int, default=8192)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    rows = [row_of(name, w, a.per_rank) for w in a.world for name in mf.FAMILIES]
+    rows = [row_of(name, w, a.per_rank) for w in a.world for name in (*mf.FAMILIES, *names)]
     import megatron_burst
 
     package = os.path.dirname(os.path.abspath(megatron_burst.__file__))

@@ -1886,3 +1886,44 @@ def test_the_unsteady_machine_and_the_healthy_spread_are_the_logs_on_file():
                   path.read_text(errors="ignore")))]
     assert len(spread) > 50
     _says(f"on healthy machines the two were\nat most {max(spread):.2f}x apart")
+
+
+def test_the_two_way_rounds_are_the_planner_runs_on_file():
+    """The windows' steps, messages and rows before and after the two rounds, and the rest
+    unchanged, as the README gives them."""
+    def rows(name: str) -> dict:
+        return {(r["family"], r["world"]): r
+                for r in _load(f"cpu_issue42_two_way/{name}.json")["rows"]}
+
+    before, after = rows("rounds_before"), rows("rounds")
+    span = lambda xs: f"{min(xs)}-{max(xs)}"  # noqa: E731
+    b, a = before[("sliding_window", 8)], after[("sliding_window", 8)]
+    assert a["two_way"] and not b["two_way"]
+    _says(f"{max(b['steps'])} steps\n-> {max(a['steps'])}, {span(b['messages'])} messages a "
+          f"rank -> {span(a['messages'])}, at most {max(b['rows_sent']):,} rows sent -> "
+          f"{max(a['rows_sent']):,}")
+    z4, z8 = (before[("window (1024, 0) zigzag", w)] for w in (4, 8))
+    n4, n8 = (after[("window (1024, 0) zigzag", w)] for w in (4, 8))
+    _says(f"took {max(z4['steps'])} steps on 4 ranks and {max(z8['steps'])}\non 8, with "
+          f"{span(z8['messages'])} messages a rank and up to {max(z8['rows_sent']):,} rows "
+          f"sent on 8; now {max(n4['steps'])} steps on either,\n{span(n8['messages'])} "
+          f"messages, at most {max(n8['rows_sent']):,} rows")
+    assert max(n8["steps"]) == max(n4["steps"]) == 3
+    changed = sorted(key for key in after if after[key] != before[key])
+    assert changed == sorted([("sliding_window", 8)] + [
+        (name, w) for name in ("window (1024, 0) zigzag", "window (1024, 1024) zigzag",
+                               "window (1024, 1024) contiguous") for w in (4, 8)]), changed
+    assert all(after[key]["two_way"] for key in changed)
+    assert not after[("sliding_window", 4)]["two_way"]
+
+
+def test_the_window_layers_bytes_are_the_shipped_configs_header():
+    """The gpt-oss-style config's window layers' bytes, as its header (written from the plan,
+    ``tools.config_header``) gives them and the README quotes them."""
+    from .readme import REPO
+
+    header = (REPO / "configs/gptoss-style-dense-7b-128k.yaml").read_text()
+    line = next(x for x in header.splitlines() if x.startswith("# Sliding-window layers"))
+    fwd, bwd = line.split("sends ")[1].split(" forward")[0], line.split("and ")[1]
+    assert (fwd, bwd) == ("256.00 KiB", "768.00 KiB")
+    _says("send 256 KiB forward and 768 KiB backward a layer")
