@@ -168,12 +168,12 @@ def fresh_packs(name, args, world, dev, full) -> dict | None:
         return None
     times, flops = [], 0.0
     for i, mask in enumerate(masks):
-        local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
+        local = [mb.shard_seq(t, mask=mask, layout=args.layout).contiguous() for t in full]
         q, k, v = (t.requires_grad_() for t in local[:3])
         sync(dev)
         dist.barrier()
         t0 = time.perf_counter()
-        mb.burst_attn(q, k, v, mask=mask, kernel=args.fresh_kernel,
+        mb.burst_attn(q, k, v, mask=mask, kernel=args.fresh_kernel, layout=args.layout,
                       backward=args.backward).backward(local[3])
         sync(dev)
         if i >= args.warmup:
@@ -191,11 +191,11 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
     gen = torch.Generator(device=dev).manual_seed(1234)
     full = [torch.randn(1, total, h, args.d, device=dev, dtype=dtype, generator=gen)
             for h in (args.hq, args.hkv, args.hkv, args.hq)]
-    local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
+    local = [mb.shard_seq(t, mask=mask, layout=args.layout).contiguous() for t in full]
     q, k, v = (t.requires_grad_() for t in local[:3])
     flops = 4.0 * mask.area * args.hq * args.d
     def burst(a, b, c):
-        return mb.burst_attn(a, b, c, mask=mask, backward=args.backward)
+        return mb.burst_attn(a, b, c, mask=mask, backward=args.backward, layout=args.layout)
 
     fwd, both = fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True)
     chained = _speed(*fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True,
@@ -227,8 +227,9 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
                                                       world)
     fq, fk, fv = (t.detach().clone().requires_grad_() for t in full[:3])
     with torch.no_grad():  # exactness on the GPUs: burst's output against one GPU's
-        got = mb.unshard_seq(mb.burst_attn(*(t.detach() for t in local[:3]), mask=mask),
-                             mask=mask)
+        got = mb.unshard_seq(mb.burst_attn(*(t.detach() for t in local[:3]), mask=mask,
+                                           layout=args.layout),
+                             mask=mask, layout=args.layout)
     if rank == 0:
         one = lambda a, b, c: mb.burst_attn(a, b, c, solo, mask=mask)  # noqa: E731
         row["one_gpu_plan"] = _speed(*fwd_and_fwdbwd(one, (fq, fk, fv), full[3], dev, args),
@@ -362,6 +363,9 @@ def main() -> None:
                    help="burst_attn's backward (default: 'auto', as a user calls it)")
     p.add_argument("--graph", action="store_true",
                    help="also time burst_attn captured in CUDA graphs (GPU only)")
+    p.add_argument("--layout", default="area",
+                   help="the masks' layout (area, the default; contiguous, zigzag, ...): how "
+                        "burst_attn's ranks hold the tokens")
     p.add_argument("--chained", action="store_true",
                    help="also time the eager calls back to back, synchronised once at the "
                         "end, as a model's layers make them (burst and the one-GPU methods)")
