@@ -1909,6 +1909,7 @@ def test_the_two_way_rounds_are_the_planner_runs_on_file():
           f"sent on 8; now {max(n4['steps'])} steps on either,\n{span(n8['messages'])} "
           f"messages, at most {max(n8['rows_sent']):,} rows")
     assert max(n8["steps"]) == max(n4["steps"]) == 3
+    _says(f"zigzag causal window on 8 ranks: {max(z8['steps'])} steps to {max(n8['steps'])}")
     changed = sorted(key for key in after if after[key] != before[key])
     assert changed == sorted([("sliding_window", 8)] + [
         (name, w) for name in ("window (1024, 0) zigzag", "window (1024, 1024) zigzag",
