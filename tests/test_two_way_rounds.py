@@ -53,12 +53,21 @@ def test_a_contiguous_window_takes_one_step_each_way(world, backward):
         assert len(plan.backward.steps) == 3
 
 
-def test_the_area_layout_takes_two_steps_each_way_on_8_ranks():
-    world = 8
+@pytest.mark.parametrize("world", [4, 8])
+def test_the_area_layout_keeps_the_sequence_order_and_takes_one_step_each_way(world):
     total = 1024 * world
-    mask = mf.sliding_window(total, 128)
-    plans = _plans(world, mask, "area", total)
+    plans = _plans(world, mf.sliding_window(total, 128), "area", total)
+    assert [p.sched.shard(p.topo.index).segments[0].pos for p in plans] == [
+        1024 * r for r in range(world)]
+    assert {len(p.forward.steps) for p in plans} == {3}
+
+
+def test_a_window_wider_than_a_rank_takes_two_steps_each_way_and_reads_each_pair_once():
+    world, total = 8, 128  # 16 rows a rank, a window of 20: two ranks each way
+    mask = mf.sliding_window(total, 20)
+    plans = _plans(world, mask, "contiguous", total)
     assert {len(p.forward.steps) for p in plans} == {5}
+    assert any(h.kind == "back" for p in plans for s in p.forward.steps[3:] for h in s.hops)
     one_way = {(q, k) for q in range(world) for k in range(world)
                if plans[0].sched.split_blocks(q, k)}
     seen = [pair for p in plans for pair in _pairs(p)]
@@ -104,7 +113,8 @@ def _worker(rank, world, layout, window):
 
 
 @pytest.mark.parametrize("world, layout, window", [(4, "contiguous", 5), (5, "contiguous", 16),
-                                                   (8, "area", 3), (6, "contiguous", 2)])
+                                                   (8, "area", 3), (6, "contiguous", 2),
+                                                   (8, "contiguous", 20)])
 def test_two_way_rounds_are_exact_on_ranks(world, layout, window):
     seq = 16 * world
     plans = _plans(world, mf.sliding_window(seq, window), layout, seq)

@@ -17,7 +17,10 @@ causal sliding window (w 1024, 8K tokens per GPU) dealt in 512-token chunks bala
 call) at 154 (``benchmarks/results/h200x2_issue42_area_edges/``).
 A rank's chunks are its rows in sequence order (touching ones joined), so its shard is a
 few segments of one document, the sequence (``segments.Shard``), and the schedule pairs
-them as it pairs any segments.
+them as it pairs any segments. With one chunk a rank every deal leaves the same loads, and
+on 4+ ranks the chunks keep the sequence's order, rank by rank: a window's neighbours in
+the sequence are then neighbours in the ring (on 2 or 3 ranks every rank is; their deals
+are as they were).
 
 Everything is a pure function of (world, length, mask): every rank computes every rank's
 shard, without communication.
@@ -79,6 +82,10 @@ def _deal(world: int, n: int, k: int, mask: SliceMask):
     room = [[extra, k - extra] for _ in range(world)]  # longer, shorter chunks left
     load = [0] * world
     chunks: list[list[tuple[int, int]]] = [[] for _ in range(world)]
+    if k == 1 and world >= 4:  # any deal of one chunk a rank leaves the same loads: keep
+        # the sequence's order, so neighbours in the sequence are neighbours in the ring
+        # (a window then reads one rank each way: ``attention.neighbour_passes``)
+        return max(areas), [[(int(starts[r]), int(sizes[r]))] for r in range(world)]
     for c in sorted(range(len(sizes)), key=lambda c: (-areas[c], c)):
         kind = 0 if sizes[c] > base else 1
         r = min((r for r in range(world) if room[r][kind]), key=lambda r: (load[r], r))
