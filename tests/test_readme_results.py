@@ -1897,11 +1897,13 @@ def test_the_two_way_rounds_are_the_planner_runs_on_file():
 
     before, after = rows("rounds_before"), rows("rounds")
     span = lambda xs: f"{min(xs)}-{max(xs)}"  # noqa: E731
-    b, a = before[("sliding_window", 8)], after[("sliding_window", 8)]
-    assert a["two_way"] and not b["two_way"]
-    _says(f"{max(b['steps'])} steps\n-> {max(a['steps'])}, {span(b['messages'])} messages a "
-          f"rank -> {span(a['messages'])}, at most {max(b['rows_sent']):,} rows sent -> "
-          f"{max(a['rows_sent']):,}")
+    b4, b8 = (before[("sliding_window", w)] for w in (4, 8))
+    a4, a8 = (after[("sliding_window", w)] for w in (4, 8))
+    assert a8["two_way"] and a4["two_way"] and not b8["two_way"]
+    _says(f"{max(b4['steps'])} steps -> {max(a4['steps'])} on 4 ranks and {max(b8['steps'])} -> "
+          f"{max(a8['steps'])} on 8,\n{span(b8['messages'])} messages a rank -> "
+          f"{span(a8['messages'])}, at most {max(b8['rows_sent']):,} rows sent -> "
+          f"{max(a8['rows_sent']):,}")
     z4, z8 = (before[("window (1024, 0) zigzag", w)] for w in (4, 8))
     n4, n8 = (after[("window (1024, 0) zigzag", w)] for w in (4, 8))
     _says(f"took {max(z4['steps'])} steps on 4 ranks and {max(z8['steps'])}\non 8, with "
@@ -1911,11 +1913,15 @@ def test_the_two_way_rounds_are_the_planner_runs_on_file():
     assert max(n8["steps"]) == max(n4["steps"]) == 3
     _says(f"zigzag causal window on 8 ranks: {max(z8['steps'])} steps to {max(n8['steps'])}")
     changed = sorted(key for key in after if after[key] != before[key])
-    assert changed == sorted([("sliding_window", 8)] + [
-        (name, w) for name in ("window (1024, 0) zigzag", "window (1024, 1024) zigzag",
-                               "window (1024, 1024) contiguous") for w in (4, 8)]), changed
-    assert all(after[key]["two_way"] for key in changed)
-    assert not after[("sliding_window", 4)]["two_way"]
+    windows = ("sliding_window", "window (1024, 0) zigzag", "window (1024, 1024) zigzag",
+               "window (1024, 1024) contiguous")
+    assert changed == sorted([(name, w) for name in (*windows, "sliding_window_causal")
+                              for w in (4, 8)]), changed
+    assert all(after[(name, w)]["two_way"] for name in windows for w in (4, 8))
+    causal = [(before[key], after[key]) for key in changed if key[0] == "sliding_window_causal"]
+    # the causal window: the same steps, its messages dealt to other ranks (the order kept)
+    assert all(max(b["steps"]) == max(a["steps"]) == 2 and not a["two_way"]
+               and sorted(b["messages"]) == sorted(a["messages"]) for b, a in causal)
 
 
 def test_the_window_layers_bytes_are_the_shipped_configs_header():
