@@ -7,7 +7,7 @@ No GPU, no communication: ``call_plan.build_plan`` on LongCA-bench's families as
 ``benchmarks/slice_masks.py`` builds them (8K tokens per rank, layout ``area``), and plain
 ``window_size`` calls (a model's window layers, layouts zigzag and contiguous): the forward's
 ring steps (each waits for the hop before it), the messages each rank sends and the rows they
-carry, and whether a round goes the other way round the ring (``neighbour_passes``). A
+carry, and whether a round goes the other way round the ring (``ring_rounds``). A
 two-sided window on 4+ ranks went round the whole ring, its far edge relayed by every rank.
 Run it with each package on ``PYTHONPATH`` to compare two trees: ``meta.package`` names the
 one it imported.

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import megatron_burst as mb
-from megatron_burst.attention import call_plan
+from megatron_burst.attention import call_plan, ring_rounds
 from megatron_burst.attention.call_plan import (PlanKey, RingKey, build_plan, plan_for,
                                                  plan_key)
 from megatron_burst.plan.schedule import Mask
@@ -170,7 +170,7 @@ def test_an_accumulator_of_one_partial_travels_in_the_inputs_dtype():
 
 def _wire_grads(rank: int, world: int, backward: str, layout: str, fp32_wire: bool) -> list:
     if fp32_wire:  # every accumulator on the wire in fp32, as before ``PassPlan.wire``
-        swap(call_plan, "one_partial_wire", lambda *args: (False, False))
+        swap(ring_rounds, "one_partial_wire", lambda *args: (False, False))
     gen = torch.Generator().manual_seed(20 + rank)
     q, k, v = (torch.randn(1, 96, h, 16, generator=gen).bfloat16().requires_grad_()
                for h in (4, 2, 2))

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from megatron_burst.attention import call_plan
+from megatron_burst.attention import ring_rounds
 
 from .patching import swap
 
 
 def test_swap_refuses_a_name_the_module_does_not_have():
     with pytest.raises(AttributeError, match="_one_partial"):
-        swap(call_plan, "_one_partial", lambda *args: (False, False))
-    assert not hasattr(call_plan, "_one_partial")
-    real = call_plan.one_partial_wire
-    assert swap(call_plan, "one_partial_wire", None) is real
-    assert swap(call_plan, "one_partial_wire", real) is None and call_plan.one_partial_wire is real
+        swap(ring_rounds, "_one_partial", lambda *args: (False, False))
+    assert not hasattr(ring_rounds, "_one_partial")
+    real = ring_rounds.one_partial_wire
+    assert swap(ring_rounds, "one_partial_wire", None) is real
+    assert swap(ring_rounds, "one_partial_wire", real) is None and ring_rounds.one_partial_wire is real

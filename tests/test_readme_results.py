@@ -1934,3 +1934,16 @@ def test_the_window_layers_bytes_are_the_shipped_configs_header():
     fwd, bwd = line.split("sends ")[1].split(" forward")[0], line.split("and ")[1]
     assert (fwd, bwd) == ("256.00 KiB", "768.00 KiB")
     _says("send 256 KiB forward and 768 KiB backward a layer")
+
+
+def test_a_window_wider_than_a_rank_takes_two_steps_each_way():
+    """The README's "5 of 8 on 8 ranks in the tests": the planner's own count."""
+    from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key
+    from megatron_burst.plan import mask_families as mf
+
+    world, total = 8, 128  # 16 rows a rank, a window of 20 (tests/test_two_way_rounds.py)
+    steps = {len(build_plan(plan_key("contiguous", world, (total,), mf.sliding_window(total, 20),
+                                     1, RingKey(tuple(range(world)), r, None), "ring")
+                            ).forward.steps) for r in range(world)}
+    assert len(steps) == 1
+    _says(f"takes two steps each way ({steps.pop()} of {world} on {world} ranks in the tests)")

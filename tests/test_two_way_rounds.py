@@ -1,6 +1,6 @@
 """Two-sided windows on 4+ ranks: a pass in two rounds, one each way round the ring.
 
-The plans (``attention.neighbour_passes``): a contiguous two-sided window takes one step
+The plans (``attention.ring_rounds``): a contiguous two-sided window takes one step
 each way (3 steps where the one-way ring took R), its two edges posted together at step 0
 and nothing relayed; the area layout, which puts the sequence's two ends on ranks of their
 own, takes two each way (5 of 8 steps on 8 ranks); every (query member, key member) pair

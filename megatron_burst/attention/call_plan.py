@@ -28,14 +28,13 @@ from ..comm.ring_positions import RingPositions
 from ..kernels.device_calls import BoundarySides
 from ..kernels.varlen import KernelLaunch, call_runs, upload_boundaries
 from ..plan.packs import DocumentPack
-from ..plan.runs import gapped, last_run_step, two_way_reach
-from ..plan.schedule import Block, Mask, RingSchedule, last_spanned_step
+from ..plan.schedule import Block, Mask, RingSchedule
 from ..plan.segments import Runs
 from ..plan.slices import SliceMask
 from .first_writes import backward_writes, first_writes
-from .neighbour_passes import neighbour_passes
-from .pair_calls import PairCalls, one_partial_wire
-from .pass_plan import PassPlan, StepPlan, build_pass, fresh_of, uses_of
+from .pair_calls import PairCalls
+from .pass_plan import PassPlan, StepPlan, fresh_of, uses_of
+from .ring_rounds import ring_passes
 from .sharding import group_ranks
 
 
@@ -153,7 +152,7 @@ def build_plan(key: PlanKey) -> CallPlan:
         forward = dataclasses.replace(alone, **first_writes(alone, rows))
         backward = dataclasses.replace(alone, **backward_writes(alone, rows, key.backward, forward))
     else:
-        forward, backward = _ring_passes(key, sched, topo, calls)
+        forward, backward = ring_passes(sched, topo, calls, key.backward, key.ulysses)
     used = forward.steps + backward.steps
     every = tuple({id(c): c for s in used for c in s.calls}.values())
     pairs = {(me, s.source) for s in forward.steps}
@@ -162,46 +161,6 @@ def build_plan(key: PlanKey) -> CallPlan:
     return CallPlan(key, sched, topo, rows, forward, backward,
                     _whole(key, sched, topo, calls, rows), _all_rows_see(forward, rows),
                     every, tuple(sorted(pairs)), calls.sides)
-
-
-def _ring_passes(key: PlanKey, sched: RingSchedule, topo: RingPositions,
-                 calls: PairCalls) -> tuple[PassPlan, PassPlan]:
-    """(forward, backward) of a ring of several members.
-
-    Forward: K/V go round ``topo``. Backward 'ring': K/V go round again, their dK/dV one
-    step behind. Backward 'burst': the queries (with dO, lse, delta) go round the reversed
-    ring, so at step s a member holds the queries that held its K/V at step s of the
-    forward (the same pairs step for step, and the same last step); dQ one step behind.
-    Where every payload read is a few members away one way or the other (a two-sided
-    window on 4+ members), a round each way takes fewer steps (``neighbour_passes``)."""
-    reach = two_way_reach(sched, topo, key.ulysses)
-    if reach is not None:
-        return neighbour_passes(sched, topo, calls, key.backward, reach)
-    runs = gapped(sched)  # a window's hop carries its edges as runs (``plan.runs``)
-    tables = sched.needed_runs if runs else sched.needed_ranges
-    k_spans = tables(topo.source, "k")
-    last = last_spanned_step(k_spans) if not runs else last_run_step(k_spans)
-    me, n = topo.index, sched.shard(topo.index).length
-    own = fresh_of(calls(me, me), n)
-    on_keys = lambda src, at: calls(me, src, k_from=at)  # noqa: E731
-    forward = build_pass(topo, last, k_spans, on_keys, own, None, runs)
-    forward = dataclasses.replace(forward, uses=(uses_of(forward.steps, n, "q"), 0),
-                                  **first_writes(forward, n))
-    if key.backward == "burst":
-        back = topo.reversed()
-        q_spans = tables(back.source, "q")
-        backward = build_pass(back, last, q_spans, lambda src, at: calls(src, me, q_from=at),
-                              own, "q", runs)
-        uses = (uses_of(backward.steps[:1], n, "q", q_spans[me][1] if last else None, runs),
-                uses_of(backward.steps, n, "k"))
-        wire = one_partial_wire(back, last, calls, lambda holder, origin: (origin, holder), "q")
-    else:
-        backward = build_pass(topo, last, k_spans, on_keys, own, "k", runs)
-        uses = (uses_of(backward.steps, n, "q"),
-                uses_of(backward.steps[:1], n, "k", k_spans[me][1] if last else None, runs))
-        wire = one_partial_wire(topo, last, calls, lambda holder, origin: (holder, origin), "k")
-    return forward, dataclasses.replace(backward, uses=uses, wire=wire,
-                                        **backward_writes(backward, n, key.backward, forward))
 
 
 def _all_rows_see(forward: PassPlan, rows: int) -> bool:

@@ -2,9 +2,8 @@
 (``PassPlan``), and how a pass round a ring is built from its payloads' row tables
 (``build_pass``).
 
-Apart from ``call_plan`` so that the passes of another shape than one ring round
-(``neighbour_passes``: a two-sided window's two neighbours, each one step away) are built
-from the same pieces, without importing the plan that chooses between them.
+Apart from ``call_plan`` so that ``ring_rounds`` builds a call's ring passes, in one round
+or two, from these pieces without importing the plan that holds them.
 """
 from __future__ import annotations
 

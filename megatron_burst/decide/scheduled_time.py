@@ -139,7 +139,7 @@ class _HopPlan:
     def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):
         # The comm package imports torch: not for plan.
         from ..comm.ring_positions import RingPositions
-        from ..plan.runs import two_way_reach
+        from ..plan.runs import pass_rounds
 
         self.ring = topology.ring_size
         self.inner = topology.positions_per_node if topology.double else self.ring
@@ -150,14 +150,13 @@ class _HopPlan:
         self.topology, self.sched, self.batch, self.backward = topology, sched, batch, backward
         self.payload = batch * _row_bytes(topology, backward, 4)[0]
         self._acc: dict[int, int] = {}
-        reach = two_way_reach(sched, topo, topology.ulysses) if self.ring > 1 else None
         # (the round's ring, its rows table, its last step): one round, or one each way
-        ways = [(self.topo, None)] if reach is None else [(self.topo, reach[0]),
-                                                          (self.topo.reversed(), reach[1])]
+        ways = pass_rounds(sched, topo, topology.ulysses, reverse=self.burst)
         self.rounds = [(t, sched.needed_rows(t.source, self.side, last),
                         self.ring - 1 if last is None else last) for t, last in ways]
         self.rows = self.rounds[0][1]
-        self.steps = 1 + sum(last for _, _, last in self.rounds) if reach else self.ring
+        self.steps = (1 + sum(last for _, _, last in self.rounds) if len(ways) > 1
+                      else self.ring)
         # Each member's view of each round's ring, made once: hops and accumulators ask.
         self._mine = [[RingPositions(range(self.ring), m, self.inner, t.direction)
                        for m in range(self.ring)] for t, _, _ in self.rounds]

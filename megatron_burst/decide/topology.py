@@ -186,7 +186,7 @@ class CPTopology:
         """(forward, backward) bytes CP rank ``rank`` sends in one call, exactly as the ring
         sends them: only the rows each hop's receiver uses (``RingSchedule.needed_rows``)."""
         from ..comm.ring_positions import RingPositions
-        from ..plan.runs import two_way_reach
+        from ..plan.runs import pass_rounds
         from ..plan.schedule import Mask, RingSchedule
 
         h = self._need_heads()
@@ -199,41 +199,22 @@ class CPTopology:
         if self.ring_size > 1:
             topo = RingPositions(list(range(self.ring_size)), rank // self.ulysses,
                                 self.positions_per_node)
+            # One round the ring, or one each way (``attention.ring_rounds``): each round's
+            # rows cut at its last step, its accumulators in fp32.
+            rounds = pass_rounds(sched, topo, self.ulysses)
             kv_row = batch * cost.kv_row_bytes(hkv, d, e, dv)
-            reach = two_way_reach(sched, topo, self.ulysses)
-            if reach is not None:  # a round each way (``attention.neighbour_passes``)
-                return self._two_way_bytes(sched, topo, reach, batch, kv_row, s_local,
-                                           lse_returned)
-            k_rows = sched.needed_rows(topo.source, "k")
-            fwd = cost.ring_pass_bytes(topo, k_rows, kv_row)
-            ring, side = (topo, "k") if self.backward == "ring" else (topo.reversed(), "q")
-            rows = k_rows if side == "k" else sched.needed_rows(ring.source, "q")
-            payload, acc = cost.backward_row_bytes(self.backward, hq, hkv, d, e, dv,
-                                                   accumulator_wire_bytes(sched, ring, rows,
-                                                                          side, e))
-            bwd = cost.ring_pass_bytes(ring, rows, batch * payload, batch * acc)
-        a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, batch * s_local, h.hq, h.hkv, d,
-                                              e, lse_returned=lse_returned, v_head_dim=dv)
-        return fwd + a2a_fwd, bwd + a2a_bwd
-
-    def _two_way_bytes(self, sched, topo, reach: tuple[int, int], batch: int, kv_row: int,
-                       s_local: int, lse_returned: bool) -> tuple[int, int]:
-        """``rank_bytes`` of a pass in two rounds, ``reach`` (a, b) steps round the ring and
-        round the reversed ring, each table cut at its round's last step; the travelling
-        accumulators in fp32, as the plan sends them there."""
-        h, (hq, hkv) = self._need_heads(), self.ring_heads
-        d, dv, e = h.head_dim, h.v_head_dim, h.elem_bytes
-        back = topo.reversed()
-        rounds = ((topo, reach[0]), (back, reach[1]))
-        fwd = sum(cost.ring_pass_bytes(t, sched.needed_rows(t.source, "k", last), kv_row)
-                  for t, last in rounds)
-        if self.backward == "burst":  # the queries come the way K/V went, round for round
-            rounds, side = ((back, reach[0]), (topo, reach[1])), "q"
-        else:
-            side = "k"
-        payload, acc = cost.backward_row_bytes(self.backward, hq, hkv, d, e, dv, 4)
-        bwd = sum(cost.ring_pass_bytes(t, sched.needed_rows(t.source, side, last),
-                                       batch * payload, batch * acc) for t, last in rounds)
+            tables = [sched.needed_rows(t.source, "k", last) for t, last in rounds]
+            fwd = sum(cost.ring_pass_bytes(t, rows, kv_row)
+                      for (t, _), rows in zip(rounds, tables))
+            side = "k" if self.backward == "ring" else "q"
+            if side == "q":  # the burst backward's queries go the other way, round for round
+                rounds = pass_rounds(sched, topo, self.ulysses, reverse=True)
+                tables = [sched.needed_rows(t.source, side, last) for t, last in rounds]
+            width = 4 if len(rounds) > 1 else accumulator_wire_bytes(sched, rounds[0][0], tables[0],
+                                                           side, e)
+            payload, acc = cost.backward_row_bytes(self.backward, hq, hkv, d, e, dv, width)
+            bwd = sum(cost.ring_pass_bytes(t, rows, batch * payload, batch * acc)
+                      for (t, _), rows in zip(rounds, tables))
         a2a_fwd, a2a_bwd = cost.ulysses_bytes(self.ulysses, batch * s_local, h.hq, h.hkv, d,
                                               e, lse_returned=lse_returned, v_head_dim=dv)
         return fwd + a2a_fwd, bwd + a2a_bwd

@@ -84,7 +84,7 @@ def _deal(world: int, n: int, k: int, mask: SliceMask):
     chunks: list[list[tuple[int, int]]] = [[] for _ in range(world)]
     if k == 1 and world >= 4:  # any deal of one chunk a rank leaves the same loads: keep
         # the sequence's order, so neighbours in the sequence are neighbours in the ring
-        # (a window then reads one rank each way: ``attention.neighbour_passes``)
+        # (a window then reads one rank each way: ``attention.ring_rounds``)
         return max(areas), [[(int(starts[r]), int(sizes[r]))] for r in range(world)]
     for c in sorted(range(len(sizes)), key=lambda c: (-areas[c], c)):
         kind = 0 if sizes[c] > base else 1

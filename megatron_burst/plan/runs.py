@@ -23,7 +23,7 @@ would cost more than the rows they save. Slice masks and windows (planned once p
 take runs.
 
 ``two_way_reach`` says where a pass goes round the ring both ways instead (a two-sided
-window on 4+ members: ``attention.neighbour_passes``), each round's table cut at its last
+window on 4+ members: ``attention.ring_rounds``), each round's table cut at its last
 step (``needed_runs(..., last=)``).
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def needed_runs(sched: "RingSchedule", source: Source, side: str = "k",
                 last: int | None = None) -> tuple[tuple[Runs, ...], ...]:
     """``runs[o][s]``: the rows of member o's payload used at step s or later (``()``:
     none), as runs (module docstring); side 'k' or 'q' as in ``needed_ranges``. ``last``:
-    a pass that stops there (``attention.neighbour_passes``: one step each way), whose
+    a pass that stops there (``attention.ring_rounds``: one step each way), whose
     table counts no use after it (a gapped schedule's only)."""
     if not gapped(sched):
         if last is not None:
@@ -164,7 +164,7 @@ def two_way_reach(sched: "RingSchedule", topo, ulysses: int) -> tuple[int, int] 
     the members, so no distance is in both). Only a flat ring of 4+ members without
     Ulysses, a schedule read at runs; both sides agree, a pair being the same either way.
     ``topo``: the ring's positions (``comm.RingPositions``). The plan
-    (``attention.neighbour_passes``) and the cost model (``decide.topology``) both ask here."""
+    (``attention.ring_rounds``) and the cost model (``decide.topology``) both ask here."""
     size = topo.size
     if size < 4 or topo.nodes != 1 or ulysses != 1 or not gapped(sched):
         return None
@@ -185,3 +185,14 @@ def _fewer_steps(reach: tuple[int, int], one_way: int) -> bool:
     """Whether rounds of ``reach`` (a, b) take fewer steps than ``one_way``'s one round, with
     a step each way."""
     return reach[1] > 0 and reach[0] > 0 and sum(reach) < one_way
+
+
+def pass_rounds(sched: "RingSchedule", topo, ulysses: int, reverse: bool = False) -> tuple:
+    """The rounds a pass goes, as (ring, its last step; None: as far as the ring reads):
+    one round ``topo``, or one each way where ``two_way_reach`` says so. ``reverse``: each
+    ring the other way (the burst backward's queries, round for round). The plan
+    (``attention.ring_rounds``) and the cost model (``decide``) both read it here."""
+    reach = two_way_reach(sched, topo, ulysses) if topo.size > 1 else None
+    rounds = (((topo, None),) if reach is None
+              else ((topo, reach[0]), (topo.reversed(), reach[1])))
+    return tuple((t.reversed(), last) for t, last in rounds) if reverse else rounds

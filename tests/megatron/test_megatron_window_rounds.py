@@ -2,7 +2,7 @@
 
 A sliding-window layer (``window_size`` (5, 0), the zigzag layout Megatron shards by) reads
 the chunk before each of a rank's chunks: its second chunk reads the next rank's, which a
-one-way ring brought at its last step. With the rounds (``attention.neighbour_passes``)
+one-way ring brought at its last step. With the rounds (``attention.ring_rounds``)
 CP=4 must still give CP=1's loss and gradients (every parameter, fp32 tolerance), on 4
 gloo ranks, with both backwards, and the layers' plans must be the rounds'.
 """
