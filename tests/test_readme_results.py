@@ -1947,3 +1947,46 @@ def test_a_window_wider_than_a_rank_takes_two_steps_each_way():
                             ).forward.steps) for r in range(world)}
     assert len(steps) == 1
     _says(f"takes two steps each way ({steps.pop()} of {world} on {world} ranks in the tests)")
+
+
+def test_the_rounds_on_four_gpus_are_the_runs_on_file():
+    """The README's 4x H100 figures of the rounds: the GPU test's errors and messages, the
+    sliding window's bytes and captured efficiency, and the causal window layer's forward,
+    before (twice) and after (`h100x4_issue42_rounds/`)."""
+    folder = RESULTS / "h100x4_issue42_rounds"
+    lines = [x for x in (folder / "tests/gpu_tests.txt").read_text().splitlines()
+             if x.startswith("case=") and ("window_size-" in x or "sliding_window-" in x)]
+    fields = [dict(kv.split("=") for kv in x.split()) for x in lines]
+    assert len(fields) == 8 and "3 passed" in (folder / "tests/gpu_tests.txt").read_text()
+    assert max(float(f["err_out"]) for f in fields) <= 2.5e-3
+    assert max(float(f[g]) for f in fields for g in ("err_dq", "err_dk", "err_dv")) <= 3.2e-3
+    assert {int(f["fwd_msgs"]) for f in fields} <= {1, 2}
+
+    def window(layout: str, side: str) -> dict:
+        rows = _load(f"h100x4_issue42_rounds/bench/{layout}_{side}.json")["rows"]
+        return next(r for r in rows if r["family"] == "sliding_window")
+
+    sides = ("before", "before2")
+    mb = lambda r: f"{r['sent_mb']['forward']:.1f} / {r['sent_mb']['backward']:.1f}"  # noqa
+    after = {lay: window(lay, "after") for lay in ("contiguous", "area")}
+    assert mb(after["contiguous"]) == mb(after["area"])
+    assert all(mb(window(lay, s)) == mb(window(lay, "before")) for lay in after for s in sides)
+    _says(f"sends\n{mb(after['area'])} MB forward / backward ({mb(window('contiguous', 'before'))}"
+          f" contiguous and {mb(window('area', 'before'))} area before)")
+    graph = {f"{r['efficiency_graph_fwd']:.2f}" for r in after.values()}
+    old = [window(lay, s)["efficiency_graph_fwd"] for lay in after for s in sides]
+    assert len(graph) == 1
+    _says(f"captured forward reads {graph.pop()} of one GPU on both layouts ({_span(old)} before)")
+    bwd = [window(lay, s)["efficiency_graph_bwd"] for lay in after for s in (*sides, "after")]
+    _says(f"the backward stays at {_span(bwd)}")
+
+    def layer(side: str, method: str) -> dict:
+        rows = _load(f"h100x4_issue42_rounds/bench/window1024_{side}.json")["rows"]
+        return next(r for r in rows if r["method"] == f"burst ({method} bwd)")
+
+    fwd = lambda s: [layer(s, m)["fwd_ms"] for m in ("ring", "burst")]  # noqa: E731
+    sent = {layer(s, m)["fwd_MiB"] for s in ("after",) for m in ("ring", "burst")}
+    was = {layer(s, m)["fwd_MiB"] for s in sides for m in ("ring", "burst")}
+    _says(f"its forward takes {_span(fwd('after'))} ms ({_span(fwd('before') + fwd('before2'))} "
+          f"before) and sends {sent.pop():.0f}\nMiB a rank ({was.pop():.0f})")
+    _says(f"its forward {_span(fwd('before') + fwd('before2'))} ms to {_span(fwd('after'))}")
