@@ -100,8 +100,10 @@ def test_a_new_cp1_pack_is_planned_without_python_per_document():
 # Issue 42's first writes (a pass's runs written, not folded in, where their rows are new:
 # ``attention.first_writes``) cost a new pack's plan 27 calls: 738/775/2175. Taking a pass's
 # first call over every row as its output (``attention.home_output``: no copy of the output
-# on the device; decided with the plan) costs 0/2/1 more: 738/777/2176.
-BUDGETS = {"plain ring": 740, "plain burst": 780, "new pack": 2180}
+# on the device; decided with the plan) costs 0/2/1 more: 738/777/2176. Keeping a forward's
+# rows that take more than two partials apart in fp32 (``home_output.WideRows``: the rest of
+# the home in half precision; the rows found with the plan) costs 2/2/12: 740/779/2188.
+BUDGETS = {"plain ring": 740, "plain burst": 780, "new pack": 2190}
 
 
 def _all_calls(fn) -> int:

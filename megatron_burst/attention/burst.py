@@ -30,7 +30,8 @@ from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
 from . import replay
 from .bound_plan import BoundPlan
-from .home_output import accumulator, first_call_home, first_grad_home, home_dtype, new_home
+from .home_output import (WideRows, accumulator, first_call_home, first_grad_home, forward_home,
+                          home_dtype, new_home)
 from .travelling import Travelling
 from ..plan.schedule import Block
 from .sinks import merge_sinks, sink_grad
@@ -47,14 +48,13 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
     acc = working_dtype(q.dtype)
     # The output has V's head dim (MLA: Q/K 192, V 128). It accumulates in q's dtype where
     # no row takes more than one merge in the kernel that rounds once (``merge.fuses``).
-    merged = not (fresh and plan.uses[0] <= 1)  # some row takes a partial by a merge
-    home = home_dtype(q.dtype, plan.uses[0]) \
-        if not merged or fuses(q.device, q.dtype, v.shape[-1]) else acc
+    home, wide_runs = forward_home(plan, q.dtype, fuses(q.device, q.dtype, v.shape[-1]), s)
     shape = (*q.shape[:-1], v.shape[-1])
-    out = lse = out_b = None  # made by the first call where it covers every row
+    out = lse = out_b = wide = None  # made by the first call where it covers every row
     if not plan.home_from_first:
         out, lse = new_home(shape, (b, hq, s), home, acc, q.device, fresh)
         out_b = bound.bshd(out)
+        wide = WideRows(wide_runs, out_b, fresh) if wide_runs else None
     ring, _ = bound.movers(plan, (k, v), None, "forward", tag)
     kv = (k, v)
     for step, writes in zip(plan.steps, plan.writes, strict=True):
@@ -67,11 +67,17 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
                     out, lse = first_call_home(bound, bound.launch(call), qb, kb, vb, shape,
                                                home, acc)
                     out_b = bound.bshd(out)
+                    wide = WideRows(wide_runs, out_b, True) if wide_runs else None
+                    if wide is not None:
+                        wide.take(out_b)
                     continue
-                run_forward(kernel, bound.launch(call), qb, kb, vb, out_b, lse, scale, first)
+                run_forward(kernel, bound.launch(call), qb, kb, vb, out_b, lse, scale, first,
+                            wide)
         if step.next is not None:  # (no ring: this rank neither sends nor receives)
             kv = ring.next(step.next) if ring is not None else None
     _finish(ring)
+    if wide is not None:
+        wide.put(out_b)
     return out.to(q.dtype), lse
 
 

@@ -21,18 +21,25 @@ from __future__ import annotations
 import bisect
 
 from ..kernels.varlen import call_runs
+from ..plan.blocks import rows_over
 
 Flags = tuple[bool, ...]  # per run of one call, in ``call_runs`` order
 
 
 def first_writes(forward, rows: int) -> dict:
     """``forward``'s (a ``call_plan.PassPlan``) fields this module decides, for
-    ``dataclasses.replace``: ``writes`` (per step, per call: (query runs' flags, ())) and
-    its ``fresh`` (every one of ``rows`` query rows is first written: no fill)."""
+    ``dataclasses.replace``: ``writes`` (per step, per call: (query runs' flags, ())), its
+    ``fresh`` (every one of ``rows`` query rows is first written: no fill), and its
+    ``wide_rows`` (the rows that take more than two partials)."""
     flags, fresh = _home_writes(forward, rows, "q")
     writes = tuple([tuple([(f, ()) for f in step]) for step in flags])
+    runs: list[tuple[int, int]] = []  # (plain loops: a new pack's planning is counted)
+    for step in forward.steps:
+        for call in step.calls:
+            runs.extend(call_runs(call, "q"))
     return {"writes": writes, "fresh": (fresh, forward.fresh[1]),
-            "home_from_first": fresh and _first_covers(forward, rows)}
+            "home_from_first": fresh and _first_covers(forward, rows),
+            "wide_rows": rows_over(runs, 2) if len(runs) > 2 else ()}
 
 
 def backward_writes(backward, rows: int, mode: str, forward) -> dict:

@@ -56,6 +56,9 @@ class PassPlan:
     # one partial is held exactly (the same bits as fp32), in half the bytes.
     wire: tuple[bool, bool] = (False, False)
     writes: tuple = ()  # per step, per call: (query runs', key runs') written (first_writes)
+    # The forward's query rows that take more than two partials (``blocks.rows_over``): in
+    # half precision the rest need no fp32 copy (``home_output.WideRows``).
+    wide_rows: tuple[tuple[int, int], ...] = ()
     home_from_first: bool = False  # the home accumulator is the first call's output (same)
 
 

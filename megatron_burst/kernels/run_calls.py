@@ -49,21 +49,25 @@ def forward_partial(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor
 
 def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor, lse: torch.Tensor, scale: float,
-                first: tuple[bool, ...]) -> None:
+                first: tuple[bool, ...], wide=None) -> None:
     """Compute ``call`` and fold it into the accumulators (bshd views, lse [b, h, s]).
 
     ``first``: per query run of the call (``call_runs``), whether nothing has been written
-    to its rows yet: then the partial is written there, not merged.
+    to its rows yet: then the partial is written there, not merged. ``wide``: the rows kept
+    apart in fp32 (``attention.home_output.WideRows``), or None.
     """
     o, o_lse = forward_partial(kernel, call, q, k, v, scale)
-    if not call.varlen:  # (the common case on a plain sequence: no loop over runs)
+    if not call.varlen and wide is None:  # (a plain sequence's case: no loop over runs)
         blk = call.blocks[0]
         a, b = blk.q_start, blk.q_stop
         _fold_forward(_rows(out, a, b), _lse_rows(lse, a, b), o, o_lse, first[0])
         return
-    for (a, b, off), write in zip(_offsets(call.q_runs), first, strict=True):
-        _fold_forward(out[:, a:b], lse[:, :, a:b], o[:, off:off + b - a],
-                      o_lse[:, :, off:off + b - a], write)
+    runs = call.q_runs if call.varlen else ((call.blocks[0].q_start, call.blocks[0].q_stop),)
+    for (a, b, off), write in zip(_offsets(runs), first, strict=True):
+        for x, y, apart in (wide.pieces(a, b) if wide is not None else ((a, b, False),)):
+            at, n = off + x - a, y - x
+            _fold_forward(wide.rows(x, y) if apart else out[:, x:y], lse[:, :, x:y],
+                          o[:, at:at + n], o_lse[:, :, at:at + n], write)
 
 
 def seen_nothing(lse: torch.Tensor) -> torch.Tensor:

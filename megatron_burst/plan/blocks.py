@@ -237,6 +237,26 @@ def most_per_row(spans: Sequence[tuple[int, int]]) -> int:
     return most
 
 
+def rows_over(spans: Sequence[tuple[int, int]], most: int) -> tuple[tuple[int, int], ...]:
+    """The rows that more than ``most`` of ``spans`` cover (each span counted as often as it
+    appears), as sorted, disjoint [start, stop) runs: with ``most`` 2, the home rows whose
+    partial results need an fp32 accumulator (``home_output.WideRows``)."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    runs: list[tuple[int, int]] = []
+    held, start = 0, None
+    for at, change in edges:  # at one row, ends (-1) sort before starts (+1)
+        held += change
+        if held > most and start is None:
+            start = at
+        elif held <= most and start is not None:
+            if runs and runs[-1][1] == start:  # (a span that ends where another starts)
+                runs[-1] = (runs[-1][0], at)
+            elif at > start:
+                runs.append((start, at))
+            start = None
+    return tuple(runs)
+
+
 def one_partial(last_step: int, spans: Sequence[tuple[int, int]]) -> bool:
     """Whether a travelling gradient accumulator takes at most one kernel partial per row:
     one holder (its payload's last step is 1, so it goes home from there) whose calls touch
