@@ -1990,3 +1990,55 @@ def test_the_rounds_on_four_gpus_are_the_runs_on_file():
     _says(f"its forward takes {_span(fwd('after'))} ms ({_span(fwd('before') + fwd('before2'))} "
           f"before) and sends {sent.pop():.0f}\nMiB a rank ({was.pop():.0f})")
     _says(f"its forward {_span(fwd('before') + fwd('before2'))} ms to {_span(fwd('after'))}")
+
+
+def test_the_rows_kept_apart_are_the_runs_on_file():
+    """The README's before / after figures of the forward's rows kept apart in fp32
+    (`h100x2_issue42_wide_rows/`): back-to-back and captured forward ms, and efficiency."""
+    def row(side: str, family: str) -> dict:
+        rows = _load(f"h100x2_issue42_wide_rows/masks2/{side}.json")["rows"]
+        return next(r for r in rows if r["family"] == family)
+
+    def fwd(family: str, part: str) -> str:
+        b, a, b2 = (row(s, family)[part]["fwd_ms"] for s in ("before", "after", "before2"))
+        assert a < min(b, b2), (family, part)
+        return f"{b:.3f} / {b2:.3f} -> {a:.3f} ms"
+
+    eff = [f"{row(s, 'causal_blockwise')['efficiency_chained_fwd']:.2f}"
+           for s in ("before", "before2", "after")]
+    _says(f"causal blockwise's forward back to back: {fwd('causal_blockwise', 'burst_chained')}"
+          f", {eff[0]} / {eff[1]} -> {eff[2]} of\none GPU")
+    _says(f"captured: {fwd('causal_blockwise', 'burst_graph')}")
+    _says(f"the global window's forward back to back: "
+          f"{fwd('global_sliding_window', 'burst_chained')}")
+    _says(f"shared question's forward back to back: {fwd('shared_question', 'burst_chained')}")
+    for side in ("before", "after", "before2"):
+        assert all(r["rel_err_vs_one_gpu"] < 3.1e-3
+                   for r in _load(f"h100x2_issue42_wide_rows/masks2/{side}.json")["rows"])
+
+
+def test_the_rows_that_take_three_partials_are_the_plans():
+    """The README's "578 of that rank's 8,192 rows take three partials": causal blockwise at
+    8K tokens per GPU on 2 ranks, as `benchmarks/slice_masks.py` builds it, planned here."""
+    import sys
+    import zlib
+
+    from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key
+    from megatron_burst.plan import mask_families as mf
+
+    from .readme import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from slice_masks import knobs, pile_like
+
+    total = 2 * 8192
+    name = "causal_blockwise"
+    mask = mf.family(name, pile_like(total, seed=zlib.crc32(name.encode())), **knobs(total, 1.0))
+    wide = []
+    for rank in range(2):
+        plan = build_plan(plan_key("area", 2, (total,), mask, 1, RingKey((0, 1), rank, None),
+                                   "ring"))
+        assert plan.rows == 8192 and plan.forward.uses[0] <= 3
+        wide.append(sum(b - a for a, b in plan.forward.wide_rows))
+    assert wide == [578, 0], wide
+    _says(f"{wide[0]} of that rank's\n{plan.rows:,} rows take three partials")
