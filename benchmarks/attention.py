@@ -33,6 +33,7 @@ from documents import pack_lengths  # noqa: E402
 import megatron_burst as mb  # noqa: E402
 from megatron_burst import kernels
 from megatron_burst.decide import timing  # noqa: E402
+from megatron_burst.decide.scheduled_time import predict_scheduled  # noqa: E402
 from megatron_burst.decide.topology import HeadShape  # noqa: E402
 from megatron_burst.decide.options import BurstOptions, resolve  # noqa: E402
 from megatron_burst.plan.schedule import Block  # noqa: E402
@@ -156,9 +157,8 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
                                 local, None if ref is None else shard(ref, layout), world,
                                 flops_fwd))
             if topology is not None and "error" not in rows[-1]:  # the time model's guess
-                pred = timing.predict(topology, timing.load_profile(), tokens=per_gpu,
-                                      causal=causal)
-                rows[-1].update(topology=topology.describe(), predicted_ms=pred.total_s * 1e3)
+                rows[-1].update(topology=topology.describe(),
+                                predicted_ms=predicted_ms(topology, per_gpu, causal, window))
 
     if docs:
         run_documents(run, cu, world, hq, hkv)
@@ -175,6 +175,17 @@ def run_case(args, per_gpu: int, hq: int, hkv: int, mask: str, world: int, rank:
     for r in rows:
         r.update(per_gpu=per_gpu, heads=f"{hq}:{hkv}", mask=mask, world=world)
     return rows
+
+
+def predicted_ms(topology, per_gpu: int, causal: bool, window: tuple[int, int]) -> float:
+    """The time model's fwd+bwd for a plain sequence's call, its window priced as 'auto'
+    prices one (``predict_scheduled``); a window's call was priced as the whole causal
+    sequence before (33.2 ms for one that ran in 7.8 on 4x H100)."""
+    prof = timing.load_profile()
+    if window == (-1, -1):
+        return timing.predict(topology, prof, tokens=per_gpu, causal=causal).total_s * 1e3
+    return predict_scheduled(topology, prof, batch=1, s_local=per_gpu, window=window,
+                             causal=causal).total_s * 1e3
 
 
 def run_sequence(run, causal, window, mask, world, hq, hkv, per_gpu) -> None:
