@@ -37,7 +37,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
-from ranks import gpu_health, ran_package, start_ranks, write_run  # noqa: E402
+from ranks import family_options, gpu_health, ran_package, start_ranks, write_run  # noqa: E402
 from slice_masks import knobs, pile_like  # noqa: E402
 
 # (substring of a kernel's name, its kind), first match wins
@@ -132,12 +132,8 @@ def table(meta: dict, rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
-    p.add_argument("--families", default="causal_document,shared_question,causal_blockwise,"
+    family_options(p, "causal_document,shared_question,causal_blockwise,"
                    "block_causal_document")
-    p.add_argument("--tokens", type=int, default=8192, help="tokens per GPU")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=20)
     args = p.parse_args()
     rank, world = start_ranks()
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -39,7 +39,7 @@ from megatron_burst.attention import home_output  # noqa: E402
 from megatron_burst.comm import messages, rings  # noqa: E402
 from megatron_burst.kernels import merge, run_calls  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
-from ranks import gpu_health, ran_package, start_ranks, write_run  # noqa: E402
+from ranks import family_options, gpu_health, ran_package, start_ranks, write_run  # noqa: E402
 from slice_masks import knobs, pile_like  # noqa: E402
 
 # (owner, attribute, its name in the table): the parts timed. Each is looked up through its
@@ -147,12 +147,8 @@ def table(meta: dict, rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
-    p.add_argument("--families", default="causal,causal_document,shared_question,"
+    family_options(p, "causal,causal_document,shared_question,"
                    "causal_blockwise,block_causal_document,sliding_window_causal")
-    p.add_argument("--tokens", type=int, default=8192, help="tokens per GPU")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=20)
     p.add_argument("--cpu-smoke", action="store_true", help="2 gloo ranks on CPU, tiny sizes")
     args = p.parse_args()
     args.hq, args.hkv, args.d, args.scale = 64, 8, 128, 1.0

@@ -11,7 +11,8 @@ entry point, whose `configure_run` reads the same variable. `host_and_wall_ms` i
 host-time benchmarks' clock: the ranks aligned, the host's share and the GPU's wall.
 `ran_package` is the folder of the package a run imported, for its result file: a
 before-and-after pair on two trees (``$PYTHONPATH``) shows there which tree each side timed.
-`write_run` writes a run's ``OUT.json`` (meta and rows) and ``OUT.md`` (its table).
+`write_run` writes a run's ``OUT.json`` (meta and rows) and ``OUT.md`` (its table);
+`family_options` are the options of the benchmarks that time mask families one by one.
 `gpu_health` is each GPU's temperature, SM clock and active clock-event reasons, for a result
 file's meta before and after its run: a machine whose GPU ran hot timed the backward 3-4x
 slow (``results/h100x2_issue42_throttled``), and a result should say it was not one.
@@ -31,8 +32,8 @@ import torch.distributed as dist
 from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV
 from megatron_burst.comm.emulator import active, install_from_env
 
-__all__ = ["EMULATE_ENV", "emulated", "gpu_health", "host_and_wall_ms", "ran_package",
-           "start_ranks", "write_run"]
+__all__ = ["EMULATE_ENV", "emulated", "family_options", "gpu_health", "host_and_wall_ms",
+           "ran_package", "start_ranks", "write_run"]
 
 _HEALTH = ("index", "temperature.gpu", "clocks.sm", "clocks_event_reasons.active")
 
@@ -72,6 +73,16 @@ def gpu_health() -> list[dict] | None:
             if line.strip()]
     return [dict(index=int(r[0]), temperature_c=float(r[1]), sm_mhz=float(r[2]),
                  clock_events=r[3]) for r in rows if len(r) == len(_HEALTH)]
+
+
+def family_options(parser, families: str) -> None:
+    """``--out``, ``--families`` (default ``families``), ``--tokens`` (per GPU), ``--warmup``
+    and ``--iters``: what host_parts.py and gpu_timeline.py take alike."""
+    parser.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    parser.add_argument("--families", default=families)
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens per GPU")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=20)
 
 
 def write_run(out: str, meta: dict, rows: list, text: str) -> None:
