@@ -182,3 +182,61 @@ def test_rows_kept_apart_give_the_bits_of_a_whole_fp32_home(case):
     backward = ("ring", "burst")[case % 2]
     check_against_whole_and_float64(run_ranks(world, _worker, name, lens, backward), name,
                                     lens, world)
+
+
+def _merges(rank: int, world: int, name: str):
+    """Merge launches of one forward at 8K tokens a rank (slice_masks.py's mask), with rows
+    kept apart and with the whole home in fp32 (the fused merge emulated, as above)."""
+    import sys
+    import zlib
+
+    from megatron_burst.attention import burst
+    from megatron_burst.kernels import merge, run_calls
+
+    from .readme import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from slice_masks import knobs, pile_like
+
+    total = 8192 * world
+    mask = mf.family(name, pile_like(total, seed=zlib.crc32(name.encode())), **knobs(total, 1.0))
+    q, k, v = (mb.shard_seq(torch.randn(1, total, h, 16).bfloat16(), mask=mask) for h in (2, 1, 1))
+    count = [0]
+
+    def fused(out, lse, block_out, block_lse):
+        count[0] += 1
+        acc, lse64 = out.double(), lse.double()
+        merge.merge_partial_torch(acc, lse64, block_out, block_lse.double())
+        out.copy_(acc.float())
+        lse.copy_(lse64.float())
+
+    real = burst.forward_home
+    olds = [(burst, "fuses", swap(burst, "fuses", lambda *a: True)),
+            (run_calls, "merge_partial", swap(run_calls, "merge_partial", fused))]
+    got = []
+    try:
+        for home in (real, lambda p, d, f, r: ((torch.float32 if real(p, d, f, r)[1]
+                                                else real(p, d, f, r)[0]), ())):
+            swap(burst, "forward_home", home)
+            count[0] = 0
+            with torch.no_grad():
+                mb.burst_attn(q, k, v, mask=mask, backward="ring")
+            got.append(count[0])
+    finally:
+        swap(burst, "forward_home", real)
+        for m, n, old in olds:
+            swap(m, n, old)
+    return got
+
+
+def test_rows_kept_apart_cost_merge_launches_where_they_cut_runs():
+    """The cost the README gives: a query run cut at the kept rows folds piece by piece, so
+    shared question's rank 0 makes 6 merge launches a forward where the whole fp32 home
+    made 3; causal blockwise's kept rows fall on whole runs, and cost none."""
+    from .readme import says
+
+    shared = run_ranks(2, _merges, "shared_question")
+    blockwise = run_ranks(2, _merges, "causal_blockwise")
+    assert shared == [[6, 3], [3, 2]], shared
+    assert blockwise == [[4, 4], [2, 2]], blockwise
+    says("shared question's rank 0 makes 6 merge launches a forward where it made 3")
