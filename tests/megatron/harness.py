@@ -220,6 +220,14 @@ def prefetch_threads_left() -> list:
     return [t.name for t in threading.enumerate() if t.name.startswith(prefetch.THREAD_PREFIX)]
 
 
+def closed_prefetch() -> list:
+    """Every prefetch thread of the data path closed; the names of any still alive."""
+    from megatron_burst.megatron import prefetch
+
+    prefetch.close_all()
+    return prefetch_threads_left()
+
+
 def assert_same_steps(ahead: list, on_step: list, steps: int) -> None:
     """Each of ``steps`` steps' (loss, gradients) made ahead equals the one made on the step,
     bit for bit, and the steps' losses all differ (each batch its own)."""

@@ -139,7 +139,6 @@ def _cases(rank: int, world: int) -> dict:
 
     warnings.filterwarnings("ignore")
     _tokenizer_stub()
-    from megatron_burst.megatron import prefetch
 
     weights = {k: v.detach().clone() for k, v in harness.reference_model().state_dict().items()
                if torch.is_tensor(v)}
@@ -155,8 +154,7 @@ def _cases(rank: int, world: int) -> dict:
 
     made = _MASK_MAKERS[0][2](samples[0])
     out["pickled"] = type(pickle.loads(pickle.dumps(made))).__name__
-    prefetch.close_all()
-    out["threads_left"] = harness.prefetch_threads_left()
+    out["threads_left"] = harness.closed_prefetch()
     return out
 
 

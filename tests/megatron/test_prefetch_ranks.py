@@ -184,7 +184,6 @@ def _cases(rank: int, world: int) -> dict:
 
     warnings.filterwarnings("ignore")
     _tokenizer_stub()
-    from megatron_burst.megatron import prefetch
 
     weights = {k: v.detach().clone() for k, v in harness.reference_model().state_dict().items()
                if torch.is_tensor(v)}
@@ -198,8 +197,7 @@ def _cases(rank: int, world: int) -> dict:
         out["on_step"] = _steps(model, args, samples)
         out["planned_on_step"] = _planned_on_this_thread(model, args, samples)
     out["failing"] = _failing_cases(rank, model, args)
-    prefetch.close_all()
-    out["threads_left"] = harness.prefetch_threads_left()
+    out["threads_left"] = harness.closed_prefetch()
     return out
 
 
