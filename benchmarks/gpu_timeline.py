@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from ranks import family_options, gpu_health, ran_package, start_ranks, write_run  # noqa: E402
-from slice_masks import knobs, pile_like  # noqa: E402
+from slice_masks import family_mask  # noqa: E402
 
 # (substring of a kernel's name, its kind), first match wins
 KINDS = (("nccl", "nccl"), ("flash_fwd", "flash"), ("cudnn", "cudnn"), ("flex", "flex"),
@@ -83,8 +83,7 @@ def family_rows(name: str, args, rank: int, world: int, dev) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     total = args.tokens * world
-    mask = mf.family(name, pile_like(total, seed=zlib.crc32(name.encode())),
-                     **knobs(total, 1.0))
+    mask = family_mask(name, total)
     gen = torch.Generator(device=dev).manual_seed(1)
     q, k, v = (mb.shard_seq(torch.randn(1, total, h, 128, device=dev, dtype=torch.bfloat16,
                                         generator=gen), mask=mask).contiguous()

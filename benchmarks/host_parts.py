@@ -40,7 +40,7 @@ from megatron_burst.comm import messages, rings  # noqa: E402
 from megatron_burst.kernels import merge, run_calls  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from ranks import family_options, gpu_health, ran_package, start_ranks, write_run  # noqa: E402
-from slice_masks import knobs, pile_like  # noqa: E402
+from slice_masks import family_mask  # noqa: E402
 
 # (owner, attribute, its name in the table): the parts timed. Each is looked up through its
 # owner at every call in the package (a module global or a class attribute), so wrapping it
@@ -91,8 +91,7 @@ def _sync(dev: torch.device) -> None:
 def family_parts(name: str, args, world: int, dev: torch.device, dtype) -> dict:
     """One family's parts, ms per call, both ways (every rank runs it; rank 0's figures)."""
     total = args.tokens * world
-    mask = mf.family(name, pile_like(total, seed=zlib.crc32(name.encode()), scale=args.scale),
-                     **knobs(total, args.scale))
+    mask = family_mask(name, total, args.scale)
     gen = torch.Generator(device=dev).manual_seed(1)
     full = [torch.randn(1, total, h, args.d, device=dev, dtype=dtype, generator=gen)
             for h in (args.hq, args.hkv, args.hkv)]

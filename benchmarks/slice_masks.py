@@ -85,6 +85,18 @@ def knobs(total: int, scale: float) -> dict:
     return dict(prefix=total // 4, window=w, global_size=w, block=w)
 
 
+def family_mask(name: str, total: int, scale: float = 1.0) -> mb.SliceMask:
+    """``name``'s mask over ``total`` tokens as this benchmark times it: the first mask its
+    call shape sees in the process (``varying_masks``), so large blocks keep cuDNN, and
+    'auto' decides it as a fresh run would (``loads``), not from another family's masks.
+    ``host_parts.py`` and ``gpu_timeline.py`` take their masks here too: without the reset,
+    every family after a run's first went to the flash kernel alone."""
+    varying_masks.clear()
+    loads.clear()
+    lens = pile_like(total, seed=zlib.crc32(name.encode()), scale=scale)  # same everywhere
+    return mf.family(name, lens, **knobs(total, scale))
+
+
 def sync(dev) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -183,11 +195,9 @@ def fresh_packs(name, args, world, dev, full) -> dict | None:
 
 
 def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) -> dict:
-    varying_masks.clear()  # this family's mask is the first its call shape sees, and 'auto'
-    loads.clear()  # decides it as a fresh run would (not from another family's masks)
     total = args.tokens * world
-    lens = pile_like(total, seed=zlib.crc32(name.encode()), scale=args.scale)  # same everywhere
-    mask = mf.family(name, lens, **knobs(total, args.scale))
+    mask = family_mask(name, total, args.scale)
+    lens = pile_like(total, seed=zlib.crc32(name.encode()), scale=args.scale)
     gen = torch.Generator(device=dev).manual_seed(1234)
     full = [torch.randn(1, total, h, args.d, device=dev, dtype=dtype, generator=gen)
             for h in (args.hq, args.hkv, args.hkv, args.hq)]
