@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .triton_direct import DirectLaunches
+
 try:  # Triton is optional: CPU runs, and CUDA machines without it, use the torch path.
     import triton
     import triton.language as tl
@@ -160,6 +162,7 @@ def compile_variants(device: torch.device, dtype: torch.dtype, head_dim: int) ->
             _launch(o[:, :0], lse[:, :, :0], o[:, :0].to(dtype), lse[:, :, :0])
 
 
+_ROCM = torch.version.hip is not None
 ROW_ALIGN = 16  # elements: a 16-byte vector of fp32, two of bf16
 
 
@@ -173,13 +176,54 @@ def row_alignment(*tensors: torch.Tensor) -> int:
 def _launch(out, lse, block_out, block_lse, rows: int | None = None,
             num_warps: int = 4) -> None:
     """The fused merge's launch; ``rows`` (positions a program, default 4K values of each
-    tensor) and ``num_warps`` are for ``benchmarks/merge_rate.py --sweep``."""
+    tensor) and ``num_warps`` are for ``benchmarks/merge_rate.py --sweep``. Every launch of
+    an eager forward pays this function's Python on the host: strides are read once each
+    (``row_alignment``'s rule, inline)."""
     b, s, h, d = out.shape
     rows = rows or max(16, 4096 // d)
-    grid = (max(triton.cdiv(s, rows), 1), max(b * h, 1))
-    align = row_alignment(out, block_out)
-    o_st, b_st = ([t.stride(i) // align for i in range(3)] for t in (out, block_out))
-    _merge_kernel[grid](out, lse, block_out, block_lse, s, h, *o_st,
-                        lse.stride(0), lse.stride(1), lse.stride(2), *b_st,
-                        block_lse.stride(0), block_lse.stride(1), block_lse.stride(2),
-                        D=d, ROWS=rows, ALIGN=align, num_warps=num_warps)
+    (o0, o1, o2, _), (b0, b1, b2, _) = out.stride(), block_out.stride()
+    align = ROW_ALIGN if not (o0 % 16 or o1 % 16 or o2 % 16 or b0 % 16 or b1 % 16
+                              or b2 % 16) else 1
+    ints = (s, h, o0 // align, o1 // align, o2 // align, *lse.stride(), b0 // align,
+            b1 // align, b2 // align, *block_lse.stride())
+    key = _direct_key(out, lse, block_out, block_lse, ints, align, rows, num_warps)
+    _LAUNCHES.launch(key, ((s + rows - 1) // rows or 1, b * h or 1, 1),
+                     (out, lse, block_out, block_lse, *ints), {"D": d, "ROWS": rows,
+                                                               "ALIGN": align}, num_warps)
+
+
+def _direct_key(out, lse, block_out, block_lse, ints, align: int, rows: int,
+                num_warps: int) -> tuple | None:
+    """What Triton specialises ``_merge_kernel`` on, for a launch past its binding
+    (``triton_direct``): the four dtypes, the constants, the 16-byte alignment of the two
+    output pointers (the lse pointers are not specialised), integers that fit 32 bits (no
+    other integer is specialised). None (Triton's own launch) off CUDA (the interpreter),
+    for rows not ``ROW_ALIGN`` aligned, unaligned pointers, 64-bit integers, or ROCm."""
+    if (not out.is_cuda or align != ROW_ALIGN or _ROCM
+            or (out.data_ptr() | block_out.data_ptr()) % 16 or max(ints) >= 2 ** 31):
+        return None
+    return (out.get_device(), out.dtype, lse.dtype, block_out.dtype, block_lse.dtype,
+            out.shape[-1], rows, num_warps)
+
+
+def _same_as_tritons(key: tuple, compiled) -> bool:
+    """``compiled`` launched directly gives Triton's own launch's bits for ``key``: both
+    merge the same scratch partials (rows unseen on either side, a part-filled program)."""
+    index, o_dtype, l_dtype, b_dtype, bl_dtype, d, rows, num_warps = key
+    device, gen = torch.device("cuda", index), torch.Generator().manual_seed(0)
+    s, h = rows + 5, 2
+    out = torch.randn(1, s, h, d, generator=gen).to(device, o_dtype)
+    lse = torch.randn(1, h, s, generator=gen).to(device, l_dtype)
+    blk = torch.randn(1, s, h, d, generator=gen).to(device, b_dtype)
+    blse = torch.randn(1, h, s, generator=gen).to(device, bl_dtype)
+    lse[..., :3], blse[..., 2:6] = float("-inf"), float("-inf")
+    ints = (s, h, *[out.stride(i) // ROW_ALIGN for i in range(3)], *lse.stride(),
+            *[blk.stride(i) // ROW_ALIGN for i in range(3)], *blse.stride())
+    grid, mine, theirs = (triton.cdiv(s, rows), h, 1), (out.clone(), lse.clone()), (out, lse)
+    _merge_kernel[grid](*theirs, blk, blse, *ints, D=d, ROWS=rows, ALIGN=ROW_ALIGN,
+                        num_warps=num_warps)
+    compiled[grid](*mine, blk, blse, *ints, d, rows, ROW_ALIGN)
+    return torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
+
+
+_LAUNCHES = DirectLaunches(_merge_kernel, _same_as_tritons) if triton is not None else None

@@ -1,0 +1,88 @@
+"""``kernels.triton_direct``: when a Triton kernel is launched past Triton's binding, on CPU
+with a stand-in kernel (the GPU test, ``tests/test_gpu_merge_launch.py``, runs the fused
+merge itself). Adopted only after its check passes, once per key; never for a key the
+caller cannot give, a failed or raising check, Triton's interpreter (no compiled kernel
+returned), or while a CUDA graph is captured; the direct launch gets every argument and the
+constants in order."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron_burst.kernels import triton_direct
+from megatron_burst.kernels.triton_direct import DirectLaunches
+
+
+class _Compiled:
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("direct", grid, args))
+
+
+class _Kernel:
+    """Triton's ``kernel[grid](*args, **constants, num_warps=)``, returning ``compiled``."""
+
+    def __init__(self, compiled=True):
+        self.log = []
+        self.compiled = _Compiled(self.log) if compiled else None
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps, **constants):
+            self.log.append(("triton", grid, args, constants, num_warps))
+            return self.compiled
+        return launch
+
+
+def _launch(launches, key, n=3):
+    for i in range(n):
+        launches.launch(key, (i + 1, 2, 1), ("x", i), {"D": 64, "ROWS": 32}, 4)
+
+
+def test_adopted_after_its_check_once_then_direct_with_the_constants_in_order():
+    kernel, checked = _Kernel(), []
+    launches = DirectLaunches(kernel, lambda key, c: checked.append((key, c)) or True)
+    _launch(launches, "k")
+    assert checked == [("k", kernel.compiled)]
+    assert kernel.log == [("triton", (1, 2, 1), ("x", 0), {"D": 64, "ROWS": 32}, 4),
+                          ("direct", (2, 2, 1), ("x", 1, 64, 32)),
+                          ("direct", (3, 2, 1), ("x", 2, 64, 32))]
+    assert launches.adopted("k") and not launches.adopted("other")
+
+
+@pytest.mark.parametrize("check", [lambda key, c: False, lambda key, c: 1 / 0],
+                         ids=["fails", "raises"])
+def test_a_check_that_fails_or_raises_keeps_tritons_launch_and_is_not_asked_again(check):
+    kernel, asked = _Kernel(), []
+    launches = DirectLaunches(kernel, lambda key, c: asked.append(key) or check(key, c))
+    _launch(launches, "k")
+    assert asked == ["k"] and not launches.adopted("k")
+    assert [entry[0] for entry in kernel.log] == ["triton"] * 3
+
+
+def test_no_key_or_no_compiled_kernel_always_goes_through_triton():
+    for key, kernel in ((None, _Kernel()), ("k", _Kernel(compiled=False))):
+        launches = DirectLaunches(kernel, lambda k, c: pytest.fail("nothing to check"))
+        _launch(launches, key)
+        assert [entry[0] for entry in kernel.log] == ["triton"] * 3
+
+
+def test_nothing_is_learnt_while_a_graph_is_captured(monkeypatch):
+    kernel = _Kernel()
+    launches = DirectLaunches(kernel, lambda key, c: True)
+    monkeypatch.setattr(triton_direct, "_capturing", lambda: True)
+    _launch(launches, "k", n=2)
+    assert not launches.adopted("k")
+    monkeypatch.setattr(triton_direct, "_capturing", lambda: False)
+    _launch(launches, "k", n=2)
+    assert [entry[0] for entry in kernel.log] == ["triton"] * 3 + ["direct"]
+
+
+def test_the_merge_keys_no_cpu_launch():
+    """Off CUDA (Triton's interpreter in CI) the merge gives no key: Triton's launch."""
+    from megatron_burst.kernels import merge
+
+    out, blk = torch.zeros(1, 4, 2, 16), torch.zeros(1, 4, 2, 16)
+    lse, blse = torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)
+    assert merge._direct_key(out, lse, blk, blse, (4, 2), 16, 32, 4) is None
