@@ -69,7 +69,7 @@ def row(acc: torch.dtype, rows: int, iters: int) -> dict:
         lse.copy_(start[1])
     same = all(torch.equal(a, b) for a, b in zip(*results))
     key = merge._direct_key(out, lse, blk, blse, (rows,), merge.ROW_ALIGN,
-                            max(16, 4096 // DIM), 4)
+                            max(16, 4096 // DIM), 4, False)
     return dict(home=str(acc).replace("torch.", ""), rows=rows, same_bits=same,
                 adopted=bool(key is not None and direct.adopted(key)),
                 tritons_us=host_us(lambda: launch_with(tritons), iters),

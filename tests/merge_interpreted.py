@@ -7,7 +7,9 @@ Checked: the merge against float64 on strided views with rows not seen yet; that
 half-precision home takes the fp32 home's result rounded once (the rule ``home_dtype`` and
 ``WideRows`` rely on: a row of at most two partials needs no fp32 copy; the interpreter
 rounds by truncation, a GPU to nearest); rows the block did not see are left bit for bit;
-rows whose strides are not 16-element multiples.
+rows whose strides are not 16-element multiples; folds at row offsets (``merge.fold_rows``:
+the offsets go to the kernel as numbers), merged or written, against the same fold of views,
+leaving every other row as it was.
 """
 from __future__ import annotations
 
@@ -88,11 +90,39 @@ def unaligned_rows(gen) -> None:
         assert (lse.double() - ref_lse).abs().max().item() < 1e-5
 
 
+def offsets_and_writes(gen) -> None:
+    for home, write in ((torch.float32, False), (torch.bfloat16, True), (torch.float32, True)):
+        out = torch.randn(1, 70, 2, 32, generator=gen).to(home)
+        lse = torch.randn(1, 2, 90, generator=gen)  # (a wider lse: a kept rows' buffer)
+        blk = torch.randn(1, 60, 2, 32, generator=gen).bfloat16()
+        blse = torch.randn(1, 2, 60, generator=gen)
+        blse[:, :, 20:25] = float("-inf")
+        want, want_lse = out.clone(), lse.clone()
+        o_rows, l_rows = want[:, 11:51], want_lse[:, :, 30:70]
+        if write:
+            o_rows.copy_(blk[:, 13:53])
+            l_rows.copy_(blse[:, :, 13:53])
+        else:
+            ref, ref_lse = _float64_merge(o_rows, l_rows, blk[:, 13:53], blse[:, :, 13:53])
+            o_rows.copy_(ref)
+            l_rows.copy_(ref_lse)
+        merge._launch(out, lse, blk, blse, at=(11, 30, 13), n=40, write=write)
+        assert torch.equal(out[:, :11], want[:, :11]) and torch.equal(out[:, 51:], want[:, 51:])
+        assert torch.equal(lse[:, :, :30], want_lse[:, :, :30])
+        assert torch.equal(lse[:, :, 70:], want_lse[:, :, 70:])
+        tol = 0 if write else 1e-5
+        assert (out.double() - want.double()).abs().max().item() <= tol
+        assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse))
+        fin = torch.isfinite(want_lse)
+        assert (lse[fin].double() - want_lse[fin].double()).abs().max().item() <= tol
+
+
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("tests.merge_interpreted: run with TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(42)
-    for check in (against_float64, half_home_rounds_once, unseen_rows_left, unaligned_rows):
+    for check in (against_float64, half_home_rounds_once, unseen_rows_left, unaligned_rows,
+                  offsets_and_writes):
         check(gen)
         print(f"{check.__name__}: ok", flush=True)
 

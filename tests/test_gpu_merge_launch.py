@@ -49,9 +49,9 @@ def test_the_direct_launch_is_adopted_and_gives_tritons_bits(acc, part, d):
         merge.merge_partial(*mine, blk, blse)
         _tritons_own(*theirs, blk, blse)
         assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
-    ints = [1] * 14
+    ints = [1] * 17
     key = merge._direct_key(mine[0], mine[1], blk, blse, ints, merge.ROW_ALIGN,
-                            max(16, 4096 // d), 4)
+                            max(16, 4096 // d), 4, False)
     assert key is not None and merge._LAUNCHES.adopted(key), key
 
 
@@ -84,4 +84,4 @@ def test_a_64_bit_stride_goes_through_tritons_binding():
     out = base.as_strided((1, 64, 8, 128), (16 * (2 ** 31 + 64), 1024, 128, 1))  # one batch
     lse = torch.zeros(1, 8, 64, device="cuda")
     ints = (64, 8, 2 ** 31 + 64, 64, 8)  # Triton would pass it as a 64-bit integer
-    assert merge._direct_key(out, lse, base[None], lse, ints, 16, 32, 4) is None
+    assert merge._direct_key(out, lse, base[None], lse, ints, 16, 32, 4, False) is None

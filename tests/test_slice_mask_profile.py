@@ -17,8 +17,9 @@ from megatron_burst.kernels import run_calls, varlen  # noqa: E402
 
 
 def test_copies_are_grouped_by_shape_and_by_the_package_lines_that_made_them():
-    """A call's first write copies its partial into the accumulator (``run_calls._fold_forward``
-    via ``run_forward``): the table names it, with its shapes, once per shape."""
+    """A call's first write copies its partial into the accumulator (``merge.fold_rows`` via
+    ``run_forward``, off the fused kernel): the table names it, with its shapes, once per
+    shape."""
     q = k = v = torch.randn(1, 32, 2, 8)
     out, lse = torch.empty(1, 32, 2, 8), torch.empty(1, 2, 32)
 
@@ -33,6 +34,6 @@ def test_copies_are_grouped_by_shape_and_by_the_package_lines_that_made_them():
     rows = slice_mask_profile.copies_table(p.events())
     copies = [r for r in rows if "aten::copy_ [[1, 32, 2, 8], [1, 32, 2, 8]" in r]
     assert len(copies) == 2  # the fake kernel's clone, under run_forward; and the write
-    written = [r for r in copies if "_fold_forward" in r]
+    written = [r for r in copies if "fold_rows" in r]
     assert len(written) == 1 and written[0].lstrip().startswith("3 x")
     assert "run_forward" in written[0]

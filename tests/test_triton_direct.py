@@ -85,4 +85,4 @@ def test_the_merge_keys_no_cpu_launch():
 
     out, blk = torch.zeros(1, 4, 2, 16), torch.zeros(1, 4, 2, 16)
     lse, blse = torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)
-    assert merge._direct_key(out, lse, blk, blse, (4, 2), 16, 32, 4) is None
+    assert merge._direct_key(out, lse, blk, blse, (4, 2), 16, 32, 4, False) is None

@@ -3,8 +3,9 @@
 A call (``varlen.KernelLaunch``: one dense block, or a varlen call of many) gives its
 partial results over its query runs back to back (``forward_partial``,
 ``backward_partial``); ``run_forward`` and ``run_backward`` fold them into the pass's
-accumulators run by run, as views: the forward merges (out, lse) by the online softmax
-(``merge.merge_partial``), the backward adds gradients. A run whose rows nothing has touched
+accumulators run by run: the forward merges (out, lse) by the online softmax
+(``merge.fold_rows``: row offsets into the fused kernel, views elsewhere), the backward adds
+gradients (views). A run whose rows nothing has touched
 yet is written instead (``attention.first_writes`` decides which), and a pass whose first
 call covers every row can take that call's output as its accumulator
 (``attention.home_output``).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .merge import merge_partial
+from .merge import fold_rows
 from .varlen import KernelLaunch, Runs, gather
 
 
@@ -57,31 +58,20 @@ def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v:
     apart in fp32 (``attention.home_output.WideRows``), or None.
     """
     o, o_lse = forward_partial(kernel, call, q, k, v, scale)
-    if not call.varlen and wide is None:  # (a plain sequence's case: no loop over runs)
-        blk = call.blocks[0]
-        a, b = blk.q_start, blk.q_stop
-        _fold_forward(_rows(out, a, b), _lse_rows(lse, a, b), o, o_lse, first[0])
-        return
     runs = call.q_runs if call.varlen else ((call.blocks[0].q_start, call.blocks[0].q_stop),)
     for (a, b, off), write in zip(_offsets(runs), first, strict=True):
-        for x, y, apart in (wide.pieces(a, b) if wide is not None else ((a, b, False),)):
-            at, n = off + x - a, y - x
-            _fold_forward(wide.rows(x, y) if apart else out[:, x:y], lse[:, :, x:y],
-                          o[:, at:at + n], o_lse[:, :, at:at + n], write)
+        if wide is None:
+            fold_rows(out, lse, a, a, o, o_lse, off, b - a, write)
+            continue
+        for x, y, apart in wide.pieces(a, b):
+            fold_rows(wide.buf if apart else out, lse, x - wide.lo if apart else x, x, o,
+                      o_lse, off + x - a, y - x, write)
 
 
 def seen_nothing(lse: torch.Tensor) -> torch.Tensor:
     """lse with flash's +inf (a sequence with queries and no keys) made -inf: the merge's
     "nothing seen". The output rows are zeros already."""
     return lse.masked_fill(lse == float("inf"), float("-inf"))
-
-
-def _fold_forward(out_rows, lse_rows, o, o_lse, fresh: bool) -> None:
-    if fresh:
-        out_rows.copy_(o)
-        lse_rows.copy_(o_lse)
-    else:
-        merge_partial(out_rows, lse_rows, o, o_lse)
 
 
 def backward_partial(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor,
