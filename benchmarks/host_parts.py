@@ -5,7 +5,7 @@
 
 At 8K tokens per GPU the document families with many slices run their eager forward
 below 0.75 of one GPU even back to back, while captured in CUDA graphs they reach it
-(``slice_masks.py``): the host's share. This times, on rank 0, the package's host-side
+(``slice_masks.py``): the host's share. This times, on every rank, the package's host-side
 parts of ``burst_attn``'s forward (no grad; the masks and inputs of ``slice_masks.py``:
 GQA 64:8, d 128, bf16), each wrapped by a wall clock for the run: the kernel calls
 (``forward_partial``: the attention kernels' launches, a pass's first call included), the
@@ -15,8 +15,9 @@ the NCCL calls) and waiting for one (``PayloadRing.next``). Nested parts overlap
 (``post_ops`` is inside ``PeerComm.post``). Two ways: ``idle`` (the GPUs synchronised and
 the ranks aligned before each call: the host's time to reach the last launch) and
 ``back_to_back`` (20 calls in a row: the host's time per call, beside the wall per call,
-which is the GPU's when the host keeps ahead). Not torch.profiler: its own cost per op
-would be most of what is measured.
+which is the GPU's when the host keeps ahead). Every rank's rows: in a ring the rank with
+the most host work sets the pace. Not torch.profiler: its own cost per op would be most of
+what is measured.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def family_parts(name: str, args, world: int, dev: torch.device, dtype) -> dict:
-    """One family's parts, ms per call, both ways (every rank runs it; rank 0's figures)."""
+    """One family's parts on this rank, ms per call, both ways (every rank runs it)."""
     total = args.tokens * world
     mask = family_mask(name, total, args.scale)
     gen = torch.Generator(device=dev).manual_seed(1)
@@ -103,7 +104,7 @@ def family_parts(name: str, args, world: int, dev: torch.device, dtype) -> dict:
 
     for _ in range(args.warmup):
         forward()
-    row = dict(family=name, slices=len(mask.kinds))
+    row = dict(family=name, rank=dist.get_rank(), slices=len(mask.kinds))
     for way in ("idle", "back_to_back"):
         _sync(dev)
         dist.barrier()
@@ -131,15 +132,15 @@ def table(meta: dict, rows: list[dict]) -> str:
     lines = [f"{meta['device']} x{meta['world']}, torch {meta['torch']}, {meta['date']}, "
              f"{meta['tokens_per_gpu']} tokens/GPU, GQA {meta['heads']}, d {meta['head_dim']}",
              f"command: `{meta['command']}`", "",
-             "ms per forward on rank 0 (idle / back to back); parts nest (NCCL calls are inside"
+             "ms per forward on each rank (idle / back to back); parts nest (NCCL calls are inside"
              " post a hop)", "",
-             "| family | slices | host | wall back to back | " + " | ".join(names) + " |",
-             "|" + "---|" * (4 + len(names))]
+             "| family | rank | slices | host | wall back to back | " + " | ".join(names)
+             + " |", "|" + "---|" * (5 + len(names))]
     for r in rows:
         a, b = r["idle"], r["back_to_back"]
         parts = " | ".join(f"{a['parts_ms'].get(n, 0):.3f} / {b['parts_ms'].get(n, 0):.3f}"
                            for n in names)
-        lines.append(f"| {r['family']} | {r['slices']} | {a['host_ms']:.3f} / "
+        lines.append(f"| {r['family']} | {r.get('rank', 0)} | {r['slices']} | {a['host_ms']:.3f} / "
                      f"{b['host_ms']:.3f} | {b['wall_ms']:.3f} | {parts} |")
     return "\n".join(lines)
 
@@ -161,7 +162,12 @@ def main() -> None:
                                                                   torch.cuda.current_device())
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
     health = gpu_health() if rank == 0 else None  # before the run: idle
-    rows = [family_parts(name, args, world, dev, dtype) for name in args.families.split(",")]
+    mine = [family_parts(name, args, world, dev, dtype) for name in args.families.split(",")]
+    # every rank's rows: in the ring the rank with the most host work sets the pace
+    every: list = [None] * world
+    dist.all_gather_object(every, mine)
+    dist.barrier()  # (without it a gloo rank could end mid-exchange: std::terminate at exit)
+    rows = [r for family in zip(*every) for r in family]  # family by family, rank by rank
     if rank == 0:
         meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                     gpus_before=health, gpus_after=gpu_health(),

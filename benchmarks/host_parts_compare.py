@@ -19,10 +19,13 @@ import sys
 
 
 def rows(runs: list[tuple[str, dict]]) -> list[dict]:
-    """One row per (family, run): back-to-back host, kernel calls, merges, and ratios."""
+    """One row per (family, run): rank 0's back-to-back host, kernel calls, merges, and
+    ratios (runs before ``host_parts.py`` gave every rank have rank 0's rows alone)."""
     out = []
     for label, run in runs:
         for r in run["rows"]:
+            if r.get("rank", 0) != 0:
+                continue
             b2b = r["back_to_back"]
             kernels = b2b["parts_ms"]["kernel calls"]
             out.append(dict(family=r["family"], run=label, host_ms=b2b["host_ms"],

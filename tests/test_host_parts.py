@@ -35,10 +35,12 @@ def test_cpu_smoke_times_the_parts_of_a_forward(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "benchmarks/host_parts.py"), "--cpu-smoke",
                     "--families", "causal_document", "--out", str(out)], check=True,
                    timeout=300, cwd=ROOT, capture_output=True)
-    row = json.loads(out.with_suffix(".json").read_text())["rows"][0]
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [r["rank"] for r in rows] == [0, 1]  # every rank's row, family by family
+    row = rows[0]
     for way in ("idle", "back_to_back"):
         parts = row[way]["parts_ms"]
         assert parts["kernel calls"] > 0 and parts["post a hop"] >= parts["NCCL calls"] > 0
         assert row[way]["host_ms"] > parts["kernel calls"]
     assert row["back_to_back"]["wall_ms"] >= row["back_to_back"]["host_ms"]
-    assert "| causal_document | " in out.with_suffix(".md").read_text()
+    assert "| causal_document | 1 | " in out.with_suffix(".md").read_text()
