@@ -1868,7 +1868,8 @@ def test_the_host_parts_of_a_forward_are_the_run_on_file():
 
 def test_the_unsteady_machine_and_the_healthy_spread_are_the_logs_on_file():
     """The throttled machine's choice timed 25.2 then 68.6 ms and two checks switched; on
-    the healthy runs on file the choice's two timings were at most 1.64x apart."""
+    the healthy runs on file the choice's two timings were at most 1.64x apart, but once
+    (more than 2x, where the guard kept the model's choice)."""
     import re
 
     pattern = re.compile(r"measured ([\d.]+) ms \(.*?the choice again ([\d.]+) ms")
@@ -1878,12 +1879,20 @@ def test_the_unsteady_machine_and_the_healthy_spread_are_the_logs_on_file():
     switched = {line for line in hot.splitlines() if "switched to" in line}
     assert len(switched) == 2
     _says("timed one choice 25.2 then 68.6 ms and switched two checks on such\ntimings")
-    spread = [max(a, b) / min(a, b)
-              for path in RESULTS.rglob("*.txt") if "throttled" not in str(path)
-              for a, b in ((float(x), float(y)) for x, y in pattern.findall(
-                  path.read_text(errors="ignore")))]
+    once = "h100x2_issue42_host_trims/masks2/before_log.txt"  # a healthy machine's outlier
+    pairs = {(str(path), float(x), float(y)) for path in RESULTS.rglob("*.txt")
+             if "throttled" not in str(path)
+             for x, y in pattern.findall(path.read_text(errors="ignore"))}
+    outliers = {p for p in pairs if max(p[1:]) / min(p[1:]) > 2}
+    (where, a, b), = outliers
+    assert where.endswith(once) and "kept the model's choice" in (RESULTS / once).read_text()
+    spread = [max(x, y) / min(x, y) for _, x, y in pairs - outliers]
     assert len(spread) > 50
     _says(f"on healthy machines the two were\nat most {max(spread):.2f}x apart")
+    gate = (RESULTS / once).parent.joinpath("gate.txt").read_text().splitlines()[1:]
+    idle = [line.split(",")[1].strip() for line in gate]
+    _says(f"but once: on a machine whose GPUs idled at {idle[0]} and {idle[1]} C")
+    _says(f"one choice timed\n{a:.2f} then {b:.2f} ms, and the guard kept the model's choice")
 
 
 def test_the_two_way_rounds_are_the_planner_runs_on_file():

@@ -1,10 +1,11 @@
 """A compiled Triton kernel launched through its own launcher, past Triton's per-call binding.
 
 Why: ``kernel[grid](*args)`` binds, specialises and hashes every argument in Python at each
-call. For the fused merge (``merge.py``: 18 arguments) that is 29 us of host a launch on one
-2x H100 host and 97 on a slower one, against 9 through the compiled kernel's own launcher
-(``benchmarks/merge_launch.py``). An eager forward launches the merge a few times a call,
-and on a slow host the host is what the GPUs wait for.
+call. For the fused merge (``merge.py``: 18 arguments, now 21) a probe measured 29 us of
+host a launch on one 2x H100 host and 97 on a slower one, against 9 through the compiled
+kernel's own launcher (NOTES, nineteenth session; ``benchmarks/merge_launch.py`` times both
+ways). An eager forward launches the merge a few times a call, and on a slow host the host
+is what the GPUs wait for.
 
 Exact by construction: a key's launcher is the compiled kernel that Triton's own launch
 returned for arguments of that key, and the caller's key holds everything Triton
