@@ -133,7 +133,7 @@ def _pass(topology: CPTopology, prof: Profile, sched: RingSchedule, batch: int,
 class _HopPlan:
     """The hops of one pass, member by member and step by step, with their bytes: the plan
     the ring follows (``payload_hops``) over the rows the schedule says are used. Where the
-    call's plan goes round the ring both ways (``plan.runs.two_way_reach``), so does this:
+    call's plan goes round the ring both ways (``plan.runs.pass_rounds``), so does this:
     a round of ``a`` steps and one of ``b`` after it, the second's first hops at step 0."""
 
     def __init__(self, topology: CPTopology, sched: RingSchedule, batch: int, backward: bool):

@@ -22,9 +22,9 @@ leading rows, and a pack is planned on every call's path, where the runs' extra 
 would cost more than the rows they save. Slice masks and windows (planned once per shape)
 take runs.
 
-``two_way_reach`` says where a pass goes round the ring both ways instead (a two-sided
-window on 4+ members: ``attention.ring_rounds``), each round's table cut at its last
-step (``needed_runs(..., last=)``).
+``pass_rounds`` says whether a pass goes round the ring both ways instead (a two-sided
+window on 4+ members, by ``two_way_reach``: ``attention.ring_rounds``), each round's table
+cut at its last step (``needed_runs(..., last=)``).
 """
 from __future__ import annotations
 
@@ -163,8 +163,8 @@ def two_way_reach(sched: "RingSchedule", topo, ulysses: int) -> tuple[int, int] 
     key) pair of members is read in exactly one of the two rounds (``a + b`` is less than
     the members, so no distance is in both). Only a flat ring of 4+ members without
     Ulysses, a schedule read at runs; both sides agree, a pair being the same either way.
-    ``topo``: the ring's positions (``comm.RingPositions``). The plan
-    (``attention.ring_rounds``) and the cost model (``decide.topology``) both ask here."""
+    ``topo``: the ring's positions (``comm.RingPositions``). Read through
+    ``pass_rounds``, by the plan and the cost models alike."""
     size = topo.size
     if size < 4 or topo.nodes != 1 or ulysses != 1 or not gapped(sched):
         return None
