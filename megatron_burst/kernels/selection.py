@@ -26,7 +26,6 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..plan.area_price import DENSE_MIN_AREA
 from ..plan.schedule import Block
 from . import flex
 from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention
@@ -176,9 +175,10 @@ def has_native(kernel: LocalAttention, block: Block) -> bool:
     return hasattr(kernel, "native")
 
 
-# From this many visible pairs a block runs alone on the dense kernel, not in a varlen call
-# (why: ``plan.area_price``, whose price of a placement assumes the same).
-VARLEN_DENSE_MIN_AREA = DENSE_MIN_AREA
+# From this many visible pairs a block runs faster alone on the dense kernel (cuDNN, ~550
+# TFLOP/s fwd+bwd on H200) than inside a varlen flash call (~325): the launch it saves
+# (~20-50 us) is worth less than the slower kernel costs above ~1.5K x 1.5K pairs.
+VARLEN_DENSE_MIN_AREA = float(2 ** 21)
 
 _CHECKED: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
 _CHECKED_SIZE = 256  # kernels x head shapes x kinds: a run has a handful

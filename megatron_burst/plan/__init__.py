@@ -13,6 +13,5 @@ tests can enumerate) without a GPU. One module per job:
   ``runs``: those rows as runs, so a window's hop carries the edges it is read at;
 - ``packs``: a pack of documents described once per micro-batch (``DocumentPack``);
 - ``slices``: general slice masks (``SliceMask``) as disjoint bands; ``mask_placement``:
-  a mask's tokens placed by visible area (``area``), its chunking priced as the kernels run
-  it (``area_price``); ``mask_families``: LongCA-bench's masks.
+  a mask's tokens placed by visible area; ``mask_families``: LongCA-bench's masks.
 """

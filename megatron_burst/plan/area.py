@@ -11,10 +11,7 @@ at most one token, and each rank takes the same number of the longer ones. k is 
 tiny), and the k of the least work wins, counting a chunk's edges too: finer chunks cut the
 blocks smaller, and a kernel wastes about a partial tile at each block edge, so each chunk
 counts ``EDGE_ROWS`` rows of its keys on top of the area (at most its own rows: a short
-chunk still runs whole tiles). Area is not time: among the k whose work is near the least,
-the one that leaves the busiest rank least by ``area_price`` (tiles, and a varlen call's
-slower tiles) is taken where it saves enough (causal documents on 2x H100: rank 0's kernels
-ran 1.38 ms against rank 1's 1.11 at an area balance of 1.042). On 2x H200 the finest balance cost more than it gained: a
+chunk still runs whole tiles). On 2x H200 the finest balance cost more than it gained: a
 causal sliding window (w 1024, 8K tokens per GPU) dealt in 512-token chunks balanced to
 1.016 ran its forward at 50 TFLOP/s per GPU, one contiguous chunk per rank (1.032, one band
 call) at 154 (``benchmarks/results/h200x2_issue42_area_edges/``).
@@ -32,19 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .area_price import busiest
 from .segments import Segment, Shard
 from .slices import SliceMask, ranges_area
 
 MAX_CHUNKS = 64  # chunks per rank, at most
 MIN_CHUNK = 64  # tokens a chunk keeps (a shard of few tokens may cut up to 4 chunks)
 EDGE_ROWS = 256  # a chunk's edges cost about this many rows of work: two partial 128-row tiles
-# The least area's k and its neighbours (k/2, 2k) whose area work is within PRICE_WITHIN of
-# the least are priced (``area_price``), where none cuts more than PRICE_MAX_CHUNKS chunks in
-# all (pricing builds every pair of ranks' blocks: about the plan's own cost, a candidate);
-# a neighbour is taken where it leaves the busiest rank at least PRICE_GAIN less: the price
-# is a model, and finer chunks cost the host more calls.
-PRICE_WITHIN, PRICE_GAIN, PRICE_MAX_CHUNKS = 1.25, 0.05, 64
 
 
 def place(world: int, total: int, mask: SliceMask) -> tuple[Shard, ...]:
@@ -63,31 +53,21 @@ def _candidates(n: int) -> list[int]:
 
 
 def _dealt(world: int, total: int, mask: SliceMask):
-    """(largest share, each rank's chunks as (start, length)) of the chosen k: the least
-    work by area (the largest share, each of its k chunks' edges adding ``EDGE_ROWS`` rows'
-    worth of keys), unless a neighbour k near that work leaves the busiest rank at least
-    ``PRICE_GAIN`` less by ``area_price`` (the kernels' tiles and rates)."""
+    """(largest share, each rank's chunks as (start, length)) of the k of least work: the
+    largest share, each of its k chunks' edges adding ``EDGE_ROWS`` rows' worth of keys."""
     if total % world:
         raise ValueError(f"layout 'area' gives every rank the same number of tokens: the "
                          f"sequence's {total} tokens must be divisible by {world} ranks")
-    n, scored = total // world, []
+    n, best, score = total // world, None, float("inf")
     even = mask.area / world
     for k in _candidates(n):
         edges = 1 + min(EDGE_ROWS * k / n, 1.0)  # a chunk's edges cost at most the chunk
-        if scored and even * edges >= min(s for s, _ in scored) * PRICE_WITHIN:
-            break  # no finer k can come near the least work
+        if even * edges >= score:  # no finer k can do less work
+            break
         got = _deal(world, n, k, mask)
-        scored.append((got[0] * edges, got))
-    least, chosen = min(scored, key=lambda c: c[0])  # the first of the least: the coarsest
-    k = len(chosen[1][0])
-    near = [got for work, got in scored if len(got[1][0]) in (k // 2, 2 * k)
-            and work <= least * PRICE_WITHIN and world * len(got[1][0]) <= PRICE_MAX_CHUNKS]
-    if not near or world == 1 or world * k > PRICE_MAX_CHUNKS:
-        return chosen
-    priced = [(busiest([_shard(total, c) for c in got[1]], mask), got)
-              for got in (chosen, *near)]
-    price, best = min(priced[1:], key=lambda c: c[0])
-    return best if price < (1 - PRICE_GAIN) * priced[0][0] else chosen
+        if got[0] * edges < score:
+            best, score = got, got[0] * edges
+    return best
 
 
 def _deal(world: int, n: int, k: int, mask: SliceMask):

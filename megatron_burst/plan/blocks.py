@@ -269,28 +269,3 @@ def one_partial(last_step: int, spans: Sequence[tuple[int, int]]) -> bool:
 def block_spans(blocks: Sequence[Block], side: str) -> list[tuple[int, int]]:
     """The query ('q') or key ('k') row range of each block."""
     return [(b.q_start, b.q_stop) if side == "q" else (b.k_start, b.k_stop) for b in blocks]
-
-
-def merged_full(found: list[Block]) -> tuple[Block, ...]:
-    """``found`` with full blocks that touch merged: same rows and adjacent columns, then the
-    reverse (the schedule's blocks of a pair of members, and the placement's price of them)."""
-    order = lambda b: (b.q_start, b.k_start)  # noqa: E731
-    if sum(b.kind == "full" for b in found) < 2:
-        return tuple(sorted(found, key=order))
-
-    def merge(blocks: list[Block], rows: bool) -> list[Block]:
-        out: list[Block] = []
-        key = (lambda b: (b.k_start, b.q_start)) if rows else (lambda b: (b.q_start, b.k_start))
-        for blk in sorted(blocks, key=key):
-            prev = out[-1] if out else None
-            if prev is not None and prev.kind == blk.kind == "full":
-                if not rows and prev.q == blk.q and prev.k_stop == blk.k_start:
-                    out[-1] = dataclasses.replace(prev, k_stop=blk.k_stop)
-                    continue
-                if rows and prev.k == blk.k and prev.q_stop == blk.q_start:
-                    out[-1] = dataclasses.replace(prev, q_stop=blk.q_stop)
-                    continue
-            out.append(blk)
-        return out
-
-    return tuple(sorted(merge(merge(found, rows=False), rows=True), key=order))

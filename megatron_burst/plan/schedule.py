@@ -29,7 +29,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Callable
 
-from .blocks import BLOCK_KINDS, INF, Block, Mask, merged_full  # noqa: F401  (re-exported)
+from .blocks import BLOCK_KINDS, INF, Block, Mask  # noqa: F401  (re-exported)
 from .layouts import MASK, PLAIN, layout_named
 from .mask_placement import mask_placement
 from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
@@ -100,7 +100,7 @@ def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...],
     ``Shard``: they never reach this function.)
     """
     if isinstance(mask, SliceMask):  # one sequence: the mask's cells cut to the segments
-        return merged_full(slice_blocks(q_segs, k_segs, mask))
+        return _merge_full(slice_blocks(q_segs, k_segs, mask))
     if not same and {a.doc for a in q_segs}.isdisjoint(b.doc for b in k_segs):
         return ()  # no document in common (most pairs of members of a pack of short ones)
     found: list[Block] = []
@@ -127,7 +127,31 @@ def blocks_between(q_segs: tuple[Segment, ...], k_segs: tuple[Segment, ...],
                 continue  # inside a run's causal block
             if (blk := _pair_block(a, b, mask)) is not None:
                 found += at_most_square(blk)  # (flash's window: slices.at_most_square)
-    return merged_full(found)
+    return _merge_full(found)
+
+
+def _merge_full(found: list[Block]) -> tuple[Block, ...]:
+    """Merge full blocks that touch: same rows and adjacent columns, then the reverse."""
+    order = lambda b: (b.q_start, b.k_start)  # noqa: E731
+    if sum(b.kind == "full" for b in found) < 2:
+        return tuple(sorted(found, key=order))
+
+    def merge(blocks: list[Block], rows: bool) -> list[Block]:
+        out: list[Block] = []
+        key = (lambda b: (b.k_start, b.q_start)) if rows else (lambda b: (b.q_start, b.k_start))
+        for blk in sorted(blocks, key=key):
+            prev = out[-1] if out else None
+            if prev is not None and prev.kind == blk.kind == "full":
+                if not rows and prev.q == blk.q and prev.k_stop == blk.k_start:
+                    out[-1] = dataclasses.replace(prev, k_stop=blk.k_stop)
+                    continue
+                if rows and prev.k == blk.k and prev.q_stop == blk.q_start:
+                    out[-1] = dataclasses.replace(prev, q_stop=blk.q_stop)
+                    continue
+            out.append(blk)
+        return out
+
+    return tuple(sorted(merge(merge(found, rows=False), rows=True), key=order))
 
 
 # ------------------------------------------------------------------------- the ring
