@@ -2162,3 +2162,63 @@ def test_the_host_trims_folders_tables_are_its_runs():
     bwd = [r[k] for s in sides for r in s.values()
            for k in ("efficiency_bwd", "efficiency_chained_bwd")]
     assert f"from {min(bwd):.2f} to {max(bwd):.2f}" in text
+
+
+def test_the_fresh_timeline_is_the_run_on_file():
+    """The rerun trace (every family fresh): one rank host-bound in each of the five families
+    below the line, both busy elsewhere, as the README and the folder's README say it; and
+    the merge's direct launch timed beside it."""
+    folder = "h100x2_issue42_timeline_fresh"
+    rows = {(r["family"], r["rank"]): r for r in _load(f"{folder}/timeline.json")["rows"]}
+    below = ("causal_document", "shared_question", "causal_blockwise",
+             "global_sliding_window", "block_causal_document")
+    held = [max((rows[(f, r)] for r in (0, 1)), key=lambda x: x["idle_ms"]) for f in below]
+    ahead = [rows[(h["family"], 1 - h["rank"])]["delay_us"][1] / 1e3 for h in held]
+    windows = ("sliding_window", "sliding_window_causal")
+    rest = [r for (f, _), r in rows.items() if f not in below and f not in windows]
+    wins = [rows[(f, r)]["idle_ms"] for f in windows for r in (0, 1)]
+    assert len(rows) == 24 and all("cudnn" in rows[(f, r)]["kinds_us"]
+                                   for f in below[:3] + below[4:] for r in (0, 1))
+    text = (f"one rank's GPU idles {_span([h['idle_ms'] for h in held])} ms a forward, its\n"
+            f"kernels starting {_span([h['delay_us'][0] for h in held], '{:.0f}')} us after "
+            f"launch at the 10th percentile, while the other rank's host\nruns "
+            f"{_span(ahead, '{:.1f}')} ms ahead at the median; in the other seven both GPUs "
+            f"idle at most {max(r['idle_ms'] for r in rest):.2f} ms a\nforward, but for the two "
+            f"sliding windows ({_span([w for w in wins if w > 0.2])} ms)")
+    _says(text)
+    said = (RESULTS / folder / "README.md").read_text()
+    assert " ".join(f"{_span([h['idle_ms'] for h in held])} ms a forward".split()) in \
+        " ".join(said.split())
+    launch = _load(f"{folder}/merge_launch.json")["rows"]
+    assert all(r["adopted"] and r["same_bits"] for r in launch)
+    direct = _span([r["direct_us"] for r in launch], "{:.1f}")
+    triton = _span([r["tritons_us"] for r in launch], "{:.1f}")
+    _says(f"{direct} us of host a launch against Triton's {triton}")
+
+
+def test_the_priced_deal_trial_is_the_run_on_file():
+    """The priced `area` deal, reverted, as the README says it (before / before again ->
+    after, causal documents)."""
+    folder = "h100x2_issue42_area_price_rejected"
+    run = {side: next(r for r in _load(f"{folder}/{side}.json")["rows"]
+                      if r["family"] == "causal_document")
+           for side in ("before", "after", "before2")}
+
+    def said(get, fmt="{:.3f}") -> str:
+        return (f"{fmt.format(get(run['before']))} / {fmt.format(get(run['before2']))} -> "
+                f"{fmt.format(get(run['after']))}")
+
+    assert run["before"]["balance_area"] == run["before2"]["balance_area"]
+    _says(f"at an area\nbalance of {run['before']['balance_area']:.3f})")
+    _says(f"the captured forward did run faster: "
+          f"{said(lambda r: r['burst_graph']['fwd_ms'])} ms")
+    _says(f"the backward's busiest rank sent {run['before']['sent_mb']['backward']:.1f} -> "
+          f"{run['after']['sent_mb']['backward']:.1f} MB")
+    _says(f"the captured forward +\nbackward took {said(lambda r: r['burst_graph']['fwd_bwd_ms'])}"
+          f" ms (eager with a new pack every call, {said(lambda r: r['burst_fresh']['ms'])})")
+    timeline = {(r["family"], r["rank"]): r["kinds_us"]
+                for r in _load("h100x2_issue42_timeline_fresh/timeline.json")["rows"]}
+    kernels = [sum(v for k, v in timeline[("causal_document", r)].items()
+                   if k in ("flash", "cudnn")) / 1e3 for r in (0, 1)]
+    _says(f"rank 0's attention kernels {kernels[0]:.2f} ms a\nforward against rank 1's "
+          f"{kernels[1]:.2f}")
