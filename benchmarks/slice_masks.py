@@ -185,8 +185,8 @@ def fresh_packs(name, args, world, dev, full) -> dict | None:
         sync(dev)
         dist.barrier()
         t0 = time.perf_counter()
-        mb.burst_attn(q, k, v, mask=mask, kernel=args.fresh_kernel, layout=args.layout,
-                      backward=args.backward).backward(local[3])
+        mb.burst_attn(q, k, v, mask=mask, kernel=args.fresh_kernel or args.kernel,
+                      layout=args.layout, backward=args.backward).backward(local[3])
         sync(dev)
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
@@ -205,7 +205,8 @@ def run_family(name, args, world, rank, dev, dtype, solo, flex, flex_cp=None) ->
     q, k, v = (t.requires_grad_() for t in local[:3])
     flops = 4.0 * mask.area * args.hq * args.d
     def burst(a, b, c):
-        return mb.burst_attn(a, b, c, mask=mask, backward=args.backward, layout=args.layout)
+        return mb.burst_attn(a, b, c, mask=mask, backward=args.backward, layout=args.layout,
+                             kernel=args.kernel)
 
     fwd, both = fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True)
     chained = _speed(*fwd_and_fwdbwd(burst, (q, k, v), local[3], dev, args, align=True,
@@ -379,6 +380,10 @@ def main() -> None:
     p.add_argument("--chained", action="store_true",
                    help="also time the eager calls back to back, synchronised once at the "
                         "end, as a model's layers make them (burst and the one-GPU methods)")
+    p.add_argument("--kernel", default=None,
+                   help="the kernel burst_attn's rows force (e.g. torch-flash: every block in "
+                        "varlen flash calls, the fewest calls); default: the automatic choice. "
+                        "The one-GPU methods keep theirs")
     p.add_argument("--fresh-kernel", default=None,
                    help="the kernel the new-pack row forces (e.g. torch-flash, which builds "
                         "nothing per block shape); default: the automatic choice")
@@ -422,6 +427,7 @@ def main() -> None:
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
+                    kernel=args.kernel,
                     package=ran_package(),
                     flex_bands=flex_band_signatures(), torch_flex_cp=flex_cp_note or (
                         "on" if flex_cp is not None else "off"),
