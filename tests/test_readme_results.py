@@ -2222,3 +2222,26 @@ def test_the_priced_deal_trial_is_the_run_on_file():
                    if k in ("flash", "cudnn")) / 1e3 for r in (0, 1)]
     _says(f"rank 0's attention kernels {kernels[0]:.2f} ms a\nforward against rank 1's "
           f"{kernels[1]:.2f}")
+
+
+def test_the_flash_only_probe_is_the_run_on_file():
+    """The flash-alone probe as the README says it: automatic (two runs) -> flash alone (two
+    runs), back to back."""
+    folder = "h100x2_issue42_flash_only"
+    runs = {run: {r["family"]: r for r in _load(f"{folder}/{run}.json")["rows"]}
+            for run in ("auto", "auto2", "flash", "flash2")}
+    assert [_load(f"{folder}/{run}.json")["meta"]["kernel"] for run in runs] == \
+        [None, None, "torch-flash", "torch-flash"]
+
+    def said(family, get, fmt="{:.3f}") -> str:
+        return " -> ".join(" / ".join(fmt.format(get(runs[run][family])) for run in pair)
+                           for pair in (("auto", "auto2"), ("flash", "flash2")))
+
+    fwd = lambda r: r["burst_chained"]["fwd_ms"]  # noqa: E731
+    _says(f"went {said('block_causal_document', fwd)} ms "
+          f"({said('block_causal_document', lambda r: r['efficiency_chained_fwd'], '{:.2f}')}"
+          f" of one GPU)")
+    _says(f"back to back "
+          f"{said('block_causal_document', lambda r: r['burst_chained']['fwd_bwd_ms'])};")
+    _says(f"back to back were slower ({said('causal_document', fwd)},\n"
+          f"{said('causal_blockwise', fwd)})")
