@@ -75,3 +75,17 @@ def test_gpu_health_reads_nvidia_smi_and_is_none_without_it(tmp_path, monkeypatc
     assert ranks.gpu_health() == [
         dict(index=0, temperature_c=36.0, sm_mhz=1980.0, clock_events="0x0000000000000000"),
         dict(index=1, temperature_c=70.0, sm_mhz=1410.0, clock_events="0x0000000000000060")]
+
+
+def test_kernel_forces_burst_attn_s_kernel_on_every_rank(tmp_path):
+    """``--kernel`` reaches burst_attn: a kernel that cannot run on the CPU ranks is refused
+    there, naming it, on every rank (and nothing is written)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "slice_masks.py"
+    done = subprocess.run([sys.executable, str(script), "--cpu-smoke", "--families", "causal",
+                           "--kernel", "cudnn", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    assert done.stderr.count("ValueError: kernel='cudnn' runs on ['cuda']") >= 2  # each rank
+    assert not (tmp_path / "run.json").exists()
