@@ -381,8 +381,8 @@ def main() -> None:
                    help="also time the eager calls back to back, synchronised once at the "
                         "end, as a model's layers make them (burst and the one-GPU methods)")
     p.add_argument("--kernel", default=None,
-                   help="the kernel burst_attn's rows force (e.g. torch-flash: every block in "
-                        "varlen flash calls, the fewest calls); default: the automatic choice. "
+                   help="the kernel burst_attn's rows force (e.g. torch-flash: every block on "
+                        "flash, packed into the fewest calls); default: the automatic choice. "
                         "The one-GPU methods keep theirs")
     p.add_argument("--fresh-kernel", default=None,
                    help="the kernel the new-pack row forces (e.g. torch-flash, which builds "
