@@ -1694,9 +1694,13 @@ def test_the_summary_s_auto_and_mask_figures_are_the_runs_on_file():
 
 def _captured_fwd(folder: str) -> dict:
     """{(family, run): captured forward ms} of a before / after / before-again call."""
-    return {(r["family"], s): r["burst_graph"]["fwd_ms"]
-            for s in ("before", "after", "before2")
-            for r in _load(f"{folder}/masks2/{s}.json")["rows"]}
+    return _sides(f"{folder}/masks2", lambda r: r["burst_graph"]["fwd_ms"])
+
+
+def _sides(prefix: str, get) -> dict:
+    """{(family, run): get(row)} of a before / after / before-again call's JSON files."""
+    return {(r["family"], s): get(r) for s in ("before", "after", "before2")
+            for r in _load(f"{prefix}/{s}.json")["rows"]}
 
 
 def _before_after(ms: dict, family: str) -> str:
@@ -2204,9 +2208,8 @@ def test_the_priced_deal_trial_is_the_run_on_file():
                       if r["family"] == "causal_document")
            for side in ("before", "after", "before2")}
 
-    def said(get, fmt="{:.3f}") -> str:
-        return (f"{fmt.format(get(run['before']))} / {fmt.format(get(run['before2']))} -> "
-                f"{fmt.format(get(run['after']))}")
+    def said(get) -> str:
+        return _before_after(_sides(folder, get), "causal_document")
 
     assert run["before"]["balance_area"] == run["before2"]["balance_area"]
     _says(f"at an area\nbalance of {run['before']['balance_area']:.3f})")
