@@ -62,6 +62,10 @@ def test_a_run_of_rows_is_cut_where_the_kept_rows_start_and_stop():
     assert wide.pieces(20, 30) == [(20, 30, False)]
     assert wide.pieces(15, 18) == [(15, 18, True)]
     assert wide.rows(30, 34).data_ptr() == wide.buf[:, 20:24].data_ptr()
+    # where each piece folds: the kept rows at their place in the fp32 buffer, the rest home
+    assert [(t is wide.buf, at, x, y) for t, at, x, y in wide.targets(out, 12, 31)] == [
+        (True, 2, 12, 20), (False, 20, 20, 30), (True, 20, 30, 31)]
+    assert all(t is out for t, *_ in wide.targets(out, 20, 30))
 
 
 def _forward(world: int, mask, rank: int):

@@ -18,6 +18,8 @@ call), so the accumulator owns its memory whichever way it was made.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from ..kernels.protocol import working_dtype
@@ -81,6 +83,13 @@ class WideRows:
         if at < b:
             out.append((at, b, False))
         return out
+
+    def targets(self, out_b: torch.Tensor, a: int, b: int
+                ) -> Iterator[tuple[torch.Tensor, int, int, int]]:
+        """Where rows ``a:b``'s partials fold: (accumulator, its row for ``start``, start,
+        stop) for each piece, the kept rows' in this fp32 buffer, the rest in the home."""
+        for x, y, apart in self.pieces(a, b):
+            yield (self.buf, x - self.lo, x, y) if apart else (out_b, x, x, y)
 
     def rows(self, a: int, b: int) -> torch.Tensor:
         return self.buf[:, a - self.lo:b - self.lo]

@@ -55,17 +55,15 @@ def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v:
 
     ``first``: per query run of the call (``call_runs``), whether nothing has been written
     to its rows yet: then the partial is written there, not merged. ``wide``: the rows kept
-    apart in fp32 (``attention.home_output.WideRows``), or None.
+    apart in fp32 (``attention.home_output.WideRows``: it says where each piece of a run
+    folds), or None (every row folds into ``out``).
     """
     o, o_lse = forward_partial(kernel, call, q, k, v, scale)
     runs = call.q_runs if call.varlen else ((call.blocks[0].q_start, call.blocks[0].q_stop),)
     for (a, b, off), write in zip(_offsets(runs), first, strict=True):
-        if wide is None:
-            fold_rows(out, lse, a, a, o, o_lse, off, b - a, write)
-            continue
-        for x, y, apart in wide.pieces(a, b):
-            fold_rows(wide.buf if apart else out, lse, x - wide.lo if apart else x, x, o,
-                      o_lse, off + x - a, y - x, write)
+        pieces = ((out, a, a, b),) if wide is None else wide.targets(out, a, b)
+        for target, at, x, y in pieces:
+            fold_rows(target, lse, at, x, o, o_lse, off + x - a, y - x, write)
 
 
 def seen_nothing(lse: torch.Tensor) -> torch.Tensor:
