@@ -28,12 +28,8 @@ def _tritons_own(out, lse, blk, blse):
     """The same launch through Triton's binding."""
     from megatron_burst.kernels import merge
 
-    saved = merge._LAUNCHES
-    merge._LAUNCHES = merge.DirectLaunches(merge._merge_kernel, lambda key, c: False)
-    try:
+    with merge.tritons_own_launch():
         merge._launch(out, lse, blk, blse)
-    finally:
-        merge._LAUNCHES = saved
 
 
 @pytest.mark.parametrize("d", [64, 128])

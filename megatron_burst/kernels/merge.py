@@ -16,6 +16,9 @@ and both lse once, writing o and lse once); the PyTorch version needs about six 
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 from .triton_direct import DirectLaunches
@@ -261,3 +264,16 @@ def _same_as_tritons(key: tuple, compiled) -> bool:
 
 
 _LAUNCHES = DirectLaunches(_merge_kernel, _same_as_tritons) if triton is not None else None
+
+
+@contextlib.contextmanager
+def tritons_own_launch() -> Iterator[None]:
+    """Inside: every merge launched through Triton's own binding (a launcher that adopts no
+    key), the yardstick the direct launch is held to (``benchmarks/merge_launch.py`` times
+    both, ``tests/test_gpu_merge_launch.py`` compares their bits)."""
+    global _LAUNCHES
+    saved, _LAUNCHES = _LAUNCHES, DirectLaunches(_merge_kernel, lambda key, compiled: False)
+    try:
+        yield
+    finally:
+        _LAUNCHES = saved
