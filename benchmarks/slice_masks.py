@@ -66,6 +66,7 @@ from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
 from flex_cp import FlexCP, dense_mask  # noqa: E402
+from host_cores import pin_ranks  # noqa: E402
 from ranks import gpu_health, ran_package, start_ranks, write_run  # noqa: E402
 
 
@@ -323,7 +324,7 @@ def table(meta: dict, rows: list[dict]) -> str:
     back = any("efficiency_chained_fwd" in r for r in rows)
     lines = [f"{meta['device']} x{meta['world']}, torch {meta['torch']}, {meta['date']}, "
              f"{meta['tokens_per_gpu']} tokens/GPU, GQA {meta['heads']}, d {meta['head_dim']}, "
-             f"{meta['dtype']}", f"command: `{meta['command']}`", "",
+             f"{meta['dtype']}", f"command: `{meta['command']}`", *_pinned(meta), "",
              "| family | slices | balance area / zigzag | burst fwd / bwd TFLOP/s/GPU | "
              "PyTorch Flex CP fwd / bwd | "
              "burst fwd+bwd same mask / new pack | 1 GPU plan fwd / bwd | "
@@ -349,6 +350,17 @@ def table(meta: dict, rows: list[dict]) -> str:
                      f"{r['burst']['fwd_ms']:.3f} / {r['burst']['fwd_bwd_ms']:.3f} | "
                      f"{r['sent_mb']['forward']:.1f} / {r['sent_mb']['backward']:.1f} |")
     return "\n".join(lines)
+
+
+def _pinned(meta: dict) -> list[str]:
+    """The table's line saying where ``--pin-cores`` put the ranks' main threads."""
+    pin = meta.get("pinned")
+    if not pin:
+        return []
+    return [f"main threads pinned ({pin['which']}): rank r on CPU {pin['cores']}[r], "
+            f"{' / '.join(f'{ms:.1f}' for ms in pin['ms'])} ms at host_cores.python_ms "
+            f"(every CPU: {min(pin['every_cpu_ms'].values()):.1f}-"
+            f"{max(pin['every_cpu_ms'].values()):.1f})"]
 
 
 def _fresh(row: dict) -> str:
@@ -387,6 +399,10 @@ def main() -> None:
     p.add_argument("--fresh-kernel", default=None,
                    help="the kernel the new-pack row forces (e.g. torch-flash, which builds "
                         "nothing per block shape); default: the automatic choice")
+    p.add_argument("--pin-cores", default=None, choices=("fast", "slow"),
+                   help="each rank's main thread on one of the node's fastest (or slowest) "
+                        "CPUs at the host's Python, as host_cores.py times them; default: "
+                        "unpinned")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="gloo on CPU at tiny sizes (spawns --world ranks itself)")
     p.add_argument("--world", type=int, default=2, help="ranks of --cpu-smoke")
@@ -410,6 +426,7 @@ def main() -> None:
     if not args.cpu_smoke:
         dev = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
+    pinned = pin_ranks(args.pin_cores, rank, world) if args.pin_cores else None
     solos = [dist.new_group([r]) for r in range(world)]  # a group of one for 1-GPU plans
     flex = None if args.no_flex or rank else Flex(args.tokens * world, dev)
     flex_cp, flex_cp_note = None, None
@@ -427,7 +444,7 @@ def main() -> None:
                     world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
                     heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
                     warmup=args.warmup, iters=args.iters, fresh_kernel=args.fresh_kernel,
-                    kernel=args.kernel,
+                    kernel=args.kernel, pinned=pinned,
                     package=ran_package(),
                     flex_bands=flex_band_signatures(), torch_flex_cp=flex_cp_note or (
                         "on" if flex_cp is not None else "off"),
