@@ -19,7 +19,7 @@ if [ "${TESTS:-0}" = 1 ]; then
     > "$out/merge_launch_log.txt" 2>&1
   echo "merge_launch rc=$?"; tail -n 6 "$out/merge_launch.md"
 fi
-python3 benchmarks/host_cores.py --out "$out/cpus_before" > /dev/null; tail -1 "$out/cpus_before.md"
+PYTHONPATH=$PWD python3 benchmarks/host_cores.py --out "$out/cpus_before" > /dev/null; tail -1 "$out/cpus_before.md"
 for run in $runs; do
   way=${run%[0-9]}; pin=""; [ "$way" != free ] && pin="--pin-cores $way"
   PYTHONPATH=$PWD timeout 240 torchrun --nproc_per_node=2 benchmarks/slice_masks.py --chained \
@@ -27,5 +27,5 @@ for run in $runs; do
     > "$out/${run}_log.txt" 2>&1
   echo "$run rc=$?"; grep -E '^main threads|^\| [a-z]' "$out/$run.md" 2>/dev/null | cut -c1-220
 done
-python3 benchmarks/host_cores.py --out "$out/cpus_after" > /dev/null; tail -1 "$out/cpus_after.md"
+PYTHONPATH=$PWD python3 benchmarks/host_cores.py --out "$out/cpus_after" > /dev/null; tail -1 "$out/cpus_after.md"
 tar -czf "$top/cores.tgz" -C "$top" cores
