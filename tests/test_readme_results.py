@@ -2248,3 +2248,76 @@ def test_the_flash_only_probe_is_the_run_on_file():
           f"{said('block_causal_document', lambda r: r['burst_chained']['fwd_bwd_ms'])};")
     _says(f"back to back were slower ({said('causal_document', fwd)},\n"
           f"{said('causal_blockwise', fwd)})")
+
+
+HOST_CORES = "h100x2_issue42_host_cores"
+_PINNED_RUNS = {"fast": ("first/fast", "second/fast", "second/fast2"),
+                "free": ("first/free", "second/free", "second/free2"), "slow": ("first/slow",)}
+
+
+def _host_core_rows(way: str) -> list[dict]:
+    """Every family row of ``way``'s runs (fast / free / slow) in the host-cores folder,
+    each checked to have been pinned as its name says."""
+    rows = []
+    for run in _PINNED_RUNS[way]:
+        data = _load(f"{HOST_CORES}/{run}.json")
+        pinned = data["meta"]["pinned"]
+        assert (pinned["which"] if pinned else "free") == way, run
+        rows += data["rows"]
+    return rows
+
+
+def test_the_host_cores_runs_are_on_file():
+    """The CPUs' spread, the counts at the line pinned fast and unpinned, and block-causal
+    documents' two modes, as the README and the folder's README say them."""
+    folder = " ".join((RESULTS / HOST_CORES / "README.md").read_text().split())
+    cpus = _load(f"{HOST_CORES}/second/cpus_before.json")["rows"]
+    every = [r["ms"] for r in cpus] + [r["ms_again"] for r in cpus]
+    apart = max(max(r["ms"], r["ms_again"]) / min(r["ms"], r["ms_again"]) for r in cpus)
+    _says(f"in {_span(every, '{:.1f}')} ms, and a CPU's two timings seconds apart\n"
+          f"differed by up to {apart:.1f}x")
+    assert f"twice: {_span(every, '{:.1f}')} ms" in folder
+    assert f"differ by up to {apart:.1f}x" in folder
+    met = {way: sum(r["efficiency_chained_fwd"] >= 0.75 for r in _host_core_rows(way))
+           for way in ("fast", "free")}
+    runs = {way: len(_host_core_rows(way)) for way in ("fast", "free")}
+    _says(f"back in {met['fast']} of {runs['fast']} runs; unpinned, in {met['free']} of "
+          f"{runs['free']}.")
+    _says(f"those five\n  families met it in {met['fast']} of {runs['fast']} runs")
+    assert f"met 0.75 in {met['fast']} of {runs['fast']} runs; unpinned, in {met['free']} " \
+           f"of {runs['free']}" in folder
+    blocks = [r for way in _PINNED_RUNS for r in _host_core_rows(way)
+              if r["family"] == "block_causal_document"]
+    at = [r for r in blocks if r["efficiency_chained_fwd"] >= 0.75]
+    below = [r for r in blocks if r["efficiency_chained_fwd"] < 0.75]
+    ms = lambda rows: [r["burst_chained"]["fwd_ms"] for r in rows]  # noqa: E731
+    eff = lambda rows: [r["efficiency_chained_fwd"] for r in rows]  # noqa: E731
+    _says(f"Block-causal documents took {_span(ms(at), '{:.3f}')} ms a\nforward in its runs "
+          f"at or above the line ({_span(eff(at))} of one GPU) and {_span(ms(below), '{:.3f}')}"
+          f" in those\nbelow ({_span(eff(below))})")
+    both = [r["burst_chained"]["fwd_bwd_ms"] for r in blocks]
+    _says(f"back to back took\n{_span(both, '{:.3f}')} ms in every run")
+    assert f"(block-causal documents {_span(both, '{:.3f}')} ms)" in folder
+    backward = [r["efficiency_chained_bwd"] for way in _PINNED_RUNS
+                for r in _host_core_rows(way)]
+    assert f"met 0.75 in every run ({_span(backward)})" in folder
+    worst = max(r["rel_err_vs_one_gpu"] for way in _PINNED_RUNS for r in _host_core_rows(way))
+    assert worst <= 2.6e-3 and "within 2.6e-3 of one GPU's" in folder
+
+
+def test_the_host_cores_folder_table_is_the_runs():
+    """Each cell of the folder's table: the family's forward ms and share of one GPU back to
+    back, run by run in the order the table names them."""
+    folder = (RESULTS / HOST_CORES / "README.md").read_text()
+    names = {"block_causal_document": "block-causal documents",
+             "causal_document": "causal documents", "shared_question": "shared question",
+             "causal_blockwise": "causal blockwise",
+             "global_sliding_window": "global sliding window"}
+    for family, name in names.items():
+        cells = []
+        for way in ("fast", "free", "slow"):
+            rows = [r for r in _host_core_rows(way) if r["family"] == family]
+            cells.append(", ".join(f"{r['burst_chained']['fwd_ms']:.3f}" for r in rows)
+                         + " / " + ", ".join(f"{r['efficiency_chained_fwd']:.2f}"
+                                             for r in rows) if rows else "-")
+        assert f"| {name} | {' | '.join(cells)} |" in folder, (name, cells)
