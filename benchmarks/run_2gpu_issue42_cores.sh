@@ -4,6 +4,7 @@
 # once per entry of RUNS (free: unpinned; fast / slow: --pin-cores, each rank's main thread
 # on one of the fastest / slowest CPUs; a trailing digit repeats a way), in one device call.
 # With TESTS=1 first the GPU tests of this session's GPU-path change and merge_launch.py.
+# SLICE_ARGS: more options for slice_masks.py (e.g. --graph); RUN_SECONDS: each run's limit.
 # Usage: bash benchmarks/run_2gpu_issue42_cores.sh OUTDIR FAMILIES "free fast slow"
 #        (writes OUTDIR/cores.tgz; about 25 s a family a run on 2x H100)
 set -uo pipefail
@@ -22,8 +23,9 @@ fi
 PYTHONPATH=$PWD python3 benchmarks/host_cores.py --out "$out/cpus_before" > /dev/null; tail -1 "$out/cpus_before.md"
 for run in $runs; do
   way=${run%[0-9]}; pin=""; [ "$way" != free ] && pin="--pin-cores $way"
-  PYTHONPATH=$PWD timeout 240 torchrun --nproc_per_node=2 benchmarks/slice_masks.py --chained \
-    --no-flex --no-torch-flex-cp --families "$families" $pin --out "$out/$run" \
+  PYTHONPATH=$PWD timeout "${RUN_SECONDS:-240}" torchrun --nproc_per_node=2 \
+    benchmarks/slice_masks.py --chained --no-flex --no-torch-flex-cp --families "$families" \
+    $pin ${SLICE_ARGS:-} --out "$out/$run" \
     > "$out/${run}_log.txt" 2>&1
   echo "$run rc=$?"; grep -E '^main threads|^\| [a-z]' "$out/$run.md" 2>/dev/null | cut -c1-220
 done
