@@ -2321,3 +2321,25 @@ def test_the_host_cores_folder_table_is_the_runs():
                          + " / " + ", ".join(f"{r['efficiency_chained_fwd']:.2f}"
                                              for r in rows) if rows else "-")
         assert f"| {name} | {' | '.join(cells)} |" in folder, (name, cells)
+
+
+def test_the_slow_cpus_captured_run_is_on_file():
+    """The other machine's run pinned to its slowest CPUs, with the captured column: the
+    eager and captured forward of block-causal documents, and every family captured."""
+    data = _load(f"{HOST_CORES}/third/slow.json")
+    assert data["meta"]["pinned"]["which"] == "slow" and "--graph" in data["meta"]["command"]
+    rows = {r["family"]: r for r in data["rows"]}
+    block = rows["block_causal_document"]
+    said = (f"took {block['burst_chained']['fwd_ms']:.3f} ms back to back "
+            f"({block['efficiency_chained_fwd']:.2f}) and {block['burst_graph']['fwd_ms']:.3f} "
+            f"captured in CUDA graphs ({block['efficiency_graph_fwd']:.2f})")
+    _says(said)
+    captured = [r["efficiency_graph_fwd"] for r in rows.values()]
+    assert len(captured) == 5 and min(captured) >= 0.75
+    _says(f"all\nfive families ran at {_span(captured)} of one GPU")
+    folder = " ".join((RESULTS / HOST_CORES / "README.md").read_text().split())
+    pins = " / ".join(f"{ms:.1f}" for ms in data["meta"]["pinned"]["ms"])
+    assert f"slowest CPUs ({pins} ms at the loop;" in folder
+    assert f"forward took {block['burst_chained']['fwd_ms']:.3f} ms back to back " \
+           f"({block['efficiency_chained_fwd']:.2f} of one GPU)" in folder
+    assert f"ran at {_span(captured)} of one GPU there" in folder
