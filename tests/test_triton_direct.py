@@ -86,3 +86,21 @@ def test_the_merge_keys_no_cpu_launch():
     out, blk = torch.zeros(1, 4, 2, 16), torch.zeros(1, 4, 2, 16)
     lse, blse = torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)
     assert merge._direct_key(out, lse, blk, blse, (4, 2), 16, 32, 4, False) is None
+
+
+def test_tritons_own_launch_is_swapped_in_and_back_or_refused_without_triton(monkeypatch):
+    """``merge.tritons_own_launch``: inside, a launcher that adopts nothing; after, the
+    package's own again (also when the body raises); without Triton it says so."""
+    from megatron_burst.kernels import merge
+
+    if merge.triton is None:
+        with pytest.raises(RuntimeError, match="Triton is not installed"):
+            with merge.tritons_own_launch():
+                pass
+        return
+    own = merge._LAUNCHES
+    with pytest.raises(KeyError):
+        with merge.tritons_own_launch():
+            assert merge._LAUNCHES is not own and not merge._LAUNCHES.adopted(("any",))
+            raise KeyError("body")
+    assert merge._LAUNCHES is own

@@ -272,6 +272,8 @@ def tritons_own_launch() -> Iterator[None]:
     key), the yardstick the direct launch is held to (``benchmarks/merge_launch.py`` times
     both, ``tests/test_gpu_merge_launch.py`` compares their bits)."""
     global _LAUNCHES
+    if triton is None:
+        raise RuntimeError("merge.tritons_own_launch: Triton is not installed here")
     saved, _LAUNCHES = _LAUNCHES, DirectLaunches(_merge_kernel, lambda key, compiled: False)
     try:
         yield
