@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ranks import write_run  # noqa: E402
@@ -71,15 +72,12 @@ def pin_main_thread(core: int) -> None:
     os.sched_setaffinity(0, {core})
 
 
-def pin_ranks(which: str, rank: int, world: int) -> dict:
+def pin_ranks(which: str, rank: int, world: int, from_rank0: Callable[[Any], Any]) -> dict:
     """Each rank's main thread on its CPU of ``chosen(which)``, from rank 0's ``core_speeds``
-    (the other ranks wait meanwhile; one node: the ranks share its CPUs). Returns what was
-    pinned, for the run's record."""
-    import torch.distributed as dist
-
-    box = [core_speeds() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    speeds = box[0]
+    (the other ranks wait meanwhile; one node: the ranks share its CPUs). ``from_rank0``:
+    the caller's broadcast of rank 0's value to every rank. Returns what was pinned, for the
+    run's record."""
+    speeds = from_rank0(core_speeds() if rank == 0 else None)
     cores = chosen(speeds, world, which)
     pin_main_thread(cores[rank])
     return dict(which=which, cores=cores, ms=[speeds[c] for c in cores], every_cpu_ms=speeds)

@@ -98,6 +98,13 @@ def family_mask(name: str, total: int, scale: float = 1.0) -> mb.SliceMask:
     return mf.family(name, lens, **knobs(total, scale))
 
 
+def from_rank0(value):
+    """Rank 0's ``value`` on every rank (pickled)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def sync(dev) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -426,7 +433,7 @@ def main() -> None:
     if not args.cpu_smoke:
         dev = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
-    pinned = pin_ranks(args.pin_cores, rank, world) if args.pin_cores else None
+    pinned = pin_ranks(args.pin_cores, rank, world, from_rank0) if args.pin_cores else None
     solos = [dist.new_group([r]) for r in range(world)]  # a group of one for 1-GPU plans
     flex = None if args.no_flex or rank else Flex(args.tokens * world, dev)
     flex_cp, flex_cp_note = None, None

@@ -47,3 +47,17 @@ def test_a_pinned_table_says_where_and_an_unpinned_one_says_nothing():
         "host_cores.python_ms (every CPU: 13.8-28.2)"]
     assert slice_masks._pinned(dict(pinned=None)) == []
     assert slice_masks._pinned({}) == []
+
+
+def test_each_rank_pins_to_its_cpu_of_rank_0s_timing(monkeypatch):
+    """Rank 0 times the CPUs and shares them; each rank takes its own of the chosen."""
+    timed, pinned = [], []
+    monkeypatch.setattr(host_cores, "core_speeds", lambda: timed.append(1) or
+                        {0: 20.0, 1: 14.0, 2: 30.0, 3: 16.0})
+    monkeypatch.setattr(host_cores, "pin_main_thread", pinned.append)
+    shared = {}
+    rank0 = host_cores.pin_ranks("slow", 0, 2, lambda v: shared.setdefault("v", v))
+    rank1 = host_cores.pin_ranks("slow", 1, 2, lambda v: shared["v"])
+    assert timed == [1] and pinned == [2, 0]  # only rank 0 timed; the slowest two, in order
+    assert rank0 == rank1 == dict(which="slow", cores=[2, 0], ms=[30.0, 20.0],
+                                  every_cpu_ms={0: 20.0, 1: 14.0, 2: 30.0, 3: 16.0})
