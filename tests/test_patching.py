@@ -18,7 +18,7 @@ def test_swap_refuses_a_name_the_module_does_not_have():
 
 
 def test_every_swap_in_the_tests_names_what_its_module_has():
-    """Each ``swap(module, "name", ...)`` written in a test file (GPU tests included, which
+    """Each ``swap`` of a module's name, as written in a test file (GPU tests included, which
     CI never runs) names an attribute its module has now: a name moved elsewhere is caught
     on the CPU, not at the next GPU run (the fp32-wire test patched ``call_plan`` for
     sessions after the function moved to ``ring_rounds``)."""
