@@ -4,14 +4,15 @@
     torchrun --nproc_per_node=2 benchmarks/slice_masks.py --chained --pin-cores fast ...
 
 Why: at 8K tokens per GPU an eager forward of the document families is bound by one rank's
-host (``gpu_timeline.py``), and the same package's back-to-back forward moved up to 1.6x from
-run to run on one kind of machine (``results/h100x2_issue42_flash_only/``). On a VM the CPUs
+host (``gpu_timeline.py``), and the same package's back-to-back forward moved from run to run
+on one kind of machine (block-causal documents 0.54 and 0.64 of one GPU in one call,
+``results/h100x2_issue42_flash_only/``). On a VM the CPUs
 are not alike: a fixed piece of Python (``python_ms``: a loop of small function calls and
 dict stores, the host work a forward is made of) takes its own time on each CPU. This times
 it on each CPU in turn, the calling thread pinned there, and ``slice_masks.py --pin-cores``
 pins each rank's main thread to the fastest (or slowest) CPUs so measured, so a table can
 show how much of a forward's time is the CPU it ran on. Only the main thread is pinned: the
-threads NCCL and CUDA started before keep every CPU.
+threads NCCL and CUDA started before keep every CPU; those started after inherit its one.
 """
 from __future__ import annotations
 
