@@ -35,7 +35,8 @@ from .mask_placement import mask_placement
 from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
 from .runs import gapped, needed_runs
 from .segments import Runs, Segment, Shard, concat, in_position_order
-from .slices import SliceMask, at_most_square, band_block, slice_blocks
+from .cell_blocks import slice_blocks
+from .slices import SliceMask, at_most_square, band_block
 
 # ------------------------------------------------------------------------- blocks
 

@@ -106,6 +106,11 @@ class SliceMask:
         return out
 
     @functools.cached_property
+    def cell_rows(self) -> tuple[tuple[int, ...], ...]:
+        """``cells`` as Python ints (read one at a time where there are few)."""
+        return tuple(map(tuple, self.cells.tolist()))
+
+    @functools.cached_property
     def area(self) -> int:
         """Visible (query, key) pairs of the whole mask."""
         return int(rows_area(self.cells, 0, self.extent))
@@ -236,30 +241,6 @@ def band_block(q_row: int, nq: int, k_row: int, nk: int, lo: int, hi: int) -> Bl
                  lo if kind == "band" else 0, hi if kind == "band" else 0)
 
 
-def slice_blocks(q_segs, k_segs, mask: SliceMask) -> list[Block]:
-    """The blocks of query segments ``q_segs`` against key segments ``k_segs`` (runs of
-    sequence positions, ``segments.Segment`` of one document, the sequence) under ``mask``:
-    each cell's band cut to each pair of segments, trimmed. Disjoint, as the cells are."""
-    cells = mask.cells
-    found: list[Block] = []
-    for a in q_segs:
-        qa, qb = a.pos, a.pos + a.valid
-        rows = cells[(cells[:, 0] < qb) & (cells[:, 1] > qa)]
-        if not len(rows):
-            continue
-        for b in k_segs:
-            ka, kb = b.pos, b.pos + b.valid
-            hit = rows[(rows[:, 2] < kb) & (rows[:, 3] > ka)]
-            for q0, q1, k0, k1, dlo, dhi in hit.tolist():
-                q0, q1, k0, k1 = max(q0, qa), min(q1, qb), max(k0, ka), min(k1, kb)
-                off = q0 - k0  # local j - i = D + (q0 - k0)
-                blk = band_block(a.row + q0 - qa, q1 - q0, b.row + k0 - ka, k1 - k0,
-                                 max(dlo, -INF) + off, min(dhi, INF) + off)
-                if blk is not None:
-                    found += at_most_square(blk)
-    return found
-
-
 def at_most_square(blk: Block) -> list[Block]:
     """``blk``, or for a band of more rows than columns its rows in runs of at most as many
     rows as the run keeps columns (each trimmed again). flash-attn's window on a band block
@@ -277,5 +258,4 @@ def at_most_square(blk: Block) -> list[Block]:
     return runs
 
 
-__all__ = ["KINDS", "SliceMask", "at_most_square", "band_area", "band_block", "rows_area",
-           "slice_blocks"]
+__all__ = ["KINDS", "SliceMask", "at_most_square", "band_area", "band_block", "rows_area"]

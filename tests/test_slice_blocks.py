@@ -1,0 +1,107 @@
+"""``plan.cell_blocks.slice_blocks``, through its numpy passes and one triple at a time: the same
+blocks, in the same order, as cutting each cell to each pair of segments and trimming it
+with ``band_block`` one at a time (written again here as the reference), on random masks
+and segments; and
+``trimmed_bands`` equal to ``band_block`` on random bands, unbounded ones included."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from megatron_burst.plan.blocks import INF
+from megatron_burst.plan.segments import Segment
+from megatron_burst.plan.cell_blocks import slice_blocks, trimmed_bands
+from megatron_burst.plan.slices import KINDS, SliceMask, at_most_square, band_block
+
+
+def _one_at_a_time(q_segs, k_segs, mask: SliceMask) -> list:
+    """The reference: every (query segment, key segment, cell) in that order, cut and
+    trimmed by ``band_block``."""
+    found = []
+    for a in q_segs:
+        qa, qb = a.pos, a.pos + a.valid
+        for b in k_segs:
+            ka, kb = b.pos, b.pos + b.valid
+            for q0, q1, k0, k1, dlo, dhi in mask.cells.tolist():
+                if not (q0 < qb and q1 > qa and k0 < kb and k1 > ka):
+                    continue
+                q0, q1, k0, k1 = max(q0, qa), min(q1, qb), max(k0, ka), min(k1, kb)
+                off = q0 - k0
+                blk = band_block(a.row + q0 - qa, q1 - q0, b.row + k0 - ka, k1 - k0,
+                                 max(dlo, -INF) + off, min(dhi, INF) + off)
+                if blk is not None:
+                    found += at_most_square(blk)
+    return found
+
+
+def _random_mask(rng: random.Random, total: int) -> SliceMask:
+    q_ranges, k_ranges, kinds = [], [], []
+    for _ in range(rng.randint(1, 6)):
+        q0, k0 = rng.randrange(total), rng.randrange(total)
+        q_ranges.append((q0, rng.randint(q0 + 1, total)))
+        k_ranges.append((k0, rng.randint(k0 + 1, total)))
+        kinds.append(rng.choice(KINDS))
+    return SliceMask(q_ranges, k_ranges, kinds)
+
+
+def _random_segments(rng: random.Random, total: int) -> tuple:
+    """Runs of positions cutting [0, total) in a random order, some ending in padding."""
+    cuts = sorted(rng.sample(range(1, total), rng.randint(0, min(8, total - 1))))
+    spans = list(zip([0, *cuts], [*cuts, total]))
+    rng.shuffle(spans)
+    segs, row = [], 0
+    for a, z in spans[:rng.randint(1, len(spans))]:
+        pad = rng.choice((0, 0, rng.randint(1, 3)))
+        segs.append(Segment(row, 0, a, z - a + pad, z))  # valid: z - a; then padding
+        row += z - a + pad
+    return tuple(segs)
+
+
+@pytest.mark.parametrize("few", [0, 10 ** 9])  # always the numpy passes; always one by one
+def test_the_blocks_are_the_one_at_a_time_blocks_in_order(monkeypatch, few):
+    from megatron_burst.plan import cell_blocks
+
+    monkeypatch.setattr(cell_blocks, "_FEW_TRIPLES", few)
+    rng = random.Random(11)
+    made = 0
+    for _ in range(400):
+        total = rng.randint(2, 90)
+        mask = _random_mask(rng, total)
+        q_segs, k_segs = _random_segments(rng, total), _random_segments(rng, total)
+        want = _one_at_a_time(q_segs, k_segs, mask)
+        assert slice_blocks(q_segs, k_segs, mask) == want
+        made += len(want)
+    assert made > 1500  # (the cases make blocks, not nothing)
+
+
+def test_a_pass_too_big_for_one_numpy_pass_is_cut_and_gives_the_same(monkeypatch):
+    from megatron_burst.plan import cell_blocks
+
+    rng = random.Random(5)
+    total = 64
+    mask = _random_mask(rng, total)
+    q_segs, k_segs = _random_segments(rng, total), _random_segments(rng, total)
+    monkeypatch.setattr(cell_blocks, "_FEW_TRIPLES", 0)
+    whole = slice_blocks(q_segs, k_segs, mask)
+    monkeypatch.setattr(cell_blocks, "_TRIPLES_AT_ONCE", 1)  # one query segment a pass
+    assert slice_blocks(q_segs, k_segs, mask) == whole == _one_at_a_time(q_segs, k_segs, mask)
+
+
+def test_trimmed_bands_is_band_block_on_arrays():
+    rng = random.Random(3)
+    args = []
+    for _ in range(5000):
+        nq, nk = rng.randint(-1, 12), rng.randint(-1, 12)
+        lo = rng.choice((-INF + rng.randint(-20, 20), rng.randint(-15, 15)))
+        hi = rng.choice((INF + rng.randint(-20, 20), lo + rng.randint(-3, 20)))
+        args.append((rng.randint(0, 50), nq, rng.randint(0, 50), nk, lo, hi))
+    want = []
+    for a in args:
+        blk = band_block(*a)
+        if blk is not None:
+            want.append([blk.q_start, blk.q_stop, blk.k_start, blk.k_stop,
+                         ("full", "causal", "band").index(blk.kind), blk.lo, blk.hi])
+    got = trimmed_bands(*(np.array(column, dtype=np.int64) for column in zip(*args)))
+    assert got == want and len(want) > 1000
