@@ -2343,3 +2343,22 @@ def test_the_slow_cpus_captured_run_is_on_file():
     assert f"forward took {block['burst_chained']['fwd_ms']:.3f} ms back to back " \
            f"({block['efficiency_chained_fwd']:.2f} of one GPU)" in folder
     assert f"ran at {_span(captured)} of one GPU there" in folder
+
+
+def test_the_slice_plan_times_are_the_runs_on_file():
+    """Planning before and after the numpy cut, as the README and the folder say it: the two
+    families it names, and no family on either world slower (the slower rank of 0 and 1)."""
+    runs = {side: {(r["family"], r["world"]): max(r["rank0_ms"], r["rank1_ms"])
+                   for r in _load(f"cpu_slice_plans/{side}.json")["rows"]}
+            for side in ("before", "after")}
+    assert _load("cpu_slice_plans/before.json")["meta"]["package"].endswith(
+        ".before48/megatron_burst")
+    folder = " ".join((RESULTS / "cpu_slice_plans" / "README.md").read_text().split())
+    for family, name in (("global_sliding_window", "global sliding window's plan"),
+                         ("causal_blockwise", "causal blockwise's")):
+        before, after = runs["before"][family, 8], runs["after"][family, 8]
+        _says(f"{name} {before:.1f} -> {after:.1f}")
+        assert f"{before:,.1f}" in folder and f"{after:.1f}" in folder
+    slower = [key for key, ms in runs["after"].items()
+              if round(ms, 1) > round(runs["before"][key], 1)]
+    assert not slower, slower  # "no family on 2 or 8 ranks slower", at the tables' 0.1 ms

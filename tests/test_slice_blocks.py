@@ -105,3 +105,23 @@ def test_trimmed_bands_is_band_block_on_arrays():
                          ("full", "causal", "band").index(blk.kind), blk.lo, blk.hi])
     got = trimmed_bands(*(np.array(column, dtype=np.int64) for column in zip(*args)))
     assert got == want and len(want) > 1000
+
+
+def test_the_planning_benchmark_times_every_family_and_names_its_package(tmp_path):
+    """``benchmarks/slice_plan_cpu.py`` on 2 ranks: a row per family, each rank's time."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "slice_plan_cpu.py"
+    done = subprocess.run([sys.executable, str(script), "--worlds", "2", "--repeat", "1",
+                           "--tokens", "1024", "--out", str(tmp_path / "plans")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads((tmp_path / "plans.json").read_text())
+    from megatron_burst.plan import mask_families as mf
+
+    assert [r["family"] for r in run["rows"]] == list(mf.FAMILIES)
+    assert all(r["rank0_ms"] > 0 and r["rank1_ms"] > 0 for r in run["rows"])
+    assert run["meta"]["package"].endswith("megatron_burst")
