@@ -35,15 +35,17 @@ def slice_blocks(q_segs, k_segs, mask: SliceMask) -> list[Block]:
     for s in range(0, len(q), step):
         for q0, q1, k0, k1, code, lo, hi in trimmed_bands(*_met(q[s:s + step], k, cells)):
             blk = Block(q0, q1, k0, k1, _KIND_OF[code], lo, hi)
+            # (``at_most_square``'s own test, inline: most blocks need no cut)
             found += at_most_square(blk) if code == 2 and q1 - q0 > k1 - k0 else [blk]
     return found
 
 
 _TRIPLES_AT_ONCE = 1 << 22  # query segments x key segments x cells in one numpy pass
 # Up to this many triples the numpy passes' fixed cost (some 50 array calls) is more than
-# a Python test of each: a 2-rank plan of a few segments a side (a new mask every
-# micro-batch) planned 0.2-0.7 ms slower through them (``results/cpu_slice_plans``).
+# a Python test of each: through them alone, 2-rank plans of a few segments a side (a new
+# mask every micro-batch) took 0.2-0.7 ms longer on this repo's CPU machine.
 _FEW_TRIPLES = 256
+_KIND_OF = ("full", "causal", "band")  # ``trimmed_bands``' kind codes
 
 
 def _one_at_a_time(q_segs, k_segs, cells: tuple[tuple[int, ...], ...]) -> list[Block]:
@@ -63,7 +65,6 @@ def _one_at_a_time(q_segs, k_segs, cells: tuple[tuple[int, ...], ...]) -> list[B
                     if blk is not None:
                         found += at_most_square(blk)
     return found
-_KIND_OF = ("full", "causal", "band")
 
 
 def _spans(segs) -> np.ndarray:
@@ -90,7 +91,7 @@ def _met(q: np.ndarray, k: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, .
 def trimmed_bands(q_row, nq, k_row, nk, lo, hi) -> list[list[int]]:
     """``band_block`` on arrays of its arguments: for each that holds a visible pair,
     [q_start, q_stop, k_start, k_stop, kind (0 full, 1 causal, 2 band), lo, hi], in order
-    (``tests/test_slice_masks.py`` holds it to ``band_block`` on random bands)."""
+    (``tests/test_slice_blocks.py`` holds it to ``band_block`` on random bands)."""
     i0, i1 = np.maximum(0, -hi), np.minimum(nq - 1, nk - 1 - lo)
     seen = (nq > 0) & (nk > 0) & (i0 <= i1)
     q_row, k_row, lo, hi, i0, i1 = (x[seen] for x in (q_row, k_row, lo, hi, i0, i1))
