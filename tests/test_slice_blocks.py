@@ -13,7 +13,9 @@ import pytest
 from megatron_burst.plan.blocks import INF
 from megatron_burst.plan.segments import Segment
 from megatron_burst.plan.cell_blocks import slice_blocks, trimmed_bands
-from megatron_burst.plan.slices import KINDS, SliceMask, at_most_square, band_block
+from megatron_burst.plan.slices import SliceMask, at_most_square, band_block
+
+from .test_slice_masks import random_mask
 
 
 def _one_at_a_time(q_segs, k_segs, mask: SliceMask) -> list:
@@ -34,16 +36,6 @@ def _one_at_a_time(q_segs, k_segs, mask: SliceMask) -> list:
                 if blk is not None:
                     found += at_most_square(blk)
     return found
-
-
-def _random_mask(rng: random.Random, total: int) -> SliceMask:
-    q_ranges, k_ranges, kinds = [], [], []
-    for _ in range(rng.randint(1, 6)):
-        q0, k0 = rng.randrange(total), rng.randrange(total)
-        q_ranges.append((q0, rng.randint(q0 + 1, total)))
-        k_ranges.append((k0, rng.randint(k0 + 1, total)))
-        kinds.append(rng.choice(KINDS))
-    return SliceMask(q_ranges, k_ranges, kinds)
 
 
 def _random_segments(rng: random.Random, total: int) -> tuple:
@@ -68,7 +60,7 @@ def test_the_blocks_are_the_one_at_a_time_blocks_in_order(monkeypatch, few):
     made = 0
     for _ in range(400):
         total = rng.randint(2, 90)
-        mask = _random_mask(rng, total)
+        mask = random_mask(rng, total)
         q_segs, k_segs = _random_segments(rng, total), _random_segments(rng, total)
         want = _one_at_a_time(q_segs, k_segs, mask)
         assert slice_blocks(q_segs, k_segs, mask) == want
@@ -81,7 +73,7 @@ def test_a_pass_too_big_for_one_numpy_pass_is_cut_and_gives_the_same(monkeypatch
 
     rng = random.Random(5)
     total = 64
-    mask = _random_mask(rng, total)
+    mask = random_mask(rng, total)
     q_segs, k_segs = _random_segments(rng, total), _random_segments(rng, total)
     monkeypatch.setattr(cell_blocks, "_FEW_TRIPLES", 0)
     whole = slice_blocks(q_segs, k_segs, mask)
