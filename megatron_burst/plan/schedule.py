@@ -142,12 +142,16 @@ def _merge_full(found: list[Block]) -> tuple[Block, ...]:
         key = (lambda b: (b.k_start, b.q_start)) if rows else (lambda b: (b.q_start, b.k_start))
         for blk in sorted(blocks, key=key):
             prev = out[-1] if out else None
+            # (fields compared and blocks made directly: an 8-rank slice-mask plan merges
+            # thousands, where ``dataclasses.replace`` and the slice properties cost most)
             if prev is not None and prev.kind == blk.kind == "full":
-                if not rows and prev.q == blk.q and prev.k_stop == blk.k_start:
-                    out[-1] = dataclasses.replace(prev, k_stop=blk.k_stop)
+                if (not rows and prev.q_start == blk.q_start and prev.q_stop == blk.q_stop
+                        and prev.k_stop == blk.k_start):
+                    out[-1] = Block(prev.q_start, prev.q_stop, prev.k_start, blk.k_stop)
                     continue
-                if rows and prev.k == blk.k and prev.q_stop == blk.q_start:
-                    out[-1] = dataclasses.replace(prev, q_stop=blk.q_stop)
+                if (rows and prev.k_start == blk.k_start and prev.k_stop == blk.k_stop
+                        and prev.q_stop == blk.q_start):
+                    out[-1] = Block(prev.q_start, blk.q_stop, prev.k_start, prev.k_stop)
                     continue
             out.append(blk)
         return out
