@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import logging
 import math
 import os
@@ -62,6 +63,7 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import varying_masks  # noqa: E402
+from megatron_burst.comm.consensus import from_root  # noqa: E402
 from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
@@ -96,13 +98,6 @@ def family_mask(name: str, total: int, scale: float = 1.0) -> mb.SliceMask:
     loads.clear()
     lens = pile_like(total, seed=zlib.crc32(name.encode()), scale=scale)  # same everywhere
     return mf.family(name, lens, **knobs(total, scale))
-
-
-def from_rank0(value):
-    """Rank 0's ``value`` on every rank (pickled)."""
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def sync(dev) -> None:
@@ -433,7 +428,8 @@ def main() -> None:
     if not args.cpu_smoke:
         dev = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
-    pinned = pin_ranks(args.pin_cores, rank, world, from_rank0) if args.pin_cores else None
+    pinned = (pin_ranks(args.pin_cores, rank, world, functools.partial(from_root, None))
+              if args.pin_cores else None)
     solos = [dist.new_group([r]) for r in range(world)]  # a group of one for 1-GPU plans
     flex = None if args.no_flex or rank else Flex(args.tokens * world, dev)
     flex_cp, flex_cp_note = None, None
