@@ -925,7 +925,7 @@ def wire_worker(rank: int, world: int, fp32_wire: bool) -> list:
     """burst_attn over NCCL in bf16 (causal zigzag, and a pack the GPU reads), both
     backwards, each call made twice on the same inputs: the plans' ``wire`` and both
     calls' output and gradients, on the host."""
-    from megatron_burst.attention import ring_rounds
+    from megatron_burst.attention import call_plan, ring_rounds
 
     if fp32_wire:  # every travelling accumulator in fp32, as before ``PassPlan.wire``
         swap(ring_rounds, "one_partial_wire", lambda *args: (False, False))
