@@ -44,11 +44,48 @@ def test_adopted_after_its_check_once_then_direct_with_the_constants_in_order():
     kernel, checked = _Kernel(), []
     launches = DirectLaunches(kernel, lambda key, c: checked.append((key, c)) or True)
     _launch(launches, "k")
-    assert checked == [("k", kernel.compiled)]
+    assert [key for key, _ in checked] == ["k"] and callable(checked[0][1])
     assert kernel.log == [("triton", (1, 2, 1), ("x", 0), {"D": 64, "ROWS": 32}, 4),
                           ("direct", (2, 2, 1), ("x", 1, 64, 32)),
                           ("direct", (3, 2, 1), ("x", 2, 64, 32))]
     assert launches.adopted("k") and not launches.adopted("other")
+
+
+class _Run:
+    """A compiled kernel of Triton 3.x: its launcher ``run`` and the handles it takes."""
+
+    def __init__(self, log):
+        self.log, self.function, self.packed_metadata = log, "fn", "meta"
+        self.run = lambda *a: log.append(("run", a))
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("runner", grid, args))
+
+
+def test_the_direct_launch_calls_run_with_the_current_stream_and_no_hooks(monkeypatch):
+    """Past the runner: ``run`` gets the grid, the current stream, the handles fetched once,
+    no metadata or hooks, then every argument and constant; with a launch hook set in
+    Triton, the runner (which builds the metadata the hook reads) launches instead."""
+    knobs = pytest.importorskip("triton").knobs
+    kernel = _Kernel()
+    kernel.compiled = _Run(kernel.log)
+    monkeypatch.setattr(triton_direct, "_current_stream", lambda: 77)
+    launches = DirectLaunches(kernel, lambda key, launcher: True)
+    _launch(launches, "k", n=2)
+    assert kernel.log[1:] == [("run", (2, 2, 1, 77, "fn", "meta", None, None, None,
+                                       "x", 1, 64, 32))]
+    hook = lambda metadata: None  # noqa: E731
+    if hasattr(knobs.runtime.launch_enter_hook, "add"):
+        knobs.runtime.launch_enter_hook.add(hook)
+        undo = lambda: knobs.runtime.launch_enter_hook.remove(hook)  # noqa: E731
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+        undo = lambda: None  # noqa: E731
+    try:
+        launches.launch("k", (5, 2, 1), ("x", 9), {"D": 64, "ROWS": 32}, 4)
+    finally:
+        undo()
+    assert kernel.log[-1] == ("runner", (5, 2, 1), ("x", 9, 64, 32))
 
 
 @pytest.mark.parametrize("check", [lambda key, c: False, lambda key, c: 1 / 0],

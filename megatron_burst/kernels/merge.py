@@ -242,8 +242,8 @@ def _direct_key(out, lse, block_out, block_lse, ints, align: int, rows: int,
             out.shape[-1], rows, num_warps, write)
 
 
-def _same_as_tritons(key: tuple, compiled) -> bool:
-    """``compiled`` launched directly gives Triton's own launch's bits for ``key``: both
+def _same_as_tritons(key: tuple, launcher) -> bool:
+    """``launcher`` (``triton_direct``) gives Triton's own launch's bits for ``key``: both
     fold the same scratch partials (rows unseen on either side, a part-filled program, row
     offsets on every side)."""
     index, o_dtype, l_dtype, b_dtype, bl_dtype, d, rows, num_warps, write = key
@@ -259,7 +259,7 @@ def _same_as_tritons(key: tuple, compiled) -> bool:
     grid, mine, theirs = (triton.cdiv(s, rows), h, 1), (out.clone(), lse.clone()), (out, lse)
     _merge_kernel[grid](*theirs, blk, blse, *ints, D=d, ROWS=rows, ALIGN=ROW_ALIGN,
                         WRITE=write, num_warps=num_warps)
-    compiled[grid](*mine, blk, blse, *ints, d, rows, ROW_ALIGN, write)
+    launcher(grid, *mine, blk, blse, *ints, d, rows, ROW_ALIGN, write)
     return torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
 
 
@@ -274,7 +274,7 @@ def tritons_own_launch() -> Iterator[None]:
     global _LAUNCHES
     if triton is None:
         raise RuntimeError("merge.tritons_own_launch: Triton is not installed here")
-    saved, _LAUNCHES = _LAUNCHES, DirectLaunches(_merge_kernel, lambda key, compiled: False)
+    saved, _LAUNCHES = _LAUNCHES, DirectLaunches(_merge_kernel, lambda key, launcher: False)
     try:
         yield
     finally:
