@@ -2362,3 +2362,45 @@ def test_the_slice_plan_times_are_the_runs_on_file():
     slower = [key for key, ms in runs["after"].items()
               if round(ms, 1) > round(runs["before"][key], 1) + 0.1 + 1e-9]
     assert not slower, slower  # "no family on 2 or 8 ranks slower by more than 0.1 ms"
+
+
+DIRECT_RUN = "h100x2_issue42_direct_run"
+
+
+def test_the_direct_run_figures_are_the_runs_on_file():
+    """The merge's direct `run`: the launch probe's span each way, the in-process A/B's
+    ratios by family (the README groups all but block-causal documents and shared question),
+    every way's bits, and the table's back-to-back forward, as the README and folder say."""
+    launch = _load(f"{DIRECT_RUN}/gpu_tests/merge_launch.json")["rows"]
+    direct = _span([r["direct_us"] for r in launch], "{:.1f}")
+    theirs = _span([r["tritons_us"] for r in launch], "{:.1f}")
+    assert all(r["adopted"] and r["same_bits"] for r in launch)
+    _says(f"{direct} us a launch against Triton's\nown {theirs}")
+    folder = " ".join((RESULTS / DIRECT_RUN / "README.md").read_text().split())
+    assert f"direct {direct} us a launch against Triton's own {theirs}" in folder
+    ab = _load(f"{DIRECT_RUN}/launch_ab.json")["rows"]
+    assert all(r["same_bits"] and r["adopted"] == 4 for r in ab)
+    ratio = lambda family: [r["ratio"] for r in ab if r["family"] == family]  # noqa: E731
+    others = [x for f in ("causal_document", "causal_blockwise", "global_sliding_window")
+              for x in ratio(f)]
+    _says(f"the forward took\n{_span(ratio('block_causal_document'), '{:.3f}')} of the "
+          f"runner's time in block-causal documents and {_span(others, '{:.3f}')} in three "
+          f"other\nfamilies")
+    _says(f"({_span(ratio('shared_question'), '{:.3f}')})")
+    for family, words in (("block_causal_document", "block-causal documents"),
+                          ("causal_document", "causal documents"),
+                          ("shared_question", "shared question")):
+        assert f"{words} {_span(ratio(family), '{:.3f}')}" in folder, family
+    table = _load(f"{DIRECT_RUN}/table.json")["rows"]
+    forward = [r["efficiency_chained_fwd"] for r in table]
+    _says(f"back-to-back forward at {_span(forward)} of one GPU")
+    below = {r["family"]: r["efficiency_chained_fwd"] for r in table
+             if r["efficiency_chained_fwd"] < 0.75}
+    assert sorted(below) == ["block_causal_document", "shared_question"], below
+    _says(f"shared question ({below['shared_question']:.3f}) and block-causal documents "
+          f"({below['block_causal_document']:.3f}) below the line")
+    assert f"back-to-back forward {below['block_causal_document']:.3f}" in folder
+    assert f"{below['shared_question']:.3f} (shared question)" in folder
+    backward = [r["efficiency_chained_bwd"] for r in table]
+    assert f"the backward {_span(backward)}" in folder
+    assert max(r["rel_err_vs_one_gpu"] for r in table) <= 2.6e-3

@@ -1,0 +1,138 @@
+"""The fused merge's direct launch against the compiled kernel's runner, in eager forwards.
+
+    torchrun --nproc_per_node=2 benchmarks/launch_ab.py --out $OUT/launch_ab
+
+Why: on a host-bound rank the merge's launches were a seventh of an eager forward's host
+time (py-spy with native frames, NOTES twenty-second session), a third of it in the
+compiled kernel's ``kernel[grid]`` runner (a closure, ``torch.cuda.current_device``,
+Triton's launch metadata) rather than the launch itself. ``triton_direct._direct`` now calls
+the compiled kernel's ``run`` with its handles fetched once. Two packages timed in two
+processes cannot be compared here: these VMs' CPUs switch between two speeds about 2x apart
+within seconds (``host_cores.py``), more than the change. So both ways run in one process,
+each round timing ``--calls`` forwards back to back under each in turn (order rotated),
+and the table gives each way's median and the median of the per-round ratios.
+
+Exact: the 'runner' way launches the very compiled kernels the direct way adopted, and each
+way's first output is compared bitwise with the first forward's.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_burst as mb  # noqa: E402
+from megatron_burst.kernels import merge, triton_direct  # noqa: E402
+from ranks import start_ranks, write_run  # noqa: E402
+from slice_masks import family_mask  # noqa: E402
+
+WAYS = ("runner", "direct")
+FAMILIES = "block_causal_document,causal_document,causal_blockwise,shared_question," \
+           "global_sliding_window"
+
+
+def record_compiled() -> dict:
+    """From here on, each launcher ``triton_direct`` makes remembers its compiled kernel."""
+    compiled_of, make = {}, triton_direct._direct
+
+    def recording(compiled):
+        launcher = make(compiled)
+        if launcher is not None:
+            compiled_of[id(launcher)] = compiled
+        return launcher
+    triton_direct._direct = recording
+    return compiled_of
+
+
+def tables(compiled_of: dict) -> dict:
+    """Each way's launchers for the keys adopted so far: the direct ones, and the same
+    compiled kernels through their runner."""
+    direct = dict(merge._LAUNCHES._launchers)
+    runner = {key: None if fn is None else
+              (lambda grid, *args, c=compiled_of[id(fn)]: c[grid](*args))
+              for key, fn in direct.items()}
+    return dict(direct=direct, runner=runner)
+
+
+def time_family(name: str, args, world: int, compiled_of: dict) -> dict:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    total = args.tokens * world
+    mask = family_mask(name, total)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    q, k, v = (mb.shard_seq(torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16,
+                                        generator=gen), mask=mask).contiguous()
+               for h in (args.hq, args.hkv, args.hkv))
+
+    def forward():
+        with torch.no_grad():
+            return mb.burst_attn(q, k, v, mask=mask)
+    first = forward()
+    for _ in range(5):
+        forward()
+    ways = tables(compiled_of)
+    same, times = True, {w: [] for w in WAYS}
+    for rnd in range(2 * args.rounds):
+        way = WAYS[rnd % 2] if rnd // 2 % 2 == 0 else WAYS[1 - rnd % 2]
+        merge._LAUNCHES._launchers = ways[way]
+        same = same and torch.equal(forward(), first)
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            forward()
+        torch.cuda.synchronize()
+        times[way].append((time.perf_counter() - t0) / args.calls * 1e3)
+    merge._LAUNCHES._launchers = ways["direct"]
+    ratio = statistics.median(d / r for r, d in zip(times["runner"], times["direct"]))
+    return dict(family=name, adopted=sum(f is not None for f in ways["direct"].values()),
+                same_bits=same, ms={w: statistics.median(t) for w, t in times.items()},
+                ratio=ratio, times=times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    p.add_argument("--families", default=FAMILIES)
+    p.add_argument("--tokens", type=int, default=8192, help="tokens per GPU")
+    p.add_argument("--hq", type=int, default=64)
+    p.add_argument("--hkv", type=int, default=8)
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=10, help="rounds of each way")
+    p.add_argument("--calls", type=int, default=30, help="forwards a round, back to back")
+    args = p.parse_args()
+    rank, world = start_ranks()
+    compiled_of = record_compiled()
+    rows = [dict(rank=rank, **time_family(name, args, world, compiled_of))
+            for name in args.families.split(",")]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    if rank == 0:
+        rows = [r for ranks_rows in gathered for r in ranks_rows]
+        meta = dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
+                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
+                    shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, "
+                          f"bf16, {args.rounds} rounds x {args.calls} forwards a way")
+        lines = [f"{meta['device']} x{world}, {meta['date']}, {meta['shape']}",
+                 f"command: `{meta['command']}`", "",
+                 "| family | rank | runner ms | direct ms | direct / runner | adopted keys "
+                 "| same bits |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['family']} | {r['rank']} | {r['ms']['runner']:.3f} | "
+                  f"{r['ms']['direct']:.3f} | {r['ratio']:.3f} | {r['adopted']} | "
+                  f"{r['same_bits']} |" for r in sorted(rows, key=lambda r: (r['family'],
+                                                                              r['rank']))]
+        text = "\n".join(lines)
+        print(text)
+        write_run(args.out, meta, rows, text)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
