@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=2 benchmarks/launch_ab.py --out $OUT/launch_ab
 
 Why: on a host-bound rank the merge's launches were a seventh of an eager forward's host
-time (py-spy with native frames, NOTES twenty-second session), a third of it in the
+time (py-spy with native frames, NOTES twenty-second session), more than a quarter of it in the
 compiled kernel's ``kernel[grid]`` runner (a closure, ``torch.cuda.current_device``,
 Triton's launch metadata) rather than the launch itself. ``triton_direct._direct`` now calls
 the compiled kernel's ``run`` with its handles fetched once. Two packages timed in two

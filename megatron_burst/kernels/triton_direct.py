@@ -7,7 +7,7 @@ kernel's own launcher (NOTES, nineteenth session; ``benchmarks/merge_launch.py``
 ways). An eager forward launches the merge a few times a call, and on a slow host the host
 is what the GPUs wait for. The compiled kernel's ``kernel[grid]`` runner still costs a
 closure, a lookup of the current device through ``torch.cuda`` and Triton's launch metadata
-at each call (py-spy with native frames, twenty-second session: about a third of a merge
+at each call (py-spy with native frames, twenty-second session: more than a quarter of a merge
 launch's host); ``_direct`` calls its ``run`` with the handles fetched once, the current
 stream read by one C call, and no metadata where no launch hook is set.
 
