@@ -31,11 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.kernels import merge, triton_direct  # noqa: E402
 from ranks import start_ranks, write_run  # noqa: E402
-from slice_masks import family_mask  # noqa: E402
+from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
 
 WAYS = ("runner", "direct")
-FAMILIES = "block_causal_document,causal_document,causal_blockwise,shared_question," \
-           "global_sliding_window"
 
 
 def record_compiled() -> dict:
@@ -99,11 +97,7 @@ def time_family(name: str, args, world: int, compiled_of: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
-    p.add_argument("--families", default=FAMILIES)
-    p.add_argument("--tokens", type=int, default=8192, help="tokens per GPU")
-    p.add_argument("--hq", type=int, default=64)
-    p.add_argument("--hkv", type=int, default=8)
-    p.add_argument("--d", type=int, default=128)
+    add_shape_args(p, HOST_BOUND)
     p.add_argument("--rounds", type=int, default=10, help="rounds of each way")
     p.add_argument("--calls", type=int, default=30, help="forwards a round, back to back")
     args = p.parse_args()

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
+from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
 
 # (category, a Python frame's text that marks it): a sample goes to the first category, in
 # this order, that any frame of its stack matches: the specific before the general, so a
@@ -54,8 +55,6 @@ CATEGORIES = (  # (category, the frame's function starts with, its file's path c
     ("home", "", "megatron_burst/attention/home_output"),
     ("kernel calls", "", "megatron_burst/kernels/"), ("call", "", "megatron_burst/"),
 )
-FAMILIES = "block_causal_document,causal_document,causal_blockwise,shared_question," \
-           "global_sliding_window"
 
 
 MARKER = "eager_forward ("  # the frame every counted sample sits under
@@ -117,7 +116,6 @@ def profile(args) -> None:
     """Each family: warm up, time, then py-spy over an agreed count of forwards."""
     from host_cores import python_ms
     from ranks import start_ranks
-    from slice_masks import family_mask
 
     spy = args.py_spy or shutil.which("py-spy")
     if spy is None:
@@ -174,11 +172,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", help="folder for the raw stacks and the summary")
     p.add_argument("--summarize", metavar="FOLDER", help="only summarise FOLDER's raw stacks")
-    p.add_argument("--families", default=FAMILIES)
-    p.add_argument("--tokens", type=int, default=8192, help="tokens per GPU")
-    p.add_argument("--hq", type=int, default=64)
-    p.add_argument("--hkv", type=int, default=8)
-    p.add_argument("--d", type=int, default=128)
+    add_shape_args(p, HOST_BOUND)
     p.add_argument("--seconds", type=int, default=8, help="profiled seconds a family")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples a second")
     p.add_argument("--py-spy", default=None, help="py-spy's path (default: on PATH)")
