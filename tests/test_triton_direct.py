@@ -98,6 +98,20 @@ def test_a_check_that_fails_or_raises_keeps_tritons_launch_and_is_not_asked_agai
     assert [entry[0] for entry in kernel.log] == ["triton"] * 3
 
 
+def test_a_compiled_kernel_that_cannot_be_prepared_keeps_tritons_launch():
+    """Loading its handles raises (a module that does not load): no check, no adoption, and
+    the forward goes on through Triton's launch."""
+    class Broken(_Compiled):
+        def __getitem__(self, grid):
+            raise RuntimeError("module failed to load")
+
+    kernel = _Kernel()
+    kernel.compiled = Broken(kernel.log)
+    launches = DirectLaunches(kernel, lambda k, c: pytest.fail("nothing to check"))
+    _launch(launches, "k")
+    assert not launches.adopted("k") and [e[0] for e in kernel.log] == ["triton"] * 3
+
+
 def test_no_key_or_no_compiled_kernel_always_goes_through_triton():
     for key, kernel in ((None, _Kernel()), ("k", _Kernel(compiled=False))):
         launches = DirectLaunches(kernel, lambda k, c: pytest.fail("nothing to check"))

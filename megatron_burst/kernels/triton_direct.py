@@ -60,7 +60,8 @@ class DirectLaunches:
 def _direct(compiled: Any) -> Launcher | None:
     """``compiled``'s launch without its runner's per-call lookups, or its runner where this
     Triton's compiled kernel lacks the parts (``run``, ``function``, ``packed_metadata``:
-    Triton 3.x); None where nothing was compiled (Triton's interpreter)."""
+    Triton 3.x); None where nothing was compiled (Triton's interpreter) or its module does
+    not load (then the key keeps Triton's own launch, as a failed check does)."""
     if compiled is None or not hasattr(compiled, "__getitem__"):
         return None
     try:
@@ -70,6 +71,8 @@ def _direct(compiled: Any) -> Launcher | None:
         hooks = knobs.runtime
     except (ImportError, AttributeError):
         return lambda grid, *args: compiled[grid](*args)
+    except Exception:  # noqa: BLE001 - a launch that cannot be prepared is never adopted
+        return None
 
     def launch(grid: tuple[int, int, int], *args: Any) -> None:
         if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
