@@ -16,7 +16,9 @@ unprofiled time and every rank runs (a count by time would differ by rank and ha
 ring). py-spy pauses the process at each sample, so a profiled forward takes about twice as
 long: the shares are what to read, not the milliseconds. Writes ``FAMILY_rRANK.txt`` (raw
 collapsed stacks), ``FAMILY_rRANK.json`` (the timings) and ``summary.md`` / ``summary.json``:
-each forward's samples by category (``CATEGORIES``: the first that its stack matches).
+each forward's samples by category (``CATEGORIES``: the first that its stack matches), made
+by rank 0 from the files in ``--out`` (one node: every rank's are there). Not yet run on a GPU
+in this form: the ad hoc probe it was made from ran on 2x H100 (NOTES, twenty-second session).
 """
 from __future__ import annotations
 
@@ -38,12 +40,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
 
-# (category, a Python frame's text that marks it): a sample goes to the first category, in
-# this order, that any frame of its stack matches: the specific before the general, so a
-# cuDNN call inside the first call's home counts as cuDNN, and a merge's launch inside its
-# fold as the launch. 'ring', 'kernel calls' and 'call' take what the package does around.
-CATEGORIES = (  # (category, the frame's function starts with, its file's path contains)
-    ("cudnn", "CudnnAttention.", "kernels/cuda"), ("flash", "TorchFlashAttention.", "kernels/cuda"),
+# (category, what a Python frame's function name starts with, what its file's path holds): a
+# sample goes to the first category, in this order, that any frame of its stack matches: the
+# specific before the general, so a cuDNN call inside the first call's home counts as cuDNN,
+# and a merge's launch inside its fold as the launch ('fold_rows' is not the view '_rows').
+# 'ring', 'kernel calls' and 'call' take what the package does around them.
+CATEGORIES = (
+    ("cudnn", "CudnnAttention.", "kernels/cuda"),
+    ("flash", "TorchFlashAttention.", "kernels/cuda"),
     ("flash", "FlashAttnPackage.", "kernels/cuda"), ("flex", "", "megatron_burst/kernels/flex"),
     ("gather", "gather (", "kernels/varlen"), ("views", "_rows (", "kernels/run_calls"),
     ("views", "_lse_rows (", "kernels/run_calls"), ("views", "_heads (", "kernels/protocol"),
@@ -91,7 +95,10 @@ def summarize(folder: str, marker: str = MARKER) -> str:
         with open(path) as f:
             total, counts = categorise(f, marker)
         meta_path = path[:-4] + ".json"
-        meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        meta = {}
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f)
         rows.append(dict(profile=os.path.basename(path)[:-4], samples=total,
                          share={k: c / total for k, c in counts.items()} if total else {},
                          **{k: meta[k] for k in ("ms", "ms_profiled", "cpu_ms") if k in meta}))
