@@ -40,7 +40,8 @@ from megatron_burst.attention import home_output  # noqa: E402
 from megatron_burst.comm import messages, rings  # noqa: E402
 from megatron_burst.kernels import merge, run_calls  # noqa: E402
 from megatron_burst.plan import mask_families as mf  # noqa: E402
-from ranks import family_options, gpu_health, ran_package, start_ranks, write_run  # noqa: E402
+from ranks import (family_options, gpu_health, ran_package, spawn_cpu_ranks,  # noqa: E402
+                   start_ranks, write_run)
 from slice_masks import family_mask  # noqa: E402
 
 # (owner, attribute, its name in the table): the parts timed. Each is looked up through its
@@ -153,7 +154,7 @@ def main() -> None:
     args = p.parse_args()
     args.hq, args.hkv, args.d, args.scale = 64, 8, 128, 1.0
     if args.cpu_smoke and "RANK" not in os.environ:
-        return _spawn_smoke()
+        return spawn_cpu_ranks(2)
     if args.cpu_smoke:
         args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
         args.warmup, args.iters, args.scale = 1, 2, 1 / 64
@@ -180,18 +181,6 @@ def main() -> None:
         write_run(args.out, meta, rows, text)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def _spawn_smoke() -> None:
-    """--cpu-smoke without torchrun: this script again on 2 gloo ranks."""
-    import subprocess
-
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 500),
-               WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, *sys.argv],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(2)]
-    if any(p.wait() for p in procs):
-        raise SystemExit("--cpu-smoke ranks failed")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ host-time benchmarks' clock: the ranks aligned, the host's share and the GPU's w
 before-and-after pair on two trees (``$PYTHONPATH``) shows there which tree each side timed.
 `write_run` writes a run's ``OUT.json`` (meta and rows) and ``OUT.md`` (its table);
 `family_options` are the options of the benchmarks that time mask families one by one.
+`spawn_cpu_ranks` starts a ``--cpu-smoke`` run's gloo ranks without torchrun.
 `gpu_health` is each GPU's temperature, SM clock and active clock-event reasons, for a result
 file's meta before and after its run: a machine whose GPU ran hot timed the backward 3-4x
 slow (``results/h100x2_issue42_throttled``), and a result should say it was not one.
@@ -33,7 +34,7 @@ from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV
 from megatron_burst.comm.emulator import active, install_from_env
 
 __all__ = ["EMULATE_ENV", "emulated", "family_options", "gpu_health", "host_and_wall_ms",
-           "ran_package", "start_ranks", "write_run"]
+           "ran_package", "spawn_cpu_ranks", "start_ranks", "write_run"]
 
 _HEALTH = ("index", "temperature.gpu", "clocks.sm", "clocks_event_reasons.active")
 
@@ -48,6 +49,27 @@ def start_ranks(backend: str = "nccl") -> tuple[int, int]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     install_from_env()
     return rank, world
+
+
+def spawn_cpu_ranks(world: int) -> None:
+    """This script again as ``world`` gloo ranks on this machine (a ``--cpu-smoke`` run
+    without torchrun), on a port the system says is free: a port derived from the pid
+    could be one another run of the test suite holds. Raises SystemExit naming the ranks'
+    exit codes when one fails."""
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               WORLD_SIZE=str(world))
+    procs = [subprocess.Popen([sys.executable, *sys.argv],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(world)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"--cpu-smoke ranks exited with {codes}")
 
 
 def ran_package() -> str:

@@ -69,7 +69,7 @@ from megatron_burst.plan import mask_families as mf  # noqa: E402
 from megatron_burst.plan.mask_placement import rank_areas  # noqa: E402
 from flex_cp import FlexCP, dense_mask  # noqa: E402
 from host_cores import pin_ranks  # noqa: E402
-from ranks import gpu_health, ran_package, start_ranks, write_run  # noqa: E402
+from ranks import gpu_health, ran_package, spawn_cpu_ranks, start_ranks, write_run  # noqa: E402
 
 
 def pile_like(total: int, seed: int, scale: float = 1.0) -> tuple[int, ...]:
@@ -428,7 +428,7 @@ def main() -> None:
         logging.getLogger("megatron_burst").setLevel(logging.INFO)
     args.scale = 1.0
     if args.cpu_smoke and "RANK" not in os.environ:
-        return _spawn_smoke(args)
+        return spawn_cpu_ranks(args.world)
     if args.cpu_smoke:
         args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
         args.warmup, args.iters, args.no_flex, args.scale = 1, 2, True, 1 / 64
@@ -484,20 +484,6 @@ def flex_band_signatures() -> list[dict] | None:
         return None
     return [dict(band=list(key[4:6]), rows=[key[6][0][1], key[7][0][1]], passed=passed)
             for key, passed in signatures().items()]
-
-
-def _spawn_smoke(args) -> None:
-    """--cpu-smoke without torchrun: this script again on --world gloo ranks."""
-    import subprocess
-
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 500),
-               WORLD_SIZE=str(args.world))
-    procs = [subprocess.Popen([sys.executable, *sys.argv], env=dict(env, RANK=str(r),
-                                                                    LOCAL_RANK=str(r)))
-             for r in range(args.world)]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"--cpu-smoke ranks exited with {codes}")
 
 
 if __name__ == "__main__":
