@@ -94,6 +94,25 @@ def time_family(name: str, args, world: int, compiled_of: dict) -> dict:
                 ratio=ratio, times=times)
 
 
+def report(args, world: int, rows: list) -> None:
+    """Rank 0: the table, printed and written with its meta (``write_run``)."""
+    meta = dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
+                date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
+                shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, "
+                      f"bf16, {args.rounds} rounds x {args.calls} forwards a way")
+    header = ("family", "rank", "runner ms", "direct ms", "direct / runner", "adopted keys",
+              "same bits")
+    lines = [f"{meta['device']} x{world}, {meta['date']}, {meta['shape']}",
+             f"command: `{meta['command']}`", "", "| " + " | ".join(header) + " |",
+             "|---" * len(header) + "|"]
+    for r in sorted(rows, key=lambda r: (r["family"], r["rank"])):
+        cells = (r["family"], r["rank"], f"{r['ms']['runner']:.3f}",
+                 f"{r['ms']['direct']:.3f}", f"{r['ratio']:.3f}", r["adopted"], r["same_bits"])
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    print("\n".join(lines))
+    write_run(args.out, meta, rows, "\n".join(lines))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
@@ -103,27 +122,12 @@ def main() -> None:
     args = p.parse_args()
     rank, world = start_ranks()
     compiled_of = record_compiled()
-    rows = [dict(rank=rank, **time_family(name, args, world, compiled_of))
+    mine = [dict(rank=rank, **time_family(name, args, world, compiled_of))
             for name in args.families.split(",")]
-    gathered = [None] * world
-    dist.all_gather_object(gathered, rows)
+    every = [None] * world
+    dist.all_gather_object(every, mine)
     if rank == 0:
-        rows = [r for ranks_rows in gathered for r in ranks_rows]
-        meta = dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
-                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
-                    shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, "
-                          f"bf16, {args.rounds} rounds x {args.calls} forwards a way")
-        lines = [f"{meta['device']} x{world}, {meta['date']}, {meta['shape']}",
-                 f"command: `{meta['command']}`", "",
-                 "| family | rank | runner ms | direct ms | direct / runner | adopted keys "
-                 "| same bits |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['family']} | {r['rank']} | {r['ms']['runner']:.3f} | "
-                  f"{r['ms']['direct']:.3f} | {r['ratio']:.3f} | {r['adopted']} | "
-                  f"{r['same_bits']} |" for r in sorted(rows, key=lambda r: (r['family'],
-                                                                              r['rank']))]
-        text = "\n".join(lines)
-        print(text)
-        write_run(args.out, meta, rows, text)
+        report(args, world, [r for rows in every for r in rows])
     dist.barrier()
     dist.destroy_process_group()
 
