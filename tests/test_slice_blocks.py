@@ -1,8 +1,10 @@
 """``plan.cell_blocks.slice_blocks``, through its numpy passes and one triple at a time: the same
 blocks, in the same order, as cutting each cell to each pair of segments and trimming it
 with ``band_block`` one at a time (written again here as the reference), on random masks
-and segments; and
-``trimmed_bands`` equal to ``band_block`` on random bands, unbounded ones included."""
+and segments;
+``trimmed_bands`` equal to ``band_block`` on random bands, unbounded ones included; and
+``slice_rows`` (the rows a pair reads, without its blocks) equal to the blocks' rows joined,
+alone and as ``RingSchedule.split_rows`` on every pair of every family's plan."""
 from __future__ import annotations
 
 import random
@@ -12,7 +14,8 @@ import pytest
 
 from megatron_burst.plan.blocks import INF
 from megatron_burst.plan.segments import Segment
-from megatron_burst.plan.cell_blocks import slice_blocks, trimmed_bands
+from megatron_burst.plan.cell_blocks import slice_blocks, slice_rows, trimmed_bands
+from megatron_burst.plan.runs import merged
 from megatron_burst.plan.slices import SliceMask, at_most_square, band_block
 
 from .test_slice_masks import random_mask
@@ -79,6 +82,62 @@ def test_a_pass_too_big_for_one_numpy_pass_is_cut_and_gives_the_same(monkeypatch
     whole = slice_blocks(q_segs, k_segs, mask)
     monkeypatch.setattr(cell_blocks, "_TRIPLES_AT_ONCE", 1)  # one query segment a pass
     assert slice_blocks(q_segs, k_segs, mask) == whole == _one_at_a_time(q_segs, k_segs, mask)
+
+
+def _rows_of(blocks, side: str):
+    return merged([(b.q_start, b.q_stop) if side == "q" else (b.k_start, b.k_stop)
+                   for b in blocks])
+
+
+def test_the_rows_without_blocks_are_the_blocks_rows_joined(monkeypatch):
+    """Through the numpy passes (and None, the blocks to be made, where there are few)."""
+    from megatron_burst.plan import cell_blocks
+
+    q_segs = _random_segments(random.Random(1), 40)
+    mask = random_mask(random.Random(2), 40)
+    assert slice_rows(q_segs, q_segs, mask, "k") is None  # a few triples: make the blocks
+    monkeypatch.setattr(cell_blocks, "_ROWS_ALONE_FROM", 0)
+    rng = random.Random(17)
+    runs = 0
+    for _ in range(400):
+        total = rng.randint(2, 90)
+        mask = random_mask(rng, total)
+        q_segs, k_segs = _random_segments(rng, total), _random_segments(rng, total)
+        blocks = _one_at_a_time(q_segs, k_segs, mask)
+        for side in "qk":
+            want = _rows_of(blocks, side)
+            assert slice_rows(q_segs, k_segs, mask, side) == want, (side, mask)
+            runs += len(want)
+    assert runs > 500
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_a_schedules_rows_are_the_same_with_or_without_its_blocks(monkeypatch, world):
+    """``split_rows`` of a pair whose blocks are not made (``slice_rows``) and of one whose
+    are (the blocks' rows joined): the same, every pair and side, every family and layout;
+    so a plan's runs and reach do not depend on which pairs a rank made first."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from slice_masks import family_mask
+
+    from megatron_burst.plan import cell_blocks, mask_families as mf
+    from megatron_burst.plan.schedule import RingSchedule
+
+    monkeypatch.setattr(cell_blocks, "_ROWS_ALONE_FROM", 0)  # every pair's rows alone
+    pairs = [(q, k) for q in range(world) for k in range(world)]
+    for name in mf.FAMILIES:
+        total = 512 * world
+        mask = family_mask(name, total, 512 / 8192)
+        for layout in ("area", "zigzag"):
+            lazy, made = (RingSchedule(layout, world, (total,), mask) for _ in range(2))
+            for q, k in pairs:
+                made.split_blocks(q, k)
+            for q, k in pairs:
+                for side in "qk":
+                    assert lazy.split_rows(q, k, side) == made.split_rows(q, k, side) == \
+                        _rows_of(made.split_blocks(q, k), side), (name, layout, q, k, side)
 
 
 def test_trimmed_bands_is_band_block_on_arrays():

@@ -8,7 +8,9 @@ Python test of each took 1-2 s a plan. So the triples are found, cut and trimmed
 passes (``_met``, ``trimmed_bands``: ``band_block``'s arithmetic on arrays), and Python
 makes only the blocks that exist. Where there are few triples (a 2-rank plan) those passes'
 fixed cost is more than testing each, and they are tested one at a time. Both forms give
-the same blocks in the same order (``tests/test_slice_blocks.py``).
+the same blocks in the same order (``tests/test_slice_blocks.py``). ``slice_rows`` gives
+the rows a pair reads without its blocks: what the ring's reach and runs read of the 56
+pairs of an 8-rank plan that a rank does not compute.
 """
 from __future__ import annotations
 
@@ -46,6 +48,10 @@ _TRIPLES_AT_ONCE = 1 << 22  # query segments x key segments x cells in one numpy
 # mask every micro-batch) took 0.2-0.7 ms longer on this repo's CPU machine.
 _FEW_TRIPLES = 256
 _KIND_OF = ("full", "causal", "band")  # ``trimmed_bands``' kind codes
+# From this many triples a pair's rows alone (``slice_rows``) cost less than its blocks: on
+# this repo's CPU machine 390-570 us a pair against 870-920 at 16K-131K triples, and within
+# 15% either way from 1 to 4K (8-rank plans of every family; NOTES, twenty-second session).
+_ROWS_ALONE_FROM = 8192
 
 
 def _one_at_a_time(q_segs, k_segs, cells: tuple[tuple[int, ...], ...]) -> list[Block]:
@@ -88,10 +94,44 @@ def _met(q: np.ndarray, k: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, .
             np.maximum(cell[:, 4], -INF) + off, np.minimum(cell[:, 5], INF) + off)
 
 
+def slice_rows(q_segs, k_segs, mask: SliceMask, side: str
+               ) -> tuple[tuple[int, int], ...] | None:
+    """The rows on ``side`` ('q' or 'k') that ``slice_blocks`` gives blocks over, sorted and
+    joined where they touch (``runs.merged`` of its blocks' rows), without making the
+    blocks: the ring reads every pair of members' rows, where a rank computes the blocks of
+    its own pairs only. (Cutting, merging and ``at_most_square`` keep a block's rows.)
+    None under ``_ROWS_ALONE_FROM`` triples: making (and keeping) the blocks costs as much."""
+    cells, at = mask.cells, (0, 1) if side == "q" else (2, 3)
+    if not (len(q_segs) and len(k_segs) and len(cells)):
+        return ()
+    if len(q_segs) * len(k_segs) * len(cells) < _ROWS_ALONE_FROM:
+        return None
+    q, k = _spans(q_segs), _spans(k_segs)
+    step = max(1, _TRIPLES_AT_ONCE // (len(k) * len(cells)))
+    bands = np.concatenate([_trimmed(*_met(q[s:s + step], k, cells))[:, :4]
+                            for s in range(0, len(q), step)])
+    return _joined(bands[:, at[0]], bands[:, at[1]])
+
+
+def _joined(starts: np.ndarray, stops: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """[start, stop) intervals sorted and joined where they touch or overlap."""
+    if not len(starts):
+        return ()
+    order = np.argsort(starts, kind="stable")
+    first_rows, ends = starts[order], np.maximum.accumulate(stops[order])
+    new = np.flatnonzero(np.r_[True, first_rows[1:] > ends[:-1]])
+    return tuple(zip(first_rows[new].tolist(), ends[np.r_[new[1:] - 1, len(ends) - 1]].tolist()))
+
+
 def trimmed_bands(q_row, nq, k_row, nk, lo, hi) -> list[list[int]]:
     """``band_block`` on arrays of its arguments: for each that holds a visible pair,
     [q_start, q_stop, k_start, k_stop, kind (0 full, 1 causal, 2 band), lo, hi], in order
     (``tests/test_slice_blocks.py`` holds it to ``band_block`` on random bands)."""
+    return _trimmed(q_row, nq, k_row, nk, lo, hi).tolist()
+
+
+def _trimmed(q_row, nq, k_row, nk, lo, hi) -> np.ndarray:
+    """``trimmed_bands`` as an [n, 7] int64 array."""
     i0, i1 = np.maximum(0, -hi), np.minimum(nq - 1, nk - 1 - lo)
     seen = (nq > 0) & (nk > 0) & (i0 <= i1)
     q_row, k_row, lo, hi, i0, i1 = (x[seen] for x in (q_row, k_row, lo, hi, i0, i1))
@@ -103,4 +143,4 @@ def trimmed_bands(q_row, nq, k_row, nk, lo, hi) -> list[list[int]]:
     code = np.where(full, 0, np.where(causal, 1, 2))
     band = code == 2
     return np.stack([q_row + i0, q_row + i1 + 1, k_row + j0, k_row + j1 + 1, code,
-                     np.where(band, lo, 0), np.where(band, hi, 0)], axis=1).tolist()
+                     np.where(band, lo, 0), np.where(band, hi, 0)], axis=1).reshape(-1, 7)

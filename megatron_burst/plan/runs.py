@@ -63,9 +63,7 @@ def needed_runs(sched: "RingSchedule", source: Source, side: str = "k",
     for m in range(size):
         for s in range(size if last is None else last + 1):
             o = source(m, s)
-            blocks = sched.split_blocks(m, o) if on_keys else sched.split_blocks(o, m)
-            used[o][s] = merged([(b.k_start, b.k_stop) if on_keys else (b.q_start, b.q_stop)
-                                 for b in blocks])
+            used[o][s] = sched.split_rows(m, o, "k") if on_keys else sched.split_rows(o, m, "q")
     out = []
     for o, row in enumerate(used):
         for s in range(size - 2, 0, -1):  # from a step on: every use then or later
@@ -169,7 +167,7 @@ def two_way_reach(sched: "RingSchedule", topo, ulysses: int) -> tuple[int, int] 
     if size < 4 or topo.nodes != 1 or ulysses != 1 or not gapped(sched):
         return None
     read = sorted({s for m in range(size) for s in range(1, size)
-                   if sched.split_blocks(m, topo.source(m, s))})
+                   if sched.split_rows(m, topo.source(m, s))})
     if not read:
         return None
     best = None

@@ -33,9 +33,9 @@ from .blocks import BLOCK_KINDS, INF, Block, Mask  # noqa: F401  (re-exported)
 from .layouts import MASK, PLAIN, layout_named
 from .mask_placement import mask_placement
 from .placement import LAYOUTS, placement  # noqa: F401  (LAYOUTS re-exported)
-from .runs import gapped, needed_runs
+from .runs import gapped, merged, needed_runs
 from .segments import Runs, Segment, Shard, concat, in_position_order
-from .cell_blocks import slice_blocks
+from .cell_blocks import slice_blocks, slice_rows
 from .slices import SliceMask, at_most_square, band_block
 
 # ------------------------------------------------------------------------- blocks
@@ -181,8 +181,8 @@ class RingSchedule:
     mask: Mask | SliceMask  # a slice mask: ``doc_lens`` is the one sequence's (total,)
     ulysses: int = 1
     _shards: tuple[Shard, ...] = dataclasses.field(init=False, repr=False, compare=False)
-    _split: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
-                                     compare=False)
+    _split: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    _rows: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
     _runs: tuple[Runs, ...] | None = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -236,6 +236,20 @@ class RingSchedule:
                 self.shard(q_member).split, self.shard(k_member).split, self.mask,
                 same=q_member == k_member)
         return found
+
+    def split_rows(self, q_member: int, k_member: int, side: str = "k") -> Runs:
+        """The ``side`` ('q' or 'k') rows ``split_blocks`` reads, ``merged``; of a slice mask's
+        pair whose blocks are not made, without them (``slice_rows``: a rank reads all)."""
+        pair = (q_member, k_member)
+        if (pair, side) not in self._rows:
+            rows = None  # (and where slice_rows says few: from the blocks, made and kept)
+            if pair not in self._split and isinstance(self.mask, SliceMask):
+                rows = slice_rows(self.shard(q_member).split, self.shard(k_member).split,
+                                  self.mask, side)
+            self._rows[pair, side] = rows if rows is not None else merged(
+                [(b.k_start, b.k_stop) if side == "k" else (b.q_start, b.q_stop)
+                 for b in self.split_blocks(q_member, k_member)])
+        return self._rows[pair, side]
 
     def blocks(self, q_member: int, k_member: int) -> tuple[Block, ...]:
         """Every block of ``q_member``'s queries against ``k_member``'s keys."""
