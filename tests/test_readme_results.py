@@ -2404,3 +2404,28 @@ def test_the_direct_run_figures_are_the_runs_on_file():
     backward = [r["efficiency_chained_bwd"] for r in table]
     assert f"the backward {_span(backward)}" in folder
     assert max(r["rel_err_vs_one_gpu"] for r in table) <= 2.6e-3
+
+
+def test_the_rows_without_blocks_plan_times_are_the_runs_on_file():
+    """The two families the README names, before / after in both alternating runs; every
+    other family within 0.2 ms of its before figure, but the one the folder names."""
+    folder_name = "cpu_slice_plans_rows"
+    runs = {w: {(r["family"], r["world"]): max(r["rank0_ms"], r["rank1_ms"])
+                for r in _load(f"{folder_name}/{w}.json")["rows"]}
+            for w in ("before", "after", "before2", "after2")}
+    for w in ("before", "before2"):
+        assert _load(f"{folder_name}/{w}.json")["meta"]["package"].endswith(
+            ".before49/megatron_burst")
+    folder = " ".join((RESULTS / folder_name / "README.md").read_text().split())
+    for family, name in (("global_sliding_window", "the global sliding window"),
+                         ("causal_blockwise", "causal blockwise")):
+        ms = [f"{runs[w][family, 8]:.1f}" for w in ("before", "before2", "after", "after2")]
+        said = f"{name} {ms[0]} / {ms[1]} -> {ms[2]} / {ms[3]}"
+        _says(said)
+        assert f"{name} on 8 ranks: {ms[0]} / {ms[1]} -> {ms[2]} / {ms[3]}" in folder
+    named = {("global_sliding_window", 8), ("causal_blockwise", 8)}
+    moved = {(key, w) for key in runs["before"] if key not in named for w in ("after", "after2")
+             if abs(round(runs[w][key], 1) - round(runs["before"][key], 1)) > 0.2 + 1e-9}
+    assert moved == {(("shared_question", 8), "after2")}, moved
+    assert f"({runs['after2']['shared_question', 8]:.1f} against " \
+           f"{runs['before']['shared_question', 8]:.1f} in the other three" in folder
