@@ -54,17 +54,22 @@ def _random_segments(rng: random.Random, total: int) -> tuple:
     return tuple(segs)
 
 
+def _random_cases(seed: int, n: int = 400):
+    """``n`` (mask, query segments, key segments) over random totals of up to 90."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        total = rng.randint(2, 90)
+        mask = random_mask(rng, total)
+        yield mask, _random_segments(rng, total), _random_segments(rng, total)
+
+
 @pytest.mark.parametrize("few", [0, 10 ** 9])  # always the numpy passes; always one by one
 def test_the_blocks_are_the_one_at_a_time_blocks_in_order(monkeypatch, few):
     from megatron_burst.plan import cell_blocks
 
     monkeypatch.setattr(cell_blocks, "_FEW_TRIPLES", few)
-    rng = random.Random(11)
     made = 0
-    for _ in range(400):
-        total = rng.randint(2, 90)
-        mask = random_mask(rng, total)
-        q_segs, k_segs = _random_segments(rng, total), _random_segments(rng, total)
+    for mask, q_segs, k_segs in _random_cases(11):
         want = _one_at_a_time(q_segs, k_segs, mask)
         assert slice_blocks(q_segs, k_segs, mask) == want
         made += len(want)
@@ -97,12 +102,8 @@ def test_the_rows_without_blocks_are_the_blocks_rows_joined(monkeypatch):
     mask = random_mask(random.Random(2), 40)
     assert slice_rows(q_segs, q_segs, mask, "k") is None  # a few triples: make the blocks
     monkeypatch.setattr(cell_blocks, "_ROWS_ALONE_FROM", 0)
-    rng = random.Random(17)
     runs = 0
-    for _ in range(400):
-        total = rng.randint(2, 90)
-        mask = random_mask(rng, total)
-        q_segs, k_segs = _random_segments(rng, total), _random_segments(rng, total)
+    for mask, q_segs, k_segs in _random_cases(17):
         blocks = _one_at_a_time(q_segs, k_segs, mask)
         for side in "qk":
             want = _rows_of(blocks, side)
