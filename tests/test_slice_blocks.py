@@ -141,6 +141,14 @@ def test_a_schedules_rows_are_the_same_with_or_without_its_blocks(monkeypatch, w
                         _rows_of(made.split_blocks(q, k), side), (name, layout, q, k, side)
 
 
+def test_a_side_that_is_neither_q_nor_k_is_refused():
+    from megatron_burst.plan.schedule import RingSchedule
+
+    sched = RingSchedule("area", 2, (64,), random_mask(random.Random(4), 64))
+    with pytest.raises(ValueError, match="split_rows: side must be 'q' or 'k', got 'v'"):
+        sched.split_rows(0, 1, "v")
+
+
 def test_trimmed_bands_is_band_block_on_arrays():
     rng = random.Random(3)
     args = []

@@ -241,11 +241,11 @@ class RingSchedule:
         """The ``side`` ('q' or 'k') rows ``split_blocks`` reads, ``merged``; of a slice mask's
         pair whose blocks are not made, without them (``slice_rows``: a rank reads all)."""
         pair = (q_member, k_member)
-        if (pair, side) not in self._rows:
-            rows = None  # (and where slice_rows says few: from the blocks, made and kept)
-            if pair not in self._split and isinstance(self.mask, SliceMask):
-                rows = slice_rows(self.shard(q_member).split, self.shard(k_member).split,
-                                  self.mask, side)
+        if side not in ("q", "k"):
+            raise ValueError(f"RingSchedule.split_rows: side must be 'q' or 'k', got {side!r}")
+        if (pair, side) not in self._rows:  # (None: few triples, the blocks made and kept)
+            rows = None if pair in self._split or not isinstance(self.mask, SliceMask) else \
+                slice_rows(self.shard(q_member).split, self.shard(k_member).split, self.mask, side)
             self._rows[pair, side] = rows if rows is not None else merged(
                 [(b.k_start, b.k_stop) if side == "k" else (b.q_start, b.q_stop)
                  for b in self.split_blocks(q_member, k_member)])
