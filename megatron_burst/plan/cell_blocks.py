@@ -14,6 +14,8 @@ pairs of an 8-rank plan that a rank does not compute.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from .blocks import INF, Block
@@ -31,15 +33,22 @@ def slice_blocks(q_segs, k_segs, mask: SliceMask) -> list[Block]:
         return []
     if len(q_segs) * len(k_segs) * len(cells) <= _FEW_TRIPLES:
         return _one_at_a_time(q_segs, k_segs, mask.cell_rows)
-    q, k = _spans(q_segs), _spans(k_segs)
-    step = max(1, _TRIPLES_AT_ONCE // (len(k) * len(cells)))
     found: list[Block] = []
-    for s in range(0, len(q), step):
-        for q0, q1, k0, k1, code, lo, hi in trimmed_bands(*_met(q[s:s + step], k, cells)):
+    for bands in _passes(q_segs, k_segs, cells):
+        for q0, q1, k0, k1, code, lo, hi in bands.tolist():
             blk = Block(q0, q1, k0, k1, _KIND_OF[code], lo, hi)
             # (``at_most_square``'s own test, inline: most blocks need no cut)
             found += at_most_square(blk) if code == 2 and q1 - q0 > k1 - k0 else [blk]
     return found
+
+
+def _passes(q_segs, k_segs, cells: np.ndarray) -> Iterator[np.ndarray]:
+    """The trimmed bands (``_trimmed``) of every triple, in order, a numpy pass for each run
+    of query segments that keeps a pass within ``_TRIPLES_AT_ONCE`` triples."""
+    q, k = _spans(q_segs), _spans(k_segs)
+    step = max(1, _TRIPLES_AT_ONCE // (len(k) * len(cells)))
+    for s in range(0, len(q), step):
+        yield _trimmed(*_met(q[s:s + step], k, cells))
 
 
 _TRIPLES_AT_ONCE = 1 << 22  # query segments x key segments x cells in one numpy pass
@@ -106,10 +115,7 @@ def slice_rows(q_segs, k_segs, mask: SliceMask, side: str
         return ()
     if len(q_segs) * len(k_segs) * len(cells) < _ROWS_ALONE_FROM:
         return None
-    q, k = _spans(q_segs), _spans(k_segs)
-    step = max(1, _TRIPLES_AT_ONCE // (len(k) * len(cells)))
-    bands = np.concatenate([_trimmed(*_met(q[s:s + step], k, cells))[:, :4]
-                            for s in range(0, len(q), step)])
+    bands = np.concatenate(list(_passes(q_segs, k_segs, cells)))
     return _joined(bands[:, at[0]], bands[:, at[1]])
 
 
