@@ -120,6 +120,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10, help="rounds of each way")
     p.add_argument("--calls", type=int, default=30, help="forwards a round, back to back")
     args = p.parse_args()
+    for name in ("rounds", "calls", "tokens"):  # before the ranks start: no rank waits
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     rank, world = start_ranks()
     compiled_of = record_compiled()
     mine = [dict(rank=rank, **time_family(name, args, world, compiled_of))

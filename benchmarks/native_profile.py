@@ -185,6 +185,9 @@ def main() -> None:
     p.add_argument("--py-spy", default=None, help="py-spy's path (default: on PATH)")
     p.add_argument("--marker", default=MARKER, help="--summarize: the frame samples sit under")
     args = p.parse_args()
+    for name in ("seconds", "rate", "tokens"):  # before the ranks start: no rank waits
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.summarize:
         print(summarize(args.summarize, args.marker))
     elif args.out:

@@ -1,7 +1,7 @@
 """``benchmarks/native_profile.py``'s reading of py-spy's raw stacks (the GPU run itself needs
 py-spy and CUDA): a sample counts only under the profiled forward, goes to the first
 category its stack matches (the specific before the general), and the summary's shares
-are the samples'."""
+are the samples'. It and ``launch_ab.py`` refuse a count below one before starting ranks."""
 from __future__ import annotations
 
 import json
@@ -63,3 +63,14 @@ def test_the_summary_is_the_samples_shares(tmp_path):
     assert sum(rows[0]["share"].values()) == pytest.approx(1.0)
     assert "| causal_r0 | 15 | 1.500 | 33 | 0 |" in text
     assert (tmp_path / "summary.md").read_text().strip() == text
+
+
+@pytest.mark.parametrize("script,option", [("native_profile.py", "--seconds"),
+                                           ("launch_ab.py", "--calls")])
+def test_a_count_below_one_is_refused_before_any_rank_starts(script, option):
+    import subprocess
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / script
+    done = subprocess.run([sys.executable, str(path), "--out", "/tmp/never", option, "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{option} must be at least 1, got 0" in done.stderr
