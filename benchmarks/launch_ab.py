@@ -9,8 +9,8 @@ Triton's launch metadata) rather than the launch itself. ``triton_direct._direct
 the compiled kernel's ``run`` with its handles fetched once. Two packages timed in two
 processes cannot be compared here: these VMs' CPUs switch between two speeds about 2x apart
 within seconds (``host_cores.py``), more than the change. So both ways run in one process,
-each round timing ``--calls`` forwards back to back under each in turn (order rotated),
-and the table gives each way's median and the median of the per-round ratios.
+each round timing ``--calls`` forwards back to back under each in turn (``ab_rounds``: the
+order rotated), and the table gives each way's median and the median of the per-round ratios.
 
 Exact: the 'runner' way launches the very compiled kernels the direct way adopted, and each
 way's first output is compared bitwise with the first forward's.
@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -30,6 +28,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.kernels import merge, triton_direct  # noqa: E402
+from ab_rounds import summary, timed_rounds  # noqa: E402
 from ranks import start_ranks, write_run  # noqa: E402
 from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
 
@@ -74,24 +73,21 @@ def time_family(name: str, args, world: int, compiled_of: dict) -> dict:
     first = forward()
     for _ in range(5):
         forward()
-    ways = tables(compiled_of)
-    same, times = True, {w: [] for w in WAYS}
-    for rnd in range(2 * args.rounds):
-        way = WAYS[rnd % 2] if rnd // 2 % 2 == 0 else WAYS[1 - rnd % 2]
-        merge._LAUNCHES._launchers = ways[way]
-        same = same and torch.equal(forward(), first)
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.calls):
-            forward()
-        torch.cuda.synchronize()
-        times[way].append((time.perf_counter() - t0) / args.calls * 1e3)
+    ways, same = tables(compiled_of), [True]
+
+    def setter(way):
+        return lambda: setattr(merge._LAUNCHES, "_launchers", ways[way])
+
+    def check(way):
+        same[0] = same[0] and torch.equal(forward(), first)
+    times = timed_rounds({w: setter(w) for w in WAYS}, {"forward": (forward, args.calls)},
+                         args.rounds, check)
     merge._LAUNCHES._launchers = ways["direct"]
-    ratio = statistics.median(d / r for r, d in zip(times["runner"], times["direct"]))
+    med = summary(times)
     return dict(family=name, adopted=sum(f is not None for f in ways["direct"].values()),
-                same_bits=same, ms={w: statistics.median(t) for w, t in times.items()},
-                ratio=ratio, times=times)
+                same_bits=same[0], ms={w: med[w]["forward"]["ms"] for w in WAYS},
+                ratio=med["direct"]["forward"]["ratio"],
+                times={w: times[w]["forward"] for w in WAYS})
 
 
 def report(args, world: int, rows: list) -> None:

@@ -120,6 +120,8 @@ class BandDispatch(VarlenByLoop):
     def __init__(self, dense: LocalAttention, band: LocalAttention,
                  varlen: LocalAttention | None = None):
         self.dense, self.band, self.varlen = dense, band, varlen
+        # A block alone in its call below this area runs on ``band`` too (LONE_BAND_AREA).
+        self.lone_band_area = LONE_BAND_AREA
         self.name = dense.name if dense is band else f"{dense.name}+{band.name}"
         # What any of them runs: each block then goes to one that admits it.
         caps = [dense.capabilities, band.capabilities]
@@ -134,7 +136,8 @@ class BandDispatch(VarlenByLoop):
                                    else VARLEN_DENSE_MIN_AREA)
 
     def _pick(self, block: Block) -> LocalAttention:
-        small = min(block.q_stop - block.q_start, block.k_stop - block.k_start) < self.SMALL
+        small = (min(block.q_stop - block.q_start, block.k_stop - block.k_start) < self.SMALL
+                 or block.area < self.lone_band_area)
         first, second = (self.band, self.dense) if small else (self.dense, self.band)
         for kernel in (first, second):
             caps = kernel.capabilities
@@ -179,6 +182,10 @@ def has_native(kernel: LocalAttention, block: Block) -> bool:
 # TFLOP/s fwd+bwd on H200) than inside a varlen flash call (~325): the launch it saves
 # (~20-50 us) is worth less than the slower kernel costs above ~1.5K x 1.5K pairs.
 VARLEN_DENSE_MIN_AREA = float(2 ** 21)
+# Below this many visible pairs a block that runs alone (the only one of its shape in its
+# step) goes to the band kernel (flash) rather than cuDNN: its work is tens of microseconds,
+# and a cuDNN call costs the host 100-200 us against flash's 45-60 on 2x H100 (README).
+LONE_BAND_AREA = 0.0
 
 _CHECKED: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
 _CHECKED_SIZE = 256  # kernels x head shapes x kinds: a run has a handful

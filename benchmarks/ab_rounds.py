@@ -1,0 +1,66 @@
+"""Ways of running one package, timed in one process round by round: the A/B these VMs allow.
+
+Why: the GPU machines' CPUs switch between two speeds about 2x apart within seconds
+(``host_cores.py``), more than most host-side changes. Two processes, or one way timed after
+the other, compare those moments, not the ways. So each round sets every way in turn (the
+order rotated, and reversed every other lap, so that no way always follows another) and times
+each step back to back under it; a way's figure is the median of its rounds, and its ratio
+to the first way is the median of the per-round ratios.
+
+A way is a function that sets it (module globals, a kernel's attribute); a step is a function
+of no argument, timed ``calls`` times back to back and synchronised once, as a model's layers
+call it (the host runs ahead while the GPU works). Every rank runs the same rounds in the same
+order, so the ranks' collectives pair; they meet at a barrier before each timed stretch.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+def way_order(names: list[str], rnd: int) -> list[str]:
+    """Round ``rnd``'s order: rotated by the round, reversed every other lap."""
+    k = rnd % len(names)
+    order = names[k:] + names[:k]
+    return order[::-1] if (rnd // len(names)) % 2 else order
+
+
+def timed_rounds(ways: dict[str, Callable[[], None]],
+                 steps: dict[str, tuple[Callable[[], object], int]], rounds: int,
+                 first: Callable[[str], None] | None = None) -> dict:
+    """{way: {step: [ms a call, one per round]}}; ``steps``: name -> (function, calls).
+    ``first(way)``, if given, runs once per round right after the way is set, untimed (a
+    check of the way's output)."""
+    if rounds < 1:
+        raise ValueError(f"timed_rounds: rounds must be at least 1, got {rounds}")
+    names = list(ways)
+    times = {w: {s: [] for s in steps} for w in names}
+    for rnd in range(rounds):
+        for way in way_order(names, rnd):
+            ways[way]()
+            if first is not None:
+                first(way)
+            for name, (step, calls) in steps.items():
+                torch.cuda.synchronize()
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                torch.cuda.synchronize()
+                times[way][name].append((time.perf_counter() - t0) / calls * 1e3)
+    return times
+
+
+def summary(times: dict) -> dict:
+    """Each way's median ms per step, and the median of its per-round ratios to the first
+    way's (the first way's own ratio is 1)."""
+    base = next(iter(times))
+    out = {}
+    for way, by_step in times.items():
+        out[way] = {step: dict(ms=statistics.median(ms), ratio=statistics.median(
+            a / b for a, b in zip(ms, times[base][step]))) for step, ms in by_step.items()}
+    return out

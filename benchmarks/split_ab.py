@@ -1,0 +1,182 @@
+"""How a step's blocks are split into kernel calls, timed way against way in one process.
+
+    torchrun --nproc_per_node=2 benchmarks/split_ab.py --out $OUT/split_ab
+
+Why: at 8K tokens per GPU the eager forward of the many-slice families is bound by one
+rank's host, and on these machines a cuDNN call costs that host 100-200 us against flash's
+45-60 (``results/h100x2_issue42_flash_only/``). Every block on flash made block-causal
+documents' forward faster and other families' slower. Two knobs of the automatic kernel
+(``kernels.selection.BandDispatch``) decide the split between them:
+
+- ``dense_min_area``: from this many visible pairs a block runs alone on cuDNN; below it,
+  blocks of one mask shape share a varlen flash call (``varlen.plan_calls``);
+- ``lone_band_area``: below this many, a block that runs alone anyway (the only one of its
+  shape in its step) goes to flash instead of cuDNN.
+
+Each way sets both on the kernel object the calls use (the plan is keyed by the first, so
+each way has its own plan); ``ab_rounds`` times the ways in rotated rounds in one process,
+burst_attn's forward and forward + backward back to back on all ranks, and the package's plan
+on one GPU for the same mask (rank 0; the ratio's denominator in ``slice_masks.py``). Each
+way's output is compared with the first way's.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_burst as mb  # noqa: E402
+from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
+from ab_rounds import summary, timed_rounds  # noqa: E402
+from ranks import start_ranks, write_run  # noqa: E402
+from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
+
+# name -> (dense_min_area, lone_band_area); the first is the package's default before.
+WAYS = {"2M": (2.0 ** 21, 0.0), "2M lone": (2.0 ** 21, 2.0 ** 21),
+        "4M lone": (2.0 ** 22, 2.0 ** 22), "8M lone": (2.0 ** 23, 2.0 ** 23)}
+STEPS = ("fwd", "fwd+bwd", "1 GPU fwd", "1 GPU fwd+bwd")
+
+
+def parse_ways(text: str) -> dict:
+    """``--ways``: names of WAYS, or 'AREA:LONE' pairs of numbers (visible pairs)."""
+    ways = {}
+    for item in text.split(","):
+        if item in WAYS:
+            ways[item] = WAYS[item]
+            continue
+        try:
+            dense, lone = (float(x) for x in item.split(":"))
+        except ValueError:
+            raise ValueError(f"--ways: {item!r} is neither one of {sorted(WAYS)} nor "
+                             f"'DENSE_MIN_AREA:LONE_BAND_AREA'") from None
+        ways[item] = (dense, lone)
+    return ways
+
+
+def time_family(name: str, args, ways: dict, world: int, rank: int, solo) -> dict:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    total = args.tokens * world
+    mask = family_mask(name, total)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    full = [torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16, generator=gen)
+            for h in (args.hq, args.hkv, args.hkv, args.hq)]
+    local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
+    kernel = pick_kernel(None, torch.bfloat16, args.hq, args.hkv, args.d, dev)
+    grads = [t.detach().clone().requires_grad_() for t in local[:3]]
+    solo_in = [t.detach().clone().requires_grad_() for t in full[:3]]
+
+    def forward():
+        with torch.no_grad():
+            return mb.burst_attn(*local[:3], mask=mask)
+
+    def both():
+        mb.burst_attn(*grads, mask=mask).backward(local[3])
+
+    def solo_forward():
+        if rank == 0:
+            with torch.no_grad():
+                mb.burst_attn(*full[:3], solo, mask=mask)
+
+    def solo_both():
+        if rank == 0:
+            mb.burst_attn(*solo_in, solo, mask=mask).backward(full[3])
+
+    def setter(way):
+        return lambda: (setattr(kernel, "dense_min_area", ways[way][0]),
+                        setattr(kernel, "lone_band_area", ways[way][1]))
+    outs = {}
+
+    def check(way):
+        outs.setdefault(way, forward().float())
+    steps = dict(zip(STEPS, ((forward, args.calls), (both, max(1, args.calls // 3)),
+                             (solo_forward, max(1, args.calls // 2)),
+                             (solo_both, max(1, args.calls // 6)))))
+    before = (kernel.dense_min_area, kernel.lone_band_area)
+    for way in ways:  # each way's plans made and kernels warmed before any round
+        setter(way)()
+        for step, _ in steps.values():
+            for _ in range(3):
+                step()
+    times = timed_rounds({w: setter(w) for w in ways}, steps, args.rounds, check)
+    kernel.dense_min_area, kernel.lone_band_area = before
+    base = outs[next(iter(ways))]
+    diff = max(float((o - base).norm() / base.norm()) for o in outs.values())
+    return dict(family=name, rank=rank, summary=summary(times), times=times,
+                max_rel_diff=diff)
+
+
+def efficiency(med: dict, world: int) -> tuple[float, float]:
+    """Forward and backward TFLOP/s per GPU over one GPU's, from rank 0's medians (the
+    backward's time: forward + backward less forward)."""
+    fwd = med["1 GPU fwd"]["ms"] / (world * med["fwd"]["ms"])
+    bwd = (med["1 GPU fwd+bwd"]["ms"] - med["1 GPU fwd"]["ms"]) / (
+        world * (med["fwd+bwd"]["ms"] - med["fwd"]["ms"]))
+    return fwd, bwd
+
+
+def report(args, ways: dict, world: int, rows: list) -> None:
+    """Rank 0: the table, printed and written with its meta (``write_run``)."""
+    meta = dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
+                date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
+                ways={w: dict(dense_min_area=a, lone_band_area=b) for w, (a, b) in ways.items()},
+                shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, bf16, "
+                      f"{args.rounds} rounds, {args.calls} forwards a round")
+    header = ("family", "way", "fwd ms r0 / r1", "fwd ratio r0 / r1", "fwd+bwd ms r0 / r1",
+              "fwd+bwd ratio r0 / r1", "1 GPU fwd / fwd+bwd ms", "efficiency fwd / bwd",
+              "max rel diff")
+    lines = [f"{meta['device']} x{world}, {meta['date']}, {meta['shape']}",
+             f"command: `{meta['command']}`", "", "| " + " | ".join(header) + " |",
+             "|---" * len(header) + "|"]
+    by_family: dict = {}
+    for r in rows:
+        by_family.setdefault(r["family"], {})[r["rank"]] = r
+    for family, ranks in by_family.items():
+        for way in ways:
+            meds = [ranks[i]["summary"][way] for i in sorted(ranks)]
+            pair = lambda step, key, f: " / ".join(f.format(m[step][key]) for m in meds)  # noqa
+            eff = efficiency(meds[0], world)
+            cells = (family, way, pair("fwd", "ms", "{:.3f}"), pair("fwd", "ratio", "{:.3f}"),
+                     pair("fwd+bwd", "ms", "{:.3f}"), pair("fwd+bwd", "ratio", "{:.3f}"),
+                     f"{meds[0]['1 GPU fwd']['ms']:.3f} / {meds[0]['1 GPU fwd+bwd']['ms']:.3f}",
+                     f"{eff[0]:.2f} / {eff[1]:.2f}", f"{ranks[0]['max_rel_diff']:.1e}")
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    print("\n".join(lines))
+    write_run(args.out, meta, rows, "\n".join(lines))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    add_shape_args(p, HOST_BOUND)
+    p.add_argument("--ways", default=",".join(WAYS),
+                   help=f"ways to time, the first the reference: names of {sorted(WAYS)} or "
+                        f"'DENSE_MIN_AREA:LONE_BAND_AREA'")
+    p.add_argument("--rounds", type=int, default=8, help="rounds of every way")
+    p.add_argument("--calls", type=int, default=30, help="forwards a round, back to back")
+    args = p.parse_args()
+    for name in ("rounds", "calls", "tokens"):  # before the ranks start: no rank waits
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    try:
+        ways = parse_ways(args.ways)
+    except ValueError as err:
+        p.error(str(err))
+    rank, world = start_ranks()
+    solo = dist.new_group([0])
+    mine = [time_family(name, args, ways, world, rank, solo)
+            for name in args.families.split(",")]
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    if rank == 0:
+        report(args, ways, world, [r for rows in every for r in rows])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The in-process A/B benchmarks' CPU-side parts (their runs need CUDA and two GPUs):
+``ab_rounds``' order and summary, ``split_ab``'s ways, ``thread_ab``'s placements and
+spinners, ``host_neighbours``' idle load, and the automatic kernel's lone-block knob."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+ab_rounds = pytest.importorskip("ab_rounds")
+
+
+def test_every_way_leads_and_follows_each_other_way_alike():
+    names = ["a", "b", "c"]
+    orders = [ab_rounds.way_order(names, r) for r in range(2 * len(names))]
+    assert all(sorted(o) == names for o in orders)
+    # Each way leads a round twice in two laps, and follows each other way equally often.
+    assert {n: sum(o[0] == n for o in orders) for n in names} == {n: 2 for n in names}
+    follows = {}
+    for o in orders:
+        for x, y in zip(o, o[1:]):
+            follows[(x, y)] = follows.get((x, y), 0) + 1
+    assert len(set(follows.values())) == 1 and len(follows) == 6
+
+
+def test_the_summary_is_the_median_of_per_round_ratios():
+    times = {"base": {"fwd": [1.0, 2.0, 4.0]}, "new": {"fwd": [0.9, 2.0, 2.0]}}
+    got = ab_rounds.summary(times)
+    assert got["base"]["fwd"] == dict(ms=2.0, ratio=1.0)
+    # ratios 0.9, 1.0, 0.5: their median, not the ratio of the medians (2.0 / 2.0)
+    assert got["new"]["fwd"] == dict(ms=2.0, ratio=0.9)
+    times["new"]["fwd"] = [0.5, 1.0, 3.0]  # ratios 0.5, 0.5, 0.75
+    assert ab_rounds.summary(times)["new"]["fwd"]["ratio"] == 0.5
+
+
+def test_no_round_is_a_refusal_naming_the_call():
+    with pytest.raises(ValueError, match="timed_rounds: rounds must be at least 1"):
+        ab_rounds.timed_rounds({"a": lambda: None}, {}, 0)
+
+
+def test_split_ways_by_name_or_by_numbers():
+    split_ab = pytest.importorskip("split_ab")
+    assert split_ab.parse_ways("2M,8M lone") == {"2M": (2.0 ** 21, 0.0),
+                                                 "8M lone": (2.0 ** 23, 2.0 ** 23)}
+    assert split_ab.parse_ways("1e6:0") == {"1e6:0": (1e6, 0.0)}
+    with pytest.raises(ValueError, match="--ways: 'big' is neither"):
+        split_ab.parse_ways("2M,big")
+
+
+def test_placements_need_a_core_per_rank_and_two_more():
+    thread_ab = pytest.importorskip("thread_ab")
+    cores = thread_ab.physical_cores()
+    assert sorted(c for core in cores for c in core) == sorted(os.sched_getaffinity(0))
+    world = len(cores) - 1
+    with pytest.raises(ValueError, match=f"thread_ab: {world} ranks need {world + 2}"):
+        thread_ab.placements(world, 0)
+    if len(cores) >= 4:
+        main, every, reserved = thread_ab.placements(2, 1)
+        assert main == cores[2][0] and reserved == set(cores[1]) | set(cores[2])
+        assert reserved < every
+
+
+def test_a_spinner_runs_until_stopped_and_dies_with_its_parent():
+    thread_ab = pytest.importorskip("thread_ab")
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    thread_ab.spin(True, [cpu])
+    try:
+        (proc,) = thread_ab._SPINNING
+        assert proc.poll() is None
+        thread_ab.spin(True, [cpu])  # already spinning: nothing more started
+        assert len(thread_ab._SPINNING) == 1
+    finally:
+        thread_ab.spin(False, [])
+    assert thread_ab._SPINNING == [] and proc.poll() is not None
+    assert "getppid() == parent" in thread_ab.SPIN  # ends once its rank is gone
+
+
+def test_idle_load_covers_every_cpu_in_percent():
+    host_neighbours = pytest.importorskip("host_neighbours")
+    load = host_neighbours.idle_load(0.2)
+    assert set(load) >= set(os.sched_getaffinity(0))
+    assert all(0 <= v["busy"] <= 100 and 0 <= v["steal"] <= 100 for v in load.values())
+
+
+def test_a_lone_block_below_the_knob_goes_to_the_band_kernel():
+    from megatron_burst.kernels.selection import LONE_BAND_AREA, BandDispatch
+    from megatron_burst.kernels.reference import ReferenceAttention
+    from megatron_burst.plan.schedule import Block
+
+    dense, band = ReferenceAttention(), ReferenceAttention()
+    kernel = BandDispatch(dense, band)
+    block = Block(0, 512, 0, 512, "full")
+    assert LONE_BAND_AREA == 0.0 and kernel._pick(block) is dense  # off: measured, no gain
+    kernel.lone_band_area = block.area + 1
+    assert kernel._pick(block) is band
