@@ -2429,3 +2429,73 @@ def test_the_rows_without_blocks_plan_times_are_the_runs_on_file():
     assert moved == {(("shared_question", 8), "after2")}, moved
     assert f"({runs['after2']['shared_question', 8]:.1f} against " \
            f"{runs['before']['shared_question', 8]:.1f} in the other three" in folder
+
+
+H200_TABLE = "h200x2_issue42_table"
+SPLITS = "h200x2_issue42_kernel_splits_rejected"
+PLACEMENT = "h200x2_issue42_host_placement"
+
+
+def _folder(name: str) -> str:
+    return " ".join((RESULTS / name / "README.md").read_text().split())
+
+
+def test_the_h200_table_figures_are_the_run_on_file():
+    """The 2x H200 table's spans as the README and its folder give them: captured both ways
+    and back-to-back backward in all twelve, back-to-back forward in eleven."""
+    rows = _load(f"{H200_TABLE}/table/sm.json")["rows"]
+    assert len(rows) == 12 and max(r["rel_err_vs_one_gpu"] for r in rows) <= 3.1e-3
+    value = {r["family"]: r for r in rows}
+    span = lambda key, skip=(): _span([r[key] for r in rows if r["family"] not in skip],  # noqa
+                                      "{:.3f}")
+    folder = _folder(H200_TABLE)
+    for key, words in (("efficiency_graph_fwd", "forward reaches 0.75 of one GPU in all twelve "
+                                                "families ({})"),
+                       ("efficiency_graph_bwd", "backward too ({})"),
+                       ("efficiency_chained_bwd", "the backward in all twelve ({})")):
+        assert min(r[key] for r in rows) >= 0.75, key
+        _says(words.format(span(key)))
+    below = [f for f, r in value.items() if r["efficiency_chained_fwd"] < 0.75]
+    assert below == ["block_causal_document"]
+    bcd = value["block_causal_document"]
+    _says(f"the forward in eleven ({span('efficiency_chained_fwd', below)})")
+    _says(f"block-causal documents' host-bound forward at {bcd['efficiency_chained_fwd']:.3f} "
+          f"({bcd['efficiency_graph_fwd']:.3f} captured)")
+    assert f"the forward in eleven ({span('efficiency_chained_fwd', below)})" in folder
+    assert sum(r["efficiency_fwd"] >= 0.75 for r in rows) == 5 and "in five families" in folder
+
+
+def test_the_native_profile_shares_are_the_run_on_file():
+    """The message group's and cuDNN's and the merge launches' spans over both ranks of the
+    five families, as the README says them."""
+    rows = _load("h200x2_issue42_native_profile/summary.json")["rows"]
+    assert len(rows) == 10
+    share = lambda *cats: [100 * sum(r["share"].get(c, 0) for c in cats)  # noqa: E731
+                           for r in rows]
+    messages = share("send", "pack", "wait", "headers", "consensus")
+    _says(f"one hop's messages at {_span(messages, '{:.0f}')}% of a host-bound forward")
+    _says(f"cuDNN's calls at {_span(share('cudnn'), '{:.0f}')}%")
+    _says(f"the merge's launches at {_span(share('merge launch'), '{:.0f}')}%")
+    folder = _folder("h200x2_issue42_native_profile")
+    assert f"the deferred header check 1-2%: {_span(messages, '{:.0f}')}% together" in folder
+
+
+def test_the_split_and_placement_ratios_are_the_runs_on_file():
+    """The rejected kernel splits' worst forward + backward and the lone rule's finer span,
+    the placements' span, and the neighbours' and the forward's times, as the README says."""
+    worst = max(r["summary"][w]["fwd+bwd"]["ratio"] for name in ("split_ab", "split_ab_rest")
+                for r in _load(f"{SPLITS}/{name}.json")["rows"] for w in r["summary"])
+    _says(f"made forward + backward up to\n{worst:.3f}x slower")
+    lone = [r["summary"]["2M lone"]["fwd"]["ratio"]
+            for r in _load(f"{SPLITS}/finer/split_ab_lone.json")["rows"]]
+    _says(f"gained nothing in 30 rounds ({_span(lone, '{:.3f}')} of\nthe package's forward)")
+    placed = [r["ratio"][w] for call in ("three_ways", "four_ways")
+              for r in _load(f"{PLACEMENT}/{call}/thread_ab.json")["rows"]
+              for w in ("main", "alone")]
+    _says(f"read {_span(placed, '{:.3f}')} of unpinned")
+    bcd = [r["ms"]["free"] for call in ("three_ways", "four_ways")
+           for r in _load(f"{PLACEMENT}/{call}/thread_ab.json")["rows"]
+           if r["family"] == "block_causal_document" and r["rank"] == 0]
+    _says(f"took {bcd[0]:.3f} ms\nin one call and {bcd[1]:.3f} in another")
+    for target in _load(f"{PLACEMENT}/neighbours.json")["rows"]:
+        assert min(target["spun"].values()) < sorted(target["alone"])[1] / 1.8
