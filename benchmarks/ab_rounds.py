@@ -14,6 +14,7 @@ order, so the ranks' collectives pair; they meet at a barrier before each timed 
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Callable
@@ -64,3 +65,64 @@ def summary(times: dict) -> dict:
         out[way] = {step: dict(ms=statistics.median(ms), ratio=statistics.median(
             a / b for a, b in zip(ms, times[base][step]))) for step, ms in by_step.items()}
     return out
+
+
+def add_ab_args(p: argparse.ArgumentParser, rounds: int, calls: int) -> None:
+    """--out, --rounds and --calls, as every in-process A/B takes them."""
+    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    p.add_argument("--rounds", type=int, default=rounds, help="rounds of every way")
+    p.add_argument("--calls", type=int, default=calls, help="forwards a round, back to back")
+
+
+def parse_counts(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """The arguments, a count below one refused before any rank starts (no rank waits)."""
+    args = p.parse_args()
+    for name in ("rounds", "calls", "tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    return args
+
+
+def table_text(meta: dict, world: int, header: tuple, rows: list[tuple]) -> str:
+    """The run's Markdown table under its device, date, shape and command lines."""
+    lines = [f"{meta['device']} x{world}, {meta['date']}, {meta['shape']}",
+             f"command: `{meta['command']}`", "", "| " + " | ".join(header) + " |",
+             "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in cells) + " |" for cells in rows]
+    return "\n".join(lines)
+
+
+def gather_rows(mine: list, world: int, rank: int, report: Callable[[list], None]) -> None:
+    """Every rank's rows to rank 0, which ``report``s them all; then the ranks leave
+    together."""
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    if rank == 0:
+        report([r for rows in every for r in rows])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def eager_forward(name: str, args: argparse.Namespace, world: int
+                  ) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    """burst_attn's eager forward of family ``name`` on this rank's shard of fresh inputs
+    (``args``: ``slice_masks.add_shape_args``'), and its first output, after five warm-up
+    calls."""
+    import megatron_burst as mb
+    from slice_masks import family_mask
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    total = args.tokens * world
+    mask = family_mask(name, total)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    q, k, v = (mb.shard_seq(torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16,
+                                        generator=gen), mask=mask).contiguous()
+               for h in (args.hq, args.hkv, args.hkv))
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return mb.burst_attn(q, k, v, mask=mask)
+    first = forward()
+    for _ in range(5):
+        forward()
+    return forward, first

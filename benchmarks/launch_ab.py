@@ -23,14 +23,13 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import megatron_burst as mb  # noqa: E402
 from megatron_burst.kernels import merge, triton_direct  # noqa: E402
-from ab_rounds import summary, timed_rounds  # noqa: E402
+from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
+                       summary, table_text, timed_rounds)
 from ranks import start_ranks, write_run  # noqa: E402
-from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
+from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
 
 WAYS = ("runner", "direct")
 
@@ -59,20 +58,7 @@ def tables(compiled_of: dict) -> dict:
 
 
 def time_family(name: str, args, world: int, compiled_of: dict) -> dict:
-    dev = torch.device("cuda", torch.cuda.current_device())
-    total = args.tokens * world
-    mask = family_mask(name, total)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    q, k, v = (mb.shard_seq(torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16,
-                                        generator=gen), mask=mask).contiguous()
-               for h in (args.hq, args.hkv, args.hkv))
-
-    def forward():
-        with torch.no_grad():
-            return mb.burst_attn(q, k, v, mask=mask)
-    first = forward()
-    for _ in range(5):
-        forward()
+    forward, first = eager_forward(name, args, world)
     ways, same = tables(compiled_of), [True]
 
     def setter(way):
@@ -98,37 +84,24 @@ def report(args, world: int, rows: list) -> None:
                       f"bf16, {args.rounds} rounds x {args.calls} forwards a way")
     header = ("family", "rank", "runner ms", "direct ms", "direct / runner", "adopted keys",
               "same bits")
-    lines = [f"{meta['device']} x{world}, {meta['date']}, {meta['shape']}",
-             f"command: `{meta['command']}`", "", "| " + " | ".join(header) + " |",
-             "|---" * len(header) + "|"]
-    for r in sorted(rows, key=lambda r: (r["family"], r["rank"])):
-        cells = (r["family"], r["rank"], f"{r['ms']['runner']:.3f}",
-                 f"{r['ms']['direct']:.3f}", f"{r['ratio']:.3f}", r["adopted"], r["same_bits"])
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    print("\n".join(lines))
-    write_run(args.out, meta, rows, "\n".join(lines))
+    text = table_text(meta, world, header, [
+        (r["family"], r["rank"], f"{r['ms']['runner']:.3f}", f"{r['ms']['direct']:.3f}",
+         f"{r['ratio']:.3f}", r["adopted"], r["same_bits"])
+        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))])
+    print(text)
+    write_run(args.out, meta, rows, text)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    add_ab_args(p, rounds=10, calls=30)
     add_shape_args(p, HOST_BOUND)
-    p.add_argument("--rounds", type=int, default=10, help="rounds of each way")
-    p.add_argument("--calls", type=int, default=30, help="forwards a round, back to back")
-    args = p.parse_args()
-    for name in ("rounds", "calls", "tokens"):  # before the ranks start: no rank waits
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    args = parse_counts(p)
     rank, world = start_ranks()
     compiled_of = record_compiled()
     mine = [dict(rank=rank, **time_family(name, args, world, compiled_of))
             for name in args.families.split(",")]
-    every = [None] * world
-    dist.all_gather_object(every, mine)
-    if rank == 0:
-        report(args, world, [r for rows in every for r in rows])
-    dist.barrier()
-    dist.destroy_process_group()
+    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
 
 
 if __name__ == "__main__":

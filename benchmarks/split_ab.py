@@ -32,7 +32,8 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
-from ab_rounds import summary, timed_rounds  # noqa: E402
+from ab_rounds import (add_ab_args, gather_rows, parse_counts, summary,  # noqa: E402
+                       table_text, timed_rounds)
 from ranks import start_ranks, write_run  # noqa: E402
 from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
 
@@ -129,39 +130,33 @@ def report(args, ways: dict, world: int, rows: list) -> None:
     header = ("family", "way", "fwd ms r0 / r1", "fwd ratio r0 / r1", "fwd+bwd ms r0 / r1",
               "fwd+bwd ratio r0 / r1", "1 GPU fwd / fwd+bwd ms", "efficiency fwd / bwd",
               "max rel diff")
-    lines = [f"{meta['device']} x{world}, {meta['date']}, {meta['shape']}",
-             f"command: `{meta['command']}`", "", "| " + " | ".join(header) + " |",
-             "|---" * len(header) + "|"]
     by_family: dict = {}
     for r in rows:
         by_family.setdefault(r["family"], {})[r["rank"]] = r
+    cells = []
     for family, ranks in by_family.items():
         for way in ways:
             meds = [ranks[i]["summary"][way] for i in sorted(ranks)]
-            pair = lambda step, key, f: " / ".join(f.format(m[step][key]) for m in meds)  # noqa
+            pair = lambda step, key: " / ".join(f"{m[step][key]:.3f}" for m in meds)  # noqa
             eff = efficiency(meds[0], world)
-            cells = (family, way, pair("fwd", "ms", "{:.3f}"), pair("fwd", "ratio", "{:.3f}"),
-                     pair("fwd+bwd", "ms", "{:.3f}"), pair("fwd+bwd", "ratio", "{:.3f}"),
-                     f"{meds[0]['1 GPU fwd']['ms']:.3f} / {meds[0]['1 GPU fwd+bwd']['ms']:.3f}",
-                     f"{eff[0]:.2f} / {eff[1]:.2f}", f"{ranks[0]['max_rel_diff']:.1e}")
-            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    print("\n".join(lines))
-    write_run(args.out, meta, rows, "\n".join(lines))
+            cells.append((family, way, pair("fwd", "ms"), pair("fwd", "ratio"),
+                          pair("fwd+bwd", "ms"), pair("fwd+bwd", "ratio"),
+                          f"{meds[0]['1 GPU fwd']['ms']:.3f} / "
+                          f"{meds[0]['1 GPU fwd+bwd']['ms']:.3f}",
+                          f"{eff[0]:.2f} / {eff[1]:.2f}", f"{ranks[0]['max_rel_diff']:.1e}"))
+    text = table_text(meta, world, header, cells)
+    print(text)
+    write_run(args.out, meta, rows, text)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    add_ab_args(p, rounds=8, calls=30)
     add_shape_args(p, HOST_BOUND)
     p.add_argument("--ways", default=",".join(WAYS),
                    help=f"ways to time, the first the reference: names of {sorted(WAYS)} or "
                         f"'DENSE_MIN_AREA:LONE_BAND_AREA'")
-    p.add_argument("--rounds", type=int, default=8, help="rounds of every way")
-    p.add_argument("--calls", type=int, default=30, help="forwards a round, back to back")
-    args = p.parse_args()
-    for name in ("rounds", "calls", "tokens"):  # before the ranks start: no rank waits
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    args = parse_counts(p)
     try:
         ways = parse_ways(args.ways)
     except ValueError as err:
@@ -170,12 +165,7 @@ def main() -> None:
     solo = dist.new_group([0])
     mine = [time_family(name, args, ways, world, rank, solo)
             for name in args.families.split(",")]
-    every = [None] * world
-    dist.all_gather_object(every, mine)
-    if rank == 0:
-        report(args, ways, world, [r for rows in every for r in rows])
-    dist.barrier()
-    dist.destroy_process_group()
+    gather_rows(mine, world, rank, lambda rows: report(args, ways, world, rows))
 
 
 if __name__ == "__main__":

@@ -32,13 +32,12 @@ import subprocess
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import megatron_burst as mb  # noqa: E402
-from ab_rounds import summary, timed_rounds  # noqa: E402
+from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
+                       summary, table_text, timed_rounds)
 from ranks import start_ranks, write_run  # noqa: E402
-from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
+from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
 
 WAYS = ("free", "main", "alone", "busy")
 SPINNERS = 8
@@ -97,20 +96,7 @@ def place(way: str, main_cpu: int, every: set[int], reserved: set[int],
 
 
 def time_family(name: str, args, world: int, rank: int) -> dict:
-    dev = torch.device("cuda", torch.cuda.current_device())
-    total = args.tokens * world
-    mask = family_mask(name, total)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    q, k, v = (mb.shard_seq(torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16,
-                                        generator=gen), mask=mask).contiguous()
-               for h in (args.hq, args.hkv, args.hkv))
-
-    def forward():
-        with torch.no_grad():
-            return mb.burst_attn(q, k, v, mask=mask)
-    first = forward()
-    for _ in range(5):
-        forward()
+    forward, first = eager_forward(name, args, world)
     main_cpu, every, reserved = placements(world, rank)
     spinning = sorted(every - reserved)[-SPINNERS:] if rank == 0 else []
     same = [True]
@@ -137,36 +123,22 @@ def report(args, world: int, rows: list) -> None:
                       f"bf16, {args.rounds} rounds x {args.calls} forwards a way")
     header = ("family", "rank", "main CPU", "threads", *(f"{w} ms" for w in WAYS),
               *(f"{w} / free" for w in WAYS[1:]), "same bits")
-    lines = [f"{meta['device']} x{world}, {meta['date']}, {meta['shape']}",
-             f"command: `{meta['command']}`", "", "| " + " | ".join(header) + " |",
-             "|---" * len(header) + "|"]
-    for r in sorted(rows, key=lambda r: (r["family"], r["rank"])):
-        cells = (r["family"], r["rank"], r["main_cpu"], r["threads"],
-                 *(f"{r['ms'][w]:.3f}" for w in WAYS),
-                 *(f"{r['ratio'][w]:.3f}" for w in WAYS[1:]), r["same_bits"])
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    print("\n".join(lines))
-    write_run(args.out, meta, rows, "\n".join(lines))
+    text = table_text(meta, world, header, [
+        (r["family"], r["rank"], r["main_cpu"], r["threads"],
+         *(f"{r['ms'][w]:.3f}" for w in WAYS), *(f"{r['ratio'][w]:.3f}" for w in WAYS[1:]),
+         r["same_bits"]) for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))])
+    print(text)
+    write_run(args.out, meta, rows, text)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    add_ab_args(p, rounds=20, calls=15)
     add_shape_args(p, HOST_BOUND)
-    p.add_argument("--rounds", type=int, default=20, help="rounds of every way")
-    p.add_argument("--calls", type=int, default=15, help="forwards a round, back to back")
-    args = p.parse_args()
-    for name in ("rounds", "calls", "tokens"):  # before the ranks start: no rank waits
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    args = parse_counts(p)
     rank, world = start_ranks()
     mine = [time_family(name, args, world, rank) for name in args.families.split(",")]
-    every = [None] * world
-    dist.all_gather_object(every, mine)
-    if rank == 0:
-        report(args, world, [r for rows in every for r in rows])
-    dist.barrier()
-    dist.destroy_process_group()
+    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
 
 
 if __name__ == "__main__":

@@ -96,3 +96,20 @@ def test_a_lone_block_below_the_knob_goes_to_the_band_kernel():
     assert LONE_BAND_AREA == 0.0 and kernel._pick(block) is dense  # off: measured, no gain
     kernel.lone_band_area = block.area + 1
     assert kernel._pick(block) is band
+
+
+def test_the_table_text_heads_its_rows_with_the_run():
+    text = ab_rounds.table_text(dict(device="GPU", date="2026-11-28", shape="8K", command="c"),
+                                2, ("a", "b"), [(1, "x"), (2, "y")])
+    assert text.splitlines() == ["GPU x2, 2026-11-28, 8K", "command: `c`", "", "| a | b |",
+                                 "|---|---|", "| 1 | x |", "| 2 | y |"]
+
+
+@pytest.mark.parametrize("script", ["launch_ab.py", "split_ab.py", "thread_ab.py"])
+def test_a_count_below_one_is_refused_before_any_rank_starts(script):
+    import subprocess
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / script
+    got = subprocess.run([sys.executable, str(path), "--out", "/tmp/never", "--calls", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2 and "--calls must be at least 1, got 0" in got.stderr
