@@ -30,6 +30,7 @@ import datetime
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -45,6 +46,7 @@ SPINNERS = 8
 SPIN = ("import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nparent = os.getppid()\n"
         "while os.getppid() == parent:\n    pass\n")
 _SPINNING: list = []
+SETTLE_S = 0.5  # seconds for the spinners to start
 
 
 def physical_cores() -> list[list[int]]:
@@ -76,6 +78,9 @@ def spin(on: bool, cpus: list[int]) -> None:
         proc.wait()
     if on and not _SPINNING:
         _SPINNING.extend(subprocess.Popen([sys.executable, "-c", SPIN, str(c)]) for c in cpus)
+        # Their interpreters start outside the timed stretch: a first run of this way timed
+        # 8 Python startups with it (1.0-1.4x; results/h200x2_issue42_host_placement/).
+        time.sleep(SETTLE_S)
 
 
 def place(way: str, main_cpu: int, every: set[int], reserved: set[int],
