@@ -2489,7 +2489,7 @@ def test_the_split_and_placement_ratios_are_the_runs_on_file():
     lone = [r["summary"]["2M lone"]["fwd"]["ratio"]
             for r in _load(f"{SPLITS}/finer/split_ab_lone.json")["rows"]]
     _says(f"gained nothing in 30 rounds ({_span(lone, '{:.3f}')} of\nthe package's forward)")
-    placed = [r["ratio"][w] for call in ("three_ways", "four_ways")
+    placed = [r["ratio"][w] for call in ("three_ways", "four_ways", "settled")
               for r in _load(f"{PLACEMENT}/{call}/thread_ab.json")["rows"]
               for w in ("main", "alone")]
     _says(f"read {_span(placed, '{:.3f}')} of unpinned")
