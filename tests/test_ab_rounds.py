@@ -105,7 +105,7 @@ def test_the_table_text_heads_its_rows_with_the_run():
                                  "|---|---|", "| 1 | x |", "| 2 | y |"]
 
 
-@pytest.mark.parametrize("script", ["launch_ab.py", "split_ab.py", "thread_ab.py"])
+@pytest.mark.parametrize("script", ["launch_ab.py", "split_ab.py", "thread_ab.py", "pieces_ab.py"])
 def test_a_count_below_one_is_refused_before_any_rank_starts(script):
     import subprocess
 

@@ -106,3 +106,70 @@ def test_the_first_call_over_every_row_is_the_output_unless_laid_out_otherwise(s
         assert out_adopted is (not strided)
         assert dq_adopted is (not strided)
         assert err < 1e-12
+
+
+def _areas(threshold: float, world: int = 2):
+    """Each rank's plan of a 256-token area layout, blocks of ``threshold`` pairs alone."""
+    return lambda mask: [build_plan(plan_key(
+        "area", world, (256,), mask, 1, RingKey(tuple(range(world)), r, None), "ring",
+        dense_min_area=threshold)) for r in range(world)]
+
+
+LENS = (40, 60, 30, 70, 56)
+PIECED = dict(KNOBS, block=16)  # blocks of 16: block-causal documents' step 0 in pieces
+
+
+@pytest.mark.parametrize("name,threshold", [
+    ("block_causal_document", 256.0), ("full_document", 256.0), ("causal_document", 256.0),
+    ("prefix_lm_document", float("inf")), ("causal", 256.0), ("sliding_window", 256.0)])
+def test_step_zero_pieces_that_tile_every_row_join_into_the_home(name, threshold):
+    """``PassPlan.home_pieces``: every run of step 0 a first write, together every row once,
+    at least ``PIECES_MIN`` of them; never beside ``home_from_first`` (one call over every
+    row is the home as it is)."""
+    from megatron_burst.attention.first_writes import PIECES_MIN
+
+    plans = _areas(threshold)(mf.family(name, LENS, **PIECED))
+    for plan in plans:
+        f = plan.forward
+        runs = sum(len(w[0]) for w in f.writes[0])
+        tiled = f.fresh[0] and all(all(w[0]) for w in f.writes[0]) and runs >= PIECES_MIN
+        assert f.home_pieces == (tiled and not f.home_from_first)
+    assert any(p.forward.home_pieces for p in plans) == name.endswith("document")
+
+
+def pieces_worker(rank, world, name, threshold, fmt, minimum):
+    from megatron_burst.attention import call_plan, first_writes
+    from megatron_burst.kernels.reference import ReferenceAttention
+
+    first_writes.PIECES_MIN = minimum  # 10**9: every run written by a fold, as before
+    ReferenceAttention.dense_min_area = threshold  # (this rank's process only)
+    call_plan.clear()
+    mask = mf.family(name, LENS, **PIECED)
+    torch.manual_seed(5)
+    full = [torch.randn(1, 256, h, 8, dtype=torch.float32) for h in (4, 2, 2, 4)]
+    seq = 0 if fmt == "sbhd" else 1
+
+    def shard(t):
+        return mb.shard_seq(t.transpose(0, 1) if seq == 0 else t, mask=mask, seq_dim=seq)
+
+    q, k, v, do = (shard(t).requires_grad_() for t in full)
+    out, lse = mb.burst_attn(q, k, v, mask=mask, kernel="reference", qkv_format=fmt,
+                             return_lse=True)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    took = [p.forward.home_pieces for p in call_plan._PLANS.values()]
+    return out.detach(), lse.detach(), grads, any(took)
+
+
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
+@pytest.mark.parametrize("name,threshold", [("block_causal_document", 256.0),
+                                            ("causal_document", 256.0),
+                                            ("prefix_lm_document", float("inf"))])
+def test_the_joined_home_is_the_written_home_bit_for_bit(name, threshold, fmt):
+    """The same call with step 0's home joined from its pieces and written run by run: the
+    same bits in out, lse and every gradient (both are copies of the same partials)."""
+    joined = run_ranks(2, pieces_worker, name, threshold, fmt, 3)
+    written = run_ranks(2, pieces_worker, name, threshold, fmt, 10 ** 9)
+    assert any(r[3] for r in joined) and not any(r[3] for r in written)
+    for a, b in zip(joined, written):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert all(torch.equal(x, y) for x, y in zip(a[2], b[2]))

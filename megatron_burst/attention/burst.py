@@ -30,7 +30,7 @@ from ..kernels.merge import fuses
 from ..kernels.protocol import surrogate_out, working_dtype
 from . import replay
 from .bound_plan import BoundPlan
-from .home_output import (WideRows, accumulator, first_call_home, first_grad_home, forward_home,
+from .home_output import (WideRows, accumulator, first_grad_home, first_home, forward_home,
                           home_dtype, new_home)
 from .travelling import Travelling
 from ..plan.schedule import Block
@@ -50,8 +50,9 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
     # no row takes more than one merge in the kernel that rounds once (``merge.fuses``).
     home, wide_runs = forward_home(plan, q.dtype, fuses(q.device, q.dtype, v.shape[-1]), s)
     shape = (*q.shape[:-1], v.shape[-1])
+    pieces = plan.home_pieces and home == q.dtype  # (a wider home: written run by run)
     out = lse = out_b = wide = None  # made by the first call where it covers every row
-    if not plan.home_from_first:
+    if not plan.home_from_first and not pieces:
         out, lse = new_home(shape, (b, hq, s), home, acc, q.device, fresh)
         out_b = bound.bshd(out)
         wide = WideRows(wide_runs, out_b, fresh) if wide_runs else None
@@ -63,13 +64,11 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: Bound
         if kv is not None:  # None: nothing of this step's keys is used here
             kb, vb = bound.bshd(kv[0]), bound.bshd(kv[1])
             for call, (first, _) in zip(step.calls, writes, strict=True):
-                if out is None:
-                    out, lse = first_call_home(bound, bound.launch(call), qb, kb, vb, shape,
-                                               home, acc)
-                    out_b = bound.bshd(out)
-                    wide = WideRows(wide_runs, out_b, True) if wide_runs else None
-                    if wide is not None:
-                        wide.take(out_b)
+                if out is None:  # the home is the first call's output, or step 0's pieces
+                    out, lse, out_b, wide = first_home(bound, step.calls, qb, kb, vb, shape,
+                                                       home, acc, pieces, wide_runs)
+                    if pieces:
+                        break
                     continue
                 run_forward(kernel, bound.launch(call), qb, kb, vb, out_b, lse, scale, first,
                             wide)

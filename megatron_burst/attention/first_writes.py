@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 
-from ..kernels.varlen import call_runs
+from ..kernels.varlen import call_runs, covers
 from ..plan.blocks import rows_over
 
 Flags = tuple[bool, ...]  # per run of one call, in ``call_runs`` order
@@ -37,9 +37,28 @@ def first_writes(forward, rows: int) -> dict:
     for step in forward.steps:
         for call in step.calls:
             runs.extend(call_runs(call, "q"))
+    home_from_first = fresh and _first_covers(forward, rows)
     return {"writes": writes, "fresh": (fresh, forward.fresh[1]),
-            "home_from_first": fresh and _first_covers(forward, rows),
+            "home_from_first": home_from_first,
+            "home_pieces": not home_from_first and _pieces_cover(forward, flags, rows),
             "wide_rows": rows_over(runs, 2) if len(runs) > 2 else ()}
+
+
+# From this many runs in a forward's step 0, all first writes that tile every row once, the
+# home is joined from them by one copy for out and one for lse (``home_output.pieces_home``)
+# rather than written by one launch of the merge a run: on a host-bound rank each launch
+# cost about 30 us of host (native profile, README), the two joins about that each.
+PIECES_MIN = 3
+
+
+def _pieces_cover(forward, flags: tuple, rows: int) -> bool:
+    """Whether ``forward``'s step 0 writes every one of ``rows`` query rows exactly once, in
+    at least ``PIECES_MIN`` runs, each the first partial of its rows (``flags[0]``)."""
+    if not forward.steps or not flags:
+        return False
+    calls = forward.steps[0].calls
+    return (sum(len(f) for f in flags[0]) >= PIECES_MIN and all(all(f) for f in flags[0])
+            and covers(calls, rows, "q"))
 
 
 def backward_writes(backward, rows: int, mode: str, forward) -> dict:

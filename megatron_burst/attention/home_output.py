@@ -23,7 +23,8 @@ from typing import Iterator
 import torch
 
 from ..kernels.protocol import working_dtype
-from ..kernels.run_calls import backward_partial, forward_partial
+from ..kernels.run_calls import backward_partial, forward_partial, run_offsets
+from ..kernels.varlen import call_runs
 from .bound_plan import BoundPlan
 
 
@@ -143,6 +144,41 @@ def first_call_home(bound: BoundPlan, call, qb: torch.Tensor, kb: torch.Tensor,
         lse = torch.empty(o_lse.shape, dtype=lse_dtype, device=qb.device)
         lse.copy_(o_lse)
     return _adopted(o, bound, shape, home), lse
+
+
+def pieces_home(bound: BoundPlan, calls, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
+                home: torch.dtype, lse_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out in the call's format, lse [b, h, s]) after step 0's ``calls``, whose query runs
+    are every row's first partial and tile the rows once (``PassPlan.home_pieces``): each
+    output cut at its runs, the pieces joined in row order by one copy for out and one for
+    lse. The same bits as writing each run into a new home, in two launches, not one a run."""
+    pieces = []
+    for call in calls:
+        o, o_lse = forward_partial(bound.kernel, bound.launch(call), qb, kb, vb, bound.scale)
+        for a, b, off in run_offsets(call_runs(call, "q")):
+            pieces.append((a, bound.bshd(o.narrow(1, off, b - a)), o_lse.narrow(2, off, b - a)))
+    pieces.sort(key=lambda piece: piece[0])
+    out = torch.cat([o for _, o, _ in pieces], 0 if bound.seq_first else 1)
+    lse = torch.cat([lse for _, _, lse in pieces], 2)
+    return out.to(home), lse.to(lse_dtype)  # (no copy where the kernels' dtypes are these)
+
+
+def first_home(bound: BoundPlan, calls, qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
+               shape: tuple, home: torch.dtype, lse_dtype: torch.dtype, pieces: bool,
+               wide_runs: tuple) -> tuple:
+    """A forward's home made by its first call(s): ``pieces_home`` of step 0's ``calls``
+    (``pieces``), or ``first_call_home`` of ``calls[0]``. Returns (out, lse, out in bshd,
+    the ``WideRows`` of ``wide_runs`` taken from it, or None)."""
+    if pieces:
+        out, lse = pieces_home(bound, calls, qb, kb, vb, home, lse_dtype)
+    else:
+        out, lse = first_call_home(bound, bound.launch(calls[0]), qb, kb, vb, shape, home,
+                                   lse_dtype)
+    out_b = bound.bshd(out)
+    wide = WideRows(wide_runs, out_b, True) if wide_runs else None
+    if wide is not None:
+        wide.take(out_b)
+    return out, lse, out_b, wide
 
 
 def first_grad_home(bound: BoundPlan, call, dob: torch.Tensor, qb: torch.Tensor,

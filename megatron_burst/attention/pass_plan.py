@@ -60,6 +60,9 @@ class PassPlan:
     # half precision the rest need no fp32 copy (``home_output.WideRows``).
     wide_rows: tuple[tuple[int, int], ...] = ()
     home_from_first: bool = False  # the home accumulator is the first call's output (same)
+    # The forward's home joined from step 0's outputs, whose runs tile every row once
+    # (``first_writes.PIECES_MIN``, ``home_output.pieces_home``).
+    home_pieces: bool = False
 
 
 def build_pass(topo: RingPositions, last: int, spans: tuple, calls_with: Callable,

@@ -18,7 +18,8 @@ from .merge import fold_rows
 from .varlen import KernelLaunch, Runs, gather
 
 
-def _offsets(runs: Runs):
+def run_offsets(runs: Runs):
+    """(start, stop, offset in the packed rows) of each run."""
     off = 0
     for a, b in runs:
         yield a, b, off
@@ -60,7 +61,7 @@ def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v:
     """
     o, o_lse = forward_partial(kernel, call, q, k, v, scale)
     runs = call.q_runs if call.varlen else ((call.blocks[0].q_start, call.blocks[0].q_stop),)
-    for (a, b, off), write in zip(_offsets(runs), first, strict=True):
+    for (a, b, off), write in zip(run_offsets(runs), first, strict=True):
         pieces = ((out, a, a, b),) if wide is None else wide.targets(out, a, b)
         for target, at, x, y in pieces:
             fold_rows(target, lse, at, x, o, o_lse, off + x - a, y - x, write)
@@ -92,7 +93,7 @@ def backward_partial(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Te
     gq, gk, gv = kernel.backward_varlen(
         gather(dout[0], qr), gather(q[0], qr), gather(k[0], kr), gather(v[0], kr),
         gather(out[0], qr), gather(lse[0], qr, dim=1).contiguous(), call, scale)
-    for (a, b, off), write in zip(_offsets(kr), first_keys, strict=True):
+    for (a, b, off), write in zip(run_offsets(kr), first_keys, strict=True):
         _fold(dk[0, a:b], gk[off:off + b - a], write)
         _fold(dv[0, a:b], gv[off:off + b - a], write)
     return gq[None]
@@ -112,7 +113,7 @@ def run_backward(kernel, call: KernelLaunch, dout: torch.Tensor, q: torch.Tensor
         blk = call.blocks[0]
         _fold(_rows(dq, blk.q_start, blk.q_stop), gq, first[0][0])
         return
-    for (a, b, off), write in zip(_offsets(call.q_runs), first[0], strict=True):
+    for (a, b, off), write in zip(run_offsets(call.q_runs), first[0], strict=True):
         _fold(dq[0, a:b], gq[0, off:off + b - a], write)
 
 

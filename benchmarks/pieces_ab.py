@@ -1,0 +1,89 @@
+"""Step 0's home joined from its pieces against written run by run, in eager forwards.
+
+    torchrun --nproc_per_node=2 benchmarks/pieces_ab.py --out $OUT/pieces_ab
+
+Why: where a forward's step 0 writes every row's first partial in several runs (block-causal
+documents at 8K tokens a GPU: three cuDNN calls and a varlen call of three runs on each
+rank), each run was one launch of the fused merge's write, about 30 us of host a launch on
+a host-bound rank (``native_profile.py``). ``home_output.pieces_home`` joins the runs into
+the home with one copy for out and one for lse (``first_writes.PIECES_MIN`` runs or more).
+Both ways run in one process (``ab_rounds``); a way is set by ``PIECES_MIN`` (10**9: every
+run written, as before) with the plans and prepared calls dropped, so the next call plans
+again (a first run that dropped the plans alone timed one way twice: the prepared call
+holds its plan). The outputs
+must be the first forward's bit for bit: both ways copy the same partials.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megatron_burst.attention import call_plan, first_writes, prepare  # noqa: E402
+from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
+                       summary, table_text, timed_rounds)
+from ranks import start_ranks, write_run  # noqa: E402
+from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
+
+WAYS = {"written": 10 ** 9, "joined": first_writes.PIECES_MIN}
+
+
+def set_way(minimum: int) -> None:
+    """Plans from here on join step 0 from ``minimum`` runs: the plans and the prepared
+    calls that hold them dropped, so the next call plans again."""
+    first_writes.PIECES_MIN = minimum
+    call_plan.clear()
+    prepare.PREPARED.clear()
+
+
+def time_family(name: str, args, world: int) -> dict:
+    set_way(WAYS["written"])
+    forward, first = eager_forward(name, args, world)
+    same, joined = [True], []
+
+    def check(way):
+        same[0] = same[0] and torch.equal(forward(), first)
+        joined.append(any(p.forward.home_pieces for p in call_plan._PLANS.values()))
+    ways = {w: (lambda m=m: set_way(m)) for w, m in WAYS.items()}
+    times = timed_rounds(ways, {"forward": (forward, args.calls)}, args.rounds, check)
+    set_way(WAYS["joined"])
+    med = summary(times)
+    return dict(family=name, same_bits=same[0], joins=any(joined),
+                ms={w: med[w]["forward"]["ms"] for w in WAYS},
+                ratio=med["joined"]["forward"]["ratio"],
+                times={w: times[w]["forward"] for w in WAYS})
+
+
+def report(args, world: int, rows: list) -> None:
+    """Rank 0: the table, printed and written with its meta (``write_run``)."""
+    meta = dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
+                date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
+                shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, "
+                      f"bf16, {args.rounds} rounds x {args.calls} forwards a way")
+    header = ("family", "rank", "joins", "written ms", "joined ms", "joined / written",
+              "same bits")
+    text = table_text(meta, world, header, [
+        (r["family"], r["rank"], r["joins"], f"{r['ms']['written']:.3f}",
+         f"{r['ms']['joined']:.3f}", f"{r['ratio']:.3f}", r["same_bits"])
+        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))])
+    print(text)
+    write_run(args.out, meta, rows, text)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_ab_args(p, rounds=20, calls=20)
+    add_shape_args(p, HOST_BOUND)
+    args = parse_counts(p)
+    rank, world = start_ranks()
+    mine = [dict(rank=rank, **time_family(name, args, world))
+            for name in args.families.split(",")]
+    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
+
+
+if __name__ == "__main__":
+    main()
