@@ -2499,3 +2499,20 @@ def test_the_split_and_placement_ratios_are_the_runs_on_file():
     _says(f"took {bcd[0]:.3f} ms\nin one call and {bcd[1]:.3f} in another")
     for target in _load(f"{PLACEMENT}/neighbours.json")["rows"]:
         assert min(target["spun"].values()) < sorted(target["alone"])[1] / 1.8
+
+
+def test_the_joined_home_figures_are_the_run_on_file():
+    """Block-causal documents' ratio on both ranks and its first rank's times, the other
+    families' span, every way's bits, as the README and the folder say."""
+    rows = _load("h200x2_issue42_pieces/pieces_ab.json")["rows"]
+    assert all(r["same_bits"] for r in rows)
+    bcd = sorted((r for r in rows if r["family"] == "block_causal_document"),
+                 key=lambda r: r["rank"])
+    assert all(r["joins"] for r in bcd)
+    pair = f"{bcd[0]['ratio']:.3f} /\n{bcd[1]['ratio']:.3f}"
+    _says(f"took {pair} of the time on its two ranks ({bcd[0]['ms']['written']:.3f} -> "
+          f"{bcd[0]['ms']['joined']:.3f} ms)")
+    others = _span([r["ratio"] for r in rows if r["family"] != "block_causal_document"],
+                   "{:.3f}")
+    _says(f"the other families {others}")
+    assert f"read {others}" in _folder("h200x2_issue42_pieces")
