@@ -3,7 +3,9 @@
 Which plans start with one call over every row (``PassPlan.home_from_first``), and, on two CPU
 ranks, that the output burst_attn returns is then that call's own tensor (no copy), while a
 kernel whose output is laid out otherwise still gets a fresh accumulator; both exact against
-the float64 reference.
+the float64 reference. And which forwards join their home from step 0's pieces
+(``PassPlan.home_pieces``), whose out, lse and gradients are then the written home's bit for
+bit.
 """
 from __future__ import annotations
 

@@ -13,6 +13,12 @@ values are the same bits either way. The 'ring' backward's dQ (its home accumula
 taken from its first call the same way; the travelling accumulators are not. Whether a
 pass starts so is decided once, with its plan (``first_writes``: ``PassPlan.home_from_first``).
 
+A forward whose step 0 writes every row's first partial in several runs that tile the rows
+(``PassPlan.home_pieces``: block-causal documents' three cuDNN blocks and a varlen call of
+three runs) joins its home from them: one copy for out and one for lse, where each run was a
+launch of the merge's write, about 30 us of a host-bound rank's time each
+(``benchmarks/results/h200x2_issue42_pieces/``: that forward 0.93 of the time).
+
 The kernels return tensors of their own (none hands back a buffer it reuses on a later
 call), so the accumulator owns its memory whichever way it was made.
 """

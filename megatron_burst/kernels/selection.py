@@ -183,8 +183,10 @@ def has_native(kernel: LocalAttention, block: Block) -> bool:
 # (~20-50 us) is worth less than the slower kernel costs above ~1.5K x 1.5K pairs.
 VARLEN_DENSE_MIN_AREA = float(2 ** 21)
 # Below this many visible pairs a block that runs alone (the only one of its shape in its
-# step) goes to the band kernel (flash) rather than cuDNN: its work is tens of microseconds,
-# and a cuDNN call costs the host 100-200 us against flash's 45-60 on 2x H100 (README).
+# step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host
+# 100-200 us against flash's 45-60 (2x H100). Off (0): at 2^21 it gained nothing on 2x H200
+# (1.001-1.019 of the forward's time, results/h200x2_issue42_kernel_splits_rejected/);
+# ``benchmarks/split_ab.py`` sets it on the kernel to measure it on another machine.
 LONE_BAND_AREA = 0.0
 
 _CHECKED: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
