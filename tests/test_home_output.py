@@ -139,7 +139,7 @@ def test_step_zero_pieces_that_tile_every_row_join_into_the_home(name, threshold
     assert any(p.forward.home_pieces for p in plans) == name.endswith("document")
 
 
-def pieces_worker(rank, world, name, threshold, fmt, minimum):
+def pieces_worker(rank, world, name, threshold, fmt, minimum, batch=1):
     from megatron_burst.attention import call_plan, first_writes
     from megatron_burst.kernels.reference import ReferenceAttention
 
@@ -148,13 +148,13 @@ def pieces_worker(rank, world, name, threshold, fmt, minimum):
     call_plan.clear()
     mask = mf.family(name, LENS, **PIECED)
     torch.manual_seed(5)
-    full = [torch.randn(1, 256, h, 8, dtype=torch.float32) for h in (4, 2, 2, 4)]
+    full = [torch.randn(batch, 256, h, 8, dtype=torch.float32) for h in (4, 2, 2, 4)]
     seq = 0 if fmt == "sbhd" else 1
 
     def shard(t):
         return mb.shard_seq(t.transpose(0, 1) if seq == 0 else t, mask=mask, seq_dim=seq)
 
-    q, k, v, do = (shard(t).requires_grad_() for t in full)
+    q, k, v, do = (shard(t).contiguous().requires_grad_() for t in full)
     out, lse = mb.burst_attn(q, k, v, mask=mask, kernel="reference", qkv_format=fmt,
                              return_lse=True)
     grads = torch.autograd.grad(out, (q, k, v), do)
@@ -163,14 +163,16 @@ def pieces_worker(rank, world, name, threshold, fmt, minimum):
 
 
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
-@pytest.mark.parametrize("name,threshold", [("block_causal_document", 256.0),
-                                            ("causal_document", 256.0),
-                                            ("prefix_lm_document", float("inf"))])
-def test_the_joined_home_is_the_written_home_bit_for_bit(name, threshold, fmt):
+@pytest.mark.parametrize("name,threshold,batch", [("block_causal_document", 256.0, 1),
+                                                  ("causal_document", 256.0, 1),
+                                                  ("prefix_lm_document", float("inf"), 1),
+                                                  ("block_causal_document", 256.0, 2)])
+def test_the_joined_home_is_the_written_home_bit_for_bit(name, threshold, batch, fmt):
     """The same call with step 0's home joined from its pieces and written run by run: the
-    same bits in out, lse and every gradient (both are copies of the same partials)."""
-    joined = run_ranks(2, pieces_worker, name, threshold, fmt, 3)
-    written = run_ranks(2, pieces_worker, name, threshold, fmt, 10 ** 9)
+    same bits in out, lse and every gradient (both are copies of the same partials); a
+    batch of two rows runs every block as a dense call, joined the same way."""
+    joined = run_ranks(2, pieces_worker, name, threshold, fmt, 3, batch)
+    written = run_ranks(2, pieces_worker, name, threshold, fmt, 10 ** 9, batch)
     assert any(r[3] for r in joined) and not any(r[3] for r in written)
     for a, b in zip(joined, written):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
