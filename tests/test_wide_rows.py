@@ -111,7 +111,7 @@ def _worker(rank: int, world: int, name: str, lens: tuple, backward: str, gpu: b
     On CPU the fused merge is emulated; ``gpu``: rank r on GPU r, the fused kernel itself;
     ``interpreted``: on CPU, the fused kernel itself under Triton's interpreter
     (``tests/fused_ring_interpreted.py``; every rank must have launched it)."""
-    from megatron_burst.attention import burst
+    from megatron_burst.attention import burst, home_output
     from megatron_burst.kernels import merge
 
     def fused(out, lse, block_out, block_lse):
@@ -139,7 +139,8 @@ def _worker(rank: int, world: int, name: str, lens: tuple, backward: str, gpu: b
     dev = torch.device("cuda", rank) if gpu else torch.device("cpu")
     mask, (q, do, k, v) = inputs(name, lens, world)
     q, do, k, v = (t.to(dev) for t in (q, do, k, v))
-    patches, launched = [(burst, "WideRows", Counted)], []
+    # (made by the ring, or with a home from the first call(s), ``home_output.first_home``)
+    patches, launched = [(burst, "WideRows", Counted), (home_output, "WideRows", Counted)], []
     if interpreted:  # the kernel's own rule on CPU tensors: Triton's interpreter runs it
         launch = merge._launch
         patches += [(burst, "fuses", _fuses_on_cpu), (merge, "fuses", _fuses_on_cpu),
@@ -214,7 +215,7 @@ def _merges(rank: int, world: int, name: str):
     import sys
     import zlib
 
-    from megatron_burst.attention import burst
+    from megatron_burst.attention import burst, home_output
     from megatron_burst.kernels import merge
 
     from .readme import REPO
