@@ -15,7 +15,9 @@ order, so the ranks' collectives pair; they meet at a barrier before each timed 
 from __future__ import annotations
 
 import argparse
+import datetime
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -126,3 +128,12 @@ def eager_forward(name: str, args: argparse.Namespace, world: int
     for _ in range(5):
         forward()
     return forward, first
+
+
+def run_meta(args: argparse.Namespace, world: int, **extra) -> dict:
+    """A run's record: the device, world, torch, date, the command as given, and the shape
+    and rounds timed (``extra``: the benchmark's own fields)."""
+    return dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
+                date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
+                shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, "
+                      f"bf16, {args.rounds} rounds x {args.calls} forwards a way", **extra)

@@ -16,7 +16,6 @@ must be the first forward's bit for bit: both ways copy the same partials.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 
@@ -25,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.attention import call_plan, first_writes, prepare  # noqa: E402
 from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
-                       summary, table_text, timed_rounds)
+                       run_meta, summary, table_text, timed_rounds)
 from ranks import start_ranks, write_run  # noqa: E402
 from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
 
@@ -60,10 +59,7 @@ def time_family(name: str, args, world: int) -> dict:
 
 def report(args, world: int, rows: list) -> None:
     """Rank 0: the table, printed and written with its meta (``write_run``)."""
-    meta = dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
-                date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
-                shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, "
-                      f"bf16, {args.rounds} rounds x {args.calls} forwards a way")
+    meta = run_meta(args, world)
     header = ("family", "rank", "joins", "written ms", "joined ms", "joined / written",
               "same bits")
     text = table_text(meta, world, header, [

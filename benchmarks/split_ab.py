@@ -22,7 +22,6 @@ way's output is compared with the first way's.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 
@@ -32,7 +31,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
-from ab_rounds import (add_ab_args, gather_rows, parse_counts, summary,  # noqa: E402
+from ab_rounds import (add_ab_args, gather_rows, parse_counts, run_meta, summary,  # noqa: E402
                        table_text, timed_rounds)
 from ranks import start_ranks, write_run  # noqa: E402
 from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
@@ -122,11 +121,8 @@ def efficiency(med: dict, world: int) -> tuple[float, float]:
 
 def report(args, ways: dict, world: int, rows: list) -> None:
     """Rank 0: the table, printed and written with its meta (``write_run``)."""
-    meta = dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
-                date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
-                ways={w: dict(dense_min_area=a, lone_band_area=b) for w, (a, b) in ways.items()},
-                shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, bf16, "
-                      f"{args.rounds} rounds, {args.calls} forwards a round")
+    meta = run_meta(args, world, ways={w: dict(dense_min_area=a, lone_band_area=b)
+                                       for w, (a, b) in ways.items()})
     header = ("family", "way", "fwd ms r0 / r1", "fwd ratio r0 / r1", "fwd+bwd ms r0 / r1",
               "fwd+bwd ratio r0 / r1", "1 GPU fwd / fwd+bwd ms", "efficiency fwd / bwd",
               "max rel diff")

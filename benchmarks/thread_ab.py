@@ -26,7 +26,6 @@ for bit: placement changes no kernel.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
-                       summary, table_text, timed_rounds)
+                       run_meta, summary, table_text, timed_rounds)
 from ranks import start_ranks, write_run  # noqa: E402
 from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
 
@@ -121,11 +120,7 @@ def time_family(name: str, args, world: int, rank: int) -> dict:
 
 def report(args, world: int, rows: list) -> None:
     """Rank 0: the table, printed and written with its meta (``write_run``)."""
-    meta = dict(device=torch.cuda.get_device_name(), world=world, torch=torch.__version__,
-                date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
-                cores=physical_cores(),
-                shape=f"{args.tokens} tokens/GPU, GQA {args.hq}:{args.hkv}, d {args.d}, "
-                      f"bf16, {args.rounds} rounds x {args.calls} forwards a way")
+    meta = run_meta(args, world, cores=physical_cores())
     header = ("family", "rank", "main CPU", "threads", *(f"{w} ms" for w in WAYS),
               *(f"{w} / free" for w in WAYS[1:]), "same bits")
     text = table_text(meta, world, header, [
