@@ -17,8 +17,8 @@ ring). py-spy pauses the process at each sample, so a profiled forward takes abo
 long: the shares are what to read, not the milliseconds. Writes ``FAMILY_rRANK.txt`` (raw
 collapsed stacks), ``FAMILY_rRANK.json`` (the timings) and ``summary.md`` / ``summary.json``:
 each forward's samples by category (``CATEGORIES``: the first that its stack matches), made
-by rank 0 from the files in ``--out`` (one node: every rank's are there). Not yet run on a GPU
-in this form: the ad hoc probe it was made from ran on 2x H100 (NOTES, twenty-second session).
+by rank 0 from the files in ``--out`` (one node: every rank's are there). Its run on 2x H200:
+``results/h200x2_issue42_native_profile/`` (the raw stacks in ``stacks.tgz``).
 """
 from __future__ import annotations
 
