@@ -29,8 +29,7 @@ from typing import Iterator
 import torch
 
 from ..kernels.protocol import working_dtype
-from ..kernels.run_calls import backward_partial, forward_partial, run_offsets
-from ..kernels.varlen import call_runs
+from ..kernels.run_calls import backward_partial, forward_partial, partial_runs
 from .bound_plan import BoundPlan
 
 
@@ -161,8 +160,7 @@ def pieces_home(bound: BoundPlan, calls, qb: torch.Tensor, kb: torch.Tensor, vb:
     pieces = []
     for call in calls:
         o, o_lse = forward_partial(bound.kernel, bound.launch(call), qb, kb, vb, bound.scale)
-        for a, b, off in run_offsets(call_runs(call, "q")):
-            pieces.append((a, bound.bshd(o.narrow(1, off, b - a)), o_lse.narrow(2, off, b - a)))
+        pieces += [(a, bound.bshd(x), lse) for a, x, lse in partial_runs(call, o, o_lse)]
     pieces.sort(key=lambda piece: piece[0])
     out = torch.cat([o for _, o, _ in pieces], 0 if bound.seq_first else 1)
     lse = torch.cat([lse for _, _, lse in pieces], 2)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .merge import fold_rows
-from .varlen import KernelLaunch, Runs, gather
+from .varlen import KernelLaunch, Runs, call_runs, gather
 
 
 def run_offsets(runs: Runs):
@@ -60,11 +60,18 @@ def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v:
     folds), or None (every row folds into ``out``).
     """
     o, o_lse = forward_partial(kernel, call, q, k, v, scale)
-    runs = call.q_runs if call.varlen else ((call.blocks[0].q_start, call.blocks[0].q_stop),)
-    for (a, b, off), write in zip(run_offsets(runs), first, strict=True):
+    for (a, b, off), write in zip(run_offsets(call_runs(call, "q")), first, strict=True):
         pieces = ((out, a, a, b),) if wide is None else wide.targets(out, a, b)
         for target, at, x, y in pieces:
             fold_rows(target, lse, at, x, o, o_lse, off + x - a, y - x, write)
+
+
+def partial_runs(call: KernelLaunch, o: torch.Tensor, o_lse: torch.Tensor):
+    """``call``'s partial (``forward_partial``'s) cut at its query runs: (the run's first
+    home row, its out rows, its lse rows) per run, views, the tensors themselves where one
+    run is all of them."""
+    for a, b, off in run_offsets(call_runs(call, "q")):
+        yield a, _rows(o, off, off + b - a), _lse_rows(o_lse, off, off + b - a)
 
 
 def seen_nothing(lse: torch.Tensor) -> torch.Tensor:
