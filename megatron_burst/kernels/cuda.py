@@ -90,6 +90,7 @@ class TorchFlashAttention(VarlenByLoop):
 
     name = "torch-flash"
     capabilities = Capabilities(one_launch_varlen=True, **_FUSED)
+    in_place_launch = True  # its in-place varlen forward is one launch (seqused_k)
 
     @staticmethod
     def _window(block):
@@ -130,6 +131,18 @@ class TorchFlashAttention(VarlenByLoop):
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
             q, k, v, cu_q, cu_k, call.max_q, call.max_k, 0.0, call.causal, False, scale=scale,
             window_size_left=left, window_size_right=right)
+        return out, lse.float()
+
+    def forward_varlen_in_place(self, q, k, v, call, scale):
+        """``forward_varlen`` on the whole Q, K and V (``varlen.InPlaceBounds``): each
+        sequence reads its keys from its own start (``seqused_k``), nothing is gathered.
+        Only the forward: aten's varlen backward takes no ``seqused_k``."""
+        cu_q, cu_k, used = call.in_place_tensors(q.device)
+        bounds = call.in_place
+        left, right = self._varlen_window(call)
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, bounds.max_q, bounds.max_k, 0.0, call.causal, False,
+            scale=scale, window_size_left=left, window_size_right=right, seqused_k=used)
         return out, lse.float()
 
     def backward_varlen(self, dout, q, k, v, out, lse, call, scale):

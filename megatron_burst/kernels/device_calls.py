@@ -216,6 +216,7 @@ class BoundLaunch:
     cu_k_device: torch.Tensor
     varlen = True
     blocks = ()
+    in_place = None  # its sequences are the table's: read packed
 
     @property
     def max_q(self) -> int:

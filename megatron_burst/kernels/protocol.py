@@ -102,6 +102,7 @@ class LocalAttention(Protocol):
     name: str
     dense_min_area: float
     capabilities: Capabilities
+    varlen_in_place: bool  # the ring's forward reads varlen calls in place (``varlen``)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: Block,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -131,6 +132,30 @@ class VarlenByLoop:
     sequence with no keys gives zeros and lse -inf; one with no queries, zero gradients."""
 
     dense_min_area = float("inf")  # no faster varlen kernel here: pack everything
+    # Whether the ring's forward calls ``forward_varlen_in_place`` where a call has the form
+    # (``varlen.InPlaceBounds``): off for the loop, whose packed form copies per sequence
+    # anyway; a test turns it on to check the ring's in-place offsets on CPU ranks.
+    varlen_in_place = False
+
+    def forward_varlen_in_place(self, q, k, v, call, scale):
+        """The forward of ``call`` in its in-place form (``call.in_place``) by a loop: each
+        sequence on its own rows of the whole Q, K and V; rows of no keys give zeros and
+        lse +inf, as the flash kernel leaves them. out [rows of Q, h, dv], lse [h, rows]."""
+        bounds = call.in_place
+        out = q.new_zeros((q.shape[0], q.shape[1], v.shape[2]))
+        lse = torch.full((q.shape[1], q.shape[0]), float("inf"),
+                         dtype=working_dtype(q.dtype), device=q.device)
+        for i, b in enumerate(bounds.block_of):
+            if b < 0:
+                continue
+            blk = call.blocks[b]
+            qs = slice(bounds.cu_q[i], bounds.cu_q[i + 1])
+            ks = slice(bounds.cu_k[i], bounds.cu_k[i] + bounds.seqused_k[i])
+            local = Block(0, qs.stop - qs.start, 0, ks.stop - ks.start, blk.kind, blk.lo,
+                          blk.hi)
+            o, block_lse = self.forward(q[None, qs], k[None, ks], v[None, ks], local, scale)
+            out[qs], lse[:, qs] = o[0], block_lse[0]
+        return out, lse
 
     def forward_varlen(self, q, k, v, call, scale):
         outs, lses = [], []

@@ -2,7 +2,8 @@
 
 A call (``varlen.KernelLaunch``: one dense block, or a varlen call of many) gives its
 partial results over its query runs back to back (``forward_partial``,
-``backward_partial``); ``run_forward`` and ``run_backward`` fold them into the pass's
+``backward_partial``; a forward read in place gives every local row at its own row,
+``partial_offsets``); ``run_forward`` and ``run_backward`` fold them into the pass's
 accumulators run by run: the forward merges (out, lse) by the online softmax
 (``merge.fold_rows``: row offsets into the fused kernel, views elsewhere), the backward adds
 gradients (views). A run whose rows nothing has touched
@@ -26,6 +27,21 @@ def run_offsets(runs: Runs):
         off += b - a
 
 
+def partial_offsets(call: KernelLaunch, rows: int):
+    """(start, stop, offset in the partial) of each query run of ``call``, whose partial
+    (``forward_partial``'s) has ``rows`` rows: packed back to back, or at the runs' own rows
+    where it holds every local query row (the in-place form). The runs are disjoint local
+    rows, so the packed partial has that many rows only where they tile them, and there
+    the two offsets agree."""
+    runs = call_runs(call, "q")
+    if len(runs) == 1:  # (most calls: a tuple, no generator)
+        a, b = runs[0]
+        return ((a, b, 0 if rows == b - a else a),)
+    if sum(b - a for a, b in runs) == rows:
+        return run_offsets(runs)
+    return ((a, b, a) for a, b in runs)
+
+
 def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Rows ``start:stop`` of a [b, s, ...] view; the tensor itself when that is all of it
     (a slice is an op of its own on the host: most blocks of a plain sequence span it)."""
@@ -38,14 +54,18 @@ def _lse_rows(lse: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 def forward_partial(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``call``'s (out, lse) over its query runs back to back (``call_runs``): bshd
-    [b, rows, h, d] and [b, h, rows]."""
+    """``call``'s (out, lse) over its query runs back to back (``call_runs``), or over every
+    local query row where the kernel reads the call in place (``varlen.InPlaceBounds``;
+    ``partial_offsets`` finds the runs in either): bshd [b, rows, h, d] and [b, h, rows]."""
     if not call.varlen:
         blk = call.blocks[0]
         a, b, c, d = blk.q_start, blk.q_stop, blk.k_start, blk.k_stop
         return kernel.forward(_rows(q, a, b), _rows(k, c, d), _rows(v, c, d), blk, scale)
-    o, o_lse = kernel.forward_varlen(gather(q[0], call.q_runs), gather(k[0], call.k_runs),
-                                     gather(v[0], call.k_runs), call, scale)
+    if kernel.varlen_in_place and call.in_place is not None:  # every local row, no gather
+        o, o_lse = kernel.forward_varlen_in_place(q[0], k[0], v[0], call, scale)
+    else:
+        o, o_lse = kernel.forward_varlen(gather(q[0], call.q_runs), gather(k[0], call.k_runs),
+                                         gather(v[0], call.k_runs), call, scale)
     return o[None], (seen_nothing(o_lse) if call.keyless else o_lse)[None]
 
 
@@ -60,7 +80,7 @@ def run_forward(kernel, call: KernelLaunch, q: torch.Tensor, k: torch.Tensor, v:
     folds), or None (every row folds into ``out``).
     """
     o, o_lse = forward_partial(kernel, call, q, k, v, scale)
-    for (a, b, off), write in zip(run_offsets(call_runs(call, "q")), first, strict=True):
+    for (a, b, off), write in zip(partial_offsets(call, o.shape[1]), first, strict=True):
         pieces = ((out, a, a, b),) if wide is None else wide.targets(out, a, b)
         for target, at, x, y in pieces:
             fold_rows(target, lse, at, x, o, o_lse, off + x - a, y - x, write)
@@ -70,7 +90,7 @@ def partial_runs(call: KernelLaunch, o: torch.Tensor, o_lse: torch.Tensor):
     """``call``'s partial (``forward_partial``'s) cut at its query runs: (the run's first
     home row, its out rows, its lse rows) per run, views, the tensors themselves where one
     run is all of them."""
-    for a, b, off in run_offsets(call_runs(call, "q")):
+    for a, b, off in partial_offsets(call, o.shape[1]):
         yield a, _rows(o, off, off + b - a), _lse_rows(o_lse, off, off + b - a)
 
 

@@ -29,6 +29,7 @@ import torch
 from ..plan.schedule import Block
 from . import flex
 from .cuda import CudnnAttention, FlashAttnPackage, TorchFlashAttention
+from .in_place import probe_in_place
 from .padded import PaddedHeads
 from .protocol import Capabilities, LocalAttention, VarlenByLoop
 from .reference import CpuFlashAttention, ReferenceAttention
@@ -162,6 +163,11 @@ class BandDispatch(VarlenByLoop):
             return super().forward_varlen(q, k, v, call, scale)
         return self.varlen.forward_varlen(q, k, v, call, scale)
 
+    def forward_varlen_in_place(self, q, k, v, call, scale):
+        if self.varlen is None:
+            return super().forward_varlen_in_place(q, k, v, call, scale)
+        return self.varlen.forward_varlen_in_place(q, k, v, call, scale)
+
     def backward_varlen(self, dout, q, k, v, out, lse, call, scale):
         if self.varlen is None:
             return super().backward_varlen(dout, q, k, v, out, lse, call, scale)
@@ -258,7 +264,10 @@ def _auto(dtype: torch.dtype, hq: int, hkv: int, d: int, device: torch.device, d
         band = flex.FlexBandForward(band)  # large windows' forward: FlexAttention
     varlen = next((c for c in ok if c.capabilities.one_launch_varlen
                    and _probe_varlen(c, dtype, hq, hkv, d, device, dv)), None)
-    return BandDispatch(dense, band, varlen)
+    dispatch = BandDispatch(dense, band, varlen)
+    dispatch.varlen_in_place = (getattr(varlen, "in_place_launch", False)
+                                and probe_in_place(varlen, dtype, hq, hkv, d, device, dv))
+    return dispatch
 
 
 def _forced(name: str, dtype: torch.dtype, hq: int, hkv: int, d: int,

@@ -90,6 +90,59 @@ class KernelLaunch:
             upload_boundaries((self,), device)
         return self._device_cu[key]
 
+    @functools.cached_property
+    def in_place(self) -> "InPlaceBounds | None":
+        """The call's boundaries where its rows are read where they lie (``in_place_bounds``)."""
+        return in_place_bounds(self)
+
+    def in_place_tensors(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """``in_place``'s cu_seqlens_q, key starts and seqused_k as int32 on ``device``."""
+        key = f"{device} in place"
+        if key not in self._device_cu:
+            upload_boundaries((self,), device)
+        return self._device_cu[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class InPlaceBounds:
+    """A varlen call's sequences read where they lie in the whole Q, K and V: no gather.
+
+    Why: the packed form copies the blocks' query and key runs back to back before the
+    kernel (a cat of narrows per tensor: block-causal documents' step 0 is 16 host ops and a
+    copy of most of Q on the GPU). Flash's ``seqused_k`` lets sequence i read ``seqused_k[i]``
+    key rows from row ``cu_k[i]``, wherever that is, so key ranges may overlap or skip rows;
+    its queries are rows ``cu_q[i]:cu_q[i+1]`` of the whole Q, so query rows between blocks
+    run as sequences of no keys (``block_of`` -1), which the kernel leaves zeros with lse
+    +inf and no run reads. Its output holds every local query row at its own row.
+    """
+
+    cu_q: tuple[int, ...]
+    cu_k: tuple[int, ...]  # each sequence's first key row, and one more (flash's batch + 1)
+    seqused_k: tuple[int, ...]
+    block_of: tuple[int, ...]  # per sequence: its block in ``KernelLaunch.blocks``, or -1
+    max_q: int
+    max_k: int
+
+
+def in_place_bounds(call: KernelLaunch) -> InPlaceBounds | None:
+    """``call``'s ``InPlaceBounds``; None where the packed form copies nothing (one run a
+    side: views) or where there are no blocks to read them from (calls made from arrays)."""
+    blocks = call.blocks
+    if not (call.varlen and blocks) or (len(call.q_runs) == 1 and len(call.k_runs) == 1):
+        return None
+    longest = max(b.q_stop - b.q_start for b in blocks)
+    cu_q, starts, used, block_of = [0], [], [], []
+    for i, blk in enumerate(blocks):
+        if blk.q_start < cu_q[-1]:
+            return None  # query rows out of order: packed only (plan_calls never makes it)
+        while cu_q[-1] < blk.q_start:  # rows between blocks, in pieces no longer than a
+            cu_q.append(min(blk.q_start, cu_q[-1] + longest))  # block (the kernel's grid)
+            starts.append(0), used.append(0), block_of.append(-1)
+        cu_q.append(blk.q_stop)
+        starts.append(blk.k_start), used.append(blk.k_stop - blk.k_start), block_of.append(i)
+    return InPlaceBounds(tuple(cu_q), (*starts, starts[-1] + used[-1]), tuple(used),
+                         tuple(block_of), longest, max(used))
+
 
 def upload_boundaries(calls: Sequence[KernelLaunch], device: torch.device) -> None:
     """Put the cu_seqlens of every varlen call on ``device``: one host buffer, one copy.
@@ -97,19 +150,30 @@ def upload_boundaries(calls: Sequence[KernelLaunch], device: torch.device) -> No
     The buffer is pinned, so the copy is asynchronous: a copy from pageable memory makes
     the host wait for the stream, which once per call stalled every new pack's first layer.
     """
-    varlen = [c for c in calls if c.varlen and len(c.cu_q) and str(device) not in c._device_cu]
-    if not varlen:
+    plain, placed = str(device), f"{device} in place"
+    packed = [c for c in calls if c.varlen and len(c.cu_q) and plain not in c._device_cu]
+    # The in-place form only where a call has blocks (a call made from arrays has none).
+    in_place = [c for c in calls if c.varlen and c.blocks and placed not in c._device_cu
+                and c.in_place is not None]
+    if not packed and not in_place:
         return
-    host = torch.from_numpy(np.concatenate([x for c in varlen for x in (c.cu_q, c.cu_k)])
-                            .astype(np.int32))
+    host = torch.from_numpy(np.concatenate(
+        [x for c in packed for x in (c.cu_q, c.cu_k)]
+        + [x for c in in_place for x in (c.in_place.cu_q, c.in_place.cu_k,
+                                         c.in_place.seqused_k)]).astype(np.int32))
     if device.type == "cuda":
         host = host.pin_memory()
     flat = host.to(device, non_blocking=True)
     offset = 0
-    for c in varlen:
+    for c in packed:
         n = len(c.cu_q)
-        c._device_cu[str(device)] = (flat[offset:offset + n], flat[offset + n:offset + 2 * n])
+        c._device_cu[plain] = (flat[offset:offset + n], flat[offset + n:offset + 2 * n])
         offset += 2 * n
+    for c in in_place:  # cu_q and cu_k: one more entry than seqused_k
+        n = len(c.in_place.seqused_k)
+        a, b = offset + n + 1, offset + 2 * n + 2
+        c._device_cu[placed] = (flat[offset:a], flat[a:b], flat[b:b + n])
+        offset += 3 * n + 2
 
 
 def mask_shape(block: Block) -> tuple[tuple[int, int], bool]:
