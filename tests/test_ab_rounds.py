@@ -105,7 +105,8 @@ def test_the_table_text_heads_its_rows_with_the_run():
                                  "|---|---|", "| 1 | x |", "| 2 | y |"]
 
 
-@pytest.mark.parametrize("script", ["launch_ab.py", "split_ab.py", "thread_ab.py", "pieces_ab.py"])
+@pytest.mark.parametrize("script", ["launch_ab.py", "split_ab.py", "thread_ab.py", "pieces_ab.py",
+                                    "in_place_ab.py"])
 def test_a_count_below_one_is_refused_before_any_rank_starts(script):
     import subprocess
 
@@ -113,3 +114,26 @@ def test_a_count_below_one_is_refused_before_any_rank_starts(script):
     got = subprocess.run([sys.executable, str(path), "--out", "/tmp/never", "--calls", "0"],
                          capture_output=True, text=True, timeout=120)
     assert got.returncode == 2 and "--calls must be at least 1, got 0" in got.stderr
+
+
+def test_the_in_place_ways_switch_only_admitted_kernels():
+    """``in_place_ab``'s ways turn the form on only where the probe admitted the kernel."""
+    in_place_ab = pytest.importorskip("in_place_ab")
+    from megatron_burst.kernels import selection
+    from megatron_burst.kernels.reference import ReferenceAttention
+
+    admitted, refused = (selection.BandDispatch(ReferenceAttention(), ReferenceAttention())
+                         for _ in range(2))
+    admitted.varlen_in_place = True
+    before = dict(selection._CHECKED)
+    selection._CHECKED.update({("t", 1): admitted, ("t", 2): refused})
+    try:
+        assert {id(k) for k in in_place_ab.dispatches()} >= {id(admitted), id(refused)}
+        in_place_ab.set_way("packed")
+        assert not admitted.varlen_in_place and not refused.varlen_in_place
+        in_place_ab.set_way("in place")
+        assert admitted.varlen_in_place and not refused.varlen_in_place
+    finally:
+        in_place_ab.ADMITTED.clear()
+        selection._CHECKED.clear()
+        selection._CHECKED.update(before)

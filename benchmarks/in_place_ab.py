@@ -1,0 +1,95 @@
+"""The forward's varlen calls read in place against packed first, in eager forwards.
+
+    torchrun --nproc_per_node=2 benchmarks/in_place_ab.py --out $OUT/in_place_ab
+
+Why: a varlen call whose blocks' rows are not one run a side gathered them back to back
+before the kernel (a cat of narrows per tensor: block-causal documents' step 0 on 2x H200 is
+16 host ops and a copy of most of Q). Read in place (``varlen.InPlaceBounds``: flash's
+``seqused_k``, rows between blocks as sequences of no keys) it is the kernel's launch alone.
+Both ways run in one process (``ab_rounds``); a way sets ``varlen_in_place`` on the automatic
+kernel, which the probe admitted (``kernels.in_place``; the column says whether it did).
+No plan changes between the ways. Each way's output is compared with the packed first
+forward's: the kernel's tiles may split the keys otherwise with more sequences, so the
+difference is reported, not required to be zero.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megatron_burst.kernels import selection  # noqa: E402
+from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
+                       run_meta, summary, table_text, timed_rounds)
+from ranks import start_ranks, write_run  # noqa: E402
+from slice_masks import add_shape_args  # noqa: E402
+
+WAYS = ("packed", "in place")
+# The families whose plans have a varlen call of several runs at 8K tokens a GPU on 2 ranks.
+IN_PLACE_FAMILIES = "block_causal_document,causal_blockwise,shared_question,causal_document"
+
+
+ADMITTED: dict[int, bool] = {}  # id of an automatic kernel -> whether its probe admitted it
+
+
+def dispatches() -> list:
+    """The automatic kernels made so far (``selection``'s cache), which the ways switch."""
+    return [k for k in selection._CHECKED.values() if isinstance(k, selection.BandDispatch)]
+
+
+def set_way(way: str) -> None:
+    """Every automatic kernel reads in place under way 'in place' where its probe admitted
+    it (what the probe said is kept the first time a way is set), and packs otherwise."""
+    for k in dispatches():
+        ADMITTED.setdefault(id(k), k.varlen_in_place)
+        k.varlen_in_place = way == "in place" and ADMITTED[id(k)]
+
+
+def time_family(name: str, args, world: int) -> dict:
+    forward, _ = eager_forward(name, args, world)  # (the kernel is chosen and probed here)
+    set_way("packed")
+    first = forward()
+    diff = {w: 0.0 for w in WAYS}
+
+    def check(way):
+        got = forward().float()
+        diff[way] = max(diff[way], (got - first.float()).abs().max().item())
+    ways = {w: (lambda w=w: set_way(w)) for w in WAYS}
+    times = timed_rounds(ways, {"forward": (forward, args.calls)}, args.rounds, check)
+    set_way("in place")
+    med = summary(times)
+    return dict(family=name, admitted=any(ADMITTED.values()), diff=diff,
+                ms={w: med[w]["forward"]["ms"] for w in WAYS},
+                ratio=med["in place"]["forward"]["ratio"],
+                times={w: times[w]["forward"] for w in WAYS})
+
+
+def report(args, world: int, rows: list) -> None:
+    """Rank 0: the table, printed and written with its meta (``write_run``)."""
+    meta = run_meta(args, world)
+    header = ("family", "rank", "admitted", "packed ms", "in place ms", "in place / packed",
+              "max diff to packed's first")
+    text = table_text(meta, world, header, [
+        (r["family"], r["rank"], r["admitted"], f"{r['ms']['packed']:.3f}",
+         f"{r['ms']['in place']:.3f}", f"{r['ratio']:.3f}", f"{r['diff']['in place']:.1e}")
+        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))])
+    print(text)
+    write_run(args.out, meta, rows, text)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_ab_args(p, rounds=20, calls=20)
+    add_shape_args(p, IN_PLACE_FAMILIES)
+    args = parse_counts(p)
+    rank, world = start_ranks()
+    mine = [dict(rank=rank, **time_family(name, args, world))
+            for name in args.families.split(",")]
+    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
+
+
+if __name__ == "__main__":
+    main()
