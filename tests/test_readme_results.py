@@ -2516,3 +2516,41 @@ def test_the_joined_home_figures_are_the_run_on_file():
                    "{:.3f}")
     _says(f"the other families {others}")
     assert f"read {others}" in _folder("h200x2_issue42_pieces")
+
+
+def test_the_in_place_figures_are_the_run_on_file():
+    """Block-causal documents' ratio on both ranks and its first rank's times, the other
+    families' span and every family's bits, as the README and the folder say."""
+    rows = _load("h200x2_issue42_in_place/in_place_ab.json")["rows"]
+    assert all(r["admitted"] and r["diff"]["in place"] == 0.0 for r in rows)
+    bcd = sorted((r for r in rows if r["family"] == "block_causal_document"),
+                 key=lambda r: r["rank"])
+    _says(f"took {bcd[0]['ratio']:.3f} / {bcd[1]['ratio']:.3f} of the time on its two\nranks "
+          f"({bcd[0]['ms']['packed']:.3f} -> {bcd[0]['ms']['in place']:.3f} ms)")
+    others = _span([r["ratio"] for r in rows if r["family"] != "block_causal_document"],
+                   "{:.3f}")
+    _says(f"three other families {others}")
+    assert f"the other three families {others}" in _folder("h200x2_issue42_in_place")
+
+
+def test_the_two_in_place_tables_are_the_runs_on_file():
+    """Both readings: captured both ways and back-to-back backward in all twelve, the
+    back-to-back forward in eleven with the family below and its figure, as said."""
+    said = []
+    for name in ("h200x2_issue42_table_in_place", "h200x2_issue42_table_in_place_again"):
+        rows = _load(f"{name}/table/sm.json")["rows"]
+        assert len(rows) == 12 and max(r["rel_err_vs_one_gpu"] for r in rows) <= 3.1e-3
+        for key in ("efficiency_graph_fwd", "efficiency_graph_bwd", "efficiency_chained_bwd"):
+            assert min(r[key] for r in rows) >= 0.75, (name, key)
+        graph = [_span([r[k] for r in rows], "{:.3f}") for k in ("efficiency_graph_fwd",
+                                                                 "efficiency_graph_bwd")]
+        said.append(" / ".join(graph))
+        below = [r for r in rows if r["efficiency_chained_fwd"] < 0.75]
+        assert len(below) == 1
+        said.append((below[0]["family"], f"{below[0]['efficiency_chained_fwd']:.3f}"))
+    assert said[1] == ("causal_document", "0.719") and said[3][0] == "block_causal_document"
+    _says(f"({said[0]}, then\n{said[2]})")
+    _says(f"causal documents at {said[1][1]}")
+    _says(f"then block-causal documents at\n{said[3][1]}")
+    first = {r["family"]: r for r in _load("h200x2_issue42_table_in_place/table/sm.json")["rows"]}
+    _says(f"{first['block_causal_document']['efficiency_chained_fwd']:.3f} on the first")
