@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 
 import pytest
@@ -2531,6 +2532,10 @@ def test_the_in_place_figures_are_the_run_on_file():
                    "{:.3f}")
     _says(f"three other families {others}")
     assert f"the other three families {others}" in _folder("h200x2_issue42_in_place")
+    last = (RESULTS / "h200x2_issue42_in_place" / "gpu_all_tests.txt").read_text().splitlines()
+    passed, skipped = map(int, re.search(r"(\d+) passed, (\d+) skipped", last[-1]).groups())
+    assert "failed" not in last[-1] and "error" not in last[-1]
+    _says(f"Every GPU test\nfile passed with the form on ({passed} passed, {skipped} skipped")
 
 
 def test_the_two_in_place_tables_are_the_runs_on_file():
