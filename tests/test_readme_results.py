@@ -2555,6 +2555,9 @@ def test_the_two_in_place_tables_are_the_runs_on_file():
         said.append((below[0]["family"], f"{below[0]['efficiency_chained_fwd']:.3f}"))
     assert said[1] == ("causal_document", "0.719") and said[3][0] == "block_causal_document"
     _says(f"({said[0]}, then\n{said[2]})")
+    _says("On 2 H200, the forward's\n  varlen calls read in place: captured, the forward and "
+          "backward in all twelve; back to\n  back, the backward in all twelve and the forward "
+          "in eleven, in each of two runs")
     _says(f"causal documents at {said[1][1]}")
     _says(f"then block-causal documents at\n{said[3][1]}")
     first = {r["family"]: r for r in _load("h200x2_issue42_table_in_place/table/sm.json")["rows"]}
