@@ -130,6 +130,24 @@ def eager_forward(name: str, args: argparse.Namespace, world: int
     return forward, first
 
 
+def run_families(p: argparse.ArgumentParser, families: str,
+                 time_family: Callable[[str, argparse.Namespace, int], dict],
+                 report: Callable[[argparse.Namespace, int, list], None]) -> None:
+    """An A/B's main: its arguments (20 rounds of 20 forwards unless given; the shape,
+    ``families`` by default), every rank's ``time_family`` of each family, and rank 0's
+    ``report`` of them all."""
+    from ranks import start_ranks
+    from slice_masks import add_shape_args
+
+    add_ab_args(p, rounds=20, calls=20)
+    add_shape_args(p, families)
+    args = parse_counts(p)
+    rank, world = start_ranks()
+    mine = [dict(rank=rank, **time_family(name, args, world))
+            for name in args.families.split(",")]
+    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
+
+
 def run_meta(args: argparse.Namespace, world: int, **extra) -> dict:
     """A run's record: the device, world, torch, date, the command as given, and the shape
     and rounds timed (``extra``: the benchmark's own fields)."""

@@ -18,14 +18,11 @@ import argparse
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.kernels import selection  # noqa: E402
-from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
-                       run_meta, summary, table_text, timed_rounds)
-from ranks import start_ranks, write_run  # noqa: E402
-from slice_masks import add_shape_args  # noqa: E402
+from ab_rounds import (eager_forward, run_families, run_meta, summary,  # noqa: E402
+                       table_text, timed_rounds)
+from ranks import write_run  # noqa: E402
 
 WAYS = ("packed", "in place")
 # The families whose plans have a varlen call of several runs at 8K tokens a GPU on 2 ranks.
@@ -81,14 +78,8 @@ def report(args, world: int, rows: list) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_ab_args(p, rounds=20, calls=20)
-    add_shape_args(p, IN_PLACE_FAMILIES)
-    args = parse_counts(p)
-    rank, world = start_ranks()
-    mine = [dict(rank=rank, **time_family(name, args, world))
-            for name in args.families.split(",")]
-    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
+    run_families(argparse.ArgumentParser(description=__doc__.split("\n")[0]), IN_PLACE_FAMILIES,
+                 time_family, report)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.attention import call_plan, first_writes, prepare  # noqa: E402
-from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
-                       run_meta, summary, table_text, timed_rounds)
-from ranks import start_ranks, write_run  # noqa: E402
-from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
+from ab_rounds import (eager_forward, run_families, run_meta, summary,  # noqa: E402
+                       table_text, timed_rounds)
+from ranks import write_run  # noqa: E402
+from slice_masks import HOST_BOUND  # noqa: E402
 
 WAYS = {"written": 10 ** 9, "joined": first_writes.PIECES_MIN}
 
@@ -71,14 +71,8 @@ def report(args, world: int, rows: list) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_ab_args(p, rounds=20, calls=20)
-    add_shape_args(p, HOST_BOUND)
-    args = parse_counts(p)
-    rank, world = start_ranks()
-    mine = [dict(rank=rank, **time_family(name, args, world))
-            for name in args.families.split(",")]
-    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
+    run_families(argparse.ArgumentParser(description=__doc__.split("\n")[0]), HOST_BOUND,
+                 time_family, report)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,14 @@ def pieces_worker(rank, world, name, threshold, fmt, minimum, batch=1):
     mask = mf.family(name, LENS, **PIECED)
     torch.manual_seed(5)
     full = [torch.randn(batch, 256, h, 8, dtype=torch.float32) for h in (4, 2, 2, 4)]
+    out, lse, grads, _ = ring_call(mask, full, fmt)
+    took = [p.forward.home_pieces for p in call_plan._PLANS.values()]
+    return out, lse, grads, any(took)
+
+
+def ring_call(mask, full: list, fmt: str) -> tuple:
+    """The reference kernel's burst_attn on this rank's shard of ``full`` (q, k, v and dout,
+    [b, s, h, d]) in ``fmt``: (out, lse, the gradients of q, k, v, the shard function)."""
     seq = 0 if fmt == "sbhd" else 1
 
     def shard(t):
@@ -158,8 +166,7 @@ def pieces_worker(rank, world, name, threshold, fmt, minimum, batch=1):
     out, lse = mb.burst_attn(q, k, v, mask=mask, kernel="reference", qkv_format=fmt,
                              return_lse=True)
     grads = torch.autograd.grad(out, (q, k, v), do)
-    took = [p.forward.home_pieces for p in call_plan._PLANS.values()]
-    return out.detach(), lse.detach(), grads, any(took)
+    return out.detach(), lse.detach(), grads, shard
 
 
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd"])

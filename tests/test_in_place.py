@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import megatron_burst as mb
 from megatron_burst.kernels.in_place import probe_in_place
 from megatron_burst.kernels.reference import CpuFlashAttention, ReferenceAttention
 from megatron_burst.kernels.varlen import gather, in_place_bounds, plan_calls
@@ -19,6 +18,7 @@ from megatron_burst.plan.schedule import Block
 
 from .distributed import run_ranks
 from .reference import reference_attention, slice_allowed
+from .test_home_output import ring_call
 from .test_slice_masks import KNOBS
 
 
@@ -109,22 +109,14 @@ def ring_worker(rank, world, name, fmt, in_place):
     mask = mf.family(name, lens, **dict(KNOBS, block=16))
     torch.manual_seed(7)
     full = [torch.randn(1, total, h, 8, dtype=torch.float64) for h in (4, 2, 2, 4)]
-    seq = 0 if fmt == "sbhd" else 1
-
-    def shard(t):
-        return mb.shard_seq(t.transpose(0, 1) if seq == 0 else t, mask=mask, seq_dim=seq)
-
-    q, k, v, do = (shard(t).contiguous().requires_grad_() for t in full)
-    out, lse = mb.burst_attn(q, k, v, mask=mask, kernel="reference", qkv_format=fmt,
-                             return_lse=True)
-    grads = torch.autograd.grad(out, (q, k, v), do)
+    out, lse, grads, shard = ring_call(mask, full, fmt)
     whole = [t.clone().requires_grad_() for t in full[:3]]
     ref = reference_attention(*whole, causal=False, scale=8 ** -0.5, allowed=slice_allowed(
         total, mask.q_ranges, mask.k_ranges, mask.kinds))[0]
     ref_grads = torch.autograd.grad(ref, whole, full[3])
     ref_local = [shard(t) for t in (ref, *ref_grads)]
     err = max((a - b).abs().max().item() for a, b in zip((out, *grads), ref_local))
-    return out.detach(), lse.detach(), grads, used[0], err
+    return out, lse, grads, used[0], err
 
 
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd"])

@@ -2502,19 +2502,24 @@ def test_the_split_and_placement_ratios_are_the_runs_on_file():
         assert min(target["spun"].values()) < sorted(target["alone"])[1] / 1.8
 
 
+def _block_causal_and_others(rows: list) -> tuple[list, str]:
+    """An A/B's block-causal documents rows by rank, and the other families' ratios' span."""
+    bcd = sorted((r for r in rows if r["family"] == "block_causal_document"),
+                 key=lambda r: r["rank"])
+    return bcd, _span([r["ratio"] for r in rows if r["family"] != "block_causal_document"],
+                      "{:.3f}")
+
+
 def test_the_joined_home_figures_are_the_run_on_file():
     """Block-causal documents' ratio on both ranks and its first rank's times, the other
     families' span, every way's bits, as the README and the folder say."""
     rows = _load("h200x2_issue42_pieces/pieces_ab.json")["rows"]
     assert all(r["same_bits"] for r in rows)
-    bcd = sorted((r for r in rows if r["family"] == "block_causal_document"),
-                 key=lambda r: r["rank"])
+    bcd, others = _block_causal_and_others(rows)
     assert all(r["joins"] for r in bcd)
     pair = f"{bcd[0]['ratio']:.3f} /\n{bcd[1]['ratio']:.3f}"
     _says(f"took {pair} of the time on its two ranks ({bcd[0]['ms']['written']:.3f} -> "
           f"{bcd[0]['ms']['joined']:.3f} ms)")
-    others = _span([r["ratio"] for r in rows if r["family"] != "block_causal_document"],
-                   "{:.3f}")
     _says(f"the other families {others}")
     assert f"read {others}" in _folder("h200x2_issue42_pieces")
 
@@ -2524,12 +2529,9 @@ def test_the_in_place_figures_are_the_run_on_file():
     families' span and every family's bits, as the README and the folder say."""
     rows = _load("h200x2_issue42_in_place/in_place_ab.json")["rows"]
     assert all(r["admitted"] and r["diff"]["in place"] == 0.0 for r in rows)
-    bcd = sorted((r for r in rows if r["family"] == "block_causal_document"),
-                 key=lambda r: r["rank"])
+    bcd, others = _block_causal_and_others(rows)
     _says(f"took {bcd[0]['ratio']:.3f} / {bcd[1]['ratio']:.3f} of the time on its two\nranks "
           f"({bcd[0]['ms']['packed']:.3f} -> {bcd[0]['ms']['in place']:.3f} ms)")
-    others = _span([r["ratio"] for r in rows if r["family"] != "block_causal_document"],
-                   "{:.3f}")
     _says(f"three other families {others}")
     assert f"the other three families {others}" in _folder("h200x2_issue42_in_place")
     last = (RESULTS / "h200x2_issue42_in_place" / "gpu_all_tests.txt").read_text().splitlines()
