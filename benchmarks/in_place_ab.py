@@ -29,20 +29,22 @@ WAYS = ("packed", "in place")
 IN_PLACE_FAMILIES = "block_causal_document,causal_blockwise,shared_question,causal_document"
 
 
-ADMITTED: dict[int, bool] = {}  # id of an automatic kernel -> whether its probe admitted it
+ADMITTED: dict[tuple, bool] = {}  # an automatic kernel's key -> whether its probe admitted it
 
 
-def dispatches() -> list:
-    """The automatic kernels made so far (``selection``'s cache), which the ways switch."""
-    return [k for k in selection._CHECKED.values() if isinstance(k, selection.BandDispatch)]
+def dispatches() -> dict:
+    """The automatic kernels made so far, by their key in ``selection``'s cache (a value:
+    the head shape, dtype and device), which the ways switch."""
+    return {key: k for key, k in selection._CHECKED.items()
+            if isinstance(k, selection.BandDispatch)}
 
 
 def set_way(way: str) -> None:
     """Every automatic kernel reads in place under way 'in place' where its probe admitted
     it (what the probe said is kept the first time a way is set), and packs otherwise."""
-    for k in dispatches():
-        ADMITTED.setdefault(id(k), k.varlen_in_place)
-        k.varlen_in_place = way == "in place" and ADMITTED[id(k)]
+    for key, k in dispatches().items():
+        ADMITTED.setdefault(key, k.varlen_in_place)
+        k.varlen_in_place = way == "in place" and ADMITTED[key]
 
 
 def time_family(name: str, args, world: int) -> dict:
