@@ -1,8 +1,9 @@
 """GPU check of the forward's varlen calls read in place (skipped without CUDA): the probe
 admits PyTorch's flash kernel (``seqused_k``), the automatic kernel takes the form, and on
 the plans of LongCA-bench's shape (8K tokens a GPU, 64:8 heads, d 128, bf16) every run of
-every in-place call gives the packed form's rows; on 2 GPUs the ring with the form matches
-the float64 reference (CPU ranks check the same ring to 1e-12: ``tests/test_in_place.py``).
+every in-place call gives the packed form's rows. The ring with the form over NCCL is
+``tests/test_gpu.py``'s slice-mask test against float64 (six of its families have in-place
+calls); CPU ranks check the same ring to 1e-12 (``tests/test_in_place.py``).
 """
 from __future__ import annotations
 
