@@ -14,7 +14,8 @@ documents' forward faster and other families' slower. Two knobs of the automatic
   shape in its step) goes to flash instead of cuDNN.
 
 Each way sets both on the kernel object the calls use (the plan is keyed by the first, so
-each way has its own plan); ``ab_rounds`` times the ways in rotated rounds in one process,
+each way has its own plan: the plans and prepared calls are dropped where it changes,
+``set_split``); ``ab_rounds`` times the ways in rotated rounds in one process,
 burst_attn's forward and forward + backward back to back on all ranks, and the package's plan
 on one GPU for the same mask (rank 0; the ratio's denominator in ``slice_masks.py``). Each
 way's output is compared with the first way's.
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
+from megatron_burst.attention import call_plan, prepare  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
 from ab_rounds import (add_ab_args, gather_rows, parse_counts, run_meta, summary,  # noqa: E402
                        table_text, timed_rounds)
@@ -56,6 +58,22 @@ def parse_ways(text: str) -> dict:
                              f"'DENSE_MIN_AREA:LONE_BAND_AREA'") from None
         ways[item] = (dense, lone)
     return ways
+
+
+def set_split(kernel, dense_min_area: float, lone_band_area: float) -> bool:
+    """Set the automatic kernel's two knobs. Where the dense threshold changes, drop the
+    plans and the prepared calls, and say so (True: the caller runs every step once before
+    timing): a prepared call holds the plan its first call made, so without this a new
+    threshold is never planned (the lone rule is read at each call). A first version set
+    the attribute alone: its threshold ways timed one plan
+    (``results/h200x2_issue42_fewer_flash_flawed/``)."""
+    kernel.lone_band_area = lone_band_area
+    if kernel.dense_min_area == dense_min_area:
+        return False
+    kernel.dense_min_area = dense_min_area
+    call_plan.clear()
+    prepare.PREPARED.clear()
+    return True
 
 
 def time_family(name: str, args, ways: dict, world: int, rank: int, solo) -> dict:
@@ -86,9 +104,12 @@ def time_family(name: str, args, ways: dict, world: int, rank: int, solo) -> dic
         if rank == 0:
             mb.burst_attn(*solo_in, solo, mask=mask).backward(full[3])
 
+    def warm() -> None:
+        for step, _ in steps.values():
+            step()
+
     def setter(way):
-        return lambda: (setattr(kernel, "dense_min_area", ways[way][0]),
-                        setattr(kernel, "lone_band_area", ways[way][1]))
+        return lambda: set_split(kernel, *ways[way]) and warm()
     outs = {}
 
     def check(way):
@@ -99,11 +120,10 @@ def time_family(name: str, args, ways: dict, world: int, rank: int, solo) -> dic
     before = (kernel.dense_min_area, kernel.lone_band_area)
     for way in ways:  # each way's plans made and kernels warmed before any round
         setter(way)()
-        for step, _ in steps.values():
-            for _ in range(3):
-                step()
+        for _ in range(3):
+            warm()
     times = timed_rounds({w: setter(w) for w in ways}, steps, args.rounds, check)
-    kernel.dense_min_area, kernel.lone_band_area = before
+    set_split(kernel, *before)
     base = outs[next(iter(ways))]
     diff = max(float((o - base).norm() / base.norm()) for o in outs.values())
     return dict(family=name, rank=rank, summary=summary(times), times=times,

@@ -138,3 +138,24 @@ def test_the_in_place_ways_switch_only_admitted_kernels():
         in_place_ab.ADMITTED.clear()
         selection._CHECKED.clear()
         selection._CHECKED.update(before)
+
+
+def test_a_new_dense_threshold_drops_the_plans_and_prepared_calls():
+    """``split_ab.set_split``: a prepared call holds its plan, so a way that changes the
+    threshold must drop them (the lone rule, read at each call, needs nothing)."""
+    split_ab = pytest.importorskip("split_ab")
+    from megatron_burst.attention import call_plan, prepare
+    from megatron_burst.kernels.reference import ReferenceAttention
+    from megatron_burst.kernels.selection import BandDispatch
+
+    kernel = BandDispatch(ReferenceAttention(), ReferenceAttention())
+    kernel.dense_min_area = 2.0 ** 21
+    prepare.PREPARED["probe"] = object()
+    try:
+        assert not split_ab.set_split(kernel, 2.0 ** 21, 5.0)
+        assert kernel.lone_band_area == 5.0 and "probe" in prepare.PREPARED
+        assert split_ab.set_split(kernel, 2.0 ** 20, 0.0)
+        assert kernel.dense_min_area == 2.0 ** 20 and not prepare.PREPARED
+        assert not call_plan._PLANS
+    finally:
+        prepare.PREPARED.pop("probe", None)

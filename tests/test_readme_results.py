@@ -2564,3 +2564,25 @@ def test_the_two_in_place_tables_are_the_runs_on_file():
     _says(f"then block-causal documents at\n{said[3][1]}")
     first = {r["family"]: r for r in _load("h200x2_issue42_table_in_place/table/sm.json")["rows"]}
     _says(f"{first['block_causal_document']['efficiency_chained_fwd']:.3f} on the first")
+
+
+def test_the_dense_threshold_figures_are_the_runs_on_file():
+    """The mended A/B's ways differ in bits and its ratios are the README's; the flawed
+    run's ways were one plan (no difference at all), as its folder says."""
+    rows = _load("h200x2_issue42_dense_threshold/split_ab.json")["rows"]
+    assert all(r["max_rel_diff"] > 0 for r in rows)
+    ratio = {(r["family"], r["rank"], w): s for r in rows for w, s in r["summary"].items()}
+    cd, bcd = "causal_document", "block_causal_document"
+    _says(f"(causal documents {ratio[cd, 0, '1048576:0']['fwd']['ratio']:.3f} at 1M")
+    b = [ratio[bcd, rank, w]["fwd"]["ratio"] for rank in (0, 1)
+         for w in ("1048576:0", "524288:0")]
+    _says(f"block-causal documents {_span(b, '{:.3f}')})")
+    both = [ratio[cd, rank, "1048576:0"]["fwd+bwd"]["ratio"] for rank in (0, 1)]
+    _says(f"forward + backward faster ({_span(both, '{:.3f}')} at 1M)")
+    one = [ratio[cd, 0, w]["1 GPU fwd"]["ms"] for w in ("2M", "1048576:0")]
+    _says(f"(its forward {one[0]:.3f} ->\n{one[1]:.3f} ms)")
+    flawed = _load("h200x2_issue42_fewer_flash_flawed/split_ab.json")["rows"]
+    assert all(r["max_rel_diff"] == 0 for r in flawed)
+    noise = [s[step]["ratio"] for r in flawed for s in r["summary"].values()
+             for step in ("fwd", "fwd+bwd")]
+    assert f"forwards: {_span(noise, '{:.3f}')}" in _folder("h200x2_issue42_fewer_flash_flawed")
