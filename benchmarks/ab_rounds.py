@@ -69,6 +69,15 @@ def summary(times: dict) -> dict:
     return out
 
 
+def two_way_forward(times: dict) -> dict:
+    """A two-way A/B's figures of its "forward" step (``timed_rounds``' ``times``): each
+    way's median ms, the second way's median ratio to the first, and the per-round ms."""
+    med, (first, second) = summary(times), list(times)
+    return dict(ms={w: med[w]["forward"]["ms"] for w in (first, second)},
+                ratio=med[second]["forward"]["ratio"],
+                times={w: times[w]["forward"] for w in (first, second)})
+
+
 def add_ab_args(p: argparse.ArgumentParser, rounds: int, calls: int) -> None:
     """--out, --rounds and --calls, as every in-process A/B takes them."""
     p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
@@ -132,20 +141,32 @@ def eager_forward(name: str, args: argparse.Namespace, world: int
 
 def run_families(p: argparse.ArgumentParser, families: str,
                  time_family: Callable[[str, argparse.Namespace, int], dict],
-                 report: Callable[[argparse.Namespace, int, list], None]) -> None:
-    """An A/B's main: its arguments (20 rounds of 20 forwards unless given; the shape,
-    ``families`` by default), every rank's ``time_family`` of each family, and rank 0's
-    ``report`` of them all."""
+                 report: Callable[[argparse.Namespace, int, list], None],
+                 rounds: int = 20, calls: int = 20) -> None:
+    """An A/B's main: its arguments (``rounds`` rounds of ``calls`` forwards unless given;
+    the shape, ``families`` by default), every rank's ``time_family`` of each family (its
+    row, with the rank), and rank 0's ``report`` of them all."""
     from ranks import start_ranks
     from slice_masks import add_shape_args
 
-    add_ab_args(p, rounds=20, calls=20)
+    add_ab_args(p, rounds=rounds, calls=calls)
     add_shape_args(p, families)
     args = parse_counts(p)
     rank, world = start_ranks()
-    mine = [dict(rank=rank, **time_family(name, args, world))
+    mine = [{"rank": rank, **time_family(name, args, world)}
             for name in args.families.split(",")]
     gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
+
+
+def publish(out: str, meta: dict, world: int, header: tuple, cells: list[tuple],
+            rows: list) -> None:
+    """Rank 0's end of an A/B: its table (``table_text``) printed, and written with the
+    meta and rows (``ranks.write_run``)."""
+    from ranks import write_run
+
+    text = table_text(meta, world, header, cells)
+    print(text)
+    write_run(out, meta, rows, text)
 
 
 def run_meta(args: argparse.Namespace, world: int, **extra) -> dict:

@@ -20,9 +20,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.kernels import selection  # noqa: E402
-from ab_rounds import (eager_forward, run_families, run_meta, summary,  # noqa: E402
-                       table_text, timed_rounds)
-from ranks import write_run  # noqa: E402
+from ab_rounds import (eager_forward, publish, run_families, run_meta,  # noqa: E402
+                       timed_rounds, two_way_forward)
 
 WAYS = ("packed", "in place")
 # The families whose plans have a varlen call of several runs at 8K tokens a GPU on 2 ranks.
@@ -59,11 +58,8 @@ def time_family(name: str, args, world: int) -> dict:
     ways = {w: (lambda w=w: set_way(w)) for w in WAYS}
     times = timed_rounds(ways, {"forward": (forward, args.calls)}, args.rounds, check)
     set_way("in place")
-    med = summary(times)
     return dict(family=name, admitted=any(ADMITTED.values()), diff=diff,
-                ms={w: med[w]["forward"]["ms"] for w in WAYS},
-                ratio=med["in place"]["forward"]["ratio"],
-                times={w: times[w]["forward"] for w in WAYS})
+                **two_way_forward(times))
 
 
 def report(args, world: int, rows: list) -> None:
@@ -71,12 +67,10 @@ def report(args, world: int, rows: list) -> None:
     meta = run_meta(args, world)
     header = ("family", "rank", "admitted", "packed ms", "in place ms", "in place / packed",
               "max diff to packed's first")
-    text = table_text(meta, world, header, [
+    publish(args.out, meta, world, header, [
         (r["family"], r["rank"], r["admitted"], f"{r['ms']['packed']:.3f}",
          f"{r['ms']['in place']:.3f}", f"{r['ratio']:.3f}", f"{r['diff']['in place']:.1e}")
-        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))])
-    print(text)
-    write_run(args.out, meta, rows, text)
+        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))], rows)
 
 
 def main() -> None:

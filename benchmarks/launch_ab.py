@@ -25,10 +25,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.kernels import merge, triton_direct  # noqa: E402
-from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
-                       run_meta, summary, table_text, timed_rounds)
-from ranks import start_ranks, write_run  # noqa: E402
-from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
+from ab_rounds import (eager_forward, publish, run_families, run_meta,  # noqa: E402
+                       timed_rounds, two_way_forward)
+from slice_masks import HOST_BOUND  # noqa: E402
 
 WAYS = ("runner", "direct")
 
@@ -68,11 +67,8 @@ def time_family(name: str, args, world: int, compiled_of: dict) -> dict:
     times = timed_rounds({w: setter(w) for w in WAYS}, {"forward": (forward, args.calls)},
                          args.rounds, check)
     merge._LAUNCHES._launchers = ways["direct"]
-    med = summary(times)
     return dict(family=name, adopted=sum(f is not None for f in ways["direct"].values()),
-                same_bits=same[0], ms={w: med[w]["forward"]["ms"] for w in WAYS},
-                ratio=med["direct"]["forward"]["ratio"],
-                times={w: times[w]["forward"] for w in WAYS})
+                same_bits=same[0], **two_way_forward(times))
 
 
 def report(args, world: int, rows: list) -> None:
@@ -80,24 +76,17 @@ def report(args, world: int, rows: list) -> None:
     meta = run_meta(args, world)
     header = ("family", "rank", "runner ms", "direct ms", "direct / runner", "adopted keys",
               "same bits")
-    text = table_text(meta, world, header, [
+    publish(args.out, meta, world, header, [
         (r["family"], r["rank"], f"{r['ms']['runner']:.3f}", f"{r['ms']['direct']:.3f}",
          f"{r['ratio']:.3f}", r["adopted"], r["same_bits"])
-        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))])
-    print(text)
-    write_run(args.out, meta, rows, text)
+        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))], rows)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_ab_args(p, rounds=10, calls=30)
-    add_shape_args(p, HOST_BOUND)
-    args = parse_counts(p)
-    rank, world = start_ranks()
-    compiled_of = record_compiled()
-    mine = [dict(rank=rank, **time_family(name, args, world, compiled_of))
-            for name in args.families.split(",")]
-    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
+    compiled_of = record_compiled()  # (a module's launcher maker wrapped: no rank needed)
+    run_families(argparse.ArgumentParser(description=__doc__.split("\n")[0]), HOST_BOUND,
+                 lambda name, args, world: time_family(name, args, world, compiled_of),
+                 report, rounds=10, calls=30)
 
 
 if __name__ == "__main__":

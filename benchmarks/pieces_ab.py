@@ -23,9 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.attention import call_plan, first_writes, prepare  # noqa: E402
-from ab_rounds import (eager_forward, run_families, run_meta, summary,  # noqa: E402
-                       table_text, timed_rounds)
-from ranks import write_run  # noqa: E402
+from ab_rounds import (eager_forward, publish, run_families, run_meta,  # noqa: E402
+                       timed_rounds, two_way_forward)
 from slice_masks import HOST_BOUND  # noqa: E402
 
 WAYS = {"written": 10 ** 9, "joined": first_writes.PIECES_MIN}
@@ -50,11 +49,7 @@ def time_family(name: str, args, world: int) -> dict:
     ways = {w: (lambda m=m: set_way(m)) for w, m in WAYS.items()}
     times = timed_rounds(ways, {"forward": (forward, args.calls)}, args.rounds, check)
     set_way(WAYS["joined"])
-    med = summary(times)
-    return dict(family=name, same_bits=same[0], joins=any(joined),
-                ms={w: med[w]["forward"]["ms"] for w in WAYS},
-                ratio=med["joined"]["forward"]["ratio"],
-                times={w: times[w]["forward"] for w in WAYS})
+    return dict(family=name, same_bits=same[0], joins=any(joined), **two_way_forward(times))
 
 
 def report(args, world: int, rows: list) -> None:
@@ -62,12 +57,10 @@ def report(args, world: int, rows: list) -> None:
     meta = run_meta(args, world)
     header = ("family", "rank", "joins", "written ms", "joined ms", "joined / written",
               "same bits")
-    text = table_text(meta, world, header, [
+    publish(args.out, meta, world, header, [
         (r["family"], r["rank"], r["joins"], f"{r['ms']['written']:.3f}",
          f"{r['ms']['joined']:.3f}", f"{r['ratio']:.3f}", r["same_bits"])
-        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))])
-    print(text)
-    write_run(args.out, meta, rows, text)
+        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))], rows)
 
 
 def main() -> None:

@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import call_plan, prepare  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
-from ab_rounds import (add_ab_args, gather_rows, parse_counts, run_meta, summary,  # noqa: E402
-                       table_text, timed_rounds)
-from ranks import start_ranks, write_run  # noqa: E402
+from ab_rounds import (add_ab_args, gather_rows, parse_counts, publish, run_meta,  # noqa: E402
+                       summary, timed_rounds)
+from ranks import start_ranks  # noqa: E402
 from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
 
 # name -> (dense_min_area, lone_band_area); the first is the package's default before.
@@ -160,9 +160,7 @@ def report(args, ways: dict, world: int, rows: list) -> None:
                           f"{meds[0]['1 GPU fwd']['ms']:.3f} / "
                           f"{meds[0]['1 GPU fwd+bwd']['ms']:.3f}",
                           f"{eff[0]:.2f} / {eff[1]:.2f}", f"{ranks[0]['max_rel_diff']:.1e}"))
-    text = table_text(meta, world, header, cells)
-    print(text)
-    write_run(args.out, meta, rows, text)
+    publish(args.out, meta, world, header, cells, rows)
 
 
 def main() -> None:

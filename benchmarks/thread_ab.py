@@ -32,12 +32,12 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
-                       run_meta, summary, table_text, timed_rounds)
-from ranks import start_ranks, write_run  # noqa: E402
-from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
+from ab_rounds import (eager_forward, publish, run_families, run_meta,  # noqa: E402
+                       summary, timed_rounds)
+from slice_masks import HOST_BOUND  # noqa: E402
 
 WAYS = ("free", "main", "alone", "busy")
 SPINNERS = 8
@@ -123,22 +123,16 @@ def report(args, world: int, rows: list) -> None:
     meta = run_meta(args, world, cores=physical_cores())
     header = ("family", "rank", "main CPU", "threads", *(f"{w} ms" for w in WAYS),
               *(f"{w} / free" for w in WAYS[1:]), "same bits")
-    text = table_text(meta, world, header, [
+    publish(args.out, meta, world, header, [
         (r["family"], r["rank"], r["main_cpu"], r["threads"],
          *(f"{r['ms'][w]:.3f}" for w in WAYS), *(f"{r['ratio'][w]:.3f}" for w in WAYS[1:]),
-         r["same_bits"]) for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))])
-    print(text)
-    write_run(args.out, meta, rows, text)
+         r["same_bits"]) for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))], rows)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_ab_args(p, rounds=20, calls=15)
-    add_shape_args(p, HOST_BOUND)
-    args = parse_counts(p)
-    rank, world = start_ranks()
-    mine = [time_family(name, args, world, rank) for name in args.families.split(",")]
-    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
+    run_families(argparse.ArgumentParser(description=__doc__.split("\n")[0]), HOST_BOUND,
+                 lambda name, args, world: time_family(name, args, world, dist.get_rank()),
+                 report, rounds=20, calls=15)
 
 
 if __name__ == "__main__":

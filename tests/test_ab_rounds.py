@@ -159,3 +159,10 @@ def test_a_new_dense_threshold_drops_the_plans_and_prepared_calls():
         assert not call_plan._PLANS
     finally:
         prepare.PREPARED.pop("probe", None)
+
+
+def test_a_two_way_forward_reads_the_second_way_against_the_first():
+    times = {"a": {"forward": [2.0, 4.0, 3.0]}, "b": {"forward": [1.0, 3.0, 3.0]}}
+    got = ab_rounds.two_way_forward(times)
+    assert got["ms"] == {"a": 3.0, "b": 3.0} and got["times"]["b"] == [1.0, 3.0, 3.0]
+    assert got["ratio"] == 0.75  # the median of 0.5, 0.75 and 1.0
