@@ -187,8 +187,7 @@ def has_native(kernel: LocalAttention, block: Block) -> bool:
 # From this many visible pairs a block runs faster alone on the dense kernel (cuDNN, ~550
 # TFLOP/s fwd+bwd on H200) than inside a varlen flash call (~325): the launch it saves
 # (~20-50 us) is worth less than the slower kernel costs above ~1.5K x 1.5K pairs.
-# Lower (1M, 512K) made the eager forward at CP=2 slower and the backward and one GPU's
-# plan faster on 2x H200 (results/h200x2_issue42_dense_threshold/): kept for the forward.
+# Lower slowed CP=2's eager forward, sped the backward (results/h200x2_issue42_dense_threshold)
 VARLEN_DENSE_MIN_AREA = float(2 ** 21)
 # Below this many visible pairs a block that runs alone (the only one of its shape in its
 # step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host
