@@ -32,12 +32,12 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_rounds import (eager_forward, publish, run_families, run_meta,  # noqa: E402
-                       summary, timed_rounds)
-from slice_masks import HOST_BOUND  # noqa: E402
+from ab_rounds import (add_ab_args, eager_forward, gather_rows, parse_counts,  # noqa: E402
+                       publish, run_meta, summary, timed_rounds)
+from ranks import start_ranks  # noqa: E402
+from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
 
 WAYS = ("free", "main", "alone", "busy")
 SPINNERS = 8
@@ -130,9 +130,13 @@ def report(args, world: int, rows: list) -> None:
 
 
 def main() -> None:
-    run_families(argparse.ArgumentParser(description=__doc__.split("\n")[0]), HOST_BOUND,
-                 lambda name, args, world: time_family(name, args, world, dist.get_rank()),
-                 report, rounds=20, calls=15)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_ab_args(p, rounds=20, calls=15)
+    add_shape_args(p, HOST_BOUND)
+    args = parse_counts(p)
+    rank, world = start_ranks()  # (this rank's placement needs its rank: its own main)
+    mine = [time_family(name, args, world, rank) for name in args.families.split(",")]
+    gather_rows(mine, world, rank, lambda rows: report(args, world, rows))
 
 
 if __name__ == "__main__":
