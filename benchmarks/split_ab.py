@@ -11,7 +11,9 @@ documents' forward faster and other families' slower. Two knobs of the automatic
 - ``dense_min_area``: from this many visible pairs a block runs alone on cuDNN; below it,
   blocks of one mask shape share a varlen flash call (``varlen.plan_calls``);
 - ``lone_band_area``: below this many, a block that runs alone anyway (the only one of its
-  shape in its step) goes to flash instead of cuDNN.
+  shape in its step) goes to flash instead of cuDNN;
+- ``gpu_bound_min_area``: the dense threshold of the passes the GPU bounds (a ring's
+  backward, one GPU's passes); None: ``dense_min_area`` for every pass.
 
 Each way sets both on the kernel object the calls use (the plan is keyed by the first, so
 each way has its own plan: the plans and prepared calls are dropped where it changes,
@@ -38,39 +40,46 @@ from ab_rounds import (add_ab_args, gather_rows, parse_counts, publish, run_meta
 from ranks import start_ranks  # noqa: E402
 from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
 
-# name -> (dense_min_area, lone_band_area); the first is the package's default before.
-WAYS = {"2M": (2.0 ** 21, 0.0), "2M lone": (2.0 ** 21, 2.0 ** 21),
-        "4M lone": (2.0 ** 22, 2.0 ** 22), "8M lone": (2.0 ** 23, 2.0 ** 23)}
+# name -> (dense_min_area, lone_band_area, gpu_bound_min_area); "2M" is the package's one
+# threshold before, "2M/1M" its threshold per pass.
+WAYS = {"2M": (2.0 ** 21, 0.0, None), "2M/1M": (2.0 ** 21, 0.0, 2.0 ** 20),
+        "2M lone": (2.0 ** 21, 2.0 ** 21, None), "4M lone": (2.0 ** 22, 2.0 ** 22, None),
+        "8M lone": (2.0 ** 23, 2.0 ** 23, None)}
 STEPS = ("fwd", "fwd+bwd", "1 GPU fwd", "1 GPU fwd+bwd")
 
 
 def parse_ways(text: str) -> dict:
-    """``--ways``: names of WAYS, or 'AREA:LONE' pairs of numbers (visible pairs)."""
+    """``--ways``: names of WAYS, or 'DENSE:LONE' or 'DENSE:LONE:GPU_BOUND' numbers
+    (visible pairs)."""
     ways = {}
     for item in text.split(","):
         if item in WAYS:
             ways[item] = WAYS[item]
             continue
         try:
-            dense, lone = (float(x) for x in item.split(":"))
+            got = [float(x) for x in item.split(":")]
+            if len(got) not in (2, 3):
+                raise ValueError
         except ValueError:
             raise ValueError(f"--ways: {item!r} is neither one of {sorted(WAYS)} nor "
-                             f"'DENSE_MIN_AREA:LONE_BAND_AREA'") from None
-        ways[item] = (dense, lone)
+                             f"'DENSE_MIN_AREA:LONE_BAND_AREA[:GPU_BOUND_MIN_AREA]'") from None
+        ways[item] = (got[0], got[1], got[2] if len(got) == 3 else None)
     return ways
 
 
-def set_split(kernel, dense_min_area: float, lone_band_area: float) -> bool:
-    """Set the automatic kernel's two knobs. Where the dense threshold changes, drop the
+def set_split(kernel, dense_min_area: float, lone_band_area: float,
+              gpu_bound_min_area: float | None = None) -> bool:
+    """Set the automatic kernel's three knobs. Where a dense threshold changes, drop the
     plans and the prepared calls, and say so (True: the caller runs every step once before
     timing): a prepared call holds the plan its first call made, so without this a new
     threshold is never planned (the lone rule is read at each call). A first version set
     the attribute alone: its threshold ways timed one plan
     (``results/h200x2_issue42_fewer_flash_flawed/``)."""
     kernel.lone_band_area = lone_band_area
-    if kernel.dense_min_area == dense_min_area:
+    both = (dense_min_area, gpu_bound_min_area)
+    if (kernel.dense_min_area, kernel.gpu_bound_min_area) == both:
         return False
-    kernel.dense_min_area = dense_min_area
+    kernel.dense_min_area, kernel.gpu_bound_min_area = both
     call_plan.clear()
     prepare.PREPARED.clear()
     return True
@@ -117,7 +126,7 @@ def time_family(name: str, args, ways: dict, world: int, rank: int, solo) -> dic
     steps = dict(zip(STEPS, ((forward, args.calls), (both, max(1, args.calls // 3)),
                              (solo_forward, max(1, args.calls // 2)),
                              (solo_both, max(1, args.calls // 6)))))
-    before = (kernel.dense_min_area, kernel.lone_band_area)
+    before = (kernel.dense_min_area, kernel.lone_band_area, kernel.gpu_bound_min_area)
     for way in ways:  # each way's plans made and kernels warmed before any round
         setter(way)()
         for _ in range(3):
@@ -141,8 +150,9 @@ def efficiency(med: dict, world: int) -> tuple[float, float]:
 
 def report(args, ways: dict, world: int, rows: list) -> None:
     """Rank 0: the table, printed and written with its meta (``write_run``)."""
-    meta = run_meta(args, world, ways={w: dict(dense_min_area=a, lone_band_area=b)
-                                       for w, (a, b) in ways.items()})
+    meta = run_meta(args, world, ways={w: dict(dense_min_area=a, lone_band_area=b,
+                                               gpu_bound_min_area=c)
+                                       for w, (a, b, c) in ways.items()})
     header = ("family", "way", "fwd ms r0 / r1", "fwd ratio r0 / r1", "fwd+bwd ms r0 / r1",
               "fwd+bwd ratio r0 / r1", "1 GPU fwd / fwd+bwd ms", "efficiency fwd / bwd",
               "max rel diff")
@@ -169,7 +179,7 @@ def main() -> None:
     add_shape_args(p, HOST_BOUND)
     p.add_argument("--ways", default=",".join(WAYS),
                    help=f"ways to time, the first the reference: names of {sorted(WAYS)} or "
-                        f"'DENSE_MIN_AREA:LONE_BAND_AREA'")
+                        f"'DENSE_MIN_AREA:LONE_BAND_AREA[:GPU_BOUND_MIN_AREA]'")
     args = parse_counts(p)
     try:
         ways = parse_ways(args.ways)

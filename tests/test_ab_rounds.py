@@ -43,11 +43,14 @@ def test_no_round_is_a_refusal_naming_the_call():
 
 def test_split_ways_by_name_or_by_numbers():
     split_ab = pytest.importorskip("split_ab")
-    assert split_ab.parse_ways("2M,8M lone") == {"2M": (2.0 ** 21, 0.0),
-                                                 "8M lone": (2.0 ** 23, 2.0 ** 23)}
-    assert split_ab.parse_ways("1e6:0") == {"1e6:0": (1e6, 0.0)}
-    with pytest.raises(ValueError, match="--ways: 'big' is neither"):
-        split_ab.parse_ways("2M,big")
+    assert split_ab.parse_ways("2M,8M lone,2M/1M") == {
+        "2M": (2.0 ** 21, 0.0, None), "8M lone": (2.0 ** 23, 2.0 ** 23, None),
+        "2M/1M": (2.0 ** 21, 0.0, 2.0 ** 20)}
+    assert split_ab.parse_ways("1e6:0") == {"1e6:0": (1e6, 0.0, None)}
+    assert split_ab.parse_ways("1e6:0:5e5") == {"1e6:0:5e5": (1e6, 0.0, 5e5)}
+    for bad in ("big", "1:2:3:4"):
+        with pytest.raises(ValueError, match=f"--ways: '{bad}' is neither"):
+            split_ab.parse_ways(f"2M,{bad}")
 
 
 def test_placements_need_a_core_per_rank_and_two_more():
@@ -157,6 +160,9 @@ def test_a_new_dense_threshold_drops_the_plans_and_prepared_calls():
         assert split_ab.set_split(kernel, 2.0 ** 20, 0.0)
         assert kernel.dense_min_area == 2.0 ** 20 and not prepare.PREPARED
         assert not call_plan._PLANS
+        prepare.PREPARED["probe"] = object()
+        assert split_ab.set_split(kernel, 2.0 ** 20, 0.0, 2.0 ** 19)  # the second threshold
+        assert kernel.gpu_bound_min_area == 2.0 ** 19 and not prepare.PREPARED
     finally:
         prepare.PREPARED.pop("probe", None)
 

@@ -194,6 +194,7 @@ class _FailingKernel:
 
     name = "failing"
     dense_min_area = float("inf")
+    gpu_bound_min_area = None
 
     def forward(self, *args):
         raise RuntimeError("injected fault")

@@ -75,6 +75,7 @@ class PlanKey:
     varlen: bool  # a batch of one row: blocks may share varlen calls
     dense_min_area: float | None  # the kernel's threshold; None: shape-free (see plan_key)
     device_docs: bool = False  # documents the GPU reads (``kernels.device_calls``)
+    gpu_bound_min_area: float | None = None  # passes the GPU bounds; None: dense_min_area
 
     @property
     def lens(self) -> tuple[int, ...]:
@@ -89,16 +90,20 @@ class PlanKey:
 def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
              mask: Mask | SliceMask, ulysses: int, ring: RingKey | None, backward: str, *,
              batch: int = 1, dense_min_area: float | None = None,
-             device_docs: bool = False) -> PlanKey:
+             gpu_bound_min_area: float | None = None, device_docs: bool = False) -> PlanKey:
     """The key of a call's plan: the one place it is made, for ``prepare`` at a call and for
     the Megatron data path ahead of it, so both find the same plan. ``batch``: rows of the
     call (one: blocks may share varlen calls); ``dense_min_area``: the kernel's, which only
     a plain sequence's plan reads (a pack's blocks all go varlen), or None for a sequence
     whose blocks go varlen too (a slice mask that follows the data: ``varying_masks``);
+    ``gpu_bound_min_area``: the kernel's threshold for the passes the GPU bounds (a ring's
+    backward, a single member's both; ``build_plan``), None where it is the same;
     ``device_docs``: a plain sequence's plan whose documents the GPU reads."""
     pack = isinstance(documents, DocumentPack)
+    dense = None if pack or device_docs else dense_min_area
+    gpu = None if dense is None or gpu_bound_min_area in (None, dense) else gpu_bound_min_area
     return PlanKey(layout, world, documents, mask, ulysses, ring, backward, batch == 1,
-                   None if pack or device_docs else dense_min_area, device_docs)
+                   dense, device_docs, gpu)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -145,14 +150,22 @@ def build_plan(key: PlanKey) -> CallPlan:
     me = topo.index if topo is not None else 0
     rows = sched.shard(me).length
     calls = PairCalls(key, sched, topo)
+    # The passes the GPU bounds take their own threshold: a ring's eager forward is bound
+    # by its host, where each dense call costs more than the varlen call it leaves; a
+    # ring's backward and a single member's passes by the GPU, where a dense call of a
+    # smaller block is already faster (results/h200x2_issue42_dense_threshold/).
+    gpu_bound = calls if key.gpu_bound_min_area is None else PairCalls(
+        key, sched, topo, key.gpu_bound_min_area)
     if topo is None:  # one member: one step against its own keys, nothing travels
+        calls = gpu_bound
         steps = (StepPlan(me, calls(me, me)),)
         alone = PassPlan(steps, fresh_of(calls(me, me), rows), False, 0,
                          (uses_of(steps, rows, "q"), uses_of(steps, rows, "k")))
         forward = dataclasses.replace(alone, **first_writes(alone, rows))
         backward = dataclasses.replace(alone, **backward_writes(alone, rows, key.backward, forward))
     else:
-        forward, backward = ring_passes(sched, topo, calls, key.backward, key.ulysses)
+        forward, backward = ring_passes(sched, topo, calls, gpu_bound, key.backward,
+                                        key.ulysses)
     used = forward.steps + backward.steps
     every = tuple({id(c): c for s in used for c in s.calls}.values())
     pairs = {(me, s.source) for s in forward.steps}

@@ -22,10 +22,14 @@ from ..plan.schedule import Block, RingSchedule
 
 class PairCalls:
     """The kernel calls of a pair of members, each pair planned once per build (``key``:
-    the plan's ``call_plan.PlanKey``, which imports this module)."""
+    the plan's ``call_plan.PlanKey``, which imports this module). ``min_area``: the dense
+    threshold these calls are planned with (the key's ``dense_min_area`` unless given: a
+    plan's passes bound by the GPU take the key's ``gpu_bound_min_area``)."""
 
-    def __init__(self, key, sched: RingSchedule, topo: RingPositions | None):
+    def __init__(self, key, sched: RingSchedule, topo: RingPositions | None,
+                 min_area: float | None = None):
         self.key, self.sched = key, sched
+        self.min_area = key.dense_min_area if min_area is None else min_area
         self.alone = (topo is None and key.pack and key.ulysses == 1
                       and local_length(key.layout, key.world, key.lens) == sum(key.lens))
         self.sides = BoundarySides(sum(key.lens)) if key.device_docs else None
@@ -69,7 +73,7 @@ class PairCalls:
                                  key.mask.causal, self.sides)
         if not key.pack or not key.varlen:
             return plan_calls(_from(sched.blocks(q_member, k_member), q_from, k_from),
-                              varlen=key.varlen, dense_min_area=key.dense_min_area,
+                              varlen=key.varlen, dense_min_area=self.min_area,
                               shape_free=key.dense_min_area is None)
         # A pack: the split documents' blocks, the whole ones from the shard's arrays.
         calls = plan_calls(_from(sched.split_blocks(q_member, k_member), q_from, k_from),

@@ -243,7 +243,7 @@ def _bind_plan(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
         ring_key(group, world, topology.ulysses, topology.positions_per_node),
         topology.backward, batch=batch,
         dense_min_area=None if shape_free else kernel.dense_min_area,
-        device_docs=call.device_docs))
+        gpu_bound_min_area=kernel.gpu_bound_min_area, device_docs=call.device_docs))
     if call.device_docs and q.is_cuda and not kernel.capabilities.one_launch_varlen:
         raise ValueError(f"layout 'pack_zigzag' reads its documents on the device: on CUDA it "
                          f"needs a kernel that runs a varlen call in one launch, and "

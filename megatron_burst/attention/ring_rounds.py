@@ -31,11 +31,12 @@ from .pass_plan import PassPlan, build_pass, fresh_of, uses_of
 BACK = "back"  # the kind of the hops of a second round, the reversed ring's
 
 
-def ring_passes(sched: RingSchedule, topo: RingPositions, calls: PairCalls, backward: str,
-                ulysses: int) -> tuple[PassPlan, PassPlan]:
-    """(forward, backward) of a ring of several members (module docstring); ``backward``:
-    the mode, 'ring' or 'burst'. A new document pack plans this on its call's path: one
-    round takes no step that two need (no loop, no generator)."""
+def ring_passes(sched: RingSchedule, topo: RingPositions, calls: PairCalls,
+                back_calls: PairCalls, backward: str, ulysses: int) -> tuple[PassPlan, PassPlan]:
+    """(forward, backward) of a ring of several members (module docstring), their kernel
+    calls from ``calls`` and ``back_calls`` (one object where one threshold serves both);
+    ``backward``: the mode, 'ring' or 'burst'. A new document pack plans this on its
+    call's path: one round takes no step that two need (no loop, no generator)."""
     runs = gapped(sched)  # a window's hop carries its edges as runs (``plan.runs``)
     rounds = pass_rounds(sched, topo, ulysses)
     one = not rounds[1:]
@@ -48,22 +49,25 @@ def ring_passes(sched: RingSchedule, topo: RingPositions, calls: PairCalls, back
         k_tables = _cut(sched, rounds, "k")
     me, n = topo.index, sched.shard(topo.index).length
     own = fresh_of(calls(me, me), n)
-    on_keys = lambda src, at: calls(me, src, k_from=at)  # noqa: E731
-    forward, _ = _built(rounds, k_tables, on_keys, own, None, runs, me)
+    forward, _ = _built(rounds, k_tables, lambda src, at: calls(me, src, k_from=at), own,
+                        None, runs, me)
     forward = dataclasses.replace(forward, uses=(uses_of(forward.steps, n, "q"), 0),
                                   **first_writes(forward, n))
+    if back_calls is not calls:
+        own = fresh_of(back_calls(me, me), n)
     if backward == "burst":  # the queries that held our keys, round for round
         rounds = tuple([(t.reversed(), last) for t, last in rounds])
         tables = (table(rounds[0][0].source, "q"),) if one else _cut(sched, rounds, "q")
-        pass_, home = _built(rounds, tables, lambda src, at: calls(src, me, q_from=at), own,
-                             "q", runs, me)
+        pass_, home = _built(rounds, tables, lambda src, at: back_calls(src, me, q_from=at),
+                             own, "q", runs, me)
         uses = (uses_of(pass_.steps[:1], n, "q", home, runs), uses_of(pass_.steps, n, "k"))
         pair, side = (lambda holder, origin: (origin, holder)), "q"
     else:
-        pass_, home = _built(rounds, k_tables, on_keys, own, "k", runs, me)
+        pass_, home = _built(rounds, k_tables, lambda src, at: back_calls(me, src, k_from=at),
+                             own, "k", runs, me)
         uses = (uses_of(pass_.steps, n, "q"), uses_of(pass_.steps[:1], n, "k", home, runs))
         pair, side = (lambda holder, origin: (holder, origin)), "k"
-    wire = one_partial_wire(*rounds[0], calls, pair, side) if one else (False, False)
+    wire = one_partial_wire(*rounds[0], back_calls, pair, side) if one else (False, False)
     return forward, dataclasses.replace(pass_, uses=uses, wire=wire,
                                         **backward_writes(pass_, n, backward, forward))
 

@@ -143,6 +143,7 @@ class FlexBandForward(VarlenByLoop):
         self.name = f"flex-band+{inner.name}"
         self.capabilities = inner.capabilities
         self.dense_min_area = inner.dense_min_area
+        self.gpu_bound_min_area = inner.gpu_bound_min_area
 
     def _takes(self, q, k, v, block: Block) -> bool:
         n, m = block.q_stop - block.q_start, block.k_stop - block.k_start

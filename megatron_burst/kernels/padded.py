@@ -28,6 +28,7 @@ class PaddedHeads(VarlenByLoop):
         self.inner = inner
         self.name = f"{inner.name} (heads padded)"
         self.dense_min_area = inner.dense_min_area
+        self.gpu_bound_min_area = inner.gpu_bound_min_area
         self.capabilities = dataclasses.replace(inner.capabilities, other_v_dim=True)
 
     @staticmethod

@@ -16,7 +16,8 @@ and for many blocks at once, packed back to back (``varlen.KernelLaunch``; tenso
 PyTorch's flash kernel (and flash-attn's) do the varlen form in one launch; every other
 backend does it by a loop of its own dense calls (``VarlenByLoop``), which is also how the
 CPU tests exercise the packing. ``dense_min_area`` tells ``varlen.plan_calls`` from which
-block size a dense call beats the varlen kernel.
+block size a dense call beats the varlen kernel; ``gpu_bound_min_area`` (None: the same) the
+size for the passes the GPU bounds (``call_plan.build_plan``).
 
 Every backend states what it can run (``Capabilities``: devices, dtypes, block kinds, head
 dims, smallest block): ``selection.select_kernel`` checks a call's blocks against it before
@@ -101,6 +102,7 @@ class Capabilities:
 class LocalAttention(Protocol):
     name: str
     dense_min_area: float
+    gpu_bound_min_area: float | None
     capabilities: Capabilities
     varlen_in_place: bool  # the ring's forward reads varlen calls in place (``varlen``)
 
@@ -132,6 +134,7 @@ class VarlenByLoop:
     sequence with no keys gives zeros and lse -inf; one with no queries, zero gradients."""
 
     dense_min_area = float("inf")  # no faster varlen kernel here: pack everything
+    gpu_bound_min_area = None  # the same for every pass
     # Whether the ring's forward calls ``forward_varlen_in_place`` where a call has the form
     # (``varlen.InPlaceBounds``): off for the loop, whose packed form copies per sequence
     # anyway; a test turns it on to check the ring's in-place offsets on CPU ranks.

@@ -132,9 +132,9 @@ class BandDispatch(VarlenByLoop):
             min_side=min(c.min_side for c in caps))
         if varlen is not None:
             self.name += f", varlen {varlen.name}"
-            # The same kernel for both: pack everything; else big blocks go dense.
-            self.dense_min_area = (float("inf") if varlen is dense
-                                   else VARLEN_DENSE_MIN_AREA)
+            if varlen is not dense:  # (the same kernel for both: pack everything)
+                self.dense_min_area = VARLEN_DENSE_MIN_AREA  # big blocks go dense
+                self.gpu_bound_min_area = VARLEN_GPU_BOUND_MIN_AREA
 
     def _pick(self, block: Block) -> LocalAttention:
         small = (min(block.q_stop - block.q_start, block.k_stop - block.k_start) < self.SMALL
@@ -184,11 +184,12 @@ def has_native(kernel: LocalAttention, block: Block) -> bool:
     return hasattr(kernel, "native")
 
 
-# From this many visible pairs a block runs faster alone on the dense kernel (cuDNN, ~550
-# TFLOP/s fwd+bwd on H200) than inside a varlen flash call (~325): the launch it saves
-# (~20-50 us) is worth less than the slower kernel costs above ~1.5K x 1.5K pairs.
-# Lower slowed CP=2's eager forward, sped the backward (results/h200x2_issue42_dense_threshold)
+# From this many visible pairs a block runs alone on the dense kernel (cuDNN, ~550 TFLOP/s
+# fwd+bwd on H200), not in a varlen flash call (~325). A ring's eager forward is bound by its
+# host, which a dense call costs more: 2^20 slowed it. The passes the GPU bounds (a ring's
+# backward, one GPU's) gain from 2^20 (results/h200x2_issue42_dense_threshold{,_per_pass}/).
 VARLEN_DENSE_MIN_AREA = float(2 ** 21)
+VARLEN_GPU_BOUND_MIN_AREA = float(2 ** 20)
 # Below this many visible pairs a block that runs alone (the only one of its shape in its
 # step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host
 # 100-200 us against flash's 45-60 (2x H100). Off (0): at 2^21 it gained nothing on 2x H200
@@ -202,7 +203,6 @@ _CHECKED_SIZE = 256  # kernels x head shapes x kinds: a run has a handful
 
 def _once(key: tuple, compute):
     """``compute()`` once per ``key`` (a value: names, shapes, dtypes, devices), bounded.
-
     Probing runs small kernels and copies from the host: inside a CUDA graph capture it
     would fail, so a capture that reaches an unprobed shape raises instead."""
     if key not in _CHECKED:

@@ -1,0 +1,106 @@
+"""A dense threshold per pass (``call_plan.build_plan``): a ring's forward keeps the kernel's
+``dense_min_area``, its backward and a single member's passes take ``gpu_bound_min_area``.
+
+The plans are checked pass by pass against the plans of one threshold (the forward as with
+the first, the backward as with the second, a single member's both as with the second), and
+the call is exact against the float64 reference on 1-3 CPU ranks with the two thresholds
+apart, both backwards, GQA, sbhd and a batch of two.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key
+from megatron_burst.plan import mask_families as mf
+
+from .distributed import run_ranks
+from .grid import reduce_errors
+from .test_slice_masks import KNOBS, LENS, SEQ, TOL, random_mask, run_mask_case
+
+INF = float("inf")
+SMALL = 20.0  # visible pairs: the families' blocks on LENS straddle it
+
+
+def _plan(name: str, world: int, rank: int, backward: str, dense: float, gpu: float | None):
+    ring = RingKey(tuple(range(world)), rank, None) if world > 1 else None
+    return build_plan(plan_key("area", world, (SEQ,), mf.family(name, LENS, **KNOBS), 1, ring,
+                               backward, dense_min_area=dense, gpu_bound_min_area=gpu))
+
+
+def _calls(pass_) -> list:
+    """A pass's kernel calls step by step, by value."""
+    return [(s.source, [(c.varlen, c.blocks) for c in s.calls]) for s in pass_.steps]
+
+
+@pytest.mark.parametrize("backward", ["ring", "burst"])
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("name", ["causal_document", "block_causal_document",
+                                  "shared_question", "full_document"])
+def test_a_ring_plans_its_forward_and_backward_each_by_its_threshold(name, world, backward):
+    moved = False
+    for rank in range(world):
+        split = _plan(name, world, rank, backward, INF, SMALL)
+        host, gpu = (_plan(name, world, rank, backward, t, None) for t in (INF, SMALL))
+        assert _calls(split.forward) == _calls(host.forward)
+        assert _calls(split.backward) == _calls(gpu.backward)
+        # What the backward writes first and sends is its own calls' (not the forward's).
+        for field in ("writes", "fresh", "uses", "wire", "home_from_first"):
+            assert getattr(split.backward, field) == getattr(gpu.backward, field), field
+        assert {id(c) for c in split.calls} >= {id(c) for s in split.backward.steps
+                                                for c in s.calls}
+        moved |= _calls(host.backward) != _calls(gpu.backward)
+    assert moved  # the thresholds differ somewhere, or the test proves nothing
+
+
+@pytest.mark.parametrize("name", ["causal_document", "block_causal_document"])
+def test_a_single_member_plans_both_passes_by_the_gpu_s_threshold(name):
+    split = _plan(name, 1, 0, "ring", INF, SMALL)
+    host, gpu = (_plan(name, 1, 0, "ring", t, None) for t in (INF, SMALL))
+    assert _calls(split.forward) == _calls(gpu.forward) != _calls(host.forward)
+    assert _calls(split.backward) == _calls(gpu.backward)
+
+
+def test_one_threshold_is_kept_as_one():
+    mask = mf.family("causal_document", LENS, **KNOBS)
+    ring = RingKey((0, 1), 0, None)
+    same = plan_key("area", 2, (SEQ,), mask, 1, ring, "ring", dense_min_area=SMALL,
+                    gpu_bound_min_area=SMALL)
+    assert same.gpu_bound_min_area is None
+    assert same == plan_key("area", 2, (SEQ,), mask, 1, ring, "ring", dense_min_area=SMALL)
+    # Shape-free plans (every block varlen) have no threshold to split.
+    assert plan_key("area", 2, (SEQ,), mask, 1, ring, "ring", dense_min_area=None,
+                    gpu_bound_min_area=SMALL).gpu_bound_min_area is None
+    plan = build_plan(same)
+    assert all(f.calls is b.calls for f, b in zip(plan.forward.steps, plan.backward.steps))
+
+
+def split_worker(rank, world, cases):
+    from megatron_burst.attention import call_plan, prepare
+    from megatron_burst.kernels.reference import ReferenceAttention
+
+    ReferenceAttention.dense_min_area = INF  # (this rank's process only)
+    ReferenceAttention.gpu_bound_min_area = SMALL
+    call_plan.clear()
+    prepare.PREPARED.clear()
+    return [run_mask_case(rank, world, i * 7919 + world, kernel="reference", **case)
+            for i, case in enumerate(cases)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_the_call_is_exact_with_the_thresholds_apart(world):
+    import random
+
+    rng = random.Random(7 + world)
+    cases = [dict(mask=mf.family(name, LENS, **KNOBS), backward=mode, **extra)
+             for name, mode, extra in (("causal_document", "ring", {}),
+                                       ("block_causal_document", "burst", dict(fmt="sbhd")),
+                                       ("shared_question", "ring", dict(hkv=1)),
+                                       ("full_document", "burst", dict(b=2)))]
+    cases += [dict(mask=random_mask(rng, SEQ), backward=mode) for mode in ("ring", "burst")]
+    errors = reduce_errors(run_ranks(world, split_worker, cases))
+    bad = [f"case {i} {n}: {e:.3g}" for i, err in enumerate(errors) for n, e in err.items()
+           if not e <= TOL or math.isnan(e)]
+    assert not bad, "\n".join(bad)
