@@ -1,6 +1,7 @@
 """The in-process A/B benchmarks' CPU-side parts (their runs need CUDA and two GPUs):
 ``ab_rounds``' order and summary, ``split_ab``'s ways, ``thread_ab``'s placements and
-spinners, ``host_neighbours``' idle load, and the automatic kernel's lone-block knob."""
+spinners, ``host_neighbours``' idle load, the automatic kernel's lone-block knob, and
+``deal_scan``'s deals and slower-rank figures."""
 from __future__ import annotations
 
 import os
@@ -172,3 +173,45 @@ def test_a_two_way_forward_reads_the_second_way_against_the_first():
     got = ab_rounds.two_way_forward(times)
     assert got["ms"] == {"a": 3.0, "b": 3.0} and got["times"]["b"] == [1.0, 3.0, 3.0]
     assert got["ratio"] == 0.75  # the median of 0.5, 0.75 and 1.0
+
+
+def test_deals_split_the_chunks_evenly_with_chunk_0_on_rank_0():
+    deal_scan = pytest.importorskip("deal_scan")
+    every = deal_scan.deals(2, 64, 4, most=100)
+    assert len(every) == 35  # C(7, 3)
+    for label, (mine, other) in every.items():
+        assert mine[0] == (0, 16) and len(mine) == len(other) == 4
+        assert sorted(mine + other) == [(16 * c, 16) for c in range(8)]
+        assert label == ",".join(str(s // 16) for s, _ in mine)
+    assert len(deal_scan.deals(2, 64, 8, most=10)) == 10  # sampled, seeded
+    assert deal_scan.deals(2, 64, 8, most=10) == deal_scan.deals(2, 64, 8, most=10)
+    with pytest.raises(ValueError, match="--chunks must divide 64"):
+        deal_scan.deals(2, 64, 5, most=10)
+
+
+def test_a_deal_places_the_mask_until_the_package_s_is_back():
+    deal_scan = pytest.importorskip("deal_scan")
+    from megatron_burst.plan import mask_families as mf
+    from megatron_burst.plan.mask_placement import mask_placement
+
+    mask = mf.family("causal_document", (20, 30, 14))
+    own = [s.split for s in mask_placement("area", 2, 64, mask)]
+    try:
+        deal_scan.set_deal(deal_scan.deals(2, 32, 2, most=10)["0,1"])
+        first = mask_placement("area", 2, 64, mask)
+        assert [s.pos for s in first[0]] == [0] and first[0].length == 32
+    finally:
+        deal_scan.set_deal(None)
+    assert [s.split for s in mask_placement("area", 2, 64, mask)] == own != [
+        s.split for s in first]
+
+
+def test_a_deal_s_time_is_the_slower_rank_s_round_by_round():
+    deal_scan = pytest.importorskip("deal_scan")
+    rows = [{"family": "f", "rank": 0, "times": {"package": {"fwd": [1.0, 2.0, 2.0]},
+                                                 "0,1": {"fwd": [0.5, 0.5, 0.5]}}},
+            {"family": "f", "rank": 1, "times": {"package": {"fwd": [2.0, 1.0, 2.0]},
+                                                 "0,1": {"fwd": [3.0, 1.0, 1.0]}}}]
+    got = deal_scan.slowest(rows)["f"]
+    assert got["package"]["fwd"] == (2.0, 1.0)
+    assert got["0,1"]["fwd"] == (1.0, 0.5)  # per round 3/2, 1/2, 1/2
