@@ -3,8 +3,9 @@
 
 The plans are checked pass by pass against the plans of one threshold (the forward as with
 the first, the backward as with the second, a single member's both as with the second), and
-the call is exact against the float64 reference on 1-3 CPU ranks with the two thresholds
-apart, both backwards, GQA, sbhd and a batch of two.
+the call is exact against the float64 reference on 1-4 CPU ranks with the two thresholds
+apart, both backwards, GQA, sbhd and a batch of two; on 4 ranks also windows (passes of two
+rounds), the double ring and Ulysses.
 """
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ def _calls(pass_) -> list:
 
 
 @pytest.mark.parametrize("backward", ["ring", "burst"])
-@pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("name", ["causal_document", "block_causal_document",
-                                  "shared_question", "full_document"])
+@pytest.mark.parametrize("name,world", [
+    (name, world) for world in (2, 3) for name in (
+        "causal_document", "block_causal_document", "shared_question", "full_document")] + [
+    ("sliding_window", 4), ("causal_document", 4)])  # 4 ranks: the window's two rounds
 def test_a_ring_plans_its_forward_and_backward_each_by_its_threshold(name, world, backward):
     moved = False
     for rank in range(world):
@@ -89,16 +91,23 @@ def split_worker(rank, world, cases):
             for i, case in enumerate(cases)]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
+FOUR = (("sliding_window", "ring", {}),  # a window on 4 ranks: passes of two rounds
+        ("sliding_window_causal", "burst", {}),
+        ("causal_document", "ring", dict(intra_node_size=2)),  # the double ring
+        ("shared_question", "burst", dict(ulysses_size=2)))  # Ulysses x ring
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_the_call_is_exact_with_the_thresholds_apart(world):
     import random
 
     rng = random.Random(7 + world)
+    named = (("causal_document", "ring", {}),
+             ("block_causal_document", "burst", dict(fmt="sbhd")),
+             ("shared_question", "ring", dict(hkv=1)),
+             ("full_document", "burst", dict(b=2))) + (FOUR if world == 4 else ())
     cases = [dict(mask=mf.family(name, LENS, **KNOBS), backward=mode, **extra)
-             for name, mode, extra in (("causal_document", "ring", {}),
-                                       ("block_causal_document", "burst", dict(fmt="sbhd")),
-                                       ("shared_question", "ring", dict(hkv=1)),
-                                       ("full_document", "burst", dict(b=2)))]
+             for name, mode, extra in named]
     cases += [dict(mask=random_mask(rng, SEQ), backward=mode) for mode in ("ring", "burst")]
     errors = reduce_errors(run_ranks(world, split_worker, cases))
     bad = [f"case {i} {n}: {e:.3g}" for i, err in enumerate(errors) for n, e in err.items()
