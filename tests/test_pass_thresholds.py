@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key
 from megatron_burst.plan import mask_families as mf
