@@ -15,8 +15,8 @@ documents' forward faster and other families' slower. Two knobs of the automatic
 - ``gpu_bound_min_area``: the dense threshold of the passes the GPU bounds (a ring's
   backward, one GPU's passes); None: ``dense_min_area`` for every pass.
 
-Each way sets both on the kernel object the calls use (the plan is keyed by the first, so
-each way has its own plan: the plans and prepared calls are dropped where it changes,
+Each way sets them on the kernel object the calls use (the plan is keyed by the thresholds, so
+each way has its own plan: the plans and prepared calls are dropped where they change,
 ``set_split``); ``ab_rounds`` times the ways in rotated rounds in one process,
 burst_attn's forward and forward + backward back to back on all ranks, and the package's plan
 on one GPU for the same mask (rank 0; the ratio's denominator in ``slice_masks.py``). Each

@@ -153,7 +153,7 @@ def build_plan(key: PlanKey) -> CallPlan:
     # The passes the GPU bounds take their own threshold: a ring's eager forward is bound
     # by its host, where each dense call costs more than the varlen call it leaves; a
     # ring's backward and a single member's passes by the GPU, where a dense call of a
-    # smaller block is already faster (results/h200x2_issue42_dense_threshold/).
+    # smaller block is already faster (results/h200x2_issue42_dense_threshold{,_per_pass}/).
     gpu_bound = calls if key.gpu_bound_min_area is None else PairCalls(
         key, sched, topo, key.gpu_bound_min_area)
     if topo is None:  # one member: one step against its own keys, nothing travels
