@@ -114,21 +114,30 @@ def gather_rows(mine: list, world: int, rank: int, report: Callable[[list], None
     dist.destroy_process_group()
 
 
+def family_tensors(name: str, args: argparse.Namespace, world: int
+                   ) -> tuple[object, list[torch.Tensor]]:
+    """Family ``name``'s mask over ``world`` ranks' tokens and fresh whole-sequence q, k, v
+    and dout ([1, s, h, d] bf16 on this rank's GPU; ``args``: ``slice_masks.add_shape_args``'),
+    the same on every rank (one seed)."""
+    from slice_masks import family_mask
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    total = args.tokens * world
+    gen = torch.Generator(device=dev).manual_seed(1)
+    return family_mask(name, total), [
+        torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16, generator=gen)
+        for h in (args.hq, args.hkv, args.hkv, args.hq)]
+
+
 def eager_forward(name: str, args: argparse.Namespace, world: int
                   ) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
     """burst_attn's eager forward of family ``name`` on this rank's shard of fresh inputs
     (``args``: ``slice_masks.add_shape_args``'), and its first output, after five warm-up
     calls."""
     import megatron_burst as mb
-    from slice_masks import family_mask
 
-    dev = torch.device("cuda", torch.cuda.current_device())
-    total = args.tokens * world
-    mask = family_mask(name, total)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    q, k, v = (mb.shard_seq(torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16,
-                                        generator=gen), mask=mask).contiguous()
-               for h in (args.hq, args.hkv, args.hkv))
+    mask, full = family_tensors(name, args, world)
+    q, k, v = (mb.shard_seq(t, mask=mask).contiguous() for t in full[:3])
 
     def forward() -> torch.Tensor:
         with torch.no_grad():

@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import call_plan, prepare  # noqa: E402
 from megatron_burst.plan import area, mask_placement  # noqa: E402
-from ab_rounds import publish, run_families, run_meta, summary, timed_rounds  # noqa: E402
-from slice_masks import family_mask  # noqa: E402
+from ab_rounds import (family_tensors, publish, run_families, run_meta,  # noqa: E402
+                       summary, timed_rounds)
 
 PACKAGE = area._dealt  # the layout's own deal
 
@@ -70,12 +70,8 @@ def set_deal(chunks) -> None:
 
 
 def time_family(name: str, args, world: int) -> dict:
-    dev = torch.device("cuda", torch.cuda.current_device())
     total = args.tokens * world
-    mask = family_mask(name, total)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    full = [torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16, generator=gen)
-            for h in (args.hq, args.hkv, args.hkv, args.hq)]
+    mask, full = family_tensors(name, args, world)
     chosen = {"package": None, **deals(world, args.tokens, args.chunks, args.max_deals)}
     local, outs = [], {}
 

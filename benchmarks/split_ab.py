@@ -35,10 +35,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import call_plan, prepare  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
-from ab_rounds import (add_ab_args, gather_rows, parse_counts, publish, run_meta,  # noqa: E402
-                       summary, timed_rounds)
+from ab_rounds import (add_ab_args, family_tensors, gather_rows, parse_counts,  # noqa: E402
+                       publish, run_meta, summary, timed_rounds)
 from ranks import start_ranks  # noqa: E402
-from slice_masks import HOST_BOUND, add_shape_args, family_mask  # noqa: E402
+from slice_masks import HOST_BOUND, add_shape_args  # noqa: E402
 
 # name -> (dense_min_area, lone_band_area, gpu_bound_min_area); "2M" is the package's one
 # threshold before, "2M/1M" its threshold per pass.
@@ -87,11 +87,7 @@ def set_split(kernel, dense_min_area: float, lone_band_area: float,
 
 def time_family(name: str, args, ways: dict, world: int, rank: int, solo) -> dict:
     dev = torch.device("cuda", torch.cuda.current_device())
-    total = args.tokens * world
-    mask = family_mask(name, total)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    full = [torch.randn(1, total, h, args.d, device=dev, dtype=torch.bfloat16, generator=gen)
-            for h in (args.hq, args.hkv, args.hkv, args.hq)]
+    mask, full = family_tensors(name, args, world)
     local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
     kernel = pick_kernel(None, torch.bfloat16, args.hq, args.hkv, args.d, dev)
     grads = [t.detach().clone().requires_grad_() for t in local[:3]]
