@@ -178,6 +178,21 @@ def publish(out: str, meta: dict, world: int, header: tuple, cells: list[tuple],
     write_run(out, meta, rows, text)
 
 
+def two_way_report(args: argparse.Namespace, world: int, rows: list, ways: tuple[str, str],
+                   before: tuple = (), after: tuple = ()) -> None:
+    """Rank 0's end of a two-way A/B whose rows carry ``two_way_forward``'s figures: family,
+    rank, the ``before`` columns, each way's ms and the second's ratio to the first, the
+    ``after`` columns (each (header, row -> cell)); printed and written (``publish``)."""
+    first, second = ways
+    header = ("family", "rank", *(h for h, _ in before), f"{first} ms", f"{second} ms",
+              f"{second} / {first}", *(h for h, _ in after))
+    cells = [(r["family"], r["rank"], *(cell(r) for _, cell in before),
+              f"{r['ms'][first]:.3f}", f"{r['ms'][second]:.3f}", f"{r['ratio']:.3f}",
+              *(cell(r) for _, cell in after))
+             for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))]
+    publish(args.out, run_meta(args, world), world, header, cells, rows)
+
+
 def run_meta(args: argparse.Namespace, world: int, **extra) -> dict:
     """A run's record: the device, world, torch, date, the command as given, and the shape
     and rounds timed (``extra``: the benchmark's own fields)."""

@@ -20,8 +20,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.kernels import selection  # noqa: E402
-from ab_rounds import (eager_forward, publish, run_families, run_meta,  # noqa: E402
-                       timed_rounds, two_way_forward)
+from ab_rounds import (eager_forward, run_families, timed_rounds,  # noqa: E402
+                       two_way_forward, two_way_report)
 
 WAYS = ("packed", "in place")
 # The families whose plans have a varlen call of several runs at 8K tokens a GPU on 2 ranks.
@@ -64,13 +64,10 @@ def time_family(name: str, args, world: int) -> dict:
 
 def report(args, world: int, rows: list) -> None:
     """Rank 0: the table, printed and written with its meta (``write_run``)."""
-    meta = run_meta(args, world)
-    header = ("family", "rank", "admitted", "packed ms", "in place ms", "in place / packed",
-              "max diff to packed's first")
-    publish(args.out, meta, world, header, [
-        (r["family"], r["rank"], r["admitted"], f"{r['ms']['packed']:.3f}",
-         f"{r['ms']['in place']:.3f}", f"{r['ratio']:.3f}", f"{r['diff']['in place']:.1e}")
-        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))], rows)
+    two_way_report(args, world, rows, ("packed", "in place"),
+                   before=(("admitted", lambda r: r["admitted"]),),
+                   after=(("max diff to packed's first",
+                           lambda r: f"{r['diff']['in place']:.1e}"),))
 
 
 def main() -> None:

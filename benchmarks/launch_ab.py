@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.kernels import merge, triton_direct  # noqa: E402
-from ab_rounds import (eager_forward, publish, run_families, run_meta,  # noqa: E402
-                       timed_rounds, two_way_forward)
+from ab_rounds import (eager_forward, run_families, timed_rounds,  # noqa: E402
+                       two_way_forward, two_way_report)
 from slice_masks import HOST_BOUND  # noqa: E402
 
 WAYS = ("runner", "direct")
@@ -73,13 +73,9 @@ def time_family(name: str, args, world: int, compiled_of: dict) -> dict:
 
 def report(args, world: int, rows: list) -> None:
     """Rank 0: the table, printed and written with its meta (``write_run``)."""
-    meta = run_meta(args, world)
-    header = ("family", "rank", "runner ms", "direct ms", "direct / runner", "adopted keys",
-              "same bits")
-    publish(args.out, meta, world, header, [
-        (r["family"], r["rank"], f"{r['ms']['runner']:.3f}", f"{r['ms']['direct']:.3f}",
-         f"{r['ratio']:.3f}", r["adopted"], r["same_bits"])
-        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))], rows)
+    two_way_report(args, world, rows, ("runner", "direct"),
+                   after=(("adopted keys", lambda r: r["adopted"]),
+                          ("same bits", lambda r: r["same_bits"])))
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.attention import call_plan, first_writes, prepare  # noqa: E402
-from ab_rounds import (eager_forward, publish, run_families, run_meta,  # noqa: E402
-                       timed_rounds, two_way_forward)
+from ab_rounds import (eager_forward, run_families, timed_rounds,  # noqa: E402
+                       two_way_forward, two_way_report)
 from slice_masks import HOST_BOUND  # noqa: E402
 
 WAYS = {"written": 10 ** 9, "joined": first_writes.PIECES_MIN}
@@ -54,13 +54,9 @@ def time_family(name: str, args, world: int) -> dict:
 
 def report(args, world: int, rows: list) -> None:
     """Rank 0: the table, printed and written with its meta (``write_run``)."""
-    meta = run_meta(args, world)
-    header = ("family", "rank", "joins", "written ms", "joined ms", "joined / written",
-              "same bits")
-    publish(args.out, meta, world, header, [
-        (r["family"], r["rank"], r["joins"], f"{r['ms']['written']:.3f}",
-         f"{r['ms']['joined']:.3f}", f"{r['ratio']:.3f}", r["same_bits"])
-        for r in sorted(rows, key=lambda r: (r["family"], r["rank"]))], rows)
+    two_way_report(args, world, rows, ("written", "joined"),
+                   before=(("joins", lambda r: r["joins"]),),
+                   after=(("same bits", lambda r: r["same_bits"]),))
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ spinners, ``host_neighbours``' idle load, the automatic kernel's lone-block knob
 ``deal_scan``'s deals and slower-rank figures."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -215,3 +216,21 @@ def test_a_deal_s_time_is_the_slower_rank_s_round_by_round():
     got = deal_scan.slowest(rows)["f"]
     assert got["package"]["fwd"] == (2.0, 1.0)
     assert got["0,1"]["fwd"] == (1.0, 0.5)  # per round 3/2, 1/2, 1/2
+
+
+def test_a_two_way_report_heads_its_columns_by_its_ways(monkeypatch, tmp_path):
+    """``ab_rounds.two_way_report``: the A/Bs' one table (in_place_ab, pieces_ab,
+    launch_ab): rows by family and rank, each way's ms, the ratio, the extra columns."""
+    monkeypatch.setattr(ab_rounds, "run_meta", lambda args, world: dict(
+        device="GPU", date="today", shape="shape", command="cmd"))
+    rows = [dict(family=f, rank=r, ms={"a": 2.0 + r, "b": 1.0}, ratio=0.5, same=r == 0)
+            for f in ("y", "x") for r in (1, 0)]
+    out = str(tmp_path / "t")
+    ab_rounds.two_way_report(argparse.Namespace(out=out), 2, rows, ("a", "b"),
+                             after=(("same bits", lambda r: r["same"]),))
+    lines = (tmp_path / "t.md").read_text().splitlines()
+    assert lines[3] == "| family | rank | a ms | b ms | b / a | same bits |"
+    assert lines[5:] == ["| x | 0 | 2.000 | 1.000 | 0.500 | True |",
+                         "| x | 1 | 3.000 | 1.000 | 0.500 | False |",
+                         "| y | 0 | 2.000 | 1.000 | 0.500 | True |",
+                         "| y | 1 | 3.000 | 1.000 | 0.500 | False |"]
