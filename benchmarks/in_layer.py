@@ -1,0 +1,341 @@
+"""The mask families' attention where a model calls it: between a layer's matrix products, eager.
+
+    torchrun --nproc_per_node=2 benchmarks/in_layer.py --out $OUT/in_layer   # ~3-4 min on 2x H200
+    python benchmarks/in_layer.py --cpu-smoke --world 2 --out /tmp/smoke   # gloo, tiny
+
+Why: ``slice_masks.py --chained`` calls attention back to back and nothing else. Where one
+call's host work (Python, launches, NCCL's posts) outlasts its kernels, the GPU idles between
+calls and the host's moment decides the figure; on the lent VMs a CPU runs Python at one
+speed or half it (``host_cores.py``). A model calls attention between its layer's matrix
+products, which the GPU runs while the host prepares the attention. There an eager call
+costs the step its GPU span, and its host time shows only where the host falls behind the
+GPU's queue. This times that span, eagerly, on the same masks and inputs as the table.
+
+Each step is one layer's forward and backward on this rank's tokens: the QKV projection;
+attention's forward (with grad, as training runs it) between two CUDA events on the current
+stream; the output projection and a SwiGLU MLP; their backward (each product's dX and dW);
+attention's backward between two more events; the QKV projection's backward. The products
+are a Llama-70B layer's at TP=1 (hidden 8,192 = the 64 query heads x 128, 8 KV heads, FFN
+28,672), on preallocated operands; their values feed nothing (they occupy the GPU as the
+layer does). A span holds whatever the GPU did between its events: the attention's kernels,
+its waits for the peer, and any gap where the host had not yet launched the next kernel.
+
+Methods, as ``slice_masks.py`` has them: ``burst_attn`` over all GPUs (the slower rank's
+mean span), and on rank 0 the one-GPU plan (``burst_attn`` on a group of one) and
+FlexAttention with the same block mask, each in its own layer of the whole sequence's
+tokens. Efficiency is the faster one-GPU span over (GPUs x burst's span), forward and
+backward apart; the same calls back to back without the layer (``alone``) are timed in the
+same run beside it. The GPU is never idle for want of the host inside a span that it had
+not yet begun when the host had launched all of it: the table counts those steps
+(``ahead``, from a CUDA event's query), and gives the host's time in burst's calls (which
+includes waits for room in CUDA's launch queue once the host is far ahead). 5 warm-up and
+15 timed steps, synchronised once at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_burst as mb  # noqa: E402
+from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
+from megatron_burst.plan import mask_families as mf  # noqa: E402
+from ranks import gpu_health, ran_package, spawn_cpu_ranks, start_ranks, write_run  # noqa: E402
+from slice_masks import Flex, add_shape_args, family_mask  # noqa: E402
+
+# A Llama-70B layer at TP=1: hidden = query heads x head dim; FFN 28,672 (SwiGLU's two
+# halves in one product), scaled with the hidden size where the shape is not the default.
+FFN_PER_HIDDEN = 28672 / 8192
+
+
+class Linear:
+    """One matrix product of the layer on preallocated operands: forward Y = A W, backward
+    dA = dY W^T and dW = A^T dY (three products; nothing allocated per call)."""
+
+    def __init__(self, tokens: int, k: int, n: int, dev: torch.device, dtype: torch.dtype):
+        new = lambda *s: torch.randn(*s, device=dev, dtype=dtype) / 32  # noqa: E731
+        self.a, self.w, self.y = new(tokens, k), new(k, n), new(tokens, n)
+        self.dy, self.da, self.dw = new(tokens, n), new(tokens, k), new(k, n)
+
+    def forward(self) -> None:
+        torch.mm(self.a, self.w, out=self.y)
+
+    def backward(self) -> None:
+        torch.mm(self.dy, self.w.t(), out=self.da)
+        torch.mm(self.a.t(), self.dy, out=self.dw)
+
+
+class Layer:
+    """The matrix products around a layer's attention (see the module docstring):
+    ``before`` runs ahead of attention's forward, ``middle`` between its forward and its
+    backward, ``after`` behind its backward."""
+
+    def __init__(self, tokens: int, hq: int, hkv: int, d: int, dev: torch.device,
+                 dtype: torch.dtype):
+        hidden = hq * d
+        ffn = int(FFN_PER_HIDDEN * hidden)
+        make = lambda k, n: Linear(tokens, k, n, dev, dtype)  # noqa: E731
+        self.qkv, self.out = make(hidden, (hq + 2 * hkv) * d), make(hidden, hidden)
+        self.up, self.down = make(hidden, 2 * ffn), make(ffn, hidden)
+
+    def before(self) -> None:
+        self.qkv.forward()
+
+    def middle(self) -> None:
+        for lin in (self.out, self.up, self.down):
+            lin.forward()
+        for lin in (self.down, self.up, self.out):
+            lin.backward()
+
+    def after(self) -> None:
+        self.qkv.backward()
+
+
+class Spans:
+    """GPU spans between marks on the current stream (CUDA events), or host spans on CPU
+    (gloo smoke runs: there the host does the work)."""
+
+    def __init__(self, dev: torch.device):
+        self.cuda = dev.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> int:
+        """A mark here; its index."""
+        self.marks.append(torch.cuda.Event(enable_timing=True) if self.cuda
+                          else time.perf_counter())
+        if self.cuda:
+            self.marks[-1].record()
+        return len(self.marks) - 1
+
+    def ahead(self, i: int) -> bool:
+        """Whether the GPU has not yet reached mark ``i``: asked when the host has launched
+        everything up to a later mark, so no gap in between waited for the host (always
+        true on CPU, where the host does the work)."""
+        return not self.marks[i].query() if self.cuda else True
+
+    def between(self, i: int, j: int) -> float:
+        """ms from mark ``i`` to mark ``j`` (after the device has finished)."""
+        a, b = self.marks[i], self.marks[j]
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+
+def meet(ranks: torch.Tensor | None) -> None:
+    """The ranks' streams meet (a one-element all-reduce, on NCCL's stream, that the current
+    stream waits for; the host does not): a span then starts with every rank there, as the
+    table's calls start after a barrier. Without it, a rank whose matrix products ran longer
+    would charge its lateness to its peer's attention span."""
+    if ranks is not None:
+        dist.all_reduce(ranks)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def in_layer(attend: Callable, inputs: list, do: torch.Tensor, layer: Layer, dev, args,
+             ranks: torch.Tensor | None) -> dict:
+    """Mean ms over the timed steps of attention's forward and backward spans inside the
+    layer's steps and of the whole step (GPU); the host's ms in each attention call (a call
+    may wait there for room in CUDA's launch queue when the host is far ahead); and in how
+    many steps the GPU had not yet begun the span when the host had launched all of it
+    (``ahead``: then no gap in the span waited for the host). ``ranks``: a one-element
+    tensor for the ranks to meet on before each span (None: one GPU)."""
+    sync(dev)
+    if ranks is not None:
+        dist.barrier()
+    spans, marks, hosts = Spans(dev), [], []
+    for _ in range(args.warmup + args.iters):  # one stretch: the timed steps find the
+        first = spans.mark()                   # GPU's queue as the warm-up left it
+        layer.before()
+        meet(ranks)
+        f0, t1 = spans.mark(), time.perf_counter()
+        out = attend(*inputs)
+        t2, f1 = time.perf_counter(), spans.mark()
+        went_f = spans.ahead(f0)
+        layer.middle()
+        meet(ranks)
+        b0, t3 = spans.mark(), time.perf_counter()
+        out.backward(do)
+        t4, b1 = time.perf_counter(), spans.mark()
+        went_b = spans.ahead(b0)
+        layer.after()
+        marks.append((first, f0, f1, b0, b1, spans.mark()))
+        hosts.append(((t2 - t1) * 1e3, (t4 - t3) * 1e3, went_f, went_b))
+    sync(dev)
+    timed = marks[args.warmup:]
+    fwd = [spans.between(f0, f1) for _, f0, f1, _, _, _ in timed]
+    bwd = [spans.between(b0, b1) for _, _, _, b0, b1, _ in timed]
+    step = [spans.between(first, last) for first, *_, last in timed]
+    host_f, host_b, went_f, went_b = zip(*hosts[args.warmup:])
+    mean = statistics.fmean
+    return dict(fwd_ms=mean(fwd), bwd_ms=mean(bwd), step_gpu_ms=mean(step),
+                host_fwd_ms=mean(host_f), host_bwd_ms=mean(host_b),
+                ahead_fwd=sum(went_f), ahead_bwd=sum(went_b), steps=len(fwd))
+
+
+def alone(attend: Callable, inputs: list, do: torch.Tensor, dev, args, align: bool) -> float:
+    """Mean ms of attention's forward + backward back to back, without the layer (as
+    ``slice_masks.py --chained`` times them), synchronised once at the end."""
+    for _ in range(args.warmup):
+        attend(*inputs).backward(do)
+    sync(dev)
+    if align:
+        dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        attend(*inputs).backward(do)
+    sync(dev)
+    return (time.perf_counter() - t0) * 1e3 / args.iters
+
+
+def run_family(name: str, args, world: int, rank: int, dev, dtype, solo, flex,
+               layers: dict) -> dict:
+    """One family's row: burst's spans on every rank (each rank's own), and on rank 0 the
+    one-GPU methods' and the efficiencies."""
+    total = args.tokens * world
+    mask = family_mask(name, total, args.scale)
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    full = [torch.randn(1, total, h, args.d, device=dev, dtype=dtype, generator=gen)
+            for h in (args.hq, args.hkv, args.hkv, args.hq)]
+    local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
+    inputs = [t.requires_grad_() for t in local[:3]]
+
+    def burst(a, b, c):
+        return mb.burst_attn(a, b, c, mask=mask)
+
+    ranks = torch.zeros(1, device=dev)
+    mine = dict(in_layer=in_layer(burst, inputs, local[3], layers["cp"], dev, args, ranks),
+                alone_ms=alone(burst, inputs, local[3], dev, args, True))
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    row = dict(family=name, slices=len(mask.kinds), area=mask.area, burst_ranks=every)
+    if rank == 0:
+        whole = [t.detach().clone().requires_grad_() for t in full[:3]]
+        one = lambda a, b, c: mb.burst_attn(a, b, c, solo, mask=mask)  # noqa: E731
+        methods = {"one_gpu_plan": one}
+        if flex is not None:
+            flex.use(mask)
+            methods["one_gpu_flex"] = flex
+        for key, fn in methods.items():
+            row[key] = dict(in_layer=in_layer(fn, whole, full[3], layers["one"], dev, args,
+                                              None),
+                            alone_ms=alone(fn, whole, full[3], dev, args, False))
+        efficiencies(row, world)
+    dist.barrier()
+    return row
+
+
+def efficiencies(row: dict, world: int) -> None:
+    """The faster one-GPU method's ms over (GPUs x burst's slower rank's ms): in the layer,
+    forward and backward apart, and alone, forward + backward."""
+    singles = [row[m] for m in ("one_gpu_plan", "one_gpu_flex") if m in row]
+    for part in ("fwd", "bwd"):
+        burst = max(r["in_layer"][f"{part}_ms"] for r in row["burst_ranks"])
+        best = min(s["in_layer"][f"{part}_ms"] for s in singles)
+        row[f"efficiency_in_layer_{part}"] = best / (world * burst)
+    burst = max(r["in_layer"]["fwd_ms"] + r["in_layer"]["bwd_ms"] for r in row["burst_ranks"])
+    best = min(s["in_layer"]["fwd_ms"] + s["in_layer"]["bwd_ms"] for s in singles)
+    row["efficiency_in_layer_fwd_bwd"] = best / (world * burst)
+    row["efficiency_alone_fwd_bwd"] = min(s["alone_ms"] for s in singles) / (
+        world * max(r["alone_ms"] for r in row["burst_ranks"]))
+
+
+def table(meta: dict, rows: list[dict]) -> str:
+    """The rows as a Markdown table under the run's device, shape and command."""
+    lines = [f"{meta['device']} x{meta['world']}, torch {meta['torch']}, {meta['date']}, "
+             f"{meta['tokens_per_gpu']} tokens/GPU, GQA {meta['heads']}, d {meta['head_dim']}, "
+             f"{meta['dtype']}; layer: {meta['layer']}", f"command: `{meta['command']}`", "",
+             "| family | burst in layer fwd / bwd ms (slower rank) | 1 GPU plan fwd / bwd ms | "
+             "1 GPU Flex fwd / bwd ms | efficiency in layer fwd / bwd / both | "
+             "efficiency alone fwd+bwd | steps the host was ahead fwd / bwd (fewer rank) | "
+             "burst host fwd / bwd ms (slower rank) |", "|---" * 8 + "|"]
+    for r in rows:
+        ranks = r["burst_ranks"]
+        slow = lambda key: max(x["in_layer"][key] for x in ranks)  # noqa: E731
+        few = lambda key: min(x["in_layer"][key] for x in ranks)  # noqa: E731
+        pair = lambda s: ("-" if s is None else  # noqa: E731
+                          f"{s['in_layer']['fwd_ms']:.3f} / {s['in_layer']['bwd_ms']:.3f}")
+        steps = ranks[0]["in_layer"]["steps"]
+        lines.append(
+            f"| {r['family']} | {slow('fwd_ms'):.3f} / {slow('bwd_ms'):.3f} | "
+            f"{pair(r.get('one_gpu_plan'))} | {pair(r.get('one_gpu_flex'))} | "
+            f"{r['efficiency_in_layer_fwd']:.2f} / {r['efficiency_in_layer_bwd']:.2f} / "
+            f"{r['efficiency_in_layer_fwd_bwd']:.2f} | {r['efficiency_alone_fwd_bwd']:.2f} | "
+            f"{few('ahead_fwd')}/{steps} / {few('ahead_bwd')}/{steps} | "
+            f"{slow('host_fwd_ms'):.3f} / {slow('host_bwd_ms'):.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
+    add_shape_args(p, ",".join(mf.FAMILIES))
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    p.add_argument("--forward-dense-area", type=float, default=None,
+                   help="the automatic kernel's dense threshold for the ring's forward (visible "
+                        "pairs from which a block runs alone on cuDNN); default: the package's")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="gloo on CPU at tiny sizes (spawns --world ranks itself)")
+    p.add_argument("--world", type=int, default=2, help="ranks of --cpu-smoke")
+    args = p.parse_args()
+    for name in ("warmup", "iters", "tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.cpu_smoke and args.forward_dense_area is not None:
+        p.error("--forward-dense-area sets the automatic GPU kernel's threshold: not with "
+                "--cpu-smoke")
+    args.scale = 1.0
+    if args.cpu_smoke and "RANK" not in os.environ:
+        return spawn_cpu_ranks(args.world)
+    if args.cpu_smoke:
+        args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
+        args.warmup, args.iters, args.no_flex, args.scale = 1, 2, True, 1 / 64
+    rank, world = start_ranks("gloo") if args.cpu_smoke else start_ranks()
+    dev = (torch.device("cpu") if args.cpu_smoke
+           else torch.device("cuda", torch.cuda.current_device()))
+    dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
+    solos = [dist.new_group([r]) for r in range(world)]  # a group of one for 1-GPU plans
+    if args.forward_dense_area is not None:
+        from split_ab import set_split
+        kernel = pick_kernel(None, dtype, args.hq, args.hkv, args.d, dev)
+        set_split(kernel, args.forward_dense_area, kernel.lone_band_area,
+                  kernel.gpu_bound_min_area)
+    layers = dict(cp=Layer(args.tokens, args.hq, args.hkv, args.d, dev, dtype))
+    if rank == 0:  # the one-GPU methods' layer holds the whole sequence's tokens
+        layers["one"] = Layer(args.tokens * world, args.hq, args.hkv, args.d, dev, dtype)
+    flex = None if args.no_flex or rank else Flex(args.tokens * world, dev)
+    health = gpu_health() if rank == 0 else None
+    rows = [run_family(name, args, world, rank, dev, dtype, solos[rank], flex, layers)
+            for name in args.families.split(",")]
+    if rank == 0:
+        hidden = args.hq * args.d
+        meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                    gpus_before=health, gpus_after=gpu_health(), world=world,
+                    torch=torch.__version__, tokens_per_gpu=args.tokens,
+                    heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
+                    warmup=args.warmup, iters=args.iters, package=ran_package(),
+                    forward_dense_area=args.forward_dense_area,
+                    layer=f"hidden {hidden}, FFN {int(FFN_PER_HIDDEN * hidden)} (SwiGLU), "
+                          f"QKV, output projection, MLP forward and backward",
+                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
+        text = table(meta, rows)
+        print(text)
+        write_run(args.out, meta, rows, text)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
