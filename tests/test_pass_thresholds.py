@@ -112,3 +112,52 @@ def test_the_call_is_exact_with_the_thresholds_apart(world):
     bad = [f"case {i} {n}: {e:.3g}" for i, err in enumerate(errors) for n, e in err.items()
            if not e <= TOL or math.isnan(e)]
     assert not bad, "\n".join(bad)
+
+
+def test_a_large_call_s_ring_forward_takes_the_gpu_s_threshold():
+    """``thresholds.forward_min_area``: a call whose queries exceed the host-bound size (the
+    issue's 8K tokens of 64 heads of 128 do) plans its ring forward with the GPU's threshold;
+    at the line or below, and for a kernel of one threshold, the kernel's own."""
+    from types import SimpleNamespace
+
+    from megatron_burst.kernels.thresholds import HOST_BOUND_MAX_ELEMENTS, forward_min_area
+
+    split = SimpleNamespace(dense_min_area=2.0, gpu_bound_min_area=1.0)
+    assert forward_min_area(split, HOST_BOUND_MAX_ELEMENTS) == 2.0
+    assert forward_min_area(split, HOST_BOUND_MAX_ELEMENTS + 1) == 1.0
+    one = SimpleNamespace(dense_min_area=2.0, gpu_bound_min_area=None)
+    assert forward_min_area(one, 1 << 40) == 2.0
+    assert 8192 * 64 * 128 > HOST_BOUND_MAX_ELEMENTS >= 8192 * 16 * 128
+
+
+def size_worker(rank, world, line, cases):
+    """The thresholds apart on the reference kernel, the host-bound line at ``line`` query
+    elements: each case's errors, and the thresholds of every plan the calls made."""
+    from megatron_burst.attention import call_plan, prepare
+    from megatron_burst.kernels import thresholds
+    from megatron_burst.kernels.reference import ReferenceAttention
+
+    ReferenceAttention.dense_min_area = INF  # (this rank's process only)
+    ReferenceAttention.gpu_bound_min_area = SMALL
+    thresholds.HOST_BOUND_MAX_ELEMENTS = line
+    call_plan.clear()
+    prepare.PREPARED.clear()
+    errors = [run_mask_case(rank, world, i * 31 + world, kernel="reference", **case)
+              for i, case in enumerate(cases)]
+    # (a later mask of one call shape plans shape-free, with no threshold: ``varying_masks``)
+    keys = {(k.dense_min_area, k.gpu_bound_min_area) for k in call_plan._PLANS
+            if k.dense_min_area is not None}
+    return errors, sorted(keys, key=repr)
+
+
+@pytest.mark.parametrize("line,planned", [(0, [(SMALL, None)]), (1 << 40, [(INF, SMALL)])])
+def test_a_call_above_the_host_bound_line_plans_one_threshold_and_is_exact(line, planned):
+    cases = [dict(mask=mf.family(name, LENS, **KNOBS), backward=mode)
+             for name, mode in (("causal_document", "ring"), ("block_causal_document", "burst"),
+                                ("shared_question", "burst"))]
+    got = run_ranks(2, size_worker, line, cases)
+    assert all(keys == planned for _, keys in got), [keys for _, keys in got]
+    errors = reduce_errors([errs for errs, _ in got])
+    bad = [f"case {i} {n}: {e:.3g}" for i, err in enumerate(errors) for n, e in err.items()
+           if not e <= TOL or math.isnan(e)]
+    assert not bad, "\n".join(bad)

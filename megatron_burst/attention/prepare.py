@@ -27,6 +27,7 @@ from ..decide.topology import CPTopology, HeadShape
 from ..kernels.cuda import FlashAttnPackage, TorchFlashAttention
 from ..kernels.merge import compile_variants, fuses
 from ..kernels.selection import check_kernel, default_scale, has_native, pick_kernel
+from ..kernels.thresholds import forward_min_area
 from ..decide.options import (Decision, check_decided, decide, deciding_profile,
                                fixed_topology, resolve)
 from . import decision_check, first_use, varying_masks
@@ -242,7 +243,8 @@ def _bind_plan(q, k, v, group, world: int, topology: CPTopology, call: BurstCall
         call.mask if call.mask is not None else Mask(call.causal, call.window_size), u,
         ring_key(group, world, topology.ulysses, topology.positions_per_node),
         topology.backward, batch=batch,
-        dense_min_area=None if shape_free else kernel.dense_min_area,
+        dense_min_area=(None if shape_free or pack is not None  # (a pack plans no threshold)
+                        else forward_min_area(kernel, q.numel())),
         gpu_bound_min_area=kernel.gpu_bound_min_area, device_docs=call.device_docs))
     if call.device_docs and q.is_cuda and not kernel.capabilities.one_launch_varlen:
         raise ValueError(f"layout 'pack_zigzag' reads its documents on the device: on CUDA it "

@@ -53,6 +53,7 @@ import torch
 
 from ..comm import accounting, consensus, teardown
 from ..comm.settings import REPLAY_ENV, current
+from ..kernels.thresholds import HOST_BOUND_MAX_ELEMENTS
 from .sharding import group_name
 
 KEPT = 8  # graphs held (a model's attention shapes: its layers share one per pass)
@@ -61,8 +62,9 @@ SEEN_KEPT = 256  # keys called once, remembered (a mask that changes every call 
 # dim: 8K tokens of 16 heads of 128, 16K of 16 of 64). Measured on 2x H100 (README): at 8K
 # tokens of 16:4 heads d64 a replayed call ran 0.81 of one GPU's kernel against 0.56-0.66
 # eager, while at 8K of 32 heads of 128 it gained nothing, the copies in and out costing what
-# the host saved (0.76-0.86 replayed against 0.78-0.92 eager, two runs).
-REPLAY_MAX_ELEMENTS = 1 << 24
+# the host saved (0.76-0.86 replayed against 0.78-0.92 eager, two runs). The ring's forward
+# draws its threshold's line at the same size (``kernels.thresholds``).
+REPLAY_MAX_ELEMENTS = HOST_BOUND_MAX_ELEMENTS
 
 
 def wanted(call, q: torch.Tensor, plan) -> bool:

@@ -34,7 +34,7 @@ _HOMES = {
     "Capabilities": "protocol", "LocalAttention": "protocol", "VarlenByLoop": "protocol",
     "surrogate_out": "protocol", "working_dtype": "protocol",
     "CpuFlashAttention": "reference", "ReferenceAttention": "reference", "visible": "reference",
-    "KERNEL_NAMES": "selection", "KERNELS": "selection", "VARLEN_DENSE_MIN_AREA": "selection",
+    "KERNEL_NAMES": "selection", "KERNELS": "selection", "VARLEN_DENSE_MIN_AREA": "thresholds",
     "BandDispatch": "selection", "default_scale": "selection", "select_kernel": "selection",
 }
 __all__ = sorted(_HOMES)

@@ -33,6 +33,7 @@ from .in_place import probe_in_place
 from .padded import PaddedHeads
 from .protocol import Capabilities, LocalAttention, VarlenByLoop
 from .reference import CpuFlashAttention, ReferenceAttention
+from .thresholds import LONE_BAND_AREA, VARLEN_DENSE_MIN_AREA, VARLEN_GPU_BOUND_MIN_AREA
 
 KERNELS = {kernel.name: kernel for kernel in (  # each kernel class says its own name
     ReferenceAttention, CpuFlashAttention, CudnnAttention, TorchFlashAttention, FlashAttnPackage)}
@@ -183,19 +184,6 @@ def has_native(kernel: LocalAttention, block: Block) -> bool:
         return False
     return hasattr(kernel, "native")
 
-
-# From this many visible pairs a block runs alone on the dense kernel (cuDNN, ~550 TFLOP/s
-# fwd+bwd on H200), not in a varlen flash call (~325). A ring's eager forward is bound by its
-# host, which a dense call costs more: 2^20 slowed it. The passes the GPU bounds (a ring's
-# backward, one GPU's) gain from 2^20 (results/h200x2_issue42_dense_threshold{,_per_pass}/).
-VARLEN_DENSE_MIN_AREA = float(2 ** 21)
-VARLEN_GPU_BOUND_MIN_AREA = float(2 ** 20)
-# Below this many visible pairs a block that runs alone (the only one of its shape in its
-# step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host
-# 100-200 us against flash's 45-60 (2x H100). Off (0): at 2^21 it gained nothing on 2x H200
-# (1.001-1.019 of the forward's time, results/h200x2_issue42_kernel_splits_rejected/);
-# ``benchmarks/split_ab.py`` sets it on the kernel to measure it on another machine.
-LONE_BAND_AREA = 0.0
 
 _CHECKED: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
 _CHECKED_SIZE = 256  # kernels x head shapes x kinds: a run has a handful

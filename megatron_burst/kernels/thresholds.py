@@ -1,0 +1,48 @@
+"""How large a block must be to run alone on the dense kernel, pass by pass: measured numbers.
+
+Why apart: the planner (``attention.prepare``) reads them for a call's key and the automatic
+kernel (``selection.BandDispatch``) carries them, and neither needs the other to say where
+a pass is bound by its host and where by its GPU. A dense call (cuDNN) runs a large block
+faster than a varlen flash call, but costs the host more per call: so the threshold is lower
+where the GPU bounds the pass than where the host does.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # no torch at import: the planner's numbers only
+    from .protocol import LocalAttention
+
+# From this many visible pairs a block runs alone on the dense kernel (cuDNN, ~550 TFLOP/s
+# fwd+bwd on H200), not in a varlen flash call (~325). A small ring's eager forward is bound
+# by its host, which a dense call costs more: 2^20 slowed it back to back. The passes the GPU
+# bounds (a ring's backward, one GPU's, a large call's forward: ``forward_min_area``) gain
+# from 2^20 (results/h200x2_issue42_dense_threshold{,_per_pass}/, h200x2_issue42_in_layer/).
+VARLEN_DENSE_MIN_AREA = float(2 ** 21)
+VARLEN_GPU_BOUND_MIN_AREA = float(2 ** 20)
+# Where a rank's queries hold more elements than this (tokens x heads x head dim: 8K tokens
+# of 16 heads of 128), the GPU bounds a call in a model's layer: there the host prepares the
+# attention while the GPU runs the layer's matrix products. In a Llama-70B layer at 8K
+# tokens a GPU (queries of 2^26 elements) the host was ahead of every timed span, and the
+# ring's forward planned with 2^20 ran 5-10% faster than with 2^21
+# (results/h200x2_issue42_in_layer/); below it, replay's measurement found the host the
+# bound (``attention.replay``, which draws its line here too).
+HOST_BOUND_MAX_ELEMENTS = 1 << 24
+
+
+# Below this many visible pairs a block that runs alone (the only one of its shape in its
+# step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host
+# 100-200 us against flash's 45-60 (2x H100). Off (0): at 2^21 it gained nothing on 2x H200
+# (1.001-1.019 of the forward's time, results/h200x2_issue42_kernel_splits_rejected/);
+# ``benchmarks/split_ab.py`` sets it on the kernel to measure it on another machine.
+LONE_BAND_AREA = 0.0
+
+
+def forward_min_area(kernel: "LocalAttention", q_elements: int) -> float:
+    """The dense threshold a ring's forward plans with: ``kernel``'s ``dense_min_area``, or
+    its ``gpu_bound_min_area`` where the call is large enough that the GPU bounds it
+    (``q_elements``, a rank's query elements, above ``HOST_BOUND_MAX_ELEMENTS``)."""
+    gpu = kernel.gpu_bound_min_area
+    if gpu is not None and q_elements > HOST_BOUND_MAX_ELEMENTS:
+        return gpu
+    return kernel.dense_min_area
