@@ -257,7 +257,8 @@ def table(meta: dict, rows: list[dict]) -> str:
              f"{meta['dtype']}; layer: {meta['layer']}", f"command: `{meta['command']}`", "",
              "| family | burst in layer fwd / bwd ms (slower rank) | 1 GPU plan fwd / bwd ms | "
              "1 GPU Flex fwd / bwd ms | efficiency in layer fwd / bwd / both | "
-             "efficiency alone fwd+bwd | steps the host was ahead fwd / bwd (fewer rank) | "
+             "efficiency alone fwd+bwd | steps the host was ahead fwd / bwd (the rank with "
+             "fewer) | "
              "burst host fwd / bwd ms (slower rank) |", "|---" * 8 + "|"]
     for r in rows:
         ranks = r["burst_ranks"]

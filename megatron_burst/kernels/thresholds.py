@@ -23,8 +23,8 @@ VARLEN_GPU_BOUND_MIN_AREA = float(2 ** 20)
 # Where a rank's queries hold more elements than this (tokens x heads x head dim: 8K tokens
 # of 16 heads of 128), the GPU bounds a call in a model's layer: there the host prepares the
 # attention while the GPU runs the layer's matrix products. In a Llama-70B layer at 8K
-# tokens a GPU (queries of 2^26 elements) the host was ahead of every timed span, and the
-# ring's forward planned with 2^20 ran 5-10% faster than with 2^21
+# tokens per GPU (queries of 2^26 elements) the host was ahead of every timed span, and the
+# ring's forward planned with 2^20 ran up to 10% faster than with 2^21 (others within 1.5%)
 # (results/h200x2_issue42_in_layer/); below it, replay's measurement found the host the
 # bound (``attention.replay``, which draws its line here too).
 HOST_BOUND_MAX_ELEMENTS = 1 << 24
