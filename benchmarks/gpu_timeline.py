@@ -23,21 +23,19 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import json
 import os
 import sys
 import tempfile
 import time
-import zlib
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
-from megatron_burst.plan import mask_families as mf  # noqa: E402
-from ranks import family_options, gpu_health, ran_package, start_ranks, write_run  # noqa: E402
+from ranks import (family_options, family_run_meta, finish_run, gpu_health,  # noqa: E402
+                   start_ranks)
 from slice_masks import family_mask  # noqa: E402
 
 # (substring of a kernel's name, its kind), first match wins
@@ -140,20 +138,9 @@ def main() -> None:
     mine = [family_rows(name, args, rank, world, dev) for name in args.families.split(",")]
     every: list = [None] * world
     dist.all_gather_object(every, mine)
-    if rank == 0:
-        rows = [r for name in args.families.split(",") for ranks in every for r in ranks
-                if r["family"] == name]
-        meta = dict(device=torch.cuda.get_device_name(dev), gpus_before=health,
-                    gpus_after=gpu_health(), world=world, torch=torch.__version__,
-                    tokens_per_gpu=args.tokens, warmup=args.warmup, iters=args.iters,
-                    package=ran_package(), date=datetime.date.today().isoformat(),
-                    command=" ".join(sys.argv))
-        text = table(meta, rows)
-        print(text)
-        write_run(args.out, meta, rows, text)
-    dist.barrier()
-    dist.destroy_process_group()
-
+    rows = [r for name in args.families.split(",") for ranks in every for r in ranks
+            if r["family"] == name]
+    finish_run(rank, args.out, lambda: family_run_meta(args, world, dev, health), rows, table)
 
 if __name__ == "__main__":
     main()

@@ -24,12 +24,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import datetime
 import functools
 import os
 import sys
 import time
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -39,9 +37,8 @@ import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import home_output  # noqa: E402
 from megatron_burst.comm import messages, rings  # noqa: E402
 from megatron_burst.kernels import merge, run_calls  # noqa: E402
-from megatron_burst.plan import mask_families as mf  # noqa: E402
-from ranks import (family_options, gpu_health, ran_package, spawn_cpu_ranks,  # noqa: E402
-                   start_ranks, write_run)
+from ranks import (family_options, family_run_meta, finish_run, gpu_health,  # noqa: E402
+                   spawn_cpu_ranks, start_ranks)
 from slice_masks import family_mask  # noqa: E402
 
 # (owner, attribute, its name in the table): the parts timed. Each is looked up through its
@@ -169,19 +166,8 @@ def main() -> None:
     dist.all_gather_object(every, mine)
     dist.barrier()  # (without it a gloo rank could end mid-exchange: std::terminate at exit)
     rows = [r for family in zip(*every) for r in family]  # family by family, rank by rank
-    if rank == 0:
-        meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-                    gpus_before=health, gpus_after=gpu_health(),
-                    world=world, torch=torch.__version__, tokens_per_gpu=args.tokens,
-                    heads=f"{args.hq}:{args.hkv}", head_dim=args.d, warmup=args.warmup,
-                    iters=args.iters, package=ran_package(),
-                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
-        text = table(meta, rows)
-        print(text)
-        write_run(args.out, meta, rows, text)
-    dist.barrier()
-    dist.destroy_process_group()
-
+    finish_run(rank, args.out, lambda: family_run_meta(
+        args, world, dev, health, heads=f"{args.hq}:{args.hkv}", head_dim=args.d), rows, table)
 
 if __name__ == "__main__":
     main()

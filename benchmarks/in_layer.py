@@ -34,7 +34,6 @@ includes waits for room in CUDA's launch queue once the host is far ahead). 5 wa
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -48,9 +47,9 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
-from megatron_burst.plan import mask_families as mf  # noqa: E402
-from ranks import gpu_health, ran_package, spawn_cpu_ranks, start_ranks, write_run  # noqa: E402
-from slice_masks import Flex, add_shape_args, family_mask  # noqa: E402
+from ranks import (family_run_meta, finish_run, gpu_health, spawn_cpu_ranks,  # noqa: E402
+                   start_ranks)
+from slice_masks import Flex, add_run_args, family_mask, smoke_sizes  # noqa: E402
 
 # A Llama-70B layer at TP=1: hidden = query heads x head dim; FFN 28,672 (SwiGLU's two
 # halves in one product), scaled with the hidden size where the shape is not the default.
@@ -279,17 +278,10 @@ def table(meta: dict, rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
-    add_shape_args(p, ",".join(mf.FAMILIES))
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=15)
-    p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    add_run_args(p)
     p.add_argument("--forward-dense-area", type=float, default=None,
                    help="the automatic kernel's dense threshold for the ring's forward (visible "
                         "pairs from which a block runs alone on cuDNN); default: the package's")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="gloo on CPU at tiny sizes (spawns --world ranks itself)")
-    p.add_argument("--world", type=int, default=2, help="ranks of --cpu-smoke")
     args = p.parse_args()
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
@@ -301,8 +293,7 @@ def main() -> None:
     if args.cpu_smoke and "RANK" not in os.environ:
         return spawn_cpu_ranks(args.world)
     if args.cpu_smoke:
-        args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
-        args.warmup, args.iters, args.no_flex, args.scale = 1, 2, True, 1 / 64
+        smoke_sizes(args)
     rank, world = start_ranks("gloo") if args.cpu_smoke else start_ranks()
     dev = (torch.device("cpu") if args.cpu_smoke
            else torch.device("cuda", torch.cuda.current_device()))
@@ -320,23 +311,12 @@ def main() -> None:
     health = gpu_health() if rank == 0 else None
     rows = [run_family(name, args, world, rank, dev, dtype, solos[rank], flex, layers)
             for name in args.families.split(",")]
-    if rank == 0:
-        hidden = args.hq * args.d
-        meta = dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-                    gpus_before=health, gpus_after=gpu_health(), world=world,
-                    torch=torch.__version__, tokens_per_gpu=args.tokens,
-                    heads=f"{args.hq}:{args.hkv}", head_dim=args.d, dtype=str(dtype),
-                    warmup=args.warmup, iters=args.iters, package=ran_package(),
-                    forward_dense_area=args.forward_dense_area,
-                    layer=f"hidden {hidden}, FFN {int(FFN_PER_HIDDEN * hidden)} (SwiGLU), "
-                          f"QKV, output projection, MLP forward and backward",
-                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
-        text = table(meta, rows)
-        print(text)
-        write_run(args.out, meta, rows, text)
-    dist.barrier()
-    dist.destroy_process_group()
-
+    hidden = args.hq * args.d
+    finish_run(rank, args.out, lambda: family_run_meta(
+        args, world, dev, health, heads=f"{args.hq}:{args.hkv}", head_dim=args.d,
+        dtype=str(dtype), forward_dense_area=args.forward_dense_area,
+        layer=f"hidden {hidden}, FFN {int(FFN_PER_HIDDEN * hidden)} (SwiGLU), QKV, output "
+              f"projection, MLP forward and backward"), rows, table)
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,8 @@ entry point, whose `configure_run` reads the same variable. `host_and_wall_ms` i
 host-time benchmarks' clock: the ranks aligned, the host's share and the GPU's wall.
 `ran_package` is the folder of the package a run imported, for its result file: a
 before-and-after pair on two trees (``$PYTHONPATH``) shows there which tree each side timed.
-`write_run` writes a run's ``OUT.json`` (meta and rows) and ``OUT.md`` (its table);
+`write_run` writes a run's ``OUT.json`` (meta and rows) and ``OUT.md`` (its table), and
+`finish_run` does it at a family benchmark's end from `family_run_meta`'s record;
 `family_options` are the options of the benchmarks that time mask families one by one.
 `spawn_cpu_ranks` starts a ``--cpu-smoke`` run's gloo ranks without torchrun.
 `gpu_health` is each GPU's temperature, SM clock and active clock-event reasons, for a result
@@ -20,12 +21,15 @@ slow (``results/h100x2_issue42_throttled``), and a result should say it was not 
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,8 +37,9 @@ import torch.distributed as dist
 from megatron_burst.comm.emulated_nodes import ENV as EMULATE_ENV
 from megatron_burst.comm.emulator import active, install_from_env
 
-__all__ = ["EMULATE_ENV", "emulated", "family_options", "gpu_health", "host_and_wall_ms",
-           "ran_package", "spawn_cpu_ranks", "start_ranks", "write_run"]
+__all__ = ["EMULATE_ENV", "emulated", "family_options", "family_run_meta", "finish_run",
+           "gpu_health", "host_and_wall_ms", "ran_package", "spawn_cpu_ranks", "start_ranks",
+           "write_run"]
 
 _HEALTH = ("index", "temperature.gpu", "clocks.sm", "clocks_event_reasons.active")
 
@@ -115,6 +120,30 @@ def write_run(out: str, meta: dict, rows: list, text: str) -> None:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     with open(out + ".md", "w") as f:
         f.write(text + "\n")
+
+
+def family_run_meta(args, world: int, dev: torch.device, health: list | None, **extra) -> dict:
+    """A family benchmark's record, on rank 0 at the end of its run: the device, its GPUs'
+    ``health`` before the run and now, world, torch, tokens per GPU, warm-up and timed calls,
+    the package it ran, the date and the command as given (``extra``: its own fields)."""
+    return dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                gpus_before=health, gpus_after=gpu_health(), world=world,
+                torch=torch.__version__, tokens_per_gpu=args.tokens, warmup=args.warmup,
+                iters=args.iters, package=ran_package(), **extra,
+                date=datetime.date.today().isoformat(), command=" ".join(sys.argv))
+
+
+def finish_run(rank: int, out: str, meta: Callable[[], dict], rows: list,
+               table: Callable[[dict, list], str]) -> None:
+    """Rank 0 prints the run's ``table`` of its ``meta()`` and ``rows`` and writes them
+    (``write_run``); then every rank leaves together (no rank ends while rank 0 writes)."""
+    if rank == 0:
+        record = meta()
+        text = table(record, rows)
+        print(text)
+        write_run(out, record, rows, text)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def emulated() -> bool:

@@ -387,13 +387,29 @@ def add_shape_args(p: argparse.ArgumentParser, families: str) -> None:
     p.add_argument("--d", type=int, default=128)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """What the family tables (this one, ``in_layer.py``) take alike: --out, every family
+    and LongCA-bench's shape, its 5 warm-up and 15 timed calls, --no-flex, and --cpu-smoke
+    with its --world (``smoke_sizes``)."""
     p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
     add_shape_args(p, ",".join(mf.FAMILIES))
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="gloo on CPU at tiny sizes (spawns --world ranks itself)")
+    p.add_argument("--world", type=int, default=2, help="ranks of --cpu-smoke")
+
+
+def smoke_sizes(args: argparse.Namespace) -> None:
+    """A --cpu-smoke run's tiny shape, calls and mask scale (no FlexAttention on CPU)."""
+    args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
+    args.warmup, args.iters, args.no_flex, args.scale = 1, 2, True, 1 / 64
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_run_args(p)
     p.add_argument("--no-torch-flex-cp", action="store_true",
                    help="leave PyTorch's FlexAttention CP out (no backward on CPU: off there)")
     p.add_argument("--backward", default="auto", choices=("auto", "burst", "ring"),
@@ -417,9 +433,6 @@ def main() -> None:
                    help="each rank's main thread on one of the node's fastest (or slowest) "
                         "CPUs at the host's Python, as host_cores.py times them; default: "
                         "unpinned")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="gloo on CPU at tiny sizes (spawns --world ranks itself)")
-    p.add_argument("--world", type=int, default=2, help="ranks of --cpu-smoke")
     p.add_argument("--log-auto", action="store_true",
                    help="print 'auto''s decisions (each with its prediction) and its checks")
     args = p.parse_args()
@@ -430,8 +443,7 @@ def main() -> None:
     if args.cpu_smoke and "RANK" not in os.environ:
         return spawn_cpu_ranks(args.world)
     if args.cpu_smoke:
-        args.tokens, args.hq, args.hkv, args.d = 64, 4, 2, 16
-        args.warmup, args.iters, args.no_flex, args.scale = 1, 2, True, 1 / 64
+        smoke_sizes(args)
         args.graph = False  # CUDA graphs: GPU only
     # The group (and this rank's GPU, and $MEGATRON_BURST_EMULATE's slowed links) as every
     # GPU benchmark starts them.
