@@ -142,5 +142,6 @@ def main() -> None:
             if r["family"] == name]
     finish_run(rank, args.out, lambda: family_run_meta(args, world, dev, health), rows, table)
 
+
 if __name__ == "__main__":
     main()

@@ -169,5 +169,6 @@ def main() -> None:
     finish_run(rank, args.out, lambda: family_run_meta(
         args, world, dev, health, heads=f"{args.hq}:{args.hkv}", head_dim=args.d), rows, table)
 
+
 if __name__ == "__main__":
     main()

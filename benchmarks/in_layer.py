@@ -318,5 +318,6 @@ def main() -> None:
         layer=f"hidden {hidden}, FFN {int(FFN_PER_HIDDEN * hidden)} (SwiGLU), QKV, output "
               f"projection, MLP forward and backward"), rows, table)
 
+
 if __name__ == "__main__":
     main()
