@@ -88,8 +88,8 @@ def add_ab_args(p: argparse.ArgumentParser, rounds: int, calls: int) -> None:
 def parse_counts(p: argparse.ArgumentParser) -> argparse.Namespace:
     """The arguments, a count below one refused before any rank starts (no rank waits)."""
     args = p.parse_args()
-    for name in ("rounds", "calls", "tokens"):
-        if getattr(args, name) < 1:
+    for name in ("rounds", "calls", "tokens", "layer_steps"):  # (the last: deal_scan's)
+        if getattr(args, name, 1) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     return args
 

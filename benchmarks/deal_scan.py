@@ -16,7 +16,10 @@ k = 4); above ``--max-deals`` a seeded sample of them is timed. Each deal is a w
 (``area._dealt``), with the placements, plans and prepared calls dropped and the inputs
 sharded again. Each deal's output, gathered back to the whole sequence, is compared with the
 package deal's. The figures are the eager forward and forward + backward back to back, each
-round's the slower rank's (each rank times its own loop). ``--summarize JSON --out PREFIX``
+round's the slower rank's (each rank times its own loop); with ``--in-layer``, attention's
+spans inside a layer's steps instead (``in_layer.py``): there the host is ahead and the GPU's
+time decides, steady within about 1% from run to run, where back to back the host's moment
+decided (the first scan's twin deal read 0.935 of itself). ``--summarize JSON --out PREFIX``
 prints a run's table again from its JSON.
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import call_plan, prepare  # noqa: E402
 from megatron_burst.plan import area, mask_placement  # noqa: E402
 from ab_rounds import (family_tensors, publish, run_families, run_meta,  # noqa: E402
-                       summary, timed_rounds)
+                       summary, timed_rounds, way_order)
 
 PACKAGE = area._dealt  # the layout's own deal
 
@@ -95,8 +98,11 @@ def time_family(name: str, args, world: int) -> dict:
         if label not in outs:
             outs[label] = mb.unshard_seq(forward(), mask=mask).float()
     ways = {label: setter(label) for label in chosen}
-    steps = {"fwd": (forward, args.calls), "fwd+bwd": (both, max(1, args.calls // 3))}
-    times = timed_rounds(ways, steps, args.rounds, check)
+    if args.in_layer:
+        times = layer_rounds(ways, args.rounds, check, _layer_spans(mask, local, args))
+    else:
+        steps = {"fwd": (forward, args.calls), "fwd+bwd": (both, max(1, args.calls // 3))}
+        times = timed_rounds(ways, steps, args.rounds, check)
     set_deal(None)
     base = outs["package"]
     diff = {w: float((o - base).abs().max() / base.abs().max()) for w, o in outs.items()}
@@ -104,6 +110,43 @@ def time_family(name: str, args, world: int) -> dict:
     return dict(family=name, chunks=args.chunks, package_chunks=package_k,
                 deals={w: c for w, c in chosen.items() if c is not None},
                 summary=summary(times), times=times, rel_diff=diff)
+
+
+def layer_rounds(ways: dict, rounds: int, check, spans) -> dict:
+    """``timed_rounds``' {way: {step: [ms a round]}} from attention's spans inside a layer
+    (``in_layer.py``): each round sets every way in turn (``ab_rounds.way_order``), checks
+    its output, and takes ``spans()``' forward and forward + backward under it."""
+    names = list(ways)
+    times = {w: {"fwd": [], "fwd+bwd": []} for w in names}
+    for rnd in range(rounds):
+        for way in way_order(names, rnd):
+            ways[way]()
+            check(way)
+            got = spans()
+            times[way]["fwd"].append(got["fwd_ms"])
+            times[way]["fwd+bwd"].append(got["fwd_ms"] + got["bwd_ms"])
+    return times
+
+
+def _layer_spans(mask, local: list, args):
+    """A function of no argument: this rank's mean spans of ``burst_attn`` on the current
+    shards (``local``, resharded by each deal) inside a Llama-70B layer's steps, the ranks
+    meeting before each span (``in_layer.in_layer``; 3 warm-up and ``--layer-steps``)."""
+    from types import SimpleNamespace
+
+    import in_layer
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    layer = in_layer.Layer(args.tokens, args.hq, args.hkv, args.d, dev, torch.bfloat16)
+    ranks, counts = torch.zeros(1, device=dev), SimpleNamespace(warmup=3, iters=args.layer_steps)
+
+    def burst(q, k, v):
+        return mb.burst_attn(q, k, v, mask=mask)
+
+    def spans() -> dict:
+        inputs = [t.detach().requires_grad_() for t in local[:3]]
+        return in_layer.in_layer(burst, inputs, local[3], layer, dev, counts, ranks)
+    return spans
 
 
 def slowest(rows: list) -> dict:
@@ -163,6 +206,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--chunks", type=int, default=4, help="chunks a rank in every deal")
     p.add_argument("--max-deals", type=int, default=35, help="deals timed at most (sampled)")
+    p.add_argument("--in-layer", action="store_true",
+                   help="time each deal's attention spans inside a Llama-70B layer's steps "
+                        "(in_layer.py: the GPU's time, the host ahead) rather than back to "
+                        "back alone")
+    p.add_argument("--layer-steps", type=int, default=8,
+                   help="timed layer steps a deal a round (--in-layer)")
     if "--summarize" in sys.argv:  # a run's table again (no rank started, nothing timed)
         q = argparse.ArgumentParser(description="deal_scan's table again from a run's JSON")
         q.add_argument("--summarize", required=True, metavar="JSON")

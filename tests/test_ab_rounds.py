@@ -218,6 +218,30 @@ def test_a_deal_s_time_is_the_slower_rank_s_round_by_round():
     assert got["0,1"]["fwd"] == (1.0, 0.5)  # per round 3/2, 1/2, 1/2
 
 
+def test_deals_in_a_layer_are_timed_round_by_round_in_the_rotated_order():
+    """``deal_scan.layer_rounds`` (``--in-layer``): every deal each round, in
+    ``way_order``'s order, checked before its spans are taken; the figures in
+    ``timed_rounds``' form, so the slower-rank table reads them alike."""
+    deal_scan = pytest.importorskip("deal_scan")
+    log, current = [], []
+    ways = {w: (lambda w=w: current.append(w)) for w in ("package", "0,1", "0,2")}
+    spans = iter(dict(fwd_ms=float(i), bwd_ms=10.0) for i in range(1, 10))
+
+    def measure():
+        log.append(("spans", current[-1]))
+        return next(spans)
+    times = deal_scan.layer_rounds(ways, 3, lambda w: log.append(("check", w)), measure)
+    order = [w for rnd in range(3) for w in ab_rounds.way_order(list(ways), rnd)]
+    assert current == order
+    assert log == [entry for w in order for entry in (("check", w), ("spans", w))]
+    first = order.index("0,1")
+    assert times["0,1"]["fwd"][0] == float(first + 1)
+    assert times["0,1"]["fwd+bwd"][0] == float(first + 1) + 10.0
+    assert all(len(t["fwd"]) == len(t["fwd+bwd"]) == 3 for t in times.values())
+    rows = [{"family": "f", "rank": r, "times": times} for r in (0, 1)]
+    assert deal_scan.slowest(rows)["f"]["package"]["fwd"][1] == 1.0
+
+
 def test_a_two_way_report_heads_its_columns_by_its_ways(monkeypatch, tmp_path):
     """``ab_rounds.two_way_report``: the A/Bs' one table (in_place_ab, pieces_ab,
     launch_ab): rows by family and rank, each way's ms, the ratio, the extra columns."""
