@@ -90,7 +90,7 @@ def parse_counts(p: argparse.ArgumentParser) -> argparse.Namespace:
     args = p.parse_args()
     for name in ("rounds", "calls", "tokens", "layer_steps"):  # (the last: deal_scan's)
         if getattr(args, name, 1) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     return args
 
 
