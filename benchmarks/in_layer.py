@@ -34,6 +34,7 @@ includes waits for room in CUDA's launch queue once the host is far ahead). 5 wa
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -280,8 +281,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_run_args(p)
     p.add_argument("--forward-dense-area", type=float, default=None,
-                   help="the automatic kernel's dense threshold for the ring's forward (visible "
-                        "pairs from which a block runs alone on cuDNN); default: the package's")
+                   help="the automatic kernel's dense threshold for the ring's forward at "
+                        "every call size (visible pairs from which a block runs alone on "
+                        "cuDNN; split_ab.set_split); default: the package's")
     args = p.parse_args()
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
@@ -303,7 +305,7 @@ def main() -> None:
         from split_ab import set_split
         kernel = pick_kernel(None, dtype, args.hq, args.hkv, args.d, dev)
         set_split(kernel, args.forward_dense_area, kernel.lone_band_area,
-                  kernel.gpu_bound_min_area)
+                  kernel.gpu_bound_min_area, line=math.inf)
     layers = dict(cp=Layer(args.tokens, args.hq, args.hkv, args.d, dev, dtype))
     if rank == 0:  # the one-GPU methods' layer holds the whole sequence's tokens
         layers["one"] = Layer(args.tokens * world, args.hq, args.hkv, args.d, dev, dtype)

@@ -13,7 +13,10 @@ documents' forward faster and other families' slower. Two knobs of the automatic
 - ``lone_band_area``: below this many, a block that runs alone anyway (the only one of its
   shape in its step) goes to flash instead of cuDNN;
 - ``gpu_bound_min_area``: the dense threshold of the passes the GPU bounds (a ring's
-  backward, one GPU's passes); None: ``dense_min_area`` for every pass.
+  backward, one GPU's passes); None: ``dense_min_area`` for every pass. While ways are
+  timed, a ring's forward takes ``dense_min_area`` at every call size (``set_split``): the
+  package's own plan of a large call (its forward at the second threshold) is the way
+  ``1M/1M`` there, ``'1048576:0'``.
 
 Each way sets them on the kernel object the calls use (the plan is keyed by the thresholds, so
 each way has its own plan: the plans and prepared calls are dropped where they change,
@@ -25,6 +28,7 @@ way's output is compared with the first way's.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -34,6 +38,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import call_plan, prepare  # noqa: E402
+from megatron_burst.kernels import thresholds  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
 from ab_rounds import (add_ab_args, family_tensors, gather_rows, parse_counts,  # noqa: E402
                        publish, run_meta, summary, timed_rounds)
@@ -67,19 +72,29 @@ def parse_ways(text: str) -> dict:
     return ways
 
 
+PACKAGE_LINE = thresholds.HOST_BOUND_MAX_ELEMENTS  # the package's host-bound line
+
+
 def set_split(kernel, dense_min_area: float, lone_band_area: float,
-              gpu_bound_min_area: float | None = None) -> bool:
-    """Set the automatic kernel's three knobs. Where a dense threshold changes, drop the
-    plans and the prepared calls, and say so (True: the caller runs every step once before
-    timing): a prepared call holds the plan its first call made, so without this a new
-    threshold is never planned (the lone rule is read at each call). A first version set
-    the attribute alone: its threshold ways timed one plan
+              gpu_bound_min_area: float | None = None, line: float | None = None) -> bool:
+    """Set the automatic kernel's three knobs, and the host-bound ``line``
+    (``thresholds.HOST_BOUND_MAX_ELEMENTS``; None: as it is). The ways set it past every
+    call (``math.inf``), so that a way's first threshold is the ring forward's at every call
+    size, as its name says: at the package's line a large call's forward takes the second.
+    Where a threshold or the line
+    changes, drop the plans and the prepared calls, and say so (True: the caller runs every
+    step once before timing): a prepared call holds the plan its first call made, so without
+    this a new threshold is never planned (the lone rule is read at each call). A first
+    version set the attribute alone: its threshold ways timed one plan
     (``results/h200x2_issue42_fewer_flash_flawed/``)."""
     kernel.lone_band_area = lone_band_area
-    both = (dense_min_area, gpu_bound_min_area)
-    if (kernel.dense_min_area, kernel.gpu_bound_min_area) == both:
+    now = (dense_min_area, gpu_bound_min_area,
+           thresholds.HOST_BOUND_MAX_ELEMENTS if line is None else line)
+    if (kernel.dense_min_area, kernel.gpu_bound_min_area,
+            thresholds.HOST_BOUND_MAX_ELEMENTS) == now:
         return False
-    kernel.dense_min_area, kernel.gpu_bound_min_area = both
+    kernel.dense_min_area, kernel.gpu_bound_min_area = now[:2]
+    thresholds.HOST_BOUND_MAX_ELEMENTS = now[2]
     call_plan.clear()
     prepare.PREPARED.clear()
     return True
@@ -114,7 +129,7 @@ def time_family(name: str, args, ways: dict, world: int, rank: int, solo) -> dic
             step()
 
     def setter(way):
-        return lambda: set_split(kernel, *ways[way]) and warm()
+        return lambda: set_split(kernel, *ways[way], line=math.inf) and warm()
     outs = {}
 
     def check(way):
@@ -128,7 +143,7 @@ def time_family(name: str, args, ways: dict, world: int, rank: int, solo) -> dic
         for _ in range(3):
             warm()
     times = timed_rounds({w: setter(w) for w in ways}, steps, args.rounds, check)
-    set_split(kernel, *before)
+    set_split(kernel, *before, line=PACKAGE_LINE)
     base = outs[next(iter(ways))]
     diff = max(float((o - base).norm() / base.norm()) for o in outs.values())
     return dict(family=name, rank=rank, summary=summary(times), times=times,

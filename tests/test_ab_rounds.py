@@ -5,6 +5,7 @@ spinners, ``host_neighbours``' idle load, the automatic kernel's lone-block knob
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -150,8 +151,10 @@ def test_a_new_dense_threshold_drops_the_plans_and_prepared_calls():
     threshold must drop them (the lone rule, read at each call, needs nothing)."""
     split_ab = pytest.importorskip("split_ab")
     from megatron_burst.attention import call_plan, prepare
+    from megatron_burst.kernels import thresholds
     from megatron_burst.kernels.reference import ReferenceAttention
     from megatron_burst.kernels.selection import BandDispatch
+    from megatron_burst.kernels.thresholds import forward_min_area
 
     kernel = BandDispatch(ReferenceAttention(), ReferenceAttention())
     kernel.dense_min_area = 2.0 ** 21
@@ -165,8 +168,17 @@ def test_a_new_dense_threshold_drops_the_plans_and_prepared_calls():
         prepare.PREPARED["probe"] = object()
         assert split_ab.set_split(kernel, 2.0 ** 20, 0.0, 2.0 ** 19)  # the second threshold
         assert kernel.gpu_bound_min_area == 2.0 ** 19 and not prepare.PREPARED
+        # A way's first threshold is the forward's at every size, a large call's included.
+        prepare.PREPARED["probe"] = object()
+        assert split_ab.set_split(kernel, 2.0 ** 20, 0.0, 2.0 ** 19, math.inf)
+        assert forward_min_area(kernel, 1 << 26) == 2.0 ** 20 and not prepare.PREPARED
+        prepare.PREPARED["probe"] = object()
+        assert split_ab.set_split(kernel, 2.0 ** 20, 0.0, 2.0 ** 19, split_ab.PACKAGE_LINE)
+        assert forward_min_area(kernel, 1 << 26) == 2.0 ** 19 and not prepare.PREPARED
+        assert forward_min_area(kernel, 1 << 24) == 2.0 ** 20  # at the line: the host's
     finally:
         prepare.PREPARED.pop("probe", None)
+        thresholds.HOST_BOUND_MAX_ELEMENTS = split_ab.PACKAGE_LINE
 
 
 def test_a_two_way_forward_reads_the_second_way_against_the_first():

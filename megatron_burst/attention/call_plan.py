@@ -93,8 +93,9 @@ def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
              gpu_bound_min_area: float | None = None, device_docs: bool = False) -> PlanKey:
     """The key of a call's plan: the one place it is made, for ``prepare`` at a call and for
     the Megatron data path ahead of it, so both find the same plan. ``batch``: rows of the
-    call (one: blocks may share varlen calls); ``dense_min_area``: the kernel's, which only
-    a plain sequence's plan reads (a pack's blocks all go varlen), or None for a sequence
+    call (one: blocks may share varlen calls); ``dense_min_area``: a ring forward's (the
+    kernel's, or its GPU-bound one for a large call: ``thresholds.forward_min_area``), which
+    only a plain sequence's plan reads (a pack's blocks all go varlen), or None for a sequence
     whose blocks go varlen too (a slice mask that follows the data: ``varying_masks``);
     ``gpu_bound_min_area``: the kernel's threshold for the passes the GPU bounds (a ring's
     backward, a single member's both; ``build_plan``), None where it is the same;
@@ -150,10 +151,12 @@ def build_plan(key: PlanKey) -> CallPlan:
     me = topo.index if topo is not None else 0
     rows = sched.shard(me).length
     calls = PairCalls(key, sched, topo)
-    # The passes the GPU bounds take their own threshold: a ring's eager forward is bound
-    # by its host, where each dense call costs more than the varlen call it leaves; a
-    # ring's backward and a single member's passes by the GPU, where a dense call of a
-    # smaller block is already faster (results/h200x2_issue42_dense_threshold{,_per_pass}/).
+    # The passes the GPU bounds take their own threshold: a small call's ring forward is
+    # bound by its host, where each dense call costs more than the varlen call it leaves
+    # (a large call's forward is GPU-bound, and its key's two thresholds are then one,
+    # ``thresholds.forward_min_area``); a ring's backward and a single member's passes by
+    # the GPU, where a dense call of a smaller block is already faster
+    # (results/h200x2_issue42_dense_threshold{,_per_pass}/, h200x2_issue42_in_layer/).
     gpu_bound = calls if key.gpu_bound_min_area is None else PairCalls(
         key, sched, topo, key.gpu_bound_min_area)
     if topo is None:  # one member: one step against its own keys, nothing travels
