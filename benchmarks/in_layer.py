@@ -142,6 +142,13 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def fresh_grads(inputs: list) -> None:
+    """Drop the inputs' gradients, so a backward stores dq, dk and dv rather than adding them
+    to the last step's: training's q, k and v are the QKV projection's outputs, not leaves."""
+    for t in inputs:
+        t.grad = None
+
+
 def in_layer(attend: Callable, inputs: list, do: torch.Tensor, layer: Layer, dev, args,
              ranks: torch.Tensor | None) -> dict:
     """Mean ms over the timed steps of attention's forward and backward spans inside the
@@ -163,6 +170,7 @@ def in_layer(attend: Callable, inputs: list, do: torch.Tensor, layer: Layer, dev
         t2, f1 = time.perf_counter(), spans.mark()
         went_f = spans.ahead(f0)
         layer.middle()
+        fresh_grads(inputs)
         meet(ranks)
         b0, t3 = spans.mark(), time.perf_counter()
         out.backward(do)
@@ -187,12 +195,14 @@ def alone(attend: Callable, inputs: list, do: torch.Tensor, dev, args, align: bo
     """Mean ms of attention's forward + backward back to back, without the layer (as
     ``slice_masks.py --chained`` times them), synchronised once at the end."""
     for _ in range(args.warmup):
+        fresh_grads(inputs)
         attend(*inputs).backward(do)
     sync(dev)
     if align:
         dist.barrier()
     t0 = time.perf_counter()
     for _ in range(args.iters):
+        fresh_grads(inputs)
         attend(*inputs).backward(do)
     sync(dev)
     return (time.perf_counter() - t0) * 1e3 / args.iters

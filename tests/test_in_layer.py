@@ -63,6 +63,32 @@ def test_a_step_runs_the_layer_in_its_order_and_times_every_timed_step(monkeypat
     assert got["fwd_ms"] >= 0 and got["step_gpu_ms"] >= got["fwd_ms"] + got["bwd_ms"]
 
 
+class _Layer:
+    def before(self):
+        pass
+
+    middle = after = before
+
+
+def test_every_backward_stores_its_own_gradients_rather_than_adding_to_the_last(monkeypatch):
+    """Training's q, k and v are not leaves, so no step adds into an earlier step's grads."""
+    monkeypatch.setattr(in_layer.dist, "barrier", lambda: None)
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+
+    def attend(t):
+        return t * 2.0
+
+    args = SimpleNamespace(warmup=1, iters=2)
+    do = torch.ones(3)
+    in_layer.in_layer(attend, [x], do, _Layer(), torch.device("cpu"), args, None)
+    seen.append(x.grad.clone())
+    in_layer.alone(attend, [x], do, torch.device("cpu"), args, False)
+    seen.append(x.grad.clone())
+    for grad in seen:  # three (and three) backwards ran: an add would give 6, not 2
+        assert torch.equal(grad, torch.full((3,), 2.0))
+
+
 def test_the_one_gpu_layer_meets_no_one():
     assert in_layer.meet(None) is None  # one GPU: no collective to wait for
 
