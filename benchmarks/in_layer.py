@@ -34,6 +34,7 @@ includes waits for room in CUDA's launch queue once the host is far ahead). 5 wa
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -47,10 +48,13 @@ import torch.distributed as dist
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
+from megatron_burst.attention import varying_masks  # noqa: E402
+from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
 from ranks import (family_run_meta, finish_run, gpu_health, spawn_cpu_ranks,  # noqa: E402
                    start_ranks)
-from slice_masks import Flex, add_run_args, family_mask, smoke_sizes  # noqa: E402
+from slice_masks import (Flex, add_run_args, family_mask, new_packs,  # noqa: E402
+                         smoke_sizes)
 
 # A Llama-70B layer at TP=1: hidden = query heads x head dim; FFN 28,672 (SwiGLU's two
 # halves in one product), scaled with the hidden size where the shape is not the default.
@@ -150,19 +154,22 @@ def fresh_grads(inputs: list) -> None:
 
 
 def in_layer(attend: Callable, inputs: list, do: torch.Tensor, layer: Layer, dev, args,
-             ranks: torch.Tensor | None) -> dict:
+             ranks: torch.Tensor | None, pack: Callable | None = None) -> dict:
     """Mean ms over the timed steps of attention's forward and backward spans inside the
     layer's steps and of the whole step (GPU); the host's ms in each attention call (a call
     may wait there for room in CUDA's launch queue when the host is far ahead); and in how
     many steps the GPU had not yet begun the span when the host had launched all of it
     (``ahead``: then no gap in the span waited for the host). ``ranks``: a one-element
-    tensor for the ranks to meet on before each span (None: one GPU)."""
+    tensor for the ranks to meet on before each span (None: one GPU). ``pack(i)``, where
+    given, returns step i's (attend, inputs, do) instead: a new document pack a step."""
+    pack = pack or (lambda i: (attend, inputs, do))
     sync(dev)
     if ranks is not None:
         dist.barrier()
     spans, marks, hosts = Spans(dev), [], []
-    for _ in range(args.warmup + args.iters):  # one stretch: the timed steps find the
+    for i in range(args.warmup + args.iters):  # one stretch: the timed steps find the
         first = spans.mark()                   # GPU's queue as the warm-up left it
+        attend, inputs, do = pack(i)
         layer.before()
         meet(ranks)
         f0, t1 = spans.mark(), time.perf_counter()
@@ -245,6 +252,57 @@ def run_family(name: str, args, world: int, rank: int, dev, dtype, solo, flex,
     return row
 
 
+def flex_packs(flex, masks: list, whole: list, do: torch.Tensor) -> Callable:
+    """FlexAttention's step i: its block mask made for pack i (in the step, before the
+    layer's products: as a model makes it once a micro-batch), then the call."""
+    def pack(i):
+        flex.use(masks[i])
+        return flex, whole, do
+    return pack
+
+
+def run_new_packs(name: str, args, world: int, rank: int, dev, dtype, solo, flex,
+                  layers: dict) -> dict | None:
+    """``name``'s row with a new document pack every step (``--new-packs``), as training
+    feeds one a micro-batch: each rank's inputs sharded for each pack beforehand (the data
+    loader's work), every step's calls on a new mask, so the timed steps run the plans that
+    masks following the data get (shape-free) and pay their planning inside the step. None
+    for a family whose mask does not follow the documents."""
+    varying_masks.clear()  # the family's first pack is its shape's first mask, as in a run
+    loads.clear()
+    masks = new_packs(name, args.tokens * world, args.scale, args.warmup + args.iters)
+    if masks is None:
+        return None
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    full = [torch.randn(1, args.tokens * world, h, args.d, device=dev, dtype=dtype,
+                        generator=gen) for h in (args.hq, args.hkv, args.hkv, args.hq)]
+    shards = [[mb.shard_seq(t, mask=m).contiguous() for t in full] for m in masks]
+    for local in shards:
+        for t in local[:3]:
+            t.requires_grad_()
+
+    def burst(i):
+        return functools.partial(mb.burst_attn, mask=masks[i]), shards[i][:3], shards[i][3]
+
+    mine = dict(in_layer=in_layer(None, [], None, layers["cp"], dev, args,
+                                  torch.zeros(1, device=dev), pack=burst))
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    row = dict(family=name, packs=len(masks), burst_ranks=every)
+    if rank == 0:
+        whole = [t.detach().clone().requires_grad_() for t in full[:3]]
+        methods = dict(one_gpu_plan=lambda i: (functools.partial(
+            mb.burst_attn, group=solo, mask=masks[i]), whole, full[3]))
+        if flex is not None:
+            methods["one_gpu_flex"] = flex_packs(flex, masks, whole, full[3])
+        for key, pack in methods.items():
+            row[key] = dict(in_layer=in_layer(None, [], None, layers["one"], dev, args, None,
+                                              pack=pack))
+        efficiencies(row, world)
+    dist.barrier()
+    return row
+
+
 def efficiencies(row: dict, world: int) -> None:
     """The faster one-GPU method's ms over (GPUs x burst's slower rank's ms): in the layer,
     forward and backward apart, and alone, forward + backward."""
@@ -256,15 +314,18 @@ def efficiencies(row: dict, world: int) -> None:
     burst = max(r["in_layer"]["fwd_ms"] + r["in_layer"]["bwd_ms"] for r in row["burst_ranks"])
     best = min(s["in_layer"]["fwd_ms"] + s["in_layer"]["bwd_ms"] for s in singles)
     row["efficiency_in_layer_fwd_bwd"] = best / (world * burst)
-    row["efficiency_alone_fwd_bwd"] = min(s["alone_ms"] for s in singles) / (
-        world * max(r["alone_ms"] for r in row["burst_ranks"]))
+    if "alone_ms" in singles[0]:  # not timed with a new pack a step
+        row["efficiency_alone_fwd_bwd"] = min(s["alone_ms"] for s in singles) / (
+            world * max(r["alone_ms"] for r in row["burst_ranks"]))
 
 
 def table(meta: dict, rows: list[dict]) -> str:
     """The rows as a Markdown table under the run's device, shape and command."""
     lines = [f"{meta['device']} x{meta['world']}, torch {meta['torch']}, {meta['date']}, "
              f"{meta['tokens_per_gpu']} tokens/GPU, GQA {meta['heads']}, d {meta['head_dim']}, "
-             f"{meta['dtype']}; layer: {meta['layer']}", f"command: `{meta['command']}`", "",
+             f"{meta['dtype']}; layer: {meta['layer']}"
+             + ("; a new document pack every step" if meta.get("new_pack_every_step") else ""),
+             f"command: `{meta['command']}`", "",
              "| family | burst in layer fwd / bwd ms (slower rank) | 1 GPU plan fwd / bwd ms | "
              "1 GPU Flex fwd / bwd ms | efficiency in layer fwd / bwd / both | "
              "efficiency alone fwd+bwd | steps the host was ahead fwd / bwd (the rank with "
@@ -281,10 +342,15 @@ def table(meta: dict, rows: list[dict]) -> str:
             f"| {r['family']} | {slow('fwd_ms'):.3f} / {slow('bwd_ms'):.3f} | "
             f"{pair(r.get('one_gpu_plan'))} | {pair(r.get('one_gpu_flex'))} | "
             f"{r['efficiency_in_layer_fwd']:.2f} / {r['efficiency_in_layer_bwd']:.2f} / "
-            f"{r['efficiency_in_layer_fwd_bwd']:.2f} | {r['efficiency_alone_fwd_bwd']:.2f} | "
+            f"{r['efficiency_in_layer_fwd_bwd']:.2f} | {_alone(r)} | "
             f"{few('ahead_fwd')}/{steps} / {few('ahead_bwd')}/{steps} | "
             f"{slow('host_fwd_ms'):.3f} / {slow('host_bwd_ms'):.3f} |")
     return "\n".join(lines)
+
+
+def _alone(row: dict) -> str:
+    eff = row.get("efficiency_alone_fwd_bwd")
+    return "-" if eff is None else f"{eff:.2f}"
 
 
 def main() -> None:
@@ -294,6 +360,9 @@ def main() -> None:
                    help="the automatic kernel's dense threshold for the ring's forward at "
                         "every call size (visible pairs from which a block runs alone on "
                         "cuDNN; split_ab.set_split); default: the package's")
+    p.add_argument("--new-packs", action="store_true",
+                   help="a new document pack (so a new mask) every step, as training feeds "
+                        "one a micro-batch, for the families with documents; nothing alone")
     args = p.parse_args()
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
@@ -321,12 +390,15 @@ def main() -> None:
         layers["one"] = Layer(args.tokens * world, args.hq, args.hkv, args.d, dev, dtype)
     flex = None if args.no_flex or rank else Flex(args.tokens * world, dev)
     health = gpu_health() if rank == 0 else None
-    rows = [run_family(name, args, world, rank, dev, dtype, solos[rank], flex, layers)
+    run = run_new_packs if args.new_packs else run_family
+    rows = [run(name, args, world, rank, dev, dtype, solos[rank], flex, layers)
             for name in args.families.split(",")]
+    rows = [r for r in rows if r is not None]  # families whose mask follows no documents
     hidden = args.hq * args.d
     finish_run(rank, args.out, lambda: family_run_meta(
         args, world, dev, health, heads=f"{args.hq}:{args.hkv}", head_dim=args.d,
         dtype=str(dtype), forward_dense_area=args.forward_dense_area,
+        new_pack_every_step=args.new_packs,
         layer=f"hidden {hidden}, FFN {int(FFN_PER_HIDDEN * hidden)} (SwiGLU), QKV, output "
               f"projection, MLP forward and backward"), rows, table)
 

@@ -172,14 +172,22 @@ class Flex:
         return out.transpose(1, 2)
 
 
+def new_packs(name: str, total: int, scale: float, count: int) -> list | None:
+    """``count`` masks of ``name``, each on a new document pack (seeds after the family's
+    own), as training feeds one a micro-batch; None for a family whose mask does not follow
+    the documents."""
+    base = zlib.crc32(name.encode())
+    masks = [mf.family(name, pile_like(total, seed=base + 1 + i, scale=scale),
+                       **knobs(total, scale)) for i in range(count)]
+    return None if len(set(masks)) == 1 else masks
+
+
 def fresh_packs(name, args, world, dev, full) -> dict | None:
     """burst_attn fwd+bwd with a new document pack (so a new mask) every call, as training
     feeds them: mean ms and TFLOP/s per GPU over the timed calls, or None for a family whose
     mask does not follow the documents."""
-    total, base = args.tokens * world, zlib.crc32(name.encode())
-    masks = [mf.family(name, pile_like(total, seed=base + 1 + i, scale=args.scale),
-                       **knobs(total, args.scale)) for i in range(args.warmup + args.iters)]
-    if len(set(masks)) == 1:
+    masks = new_packs(name, args.tokens * world, args.scale, args.warmup + args.iters)
+    if masks is None:
         return None
     times, flops = [], 0.0
     for i, mask in enumerate(masks):

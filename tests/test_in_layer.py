@@ -132,3 +132,44 @@ def test_the_gpu_kernel_s_threshold_is_refused_on_cpu_ranks(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--forward-dense-area" in done.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_new_packs_give_a_new_mask_a_step_and_none_for_a_mask_without_documents():
+    sm = pytest.importorskip("slice_masks")
+    masks = sm.new_packs("causal_document", 256, 1 / 32, 4)
+    assert len(masks) == 4 and len(set(masks)) == 4
+    assert all(m.q_ranges[-1][1] == 256 for m in masks)
+    assert sm.new_packs("causal", 256, 1 / 32, 4) is None
+
+
+def test_flex_makes_each_step_s_block_mask_before_its_call():
+    used = []
+
+    class _Flex:
+        def use(self, mask):
+            used.append(mask)
+
+    flex = _Flex()
+    pack = in_layer.flex_packs(flex, ["m0", "m1", "m2"], ["q", "k", "v"], "do")
+    assert [pack(i) for i in (0, 2)] == [(flex, ["q", "k", "v"], "do")] * 2
+    assert used == ["m0", "m2"]
+
+
+def test_a_run_with_a_new_pack_a_step_times_only_the_families_with_documents(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(BENCH / "in_layer.py"), "--cpu-smoke",
+                           "--new-packs", "--families", "causal,causal_document",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["meta"]["new_pack_every_step"] is True
+    (row,) = run["rows"]
+    assert row["family"] == "causal_document" and row["packs"] == 3  # 1 warm-up + 2 timed
+    for figures in [*row["burst_ranks"], row["one_gpu_plan"]]:
+        assert figures["in_layer"]["steps"] == 2 and "alone_ms" not in figures
+    burst = max(r["in_layer"]["bwd_ms"] for r in row["burst_ranks"])
+    assert row["efficiency_in_layer_bwd"] == pytest.approx(
+        row["one_gpu_plan"]["in_layer"]["bwd_ms"] / (2 * burst))
+    assert "efficiency_alone_fwd_bwd" not in row
+    text = (tmp_path / "run.md").read_text()
+    assert "a new document pack every step" in text and "| causal_document |" in text
