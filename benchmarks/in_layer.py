@@ -50,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.attention import varying_masks  # noqa: E402
 from megatron_burst.decide import loads  # noqa: E402
+from megatron_burst.kernels import thresholds  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
 from ranks import (family_run_meta, finish_run, gpu_health, spawn_cpu_ranks,  # noqa: E402
                    start_ranks)
@@ -363,6 +364,9 @@ def main() -> None:
     p.add_argument("--new-packs", action="store_true",
                    help="a new document pack (so a new mask) every step, as training feeds "
                         "one a micro-batch, for the families with documents; nothing alone")
+    p.add_argument("--shape-free-grain", type=int, default=None,
+                   help="the grain a shape-free plan carves its cores at (0: none, every "
+                        "block varlen, as before the carving); default: the package's")
     args = p.parse_args()
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
@@ -385,6 +389,8 @@ def main() -> None:
         kernel = pick_kernel(None, dtype, args.hq, args.hkv, args.d, dev)
         set_split(kernel, args.forward_dense_area, kernel.lone_band_area,
                   kernel.gpu_bound_min_area, line=math.inf)
+    if args.shape_free_grain is not None:  # before any plan key is made
+        thresholds.SHAPE_FREE_GRAIN = args.shape_free_grain
     layers = dict(cp=Layer(args.tokens, args.hq, args.hkv, args.d, dev, dtype))
     if rank == 0:  # the one-GPU methods' layer holds the whole sequence's tokens
         layers["one"] = Layer(args.tokens * world, args.hq, args.hkv, args.d, dev, dtype)
@@ -398,7 +404,7 @@ def main() -> None:
     finish_run(rank, args.out, lambda: family_run_meta(
         args, world, dev, health, heads=f"{args.hq}:{args.hkv}", head_dim=args.d,
         dtype=str(dtype), forward_dense_area=args.forward_dense_area,
-        new_pack_every_step=args.new_packs,
+        new_pack_every_step=args.new_packs, shape_free_grain=thresholds.SHAPE_FREE_GRAIN,
         layer=f"hidden {hidden}, FFN {int(FFN_PER_HIDDEN * hidden)} (SwiGLU), QKV, output "
               f"projection, MLP forward and backward"), rows, table)
 

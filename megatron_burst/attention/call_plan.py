@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.ring_positions import RingPositions
+from ..kernels import thresholds
 from ..kernels.device_calls import BoundarySides
 from ..kernels.varlen import KernelLaunch, call_runs, upload_boundaries
 from ..plan.packs import DocumentPack
@@ -76,6 +77,7 @@ class PlanKey:
     dense_min_area: float | None  # the kernel's threshold; None: shape-free (see plan_key)
     device_docs: bool = False  # documents the GPU reads (``kernels.device_calls``)
     gpu_bound_min_area: float | None = None  # passes the GPU bounds; None: dense_min_area
+    grain: int | None = None  # a shape-free slice mask's carving (``blocks.carved``)
 
     @property
     def lens(self) -> tuple[int, ...]:
@@ -96,15 +98,17 @@ def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
     call (one: blocks may share varlen calls); ``dense_min_area``: a ring forward's (the
     kernel's, or its GPU-bound one for a large call: ``thresholds.forward_min_area``), which
     only a plain sequence's plan reads (a pack's blocks all go varlen), or None for a sequence
-    whose blocks go varlen too (a slice mask that follows the data: ``varying_masks``);
+    whose blocks go varlen too (a slice mask that follows the data: ``varying_masks``;
+    its full and causal blocks carved at ``thresholds.SHAPE_FREE_GRAIN``, read here);
     ``gpu_bound_min_area``: the kernel's threshold for the passes the GPU bounds (a ring's
     backward, a single member's both; ``build_plan``), None where it is the same;
     ``device_docs``: a plain sequence's plan whose documents the GPU reads."""
     pack = isinstance(documents, DocumentPack)
     dense = None if pack or device_docs else dense_min_area
     gpu = None if dense is None or gpu_bound_min_area in (None, dense) else gpu_bound_min_area
+    shape_free = dense is None and not pack and not device_docs and batch == 1
     return PlanKey(layout, world, documents, mask, ulysses, ring, backward, batch == 1,
-                   dense, device_docs, gpu)
+                   dense, device_docs, gpu, thresholds.SHAPE_FREE_GRAIN if shape_free else None)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

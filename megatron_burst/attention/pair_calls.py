@@ -74,7 +74,7 @@ class PairCalls:
         if not key.pack or not key.varlen:
             return plan_calls(_from(sched.blocks(q_member, k_member), q_from, k_from),
                               varlen=key.varlen, dense_min_area=self.min_area,
-                              shape_free=key.dense_min_area is None)
+                              shape_free=key.dense_min_area is None, grain=key.grain)
         # A pack: the split documents' blocks, the whole ones from the shard's arrays.
         calls = plan_calls(_from(sched.split_blocks(q_member, k_member), q_from, k_from),
                            varlen=True, dense_min_area=None, shape_free=True)

@@ -29,6 +29,14 @@ VARLEN_GPU_BOUND_MIN_AREA = float(2 ** 20)
 # bound (``attention.replay``, which draws its line here too).
 HOST_BOUND_MAX_ELEMENTS = 1 << 24
 
+# A slice mask that changes from call to call plans shape-free (``attention.varying_masks``):
+# cuDNN builds a graph for every new block shape, so its blocks went to the varlen flash
+# kernel, which ran the ring's forward in a layer at 0.64-0.70 of one GPU with a new pack a
+# step (results/h200x2_issue42_in_layer_new_packs/). Full and causal blocks are carved
+# instead into cores whose sides are this grain times a power of two (``blocks.carved``):
+# few shapes whatever the pack, each a graph built once, at cuDNN's rate; the strips go
+# varlen. The smallest core holds the GPU-bound threshold's pairs (1024^2 = 2^20).
+SHAPE_FREE_GRAIN = 1024
 
 # Below this many visible pairs a block that runs alone (the only one of its shape in its
 # step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host

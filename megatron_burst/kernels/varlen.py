@@ -28,7 +28,7 @@ import torch
 
 import numpy as np
 
-from ..plan.blocks import coalesced
+from ..plan.blocks import carved, coalesced
 from ..plan.schedule import Block, Mask
 
 Runs = tuple[tuple[int, int], ...]  # contiguous local row ranges, in packed order
@@ -213,7 +213,8 @@ def boundaries(lens: np.ndarray) -> np.ndarray:
 
 
 def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
-               shape_free: bool = False, coalesce: bool = True) -> tuple[KernelLaunch, ...]:
+               shape_free: bool = False, coalesce: bool = True,
+               grain: int | None = None) -> tuple[KernelLaunch, ...]:
     """Group ``blocks`` into kernel calls.
 
     ``varlen`` False (no varlen kernel for this batch shape): one dense call per block.
@@ -222,13 +223,25 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     block runs dense too. ``shape_free`` (document packs, see the module docstring): every
     block goes into a varlen call, a lone one too. Blocks that together are one causal or
     full block run as that one (``plan.blocks.coalesced``), unless ``coalesce`` is False
-    (``device_calls``: blocks whose rows must stay stretches of the sequence).
+    (``device_calls``: blocks whose rows must stay stretches of the sequence). ``grain``
+    (shape-free only): full and causal blocks are carved first (``blocks.carved``), their
+    cores each a dense call after the varlen calls of the rest.
     """
     blocks = coalesced(blocks) if coalesce else list(blocks)
+    if varlen and shape_free and grain:
+        pieces = [carved(b, grain) for b in blocks]
+        blocks = [b for _, rest in pieces for b in rest]
+        cores = [KernelLaunch((b,), False) for core, _ in pieces for b in core]
+        return _grouped(blocks, float("inf"), True) + tuple(cores)
     if not varlen or (len(blocks) < 2 and not shape_free):
         return tuple(KernelLaunch((b,), False) for b in blocks)
-    if shape_free:
-        dense_min_area = float("inf")
+    return _grouped(blocks, float("inf") if shape_free else dense_min_area, shape_free)
+
+
+def _grouped(blocks: list[Block], dense_min_area: float, shape_free: bool
+             ) -> tuple[KernelLaunch, ...]:
+    """``plan_calls``' grouping: blocks of at least ``dense_min_area`` dense, the rest by mask
+    shape into varlen calls of disjoint query rows (a lone one dense unless ``shape_free``)."""
     small = blocks if dense_min_area == float("inf") else [
         b for b in blocks if b.area < dense_min_area]
     calls = [] if small is blocks else [KernelLaunch((b,), False) for b in blocks

@@ -177,6 +177,44 @@ def coalesced(blocks: Sequence[Block]) -> tuple[Block, ...]:
     return (*out, *(b for b in blocks if b not in used)) if out else tuple(blocks)
 
 
+def carved(block: Block, grain: int) -> tuple[list[Block], list[Block]]:
+    """``block`` as (cores, rest): cores are full or causal blocks whose sides are ``grain``
+    times a power of two, so a dense kernel that builds a graph per shape (cuDNN) meets few
+    shapes whatever the mask (``thresholds.SHAPE_FREE_GRAIN``); the rest are the strips
+    narrower than ``grain`` and any band, as they were. Each visible pair of ``block`` lies
+    in exactly one piece: a full block is its top-left core, the strip right of it and the
+    rows below; a causal square of n is its bottom-right causal core of s, the full rows
+    beside that core (every key left of it is before their diagonal) and the causal square
+    of n - s above."""
+    cores: list[Block] = []
+    rest: list[Block] = []
+    todo = [block]
+    while todo:
+        b = todo.pop()
+        n, m = b.q_stop - b.q_start, b.k_stop - b.k_start
+        if b.kind == "full" and min(n, m) >= grain:
+            r, c = _side(n, grain), _side(m, grain)
+            cores.append(Block(b.q_start, b.q_start + r, b.k_start, b.k_start + c))
+            if c < m:
+                todo.append(Block(b.q_start, b.q_start + r, b.k_start + c, b.k_stop))
+            if r < n:
+                todo.append(Block(b.q_start + r, b.q_stop, b.k_start, b.k_stop))
+        elif b.kind == "causal" and n >= grain:
+            s = _side(n, grain)
+            cores.append(Block(b.q_stop - s, b.q_stop, b.k_stop - s, b.k_stop, "causal"))
+            if n > s:
+                todo.append(Block(b.q_stop - s, b.q_stop, b.k_start, b.k_stop - s))
+                todo.append(Block(b.q_start, b.q_stop - s, b.k_start, b.k_stop - s, "causal"))
+        else:
+            rest.append(b)
+    return cores, rest
+
+
+def _side(n: int, grain: int) -> int:
+    """The largest ``grain`` x 2^k that is at most ``n`` (``n`` >= ``grain``)."""
+    return grain << ((n // grain).bit_length() - 1)
+
+
 def _triangle(run: Sequence[Block], run_area: int, fillers: Sequence[tuple[Block, int]],
               blocks: Sequence[Block]) -> list[Block]:
     """The blocks inside ``run``'s square (sorted, the run's first and last at the ends)
