@@ -367,6 +367,8 @@ def main() -> None:
     p.add_argument("--shape-free-grain", type=int, default=None,
                    help="the grain a shape-free plan carves its cores at (0: none, every "
                         "block varlen, as before the carving); default: the package's")
+    p.add_argument("--carve-rings", action="store_true",
+                   help="a ring's shape-free plan carves its cores too (off in the package)")
     args = p.parse_args()
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
@@ -391,6 +393,7 @@ def main() -> None:
                   kernel.gpu_bound_min_area, line=math.inf)
     if args.shape_free_grain is not None:  # before any plan key is made
         thresholds.SHAPE_FREE_GRAIN = args.shape_free_grain
+    thresholds.CARVE_RINGS = thresholds.CARVE_RINGS or args.carve_rings
     layers = dict(cp=Layer(args.tokens, args.hq, args.hkv, args.d, dev, dtype))
     if rank == 0:  # the one-GPU methods' layer holds the whole sequence's tokens
         layers["one"] = Layer(args.tokens * world, args.hq, args.hkv, args.d, dev, dtype)
@@ -405,6 +408,7 @@ def main() -> None:
         args, world, dev, health, heads=f"{args.hq}:{args.hkv}", head_dim=args.d,
         dtype=str(dtype), forward_dense_area=args.forward_dense_area,
         new_pack_every_step=args.new_packs, shape_free_grain=thresholds.SHAPE_FREE_GRAIN,
+        carve_rings=thresholds.CARVE_RINGS,
         layer=f"hidden {hidden}, FFN {int(FFN_PER_HIDDEN * hidden)} (SwiGLU), QKV, output "
               f"projection, MLP forward and backward"), rows, table)
 

@@ -8,7 +8,11 @@ backward), gathered to the whole sequence, against FlexAttention with the same b
 on rank 0: the relative error of out, dq, dk and dv, and the grain of each plan's key.
 Its count of dense calls (the carved cores) reads only the plans whose key has a ring: at
 one rank it reads 0 though the plan carves. Passes under 2e-2. ``TOTAL``: the whole
-sequence (default 8K a rank)."""
+sequence (default 8K a rank); ``CARVE_RINGS=1``: a ring's plan carves too.
+
+In the ring-carving trial of ``results/h200x2_issue42_carved_cores_ring_rejected/`` the
+package carved every plan (the switch came after), so that run's check carved the ring.
+"""
 import os
 import sys
 
@@ -21,6 +25,9 @@ from megatron_burst.attention import call_plan  # noqa: E402
 from ranks import start_ranks  # noqa: E402
 from slice_masks import Flex, new_packs  # noqa: E402
 
+if os.environ.get("CARVE_RINGS") == "1":  # a trial: a ring's plan carves too
+    from megatron_burst.kernels import thresholds
+    thresholds.CARVE_RINGS = True
 rank, world = start_ranks()
 dev = torch.device("cuda", torch.cuda.current_device())
 total = int(os.environ.get("TOTAL", 8192 * world))

@@ -6,7 +6,9 @@ grain times a power of two (each a dense call: few shapes whatever the mask) and
 go varlen. Checked here: every visible pair of a block lies in exactly one piece, counted
 pair by pair; the cores' sides; the plans of new masks hold such cores and nothing else
 dense; and the calls stay exact against the float64 dense reference on gloo ranks (out,
-lse and every gradient) with the grain set small enough to carve the test's masks.
+lse and every gradient) with the grain set small enough to carve the test's masks. Only a
+single member's plan carves by default: a ring's ran slower carved on 2x H200, so its plans
+hold none unless ``thresholds.CARVE_RINGS`` is set (a trial's switch, exact here too).
 """
 from __future__ import annotations
 
@@ -69,10 +71,12 @@ def test_a_block_below_the_grain_and_a_band_stay_whole():
     assert rest == []
 
 
-def carving_worker(rank, world, masks, grain):
-    """A new mask every call, with the shape-free grain at ``grain``: (each call's errors,
-    and per shape-free plan its dense calls' blocks)."""
+def carving_worker(rank, world, masks, grain, rings):
+    """A new mask every call, with the shape-free grain at ``grain`` (and a ring's plan
+    carving too where ``rings``): (each call's errors, and per shape-free plan its dense
+    calls' blocks)."""
     thresholds.SHAPE_FREE_GRAIN = grain  # this rank's process: read by every plan key
+    thresholds.CARVE_RINGS = rings
     varying_masks.clear()
     call_plan.clear()
     prepare.PREPARED.clear()
@@ -81,39 +85,66 @@ def carving_worker(rank, world, masks, grain):
     dense = []
     for key, plan in call_plan._PLANS.items():
         if key.dense_min_area is None:
-            assert key.grain == grain
+            assert key.grain == (grain if key.ring is None or rings else None)
             dense.append([(c.blocks[0].kind, c.blocks[0].q_stop - c.blocks[0].q_start,
                            c.blocks[0].k_stop - c.blocks[0].k_start)
                           for c in plan.calls if not c.varlen])
     return errors, dense
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_new_masks_with_carved_cores_stay_exact(world):
+@pytest.mark.parametrize("world,rings", [(1, False), (2, False), (2, True), (3, True)])
+def test_new_masks_with_carved_cores_stay_exact(world, rings):
     rng, grain = random.Random(world), 4
     masks = [mf.family("causal_document", (5, 17, 3, 11, 12), **KNOBS),
              mf.family("causal_document", (9, 9, 20, 10), **KNOBS),
              mf.family("shared_question", (6, 14, 9, 19), **KNOBS),
              mf.family("causal_blockwise", (12, 20, 16), **KNOBS),
              random_mask(rng, SEQ), random_mask(rng, SEQ)]
-    results = run_ranks(world, carving_worker, masks, grain)
+    results = run_ranks(world, carving_worker, masks, grain, rings)
     errors = reduce_errors([r[0] for r in results])
     bad = [f"call {i} {name}: {e:.3g}" for i, err in enumerate(errors)
            for name, e in err.items() if not e <= TOL]
     assert not bad, "\n".join(bad)
     for rank, (_, dense) in enumerate(results):
         shapes = [s for plan in dense for s in plan]
-        assert shapes, (rank, dense)  # the new masks' plans carved some cores
+        # A single member's plans carve some cores; a ring's none unless switched on.
+        assert bool(shapes) == (world == 1 or rings), (rank, dense)
         for kind, n, m in shapes:
             assert kind in ("full", "causal") and _is_side(n, grain) and _is_side(m, grain)
 
 
-def test_the_grain_is_part_of_a_shape_free_key_only():
+def test_the_grain_is_part_of_a_single_member_s_shape_free_key_only():
     mask = mf.family("causal_document", (5, 17, 3, 11, 12), **KNOBS)
     ring = call_plan.RingKey((0, 1), 0, None)
-    free = call_plan.plan_key("area", 2, (SEQ,), mask, 1, ring, "ring", dense_min_area=None)
-    kept = call_plan.plan_key("area", 2, (SEQ,), mask, 1, ring, "ring", dense_min_area=2.0)
-    batched = call_plan.plan_key("area", 2, (SEQ,), mask, 1, ring, "ring", batch=2,
-                                 dense_min_area=None)
-    assert free.grain == thresholds.SHAPE_FREE_GRAIN
-    assert kept.grain is None and batched.grain is None
+
+    def key(world, ring, **kw):
+        return call_plan.plan_key("area", world, (SEQ,), mask, 1, ring, "ring", **kw)
+
+    assert key(1, None, dense_min_area=None).grain == thresholds.SHAPE_FREE_GRAIN
+    assert key(1, None, dense_min_area=2.0).grain is None
+    assert key(1, None, batch=2, dense_min_area=None).grain is None
+    assert key(2, ring, dense_min_area=None).grain is None  # a ring: not carved
+    thresholds.CARVE_RINGS = True
+    try:
+        assert key(2, ring, dense_min_area=None).grain == thresholds.SHAPE_FREE_GRAIN
+    finally:
+        thresholds.CARVE_RINGS = False
+
+
+def test_a_block_of_a_longer_buffer_reaches_cudnn_with_its_own_batch_stride():
+    """PyTorch keys cuDNN's graphs by strides: a block cut from buffers of two lengths must
+    reach it alike (``cuda._batch_strided``), as a view of the same values."""
+    import torch
+
+    from megatron_burst.kernels.cuda import _batch_strided
+
+    views = []
+    for n in (40, 56):
+        buf = torch.arange(n * 3 * 4, dtype=torch.float32).reshape(1, n, 3, 4)
+        block = buf[:, 8:24]
+        got = _batch_strided(block)
+        assert torch.equal(got, block) and got.data_ptr() == block.data_ptr()
+        views.append(got.stride())
+    assert views[0] == views[1] == (16 * 12, 12, 4, 1)
+    two = torch.zeros(2, 5, 3, 4)[:, 1:3]  # a batch of two reads its batch stride: kept
+    assert _batch_strided(two).stride() == two.stride()

@@ -53,6 +53,7 @@ class CudnnAttention(VarlenByLoop):
     def forward(self, q, k, v, block, scale):
         if self.expand_kv:
             k, v = _expand_kv(k, q.shape[2]), _expand_kv(v, q.shape[2])
+        q, k, v = _batch_strided(q), _batch_strided(k), _batch_strided(v)
         out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
             _heads(q), _heads(k), _heads(v), None, True, 0.0, block.causal, False,
             scale=scale)[:2]
@@ -65,6 +66,7 @@ class CudnnAttention(VarlenByLoop):
         if self.expand_kv:
             k, v = _expand_kv(k, q.shape[2]), _expand_kv(v, q.shape[2])
         empty = torch.empty(0, device=q.device)
+        dout, q, k, v, out = (_batch_strided(t) for t in (dout, q, k, v, out))
         dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             _heads(dout), _heads(q), _heads(k), _heads(v), _heads(out),
             lse.unsqueeze(-1).contiguous(), empty, empty, None, None, None,
@@ -73,6 +75,17 @@ class CudnnAttention(VarlenByLoop):
         if self.expand_kv:
             dk, dv = _fold_kv_grad(dk, hkv), _fold_kv_grad(dv, hkv)
         return dq.transpose(1, 2), dk, dv
+
+
+def _batch_strided(t: torch.Tensor) -> torch.Tensor:
+    """A batch of one as a view whose batch stride follows from its own rows (the stride is
+    never read for one batch). PyTorch keys cuDNN's graphs by the tensors' strides too: a
+    block cut from a ring's K/V buffer, whose length follows the mask, would otherwise be a
+    new graph for every new pack (``thresholds.SHAPE_FREE_GRAIN``)."""
+    if t.shape[0] != 1 or t.stride(0) == t.shape[1] * t.stride(1):
+        return t
+    return t.as_strided(t.shape, (t.shape[1] * t.stride(1), *t.stride()[1:]),
+                        t.storage_offset())
 
 
 def _expand_kv(t: torch.Tensor, hq: int) -> torch.Tensor:

@@ -30,13 +30,19 @@ VARLEN_GPU_BOUND_MIN_AREA = float(2 ** 20)
 HOST_BOUND_MAX_ELEMENTS = 1 << 24
 
 # A slice mask that changes from call to call plans shape-free (``attention.varying_masks``):
-# cuDNN builds a graph for every new block shape, so its blocks went to the varlen flash
-# kernel, which ran the ring's forward in a layer at 0.64-0.70 of one GPU with a new pack a
-# step (results/h200x2_issue42_in_layer_new_packs/). Full and causal blocks are carved
-# instead into cores whose sides are this grain times a power of two (``blocks.carved``):
-# few shapes whatever the pack, each a graph built once, at cuDNN's rate; the strips go
-# varlen. The smallest core holds the GPU-bound threshold's pairs (1024^2 = 2^20).
+# cuDNN builds a graph for every new block shape, so its blocks go to the varlen flash
+# kernel. A single member's full and causal blocks are carved instead into cores whose
+# sides are this grain times a power of two (``blocks.carved``): few shapes whatever the
+# pack, each a graph built once, at cuDNN's rate; the strips go varlen. On one H200 (16K
+# tokens, a new pack a step, in a layer) the forward ran 10-27% faster, the backward 8-30%
+# (results/h200_issue42_carved_cores/). A ring's plan is not carved: there every new pack's
+# forward ran 7-18x slower (results/h200x2_issue42_carved_cores_ring_rejected/), with the
+# host behind (cause not measured). The smallest core holds 1024^2 = 2^20 pairs, the
+# GPU-bound threshold.
 SHAPE_FREE_GRAIN = 1024
+# Whether a ring's shape-free plan carves too: off since the run above (a trial's switch:
+# ``in_layer.py --carve-rings``, ``shape_free_check.py`` with CARVE_RINGS=1).
+CARVE_RINGS = False
 
 # Below this many visible pairs a block that runs alone (the only one of its shape in its
 # step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host
