@@ -2764,3 +2764,52 @@ def test_the_forward_plans_the_threshold_moves_are_the_ones_named():
     calls = [sum(map(len, forward("block_causal_document", 0, t))) for t in (2.0 ** 21, 2.0 ** 20)]
     assert calls == [5, 9]
     _says("its forward makes\n9 kernel calls on rank 0 where it made 5")
+
+
+def test_the_fresh_gradient_and_new_pack_figures_are_the_runs_on_file():
+    """All twelve families at 0.75 in the layer with fresh gradients (and the two repeats of
+    the three nearest the line); the new-pack forward and backward; the carving's gains on
+    one GPU and its loss in a ring; the deal scan in the layer: as the README says."""
+    fresh = _in_layer("fresh_grads/il/in_layer")
+    assert len(fresh) == 12
+    low_f = min(fresh.values(), key=lambda r: r["efficiency_in_layer_fwd"])
+    low_b = min(fresh.values(), key=lambda r: r["efficiency_in_layer_bwd"])
+    assert (low_f["family"], low_b["family"]) == ("shared_question", "causal_blockwise")
+    reps = [_in_layer(f"fresh_grads/repeats/in_layer_{i}") for i in (1, 2)]
+    _says(f"the forward {low_f['efficiency_in_layer_fwd']:.3f} or more (shared\nquestion; "
+          f"{reps[0]['shared_question']['efficiency_in_layer_fwd']:.3f} and "
+          f"{reps[1]['shared_question']['efficiency_in_layer_fwd']:.3f} in two more processes)")
+    _says(f"the backward {low_b['efficiency_in_layer_bwd']:.3f} or more (causal\nblockwise; "
+          f"{reps[0]['causal_blockwise']['efficiency_in_layer_bwd']:.3f} and "
+          f"{reps[1]['causal_blockwise']['efficiency_in_layer_bwd']:.3f} in two more)")
+    new = {r["family"]: r for r in _load(
+        "h200x2_issue42_in_layer_new_packs/np/in_layer_new_packs.json")["rows"]}
+    assert all(x["in_layer"]["ahead_fwd"] == 15 for r in new.values() for x in r["burst_ranks"])
+    five = [r["efficiency_in_layer_fwd"] for f, r in new.items() if f != "full_document"]
+    _says(f"the forward reads {_span(five)} of one GPU in five\nof the six families with "
+          f"documents (full documents {new['full_document']['efficiency_in_layer_fwd']:.2f}), "
+          f"the backward {_span([r['efficiency_in_layer_bwd'] for r in new.values()])}")
+    one = [{r["family"]: r["one_gpu_plan"]["in_layer"] for r in _load(
+        f"h200_issue42_carved_cores/np/in_layer_new_packs_1gpu_grain_{g}.json")["rows"]}
+        for g in (0, 1024)]
+    gain = {p: [1 - one[1][f][f"{p}_ms"] / one[0][f][f"{p}_ms"] for f in one[0]]
+            for p in ("fwd", "bwd")}
+    _says(f"the plan's forward ran {_span(gain['fwd'], '{:.0%}')[:-1].replace('%', '')}% "
+          f"faster and its backward {_span(gain['bwd'], '{:.0%}')[:-1].replace('%', '')}%")
+    ring = [{r["family"]: r for r in _load(
+        f"h200x2_issue42_carved_cores_ring_rejected/np/in_layer_new_packs_grain_{g}.json")[
+        "rows"]} for g in (1024, 0)]
+    slower = [_slow(ring[0][f], "fwd_ms") / _slow(ring[1][f], "fwd_ms") for f in ring[0]]
+    _says(f"made every new pack's forward {_span(slower, '{:.0f}')}x slower")
+    scan = _load("h200x2_issue42_deal_scan_in_layer/ds/deal_scan.json")["rows"]
+
+    def ratio(family, deal):
+        ranks = [r["summary"] for r in scan if r["family"] == family]
+        return max(s[deal]["fwd"]["ms"] for s in ranks) / max(
+            s["package"]["fwd"]["ms"] for s in ranks)
+
+    _says(f"the span\nmodel's picks read {ratio('causal_document', '0,2,3,7'):.3f} and "
+          f"{ratio('shared_question', '0,1,6,7'):.3f} of the package's forward")
+    best = [min(ratio(f, d) for d in scan[0 if f == "causal_document" else 1]["deals"])
+            for f in ("causal_document", "shared_question")]
+    _says(f"the best deals {best[0]:.3f} and {best[1]:.3f}")

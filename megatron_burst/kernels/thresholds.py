@@ -34,9 +34,9 @@ HOST_BOUND_MAX_ELEMENTS = 1 << 24
 # kernel. A single member's full and causal blocks are carved instead into cores whose
 # sides are this grain times a power of two (``blocks.carved``): few shapes whatever the
 # pack, each a graph built once, at cuDNN's rate; the strips go varlen. On one H200 (16K
-# tokens, a new pack a step, in a layer) the forward ran 10-27% faster, the backward 8-30%
+# tokens, a new pack a step, in a layer) the forward ran 9-27% faster, the backward 8-30%
 # (results/h200_issue42_carved_cores/). A ring's plan is not carved: there every new pack's
-# forward ran 7-18x slower (results/h200x2_issue42_carved_cores_ring_rejected/), with the
+# forward ran 8-17x slower (results/h200x2_issue42_carved_cores_ring_rejected/), with the
 # host behind (cause not measured). The smallest core holds 1024^2 = 2^20 pairs, the
 # GPU-bound threshold.
 SHAPE_FREE_GRAIN = 1024
