@@ -35,10 +35,12 @@ HOST_BOUND_MAX_ELEMENTS = 1 << 24
 # sides are this grain times a power of two (``blocks.carved``): few shapes whatever the
 # pack, each a graph built once, at cuDNN's rate; the strips go varlen. On one H200 (16K
 # tokens, a new pack a step, in a layer) the forward ran 9-27% faster, the backward 8-30%
-# (results/h200_issue42_carved_cores/). A ring's plan is not carved: there every new pack's
-# forward ran 8-17x slower (results/h200x2_issue42_carved_cores_ring_rejected/), with the
-# host behind (cause not measured). The smallest core holds 1024^2 = 2^20 pairs, the
-# GPU-bound threshold.
+# (results/h200_issue42_carved_cores/); a shape first seen costs its graph once (tens of
+# ms). A ring's plan is not carved: there every new pack's forward ran 8-17x slower
+# (results/h200x2_issue42_carved_cores_ring_rejected/), the host behind. A likely cause,
+# since mended (``cuda._batch_strided``) but not measured on two GPUs: cuDNN's graphs are
+# keyed by strides, and a ring's K/V buffer changes length with the pack. The smallest core
+# holds 1024^2 = 2^20 pairs, the GPU-bound threshold.
 SHAPE_FREE_GRAIN = 1024
 # Whether a ring's shape-free plan carves too: off since the run above (a trial's switch:
 # ``in_layer.py --carve-rings``, ``shape_free_check.py`` with CARVE_RINGS=1).

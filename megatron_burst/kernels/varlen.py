@@ -228,20 +228,15 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     cores each a dense call after the varlen calls of the rest.
     """
     blocks = coalesced(blocks) if coalesce else list(blocks)
+    cores: list[KernelLaunch] = []
     if varlen and shape_free and grain:
         pieces = [carved(b, grain) for b in blocks]
         blocks = [b for _, rest in pieces for b in rest]
         cores = [KernelLaunch((b,), False) for core, _ in pieces for b in core]
-        return _grouped(blocks, float("inf"), True) + tuple(cores)
-    if not varlen or (len(blocks) < 2 and not shape_free):
+    if not varlen or (len(blocks) < 2 and not shape_free):  # (nothing carved: no cores)
         return tuple(KernelLaunch((b,), False) for b in blocks)
-    return _grouped(blocks, float("inf") if shape_free else dense_min_area, shape_free)
-
-
-def _grouped(blocks: list[Block], dense_min_area: float, shape_free: bool
-             ) -> tuple[KernelLaunch, ...]:
-    """``plan_calls``' grouping: blocks of at least ``dense_min_area`` dense, the rest by mask
-    shape into varlen calls of disjoint query rows (a lone one dense unless ``shape_free``)."""
+    if shape_free:
+        dense_min_area = float("inf")
     small = blocks if dense_min_area == float("inf") else [
         b for b in blocks if b.area < dense_min_area]
     calls = [] if small is blocks else [KernelLaunch((b,), False) for b in blocks
@@ -264,7 +259,7 @@ def _grouped(blocks: list[Block], dense_min_area: float, shape_free: bool
         for wave in waves:
             calls.append(_varlen_call(wave, window, causal) if len(wave) > 1 or shape_free
                          else KernelLaunch((wave[0],), False))
-    return tuple(calls)
+    return tuple(calls + cores)
 
 
 _CAUSAL = ((-1, 0), True)  # mask_shape of every 'causal' block
