@@ -2813,3 +2813,20 @@ def test_the_fresh_gradient_and_new_pack_figures_are_the_runs_on_file():
     best = [min(ratio(f, d) for d in scan[0 if f == "causal_document" else 1]["deals"])
             for f in ("causal_document", "shared_question")]
     _says(f"the best deals {best[0]:.3f} and {best[1]:.3f}")
+
+
+def test_the_ring_carving_with_batch_strides_is_the_run_on_file():
+    """The ring's carved forward before and after cuDNN's batch stride, and block-causal
+    documents timed after another family, carved and not, as the README says."""
+    before = {r["family"]: r for r in _load(
+        "h200x2_issue42_carved_cores_ring_rejected/np/in_layer_new_packs_grain_1024.json")[
+        "rows"]}
+    now = [{r["family"]: r for r in _load(
+        f"h200x2_issue42_carved_cores_ring_strides/np/in_layer_new_packs_grain_{g}.json")[
+        "rows"]} for g in (1024, 0)]
+    _says(f"causal documents' carved forward went {_slow(before['causal_document'], 'fwd_ms'):.1f}"
+          f" -> {_slow(now[0]['causal_document'], 'fwd_ms'):.1f} ms")
+    bcd = [now[i]["block_causal_document"] for i in (0, 1)]
+    _says(f"block-causal documents {_slow(bcd[0], 'fwd_ms'):.3f} / {_slow(bcd[0], 'bwd_ms'):.3f}"
+          f" ms\n(forward / backward) against {_slow(bcd[1], 'fwd_ms'):.3f} / "
+          f"{_slow(bcd[1], 'bwd_ms'):.3f}")

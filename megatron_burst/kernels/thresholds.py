@@ -37,10 +37,11 @@ HOST_BOUND_MAX_ELEMENTS = 1 << 24
 # tokens, a new pack a step, in a layer) the forward ran 9-27% faster, the backward 8-30%
 # (results/h200_issue42_carved_cores/); a shape first seen costs its graph once (tens of
 # ms). A ring's plan is not carved: there every new pack's forward ran 8-17x slower
-# (results/h200x2_issue42_carved_cores_ring_rejected/), the host behind. A likely cause,
-# since mended (``cuda._batch_strided``) but not measured on two GPUs: cuDNN's graphs are
-# keyed by strides, and a ring's K/V buffer changes length with the pack. The smallest core
-# holds 1024^2 = 2^20 pairs, the GPU-bound threshold.
+# (results/h200x2_issue42_carved_cores_ring_rejected/), the host behind, mostly because
+# cuDNN's graphs are keyed by strides and a ring's K/V buffer changes length with the pack
+# (mended: ``cuda._batch_strided``; results/h200x2_issue42_carved_cores_ring_strides/).
+# What is left is graphs first built inside training's early steps; a ring's steady state
+# is not yet measured. The smallest core holds 1024^2 = 2^20 pairs, the GPU-bound threshold.
 SHAPE_FREE_GRAIN = 1024
 # Whether a ring's shape-free plan carves too: off since the run above (a trial's switch:
 # ``in_layer.py --carve-rings``, ``shape_free_check.py`` with CARVE_RINGS=1).
