@@ -30,6 +30,12 @@ not yet begun when the host had launched all of it: the table counts those steps
 (``ahead``, from a CUDA event's query), and gives the host's time in burst's calls (which
 includes waits for room in CUDA's launch queue once the host is far ahead). 5 warm-up and
 15 timed steps, synchronised once at the end.
+
+``--new-packs``: a new document pack every step, as training feeds one a micro-batch (the
+families with documents only; nothing alone). Each step's calls then run the plans of masks
+that follow the data (shape-free) and pay their planning in the step; FlexAttention makes
+each pack's block mask in the step, before the layer's products. ``--shape-free-grain`` and
+``--carve-rings`` set how a shape-free plan carves its blocks (``thresholds``), for an A/B.
 """
 from __future__ import annotations
 
@@ -373,6 +379,9 @@ def main() -> None:
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.shape_free_grain is not None and args.shape_free_grain < 0:
+        p.error(f"--shape-free-grain must be 0 (no carving) or more, got "
+                f"{args.shape_free_grain}")
     if args.cpu_smoke and args.forward_dense_area is not None:
         p.error("--forward-dense-area sets the automatic GPU kernel's threshold: not with "
                 "--cpu-smoke")

@@ -173,3 +173,11 @@ def test_a_run_with_a_new_pack_a_step_times_only_the_families_with_documents(tmp
     assert "efficiency_alone_fwd_bwd" not in row
     text = (tmp_path / "run.md").read_text()
     assert "a new document pack every step" in text and "| causal_document |" in text
+
+
+def test_a_negative_carving_grain_is_refused_by_name(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "in_layer.py"), "--cpu-smoke",
+                           "--shape-free-grain", "-1", "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--shape-free-grain" in done.stderr
+    assert not (tmp_path / "r.json").exists()
