@@ -145,7 +145,8 @@ def _layer_spans(mask, local: list, args):
 
     def spans() -> dict:
         inputs = [t.detach().requires_grad_() for t in local[:3]]
-        return in_layer.in_layer(burst, inputs, local[3], layer, dev, counts, ranks)
+        return in_layer.in_layer(in_layer.same(burst, inputs, local[3]), layer, dev, counts,
+                                 ranks)
     return spans
 
 

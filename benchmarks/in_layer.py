@@ -54,14 +54,12 @@ import torch.distributed as dist
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
-from megatron_burst.attention import varying_masks  # noqa: E402
-from megatron_burst.decide import loads  # noqa: E402
 from megatron_burst.kernels import thresholds  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
 from ranks import (family_run_meta, finish_run, gpu_health, spawn_cpu_ranks,  # noqa: E402
                    start_ranks)
-from slice_masks import (Flex, add_run_args, family_mask, new_packs,  # noqa: E402
-                         smoke_sizes)
+from slice_masks import (Flex, add_run_args, family_mask, forget_masks,  # noqa: E402
+                         new_packs, smoke_sizes)
 
 # A Llama-70B layer at TP=1: hidden = query heads x head dim; FFN 28,672 (SwiGLU's two
 # halves in one product), scaled with the hidden size where the shape is not the default.
@@ -160,16 +158,20 @@ def fresh_grads(inputs: list) -> None:
         t.grad = None
 
 
-def in_layer(attend: Callable, inputs: list, do: torch.Tensor, layer: Layer, dev, args,
-             ranks: torch.Tensor | None, pack: Callable | None = None) -> dict:
+def same(attend: Callable, inputs: list, do: torch.Tensor) -> Callable:
+    """``in_layer``'s steps all on one mask: step i's (attend, inputs, do) whatever i."""
+    return lambda i: (attend, inputs, do)
+
+
+def in_layer(pack: Callable, layer: Layer, dev, args, ranks: torch.Tensor | None) -> dict:
     """Mean ms over the timed steps of attention's forward and backward spans inside the
     layer's steps and of the whole step (GPU); the host's ms in each attention call (a call
     may wait there for room in CUDA's launch queue when the host is far ahead); and in how
     many steps the GPU had not yet begun the span when the host had launched all of it
     (``ahead``: then no gap in the span waited for the host). ``ranks``: a one-element
-    tensor for the ranks to meet on before each span (None: one GPU). ``pack(i)``, where
-    given, returns step i's (attend, inputs, do) instead: a new document pack a step."""
-    pack = pack or (lambda i: (attend, inputs, do))
+    tensor for the ranks to meet on before each span (None: one GPU). ``pack(i)``: step
+    i's (attend, inputs, do): the same every step (``same``) or a new document pack a step
+    (``run_new_packs``)."""
     sync(dev)
     if ranks is not None:
         dist.barrier()
@@ -222,15 +224,24 @@ def alone(attend: Callable, inputs: list, do: torch.Tensor, dev, args, align: bo
     return (time.perf_counter() - t0) * 1e3 / args.iters
 
 
+def whole_sequence(args, world: int, dev, dtype) -> list[torch.Tensor]:
+    """q, k, v and dout over the whole sequence, the same seeded values in every run."""
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    return [torch.randn(1, args.tokens * world, h, args.d, device=dev, dtype=dtype,
+                        generator=gen) for h in (args.hq, args.hkv, args.hkv, args.hq)]
+
+
+def leaves(full: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The one-GPU methods' q, k, v: copies of the whole sequence's that take gradients."""
+    return [t.detach().clone().requires_grad_() for t in full[:3]]
+
+
 def run_family(name: str, args, world: int, rank: int, dev, dtype, solo, flex,
                layers: dict) -> dict:
     """One family's row: burst's spans on every rank (each rank's own), and on rank 0 the
     one-GPU methods' and the efficiencies."""
-    total = args.tokens * world
-    mask = family_mask(name, total, args.scale)
-    gen = torch.Generator(device=dev).manual_seed(1234)
-    full = [torch.randn(1, total, h, args.d, device=dev, dtype=dtype, generator=gen)
-            for h in (args.hq, args.hkv, args.hkv, args.hq)]
+    mask = family_mask(name, args.tokens * world, args.scale)
+    full = whole_sequence(args, world, dev, dtype)
     local = [mb.shard_seq(t, mask=mask).contiguous() for t in full]
     inputs = [t.requires_grad_() for t in local[:3]]
 
@@ -238,21 +249,22 @@ def run_family(name: str, args, world: int, rank: int, dev, dtype, solo, flex,
         return mb.burst_attn(a, b, c, mask=mask)
 
     ranks = torch.zeros(1, device=dev)
-    mine = dict(in_layer=in_layer(burst, inputs, local[3], layers["cp"], dev, args, ranks),
+    mine = dict(in_layer=in_layer(same(burst, inputs, local[3]), layers["cp"], dev, args,
+                                  ranks),
                 alone_ms=alone(burst, inputs, local[3], dev, args, True))
     every = [None] * world
     dist.all_gather_object(every, mine)
     row = dict(family=name, slices=len(mask.kinds), area=mask.area, burst_ranks=every)
     if rank == 0:
-        whole = [t.detach().clone().requires_grad_() for t in full[:3]]
+        whole = leaves(full)
         one = lambda a, b, c: mb.burst_attn(a, b, c, solo, mask=mask)  # noqa: E731
         methods = {"one_gpu_plan": one}
         if flex is not None:
             flex.use(mask)
             methods["one_gpu_flex"] = flex
         for key, fn in methods.items():
-            row[key] = dict(in_layer=in_layer(fn, whole, full[3], layers["one"], dev, args,
-                                              None),
+            row[key] = dict(in_layer=in_layer(same(fn, whole, full[3]), layers["one"], dev,
+                                              args, None),
                             alone_ms=alone(fn, whole, full[3], dev, args, False))
         efficiencies(row, world)
     dist.barrier()
@@ -275,14 +287,11 @@ def run_new_packs(name: str, args, world: int, rank: int, dev, dtype, solo, flex
     loader's work), every step's calls on a new mask, so the timed steps run the plans that
     masks following the data get (shape-free) and pay their planning inside the step. None
     for a family whose mask does not follow the documents."""
-    varying_masks.clear()  # the family's first pack is its shape's first mask, as in a run
-    loads.clear()
+    forget_masks()  # the family's first pack is its shape's first mask, as in a run
     masks = new_packs(name, args.tokens * world, args.scale, args.warmup + args.iters)
     if masks is None:
         return None
-    gen = torch.Generator(device=dev).manual_seed(1234)
-    full = [torch.randn(1, args.tokens * world, h, args.d, device=dev, dtype=dtype,
-                        generator=gen) for h in (args.hq, args.hkv, args.hkv, args.hq)]
+    full = whole_sequence(args, world, dev, dtype)
     shards = [[mb.shard_seq(t, mask=m).contiguous() for t in full] for m in masks]
     for local in shards:
         for t in local[:3]:
@@ -291,20 +300,18 @@ def run_new_packs(name: str, args, world: int, rank: int, dev, dtype, solo, flex
     def burst(i):
         return functools.partial(mb.burst_attn, mask=masks[i]), shards[i][:3], shards[i][3]
 
-    mine = dict(in_layer=in_layer(None, [], None, layers["cp"], dev, args,
-                                  torch.zeros(1, device=dev), pack=burst))
+    mine = dict(in_layer=in_layer(burst, layers["cp"], dev, args, torch.zeros(1, device=dev)))
     every = [None] * world
     dist.all_gather_object(every, mine)
     row = dict(family=name, packs=len(masks), burst_ranks=every)
     if rank == 0:
-        whole = [t.detach().clone().requires_grad_() for t in full[:3]]
+        whole = leaves(full)
         methods = dict(one_gpu_plan=lambda i: (functools.partial(
             mb.burst_attn, group=solo, mask=masks[i]), whole, full[3]))
         if flex is not None:
             methods["one_gpu_flex"] = flex_packs(flex, masks, whole, full[3])
         for key, pack in methods.items():
-            row[key] = dict(in_layer=in_layer(None, [], None, layers["one"], dev, args, None,
-                                              pack=pack))
+            row[key] = dict(in_layer=in_layer(pack, layers["one"], dev, args, None))
         efficiencies(row, world)
     dist.barrier()
     return row

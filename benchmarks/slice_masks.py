@@ -88,14 +88,20 @@ def knobs(total: int, scale: float) -> dict:
     return dict(prefix=total // 4, window=w, global_size=w, block=w)
 
 
+def forget_masks() -> None:
+    """The package's memory of masks seen in this process (which shapes' masks vary, and
+    'auto''s loads) dropped: the next mask is its shape's first, as in a new run."""
+    varying_masks.clear()
+    loads.clear()
+
+
 def family_mask(name: str, total: int, scale: float = 1.0) -> mb.SliceMask:
     """``name``'s mask over ``total`` tokens as this benchmark times it: the first mask its
     call shape sees in the process (``varying_masks``), so large blocks keep cuDNN, and
     'auto' decides it as a fresh run would (``loads``), not from another family's masks.
     ``host_parts.py`` and ``gpu_timeline.py`` take their masks here too: without the reset,
     every family after a run's first went to the flash kernel alone."""
-    varying_masks.clear()
-    loads.clear()
+    forget_masks()
     lens = pile_like(total, seed=zlib.crc32(name.encode()), scale=scale)  # same everywhere
     return mf.family(name, lens, **knobs(total, scale))
 

@@ -57,8 +57,8 @@ def test_a_step_runs_the_layer_in_its_order_and_times_every_timed_step(monkeypat
         return _Out(log)
 
     args = SimpleNamespace(warmup=2, iters=3)
-    got = in_layer.in_layer(attend, [], None, _Traced(log), torch.device("cpu"), args,
-                            torch.zeros(1))
+    steps = in_layer.same(attend, [], None)
+    got = in_layer.in_layer(steps, _Traced(log), torch.device("cpu"), args, torch.zeros(1))
     assert log == ["qkv", "attn", "mlp", "attn-back", "qkv-back"] * 5
     assert met == [n + 5 * i for i in range(5) for n in (1, 3)]  # before each span, each step
     assert got["steps"] == 3 and got["ahead_fwd"] == got["ahead_bwd"] == 3
@@ -83,7 +83,8 @@ def test_every_backward_stores_its_own_gradients_rather_than_adding_to_the_last(
 
     args = SimpleNamespace(warmup=1, iters=2)
     do = torch.ones(3)
-    in_layer.in_layer(attend, [x], do, _Layer(), torch.device("cpu"), args, None)
+    in_layer.in_layer(in_layer.same(attend, [x], do), _Layer(), torch.device("cpu"), args,
+                      None)
     seen.append(x.grad.clone())
     in_layer.alone(attend, [x], do, torch.device("cpu"), args, False)
     seen.append(x.grad.clone())
