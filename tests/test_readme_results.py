@@ -2789,6 +2789,8 @@ def test_the_fresh_gradient_and_new_pack_figures_are_the_runs_on_file():
     _says(f"the forward reads {_span(five)} of one GPU in five\nof the six families with "
           f"documents (full documents {new['full_document']['efficiency_in_layer_fwd']:.2f}), "
           f"the backward {_span([r['efficiency_in_layer_bwd'] for r in new.values()])}")
+    _says(f"the forward at\n  {_span(five)} in five of the six families with documents, below "
+          f"the line, the backward\n  {_span([r['efficiency_in_layer_bwd'] for r in new.values()])}")
     one = [{r["family"]: r["one_gpu_plan"]["in_layer"] for r in _load(
         f"h200_issue42_carved_cores/np/in_layer_new_packs_1gpu_grain_{g}.json")["rows"]}
         for g in (0, 1024)]
