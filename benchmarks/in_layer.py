@@ -35,7 +35,7 @@ includes waits for room in CUDA's launch queue once the host is far ahead). 5 wa
 families with documents only; nothing alone). Each step's calls then run the plans of masks
 that follow the data (shape-free) and pay their planning in the step; FlexAttention makes
 each pack's block mask in the step, before the layer's products. ``--shape-free-grain`` and
-``--carve-rings`` set how a shape-free plan carves its blocks (``thresholds``), for an A/B.
+``--[no-]carve-rings`` set how a shape-free plan carves its blocks (``thresholds``), for an A/B.
 """
 from __future__ import annotations
 
@@ -380,8 +380,9 @@ def main() -> None:
     p.add_argument("--shape-free-grain", type=int, default=None,
                    help="the grain a shape-free plan carves its cores at (0: none, every "
                         "block varlen, as before the carving); default: the package's")
-    p.add_argument("--carve-rings", action="store_true",
-                   help="a ring's shape-free plan carves its cores too (off in the package)")
+    p.add_argument("--carve-rings", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether a ring's shape-free plan carves its cores too (default: "
+                        "the package's, thresholds.CARVE_RINGS)")
     args = p.parse_args()
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
@@ -409,7 +410,8 @@ def main() -> None:
                   kernel.gpu_bound_min_area, line=math.inf)
     if args.shape_free_grain is not None:  # before any plan key is made
         thresholds.SHAPE_FREE_GRAIN = args.shape_free_grain
-    thresholds.CARVE_RINGS = thresholds.CARVE_RINGS or args.carve_rings
+    if args.carve_rings is not None:
+        thresholds.CARVE_RINGS = args.carve_rings
     layers = dict(cp=Layer(args.tokens, args.hq, args.hkv, args.d, dev, dtype))
     if rank == 0:  # the one-GPU methods' layer holds the whole sequence's tokens
         layers["one"] = Layer(args.tokens * world, args.hq, args.hkv, args.d, dev, dtype)

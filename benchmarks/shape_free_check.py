@@ -8,7 +8,8 @@ backward), gathered to the whole sequence, against FlexAttention with the same b
 on rank 0: the relative error of out, dq, dk and dv, and the grain of each plan's key.
 Its count of dense calls (the carved cores) reads only the plans whose key has a ring: at
 one rank it reads 0 though the plan carves. Passes under 2e-2. ``TOTAL``: the whole
-sequence (default 8K a rank); ``CARVE_RINGS=1``: a ring's plan carves too.
+sequence (default 8K a rank); ``CARVE_RINGS=0`` or ``1``: whether a ring's plan carves
+(default: the package's).
 
 In the ring-carving trial of ``results/h200x2_issue42_carved_cores_ring_rejected/`` the
 package carved every plan (the switch came after), so that run's check carved the ring.
@@ -61,9 +62,9 @@ def check_pack(name: str, i: int, mask, full: list, flex, rank: int) -> float:
 
 
 def main() -> None:
-    if os.environ.get("CARVE_RINGS") == "1":  # a trial: a ring's plan carves too
+    if os.environ.get("CARVE_RINGS") in ("0", "1"):  # an A/B: whether a ring's plan carves
         from megatron_burst.kernels import thresholds
-        thresholds.CARVE_RINGS = True
+        thresholds.CARVE_RINGS = os.environ["CARVE_RINGS"] == "1"
     rank, world = start_ranks()
     dev = torch.device("cuda", torch.cuda.current_device())
     total = int(os.environ.get("TOTAL", 8192 * world))

@@ -2035,14 +2035,19 @@ def test_the_rows_kept_apart_are_the_runs_on_file():
                    for r in _load(f"h100x2_issue42_wide_rows/masks2/{side}.json")["rows"])
 
 
-def test_the_rows_that_take_three_partials_are_the_plans():
+def test_the_rows_that_take_three_partials_are_the_plans(monkeypatch):
     """The README's "578 of that rank's 8,192 rows take three partials": causal blockwise at
-    8K tokens per GPU on 2 ranks, as `benchmarks/slice_masks.py` builds it, planned here."""
+    8K tokens per GPU on 2 ranks, as `benchmarks/slice_masks.py` builds it, planned here as
+    the trace's package planned it: a ring's plan not carved (it carves since the
+    twenty-eighth session, and its carved cores give some rows a fourth partial)."""
     import sys
     import zlib
 
     from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key
+    from megatron_burst.kernels import thresholds
     from megatron_burst.plan import mask_families as mf
+
+    monkeypatch.setattr(thresholds, "CARVE_RINGS", False)
 
     from .readme import REPO
 

@@ -6,9 +6,9 @@ grain times a power of two (each a dense call: few shapes whatever the mask) and
 go varlen. Checked here: every visible pair of a block lies in exactly one piece, counted
 pair by pair; the cores' sides; the plans of new masks hold such cores and nothing else
 dense; and the calls stay exact against the float64 dense reference on gloo ranks (out,
-lse and every gradient) with the grain set small enough to carve the test's masks. Only a
-single member's plan carves by default: a ring's ran slower carved on 2x H200, so its plans
-hold none unless ``thresholds.CARVE_RINGS`` is set (a trial's switch, exact here too).
+lse and every gradient) with the grain set small enough to carve the test's masks. A ring's
+plan carves too (``thresholds.CARVE_RINGS``, on since rings carved ran faster on 2x H200 once
+their graphs were built); switched off, its plans hold no cores, exact either way.
 """
 from __future__ import annotations
 
@@ -107,13 +107,13 @@ def test_new_masks_with_carved_cores_stay_exact(world, rings):
     assert not bad, "\n".join(bad)
     for rank, (_, dense) in enumerate(results):
         shapes = [s for plan in dense for s in plan]
-        # A single member's plans carve some cores; a ring's none unless switched on.
+        # A single member's plans carve some cores; a ring's none when switched off.
         assert bool(shapes) == (world == 1 or rings), (rank, dense)
         for kind, n, m in shapes:
             assert kind in ("full", "causal") and _is_side(n, grain) and _is_side(m, grain)
 
 
-def test_the_grain_is_part_of_a_single_member_s_shape_free_key_only():
+def test_the_grain_is_part_of_a_shape_free_key_only(monkeypatch):
     mask = mf.family("causal_document", (5, 17, 3, 11, 12), **KNOBS)
     ring = call_plan.RingKey((0, 1), 0, None)
 
@@ -123,12 +123,11 @@ def test_the_grain_is_part_of_a_single_member_s_shape_free_key_only():
     assert key(1, None, dense_min_area=None).grain == thresholds.SHAPE_FREE_GRAIN
     assert key(1, None, dense_min_area=2.0).grain is None
     assert key(1, None, batch=2, dense_min_area=None).grain is None
-    assert key(2, ring, dense_min_area=None).grain is None  # a ring: not carved
-    thresholds.CARVE_RINGS = True
-    try:
-        assert key(2, ring, dense_min_area=None).grain == thresholds.SHAPE_FREE_GRAIN
-    finally:
-        thresholds.CARVE_RINGS = False
+    assert thresholds.CARVE_RINGS  # the package's default: a ring carves too
+    assert key(2, ring, dense_min_area=None).grain == thresholds.SHAPE_FREE_GRAIN
+    assert key(2, ring, dense_min_area=2.0).grain is None
+    monkeypatch.setattr(thresholds, "CARVE_RINGS", False)
+    assert key(2, ring, dense_min_area=None).grain is None  # switched off: not carved
 
 
 def test_a_block_of_a_longer_buffer_reaches_cudnn_with_its_own_batch_stride():
