@@ -67,7 +67,8 @@ def profiled(group, total: int, masks: list, args) -> dict:
             by_name[e.key[:100]] += ms
             calls[e.key[:100]] += e.count / args.iters
     return dict(ms_by_kind=dict(by_kind.most_common()),
-                largest=[dict(kernel=k, ms=ms, calls=calls[k]) for k, ms in by_name.most_common(12)])
+                largest=[dict(kernel=k, ms=ms, calls=calls[k])
+                         for k, ms in by_name.most_common(12)])
 
 
 def table(rows: list[dict]) -> str:

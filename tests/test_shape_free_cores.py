@@ -17,7 +17,6 @@ import random
 
 import pytest
 
-import megatron_burst as mb
 from megatron_burst.attention import call_plan, prepare, varying_masks
 from megatron_burst.kernels import thresholds
 from megatron_burst.plan import mask_families as mf
@@ -71,16 +70,18 @@ def test_a_block_below_the_grain_and_a_band_stay_whole():
     assert rest == []
 
 
-def carving_worker(rank, world, masks, grain, rings):
+def carving_worker(rank, world, masks, grain, rings, topology=None):
     """A new mask every call, with the shape-free grain at ``grain`` (and a ring's plan
-    carving too where ``rings``): (each call's errors, and per shape-free plan its dense
-    calls' blocks)."""
+    carving too where ``rings``), each call under ``topology`` (burst_attn's Ulysses or
+    double-ring options): (each call's errors, and per shape-free plan its dense calls'
+    blocks)."""
     thresholds.SHAPE_FREE_GRAIN = grain  # this rank's process: read by every plan key
     thresholds.CARVE_RINGS = rings
     varying_masks.clear()
     call_plan.clear()
     prepare.PREPARED.clear()
-    errors = [run_mask_case(rank, world, 21 + i, mask=mask, backward=("burst", "ring")[i % 2])
+    errors = [run_mask_case(rank, world, 21 + i, mask=mask, backward=("burst", "ring")[i % 2],
+                            **(topology or {}))
               for i, mask in enumerate(masks)]
     dense = []
     for key, plan in call_plan._PLANS.items():
@@ -92,15 +93,18 @@ def carving_worker(rank, world, masks, grain, rings):
     return errors, dense
 
 
+def _new_masks(rng: random.Random) -> list:
+    return [mf.family("causal_document", (5, 17, 3, 11, 12), **KNOBS),
+            mf.family("causal_document", (9, 9, 20, 10), **KNOBS),
+            mf.family("shared_question", (6, 14, 9, 19), **KNOBS),
+            mf.family("causal_blockwise", (12, 20, 16), **KNOBS),
+            random_mask(rng, SEQ), random_mask(rng, SEQ)]
+
+
 @pytest.mark.parametrize("world,rings", [(1, False), (2, False), (2, True), (3, True)])
 def test_new_masks_with_carved_cores_stay_exact(world, rings):
     rng, grain = random.Random(world), 4
-    masks = [mf.family("causal_document", (5, 17, 3, 11, 12), **KNOBS),
-             mf.family("causal_document", (9, 9, 20, 10), **KNOBS),
-             mf.family("shared_question", (6, 14, 9, 19), **KNOBS),
-             mf.family("causal_blockwise", (12, 20, 16), **KNOBS),
-             random_mask(rng, SEQ), random_mask(rng, SEQ)]
-    results = run_ranks(world, carving_worker, masks, grain, rings)
+    results = run_ranks(world, carving_worker, _new_masks(rng), grain, rings)
     errors = reduce_errors([r[0] for r in results])
     bad = [f"call {i} {name}: {e:.3g}" for i, err in enumerate(errors)
            for name, e in err.items() if not e <= TOL]
@@ -111,6 +115,21 @@ def test_new_masks_with_carved_cores_stay_exact(world, rings):
         assert bool(shapes) == (world == 1 or rings), (rank, dense)
         for kind, n, m in shapes:
             assert kind in ("full", "causal") and _is_side(n, grain) and _is_side(m, grain)
+
+
+@pytest.mark.parametrize("world,topology", [(2, dict(ulysses_size=2)),
+                                            (4, dict(ulysses_size=2)),
+                                            (4, dict(intra_node_size=2))])
+def test_carved_cores_stay_exact_under_ulysses_and_the_double_ring(world, topology):
+    """Ulysses' members and the double ring's plan their blocks through the same key: new
+    masks carved there stay exact against float64 too, and some plans hold cores."""
+    results = run_ranks(world, carving_worker, _new_masks(random.Random(7)), 4, True,
+                        topology)
+    errors = reduce_errors([r[0] for r in results])
+    bad = [f"call {i} {name}: {e:.3g}" for i, err in enumerate(errors)
+           for name, e in err.items() if not e <= TOL]
+    assert not bad, "\n".join(bad)
+    assert any(shapes for _, dense in results for shapes in dense), results
 
 
 def test_the_grain_is_part_of_a_shape_free_key_only(monkeypatch):

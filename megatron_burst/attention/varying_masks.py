@@ -14,13 +14,13 @@ plans as before; once a second, different mask arrives for that shape, masks the
 the data, and every mask planned for it from then on is shape-free (``PlanKey``'s
 ``dense_min_area`` None, as for document packs): its large full and causal blocks carved
 into cores of few shapes on cuDNN (``plan.blocks.carved``, ``thresholds.SHAPE_FREE_GRAIN``),
-the rest on the flash kernel. The price of so simple a rule: a process
-that calls several fixed masks on one call shape (a benchmark of mask families) runs all but
-the first shape-free, up to about 2x slower on large blocks than with graphs of their own
-shapes (less where carved), never the 20-30x of cuDNN graphs built per call; a mask planned before a shape turned keeps its plan. This only
-changes which local kernel runs a block, never what is sent: ranks that disagreed here would
-still exchange the same messages (and their calls' masks are checked to agree anyway).
-Bounded, keyed by value.
+the rest on the flash kernel. The price of so simple a rule: a process that calls several
+fixed masks on one call shape (a benchmark of mask families) runs all but the first
+shape-free, up to about 2x slower on large blocks than with graphs of their own shapes
+(less where carved), never the 20-30x of cuDNN graphs built per call; a mask planned before
+a shape turned keeps its plan. This only changes which local kernel runs a block, never
+what is sent: ranks that disagreed here would still exchange the same messages (and their
+calls' masks are checked to agree anyway). Bounded, keyed by value.
 """
 from __future__ import annotations
 
