@@ -92,7 +92,7 @@ def main() -> None:
 
 def table(head: dict, runs: list[dict]) -> str:
     lines = [f"{head['device']}, {head['date']}", f"command: `{head['command']}`", "",
-             "| run | rc | ms/iter (steady) | losses (first 6 of 12) | last loss |",
+             "| run | rc | ms/iter (steady) | losses (first 6) | last loss |",
              "|---|---|---|---|---|"]
     for r in runs:
         losses = r.get("losses", [])

@@ -2911,3 +2911,21 @@ def test_the_kernel_kinds_and_the_mask_builders_are_the_runs_on_file():
     assert [r["rc"] for r in run["runs"]] == [0, 0, 0, 0]
     _says(f"within {gap['prefix_lm']['gap']:.2e} (prefix-LM) and\n  "
           f"{gap['shared_question']['gap']:.2e} (shared question) over 8 iterations")
+
+
+def test_the_prefix_lm_builder_both_ways_in_is_the_run_on_file():
+    """Upstream pretrain_gpt.py with the patch against the entry point, CP=2, rings carving,
+    and each against the entry point's CP=1: as the README and the folder say."""
+    runs = _load("h200x2_issue42_mask_builders/upstream/upstream_prefix_lm.json")["runs"]
+    up, own = (r["losses"] for r in runs)
+    assert [r["rc"] for r in runs] == [0, 0] and len(up) == len(own) == 8
+    assert "upstream" in runs[0]["name"] and "megatron_burst" in runs[1]["name"]
+    one = next(r["losses"] for r in _load("h200x2_issue42_mask_builders/mask_builders.json")[
+        "runs"] if r["name"] == "prefix_lm CP=1")
+    both = max(abs(a - b) for a, b in zip(up, own))
+    _says(f"upstream `pretrain_gpt.py` with the patch gives the entry point's losses within "
+          f"{both:.2e}")
+    folder = _folder("h200x2_issue42_mask_builders")
+    assert f"within {both:.2e} of each other" in folder
+    worst = max(abs(a - b) for run in (up, own) for a, b in zip(run, one))
+    assert f"within {worst:.2e} of the entry point's CP=1" in folder
