@@ -25,7 +25,11 @@ one call, and, where ``--cudnn-cases`` names the case, cuDNN per document (docum
 least 128 tokens; the rest in one varlen call) with the graph cuDNN builds for every new
 length included, as a new pack pays it. TFLOP/s count the FLOPs actually done: per-document
 causal attention, fwd+bwd = 3.5x fwd, summed over the timed packs over their summed time.
-Efficiency = burst's TFLOP/s per GPU over the fastest one-GPU kernel's, same packs. Correctness: the first pack's output against the reference's, gathered on rank 0.
+Efficiency = burst's TFLOP/s per GPU over the fastest one-GPU kernel's, same packs.
+``--[no-]carve-packs``: whether the package's pack plans carve their large documents into
+cuDNN cores (``thresholds.CARVE_PACKS``), for an A/B (give ``--warmup`` enough packs to meet
+the cores' shapes: each builds a cuDNN graph once). Correctness: the first pack's output
+against the reference's, gathered on rank 0.
 "host ms" is the time until the call returned (the host's launches; the GPU may still be
 busy). Rank 0 writes JSON (with the command, the device and ``$MEGATRON_BURST_EMULATE``,
 which emulates slower links between virtual nodes where set: ``ranks.py``), a markdown table
@@ -410,8 +414,14 @@ def main() -> None:
                         help="per_gpu:hq:mix cases whose new-pack calls rank 0 profiles (cProfile)")
     parser.add_argument("--layouts", default="whole_docs",
                         help="whole_docs, pack_zigzag, pack_zigzag+graph (comma-separated)")
+    parser.add_argument("--carve-packs", action=argparse.BooleanOptionalAction, default=None,
+                        help="whether a pack's plan carves its large documents into cuDNN "
+                             "cores (default: the package's, thresholds.CARVE_PACKS)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.carve_packs is not None:  # before any plan key is made
+        from megatron_burst.kernels import thresholds
+        thresholds.CARVE_PACKS = args.carve_packs
     rank, world = start_ranks()
     rows = []
     for per_gpu in (int(x) for x in args.per_gpu.split(",")):
@@ -430,7 +440,7 @@ def main() -> None:
         meta = dict(command=" ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                    emulate=os.environ.get(EMULATE_ENV),
+                    emulate=os.environ.get(EMULATE_ENV), carve_packs=args.carve_packs,
                     package=ran_package())
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -100,7 +100,8 @@ def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
     only a plain sequence's plan reads (a pack's blocks all go varlen), or None for a sequence
     whose blocks go varlen too (a slice mask that follows the data: ``varying_masks``;
     a single member's full and causal blocks carved at ``thresholds.SHAPE_FREE_GRAIN``, a
-    ring's too where ``thresholds.CARVE_RINGS``);
+    ring's too where ``thresholds.CARVE_RINGS``; a document pack's under a plain mask where
+    ``thresholds.CARVE_PACKS``);
     ``gpu_bound_min_area``: the kernel's threshold for the passes the GPU bounds (a ring's
     backward, a single member's both; ``build_plan``), None where it is the same;
     ``device_docs``: a plain sequence's plan whose documents the GPU reads."""
@@ -108,7 +109,9 @@ def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
     dense = None if pack or device_docs else dense_min_area
     gpu = None if dense is None or gpu_bound_min_area in (None, dense) else gpu_bound_min_area
     shape_free = dense is None and not pack and not device_docs and batch == 1
-    carve = shape_free and (ring is None or thresholds.CARVE_RINGS)
+    packed = (pack and thresholds.CARVE_PACKS and not device_docs and batch == 1
+              and mask.plain)
+    carve = (shape_free or packed) and (ring is None or thresholds.CARVE_RINGS)
     return PlanKey(layout, world, documents, mask, ulysses, ring, backward, batch == 1,
                    dense, device_docs, gpu, thresholds.SHAPE_FREE_GRAIN if carve else None)
 

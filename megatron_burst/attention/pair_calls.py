@@ -13,7 +13,7 @@ from typing import Callable
 
 from ..comm.ring_positions import RingPositions
 from ..kernels.device_calls import BoundarySides, pair_launches
-from ..kernels.pack_calls import with_whole
+from ..kernels.pack_calls import alone_shard, carved_whole, with_whole
 from ..kernels.varlen import KernelLaunch, call_runs, plan_alone, plan_calls
 from ..plan.blocks import one_partial
 from ..plan.placement import local_length
@@ -66,6 +66,8 @@ class PairCalls:
             raise ValueError(f"PairCalls: members ({q_member}, {k_member}) planned on payloads "
                              f"from rows ({q_from}, {k_from}); a member's own rows, a single "
                              f"member's pack and device-read documents are held from row 0")
+        if self.alone and key.grain:  # a single member's pack, its large documents carved
+            return carved_whole((), alone_shard(sched.doc_lens), sched.mask, key.grain)
         if self.alone:  # a single member's pack: one varlen call from the boundaries
             return plan_alone(sched.doc_lens, sched.mask)
         if self.sides is not None:
@@ -75,10 +77,14 @@ class PairCalls:
             return plan_calls(_from(sched.blocks(q_member, k_member), q_from, k_from),
                               varlen=key.varlen, dense_min_area=self.min_area,
                               shape_free=key.dense_min_area is None, grain=key.grain)
-        # A pack: the split documents' blocks, the whole ones from the shard's arrays.
-        calls = plan_calls(_from(sched.split_blocks(q_member, k_member), q_from, k_from),
-                           varlen=True, dense_min_area=None, shape_free=True)
-        if q_member == k_member:
+        # A pack: the split documents' blocks, the whole ones from the shard's arrays (the
+        # large ones as blocks where the plan carves).
+        split = _from(sched.split_blocks(q_member, k_member), q_from, k_from)
+        if q_member == k_member and key.grain:
+            return carved_whole(split, sched.shard(q_member), sched.mask, key.grain)
+        calls = plan_calls(split, varlen=True, dense_min_area=None, shape_free=True,
+                           grain=key.grain)
+        if q_member == k_member:  # (inline: a new pack's host path counts its calls)
             calls = with_whole(calls, sched.shard(q_member), sched.mask)
         return calls
 

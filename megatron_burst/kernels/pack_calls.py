@@ -8,15 +8,52 @@ the documents' lengths (``whole_call``), made from the shard's arrays. The few b
 documents split over members are grouped as any blocks are (``varlen.plan_calls``); the
 whole documents join their call of the same mask shape when flash, given only that call's
 lengths and window, computes each of its blocks exactly (``with_whole``), else they are
-one call more.
+one call more. Where the plan carves (``thresholds.CARVE_PACKS``: a grain), the whole
+documents of at least the grain rows leave the arrays and join the split blocks, which
+``plan_calls`` carves into cores of few shapes (``carved_whole``); the small ones stay one
+call from the arrays.
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
 
 import numpy as np
 
 from ..plan.blocks import Block, Mask
-from ..plan.segments import Shard
-from .varlen import KernelLaunch, Runs, boundaries, document_shape, join_runs
+from ..plan.segments import Shard, frozen
+from .varlen import KernelLaunch, Runs, boundaries, document_shape, join_runs, plan_calls
+
+
+def carved_whole(split: Sequence[Block], shard: Shard, mask: Mask, grain: int | None
+                 ) -> tuple[KernelLaunch, ...]:
+    """A diagonal pair's calls: its split documents' blocks ``split`` grouped (and carved at
+    ``grain``, where given) with ``shard``'s whole documents of at least ``grain`` rows, each
+    its own square block under the plain ``mask``; the other whole documents joined in from
+    the arrays (``with_whole``)."""
+    blocks = list(split)
+    if grain and len(shard.docs):
+        large = shard.lens >= grain
+        if large.any():
+            kind = "causal" if mask.causal else "full"
+            blocks += [Block(r, r + n, r, r + n, kind) for r, n in
+                       zip(shard.rows[large].tolist(), shard.lens[large].tolist())]
+            small = ~large  # the member's rows are still ``shard.length``: only the
+            shard = dataclasses.replace(  # arrays of the whole documents change
+                shard, docs=frozen(shard.docs[small]), rows=frozen(shard.rows[small]),
+                lens=frozen(shard.lens[small]))
+    calls = plan_calls(blocks, varlen=True, dense_min_area=float("inf"), shape_free=True,
+                       grain=grain)
+    return with_whole(calls, shard, mask)
+
+
+def alone_shard(lens: Sequence[int]) -> Shard:
+    """A single member's pack as a shard of whole documents in sequence order (empty ones
+    dropped): ``carved_whole``'s input where ``varlen.plan_alone`` would take the lengths."""
+    n = np.asarray(lens, dtype=np.int64)
+    starts = np.concatenate(([0], n.cumsum()[:-1])) if len(n) else n
+    keep = n > 0
+    return Shard.of((), np.flatnonzero(keep), starts[keep], n[keep])
 
 
 def whole_call(shard: Shard, mask: Mask) -> KernelLaunch | None:

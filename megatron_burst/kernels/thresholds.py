@@ -48,6 +48,12 @@ SHAPE_FREE_GRAIN = 1024
 # Whether a ring's shape-free plan carves too (an A/B's switch: ``in_layer.py
 # --no-carve-rings``, ``shape_free_check.py`` with CARVE_RINGS=0).
 CARVE_RINGS = True
+# Whether a document pack's plan (``cu_seqlens``: Megatron's packs, layout whole_docs) carves
+# too, under a plain causal or full mask: its documents of at least the grain, whole or
+# split, as cores on cuDNN, its small whole documents in their one varlen call as before
+# (``pack_calls.carved_whole``). Exact on CPU ranks (tests/test_pack_carving.py); off until
+# measured on a GPU against the varlen call of every document.
+CARVE_PACKS = False
 
 # Below this many visible pairs a block that runs alone (the only one of its shape in its
 # step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host
