@@ -92,7 +92,12 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--out", required=True, help="path prefix: writes OUT.json and OUT.md")
     args = p.parse_args()
-    args.hq, args.hkv, args.d = (int(x) for x in args.heads.split(":"))
+    heads = args.heads.split(":")
+    if len(heads) != 3 or not all(x.isdigit() and int(x) > 0 for x in heads) or \
+            int(heads[0]) % int(heads[1]):
+        p.error(f"--heads must be hq:hkv:head_dim, positive, hq a multiple of hkv; got "
+                f"{args.heads!r}")
+    args.hq, args.hkv, args.d = (int(x) for x in heads)
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")

@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=5e-3,
                         help="largest loss gap CP=gpus vs CP=1 that passes")
     args = parser.parse_args()
+    if not args.tolerance > 0:
+        parser.error(f"--tolerance must be a positive loss gap, got {args.tolerance}")
     if args.gpus < 2:
         parser.error(f"--gpus must be 2 or more (CP=gpus against CP=1), got {args.gpus}")
     head = dict(megatron_e2e.result_head(), tolerance=args.tolerance)

@@ -70,3 +70,18 @@ def test_builder_configs_set_the_builder_and_the_context_size():
         assert cfg.data.mask_builder == "megatron_burst.megatron.mask_batches:shared_question"
         assert cfg.parallel.context == cp and cfg.training.train_iters == 8
         assert not cfg.data.document_mask
+
+
+@pytest.mark.parametrize("script,argv,named", [
+    (kk, ["--heads", "64:8", "--out", "x"], "--heads"),
+    (kk, ["--heads", "64:7:128", "--out", "x"], "--heads"),
+    (kk, ["--warmup", "0", "--out", "x"], "--warmup"),
+    (mmb, ["--tolerance", "0", "--out", "x"], "--tolerance"),
+    (mmb, ["--gpus", "1", "--out", "x"], "--gpus")])
+def test_bad_arguments_are_refused_by_name_before_any_rank_starts(script, argv, named,
+                                                                   monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [script.__file__, *argv])
+    with pytest.raises(SystemExit):
+        script.main()
+    assert named in capsys.readouterr().err
+

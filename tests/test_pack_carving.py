@@ -23,6 +23,7 @@ from megatron_burst.plan.blocks import Mask
 
 from .distributed import run_ranks
 from .grid import TOL, reduce_errors, run_case
+from .test_shape_free_cores import _is_side
 
 GRAIN = 8
 PACKS = ((3, 40, 5, 17, 9, 30), (64, 2, 2, 19, 5), (11, 7, 25, 1, 33, 6, 21))
@@ -73,8 +74,7 @@ def test_every_pair_of_a_pack_lies_in_exactly_one_call(lens, causal):
     dense = [c.blocks[0] for c in calls if not c.varlen]
     assert bool(dense) == (max(lens) >= GRAIN)
     for b in dense:  # cores: the grain times a power of two on each side
-        for side in (b.q_stop - b.q_start, b.k_stop - b.k_start):
-            assert side % GRAIN == 0 and (side // GRAIN) & (side // GRAIN - 1) == 0
+        assert _is_side(b.q_stop - b.q_start, GRAIN) and _is_side(b.k_stop - b.k_start, GRAIN)
     uncarved = carved_whole((), alone_shard(lens), mask, None)
     assert len(uncarved) == 1 and uncarved[0].varlen  # no grain: one call, as before
     assert np.array_equal(coverage(uncarved, sum(lens)), expected(lens, causal))
