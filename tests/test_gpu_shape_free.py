@@ -101,6 +101,7 @@ def pack_worker(rank, world, causal):
     from megatron_burst.kernels import thresholds
 
     thresholds.SHAPE_FREE_GRAIN, thresholds.CARVE_PACKS = GRAIN, True
+    thresholds.PACK_CARVE_MIN = GRAIN
     call_plan.clear()
     prepare.PREPARED.clear()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -122,7 +123,7 @@ def pack_worker(rank, world, causal):
             leaves = [t.clone().requires_grad_() for t in inputs[:3]]
             doc_ids = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
             ref, ref_lse = reference_attention(*leaves, causal=causal, scale=1 / math.sqrt(D),
-                                               doc_ids=doc_ids.to(dev))
+                                               doc_ids=doc_ids)
             ref.backward(inputs[3])
             refs = {"out": ref.detach(), "lse": ref_lse.detach().transpose(1, 2),
                     "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
