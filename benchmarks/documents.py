@@ -28,7 +28,8 @@ causal attention, fwd+bwd = 3.5x fwd, summed over the timed packs over their sum
 Efficiency = burst's TFLOP/s per GPU over the fastest one-GPU kernel's, same packs.
 ``--[no-]carve-packs``: whether the package's pack plans carve their large documents into
 cuDNN cores (``thresholds.CARVE_PACKS``), for an A/B (give ``--warmup`` enough packs to meet
-the cores' shapes: each builds a cuDNN graph once). Correctness: the first pack's output
+the cores' shapes: each builds a cuDNN graph once); ``--pack-carve-min`` the shortest side
+it carves (``thresholds.PACK_CARVE_MIN``). Correctness: the first pack's output
 against the reference's, gathered on rank 0.
 "host ms" is the time until the call returned (the host's launches; the GPU may still be
 busy). Rank 0 writes JSON (with the command, the device and ``$MEGATRON_BURST_EMULATE``,
@@ -417,11 +418,18 @@ def main() -> None:
     parser.add_argument("--carve-packs", action=argparse.BooleanOptionalAction, default=None,
                         help="whether a pack's plan carves its large documents into cuDNN "
                              "cores (default: the package's, thresholds.CARVE_PACKS)")
+    parser.add_argument("--pack-carve-min", type=int, default=None,
+                        help="a carving pack's shortest carved side in rows (default: the "
+                             "package's, thresholds.PACK_CARVE_MIN)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.pack_carve_min is not None and args.pack_carve_min < 1:
+        parser.error(f"--pack-carve-min must be at least 1 row, got {args.pack_carve_min}")
+    from megatron_burst.kernels import thresholds
     if args.carve_packs is not None:  # before any plan key is made
-        from megatron_burst.kernels import thresholds
         thresholds.CARVE_PACKS = args.carve_packs
+    if args.pack_carve_min is not None:
+        thresholds.PACK_CARVE_MIN = args.pack_carve_min
     rank, world = start_ranks()
     rows = []
     for per_gpu in (int(x) for x in args.per_gpu.split(",")):
@@ -441,6 +449,7 @@ def main() -> None:
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M:%S"),
                     emulate=os.environ.get(EMULATE_ENV), carve_packs=args.carve_packs,
+                    pack_carve_min=thresholds.PACK_CARVE_MIN,
                     package=ran_package())
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -65,14 +65,19 @@ def expected(lens, causal: bool) -> np.ndarray:
     return want
 
 
+@pytest.mark.parametrize("least", [GRAIN, 3 * GRAIN])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("lens", PACKS + ((3, 0, 5, 2),))
-def test_every_pair_of_a_pack_lies_in_exactly_one_call(lens, causal):
+def test_every_pair_of_a_pack_lies_in_exactly_one_call(lens, causal, least, monkeypatch):
+    monkeypatch.setattr(thresholds, "PACK_CARVE_MIN", least)  # documents carved from
     mask = Mask(causal=causal)
     calls = carved_whole((), alone_shard(lens), mask, GRAIN)
     assert np.array_equal(coverage(calls, sum(lens)), expected(lens, causal))
     dense = [c.blocks[0] for c in calls if not c.varlen]
-    assert bool(dense) == (max(lens) >= GRAIN)
+    assert bool(dense) == (max(lens) >= least)
+    for b in dense:  # each core lies in a document of at least ``least`` rows
+        start = np.searchsorted(np.cumsum(lens), b.q_start, side="right")
+        assert lens[start] >= least, (b, lens)
     for b in dense:  # cores: the grain times a power of two on each side
         assert _is_side(b.q_stop - b.q_start, GRAIN) and _is_side(b.k_stop - b.k_start, GRAIN)
     uncarved = carved_whole((), alone_shard(lens), mask, None)
@@ -103,6 +108,7 @@ def pack_worker(rank, world, cases, grain):
     """Each case's partial errors with packs carved at ``grain``, and the count of dense
     calls (cores) in this rank's pack plans."""
     thresholds.CARVE_PACKS, thresholds.SHAPE_FREE_GRAIN = True, grain
+    thresholds.PACK_CARVE_MIN = grain
     varying_masks.clear()
     call_plan.clear()
     prepare.PREPARED.clear()

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Callable
 
 from ..comm.ring_positions import RingPositions
+from ..kernels import thresholds
 from ..kernels.device_calls import BoundarySides, pair_launches
 from ..kernels.pack_calls import alone_shard, carved_whole, with_whole
 from ..kernels.varlen import KernelLaunch, call_runs, plan_alone, plan_calls
@@ -83,7 +84,7 @@ class PairCalls:
         if q_member == k_member and key.grain:
             return carved_whole(split, sched.shard(q_member), sched.mask, key.grain)
         calls = plan_calls(split, varlen=True, dense_min_area=None, shape_free=True,
-                           grain=key.grain)
+                           grain=key.grain, least=thresholds.PACK_CARVE_MIN)
         if q_member == k_member:  # (inline: a new pack's host path counts its calls)
             calls = with_whole(calls, sched.shard(q_member), sched.mask)
         return calls

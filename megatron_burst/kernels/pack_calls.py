@@ -22,18 +22,20 @@ import numpy as np
 
 from ..plan.blocks import Block, Mask
 from ..plan.segments import Shard, frozen
+from . import thresholds
 from .varlen import KernelLaunch, Runs, boundaries, document_shape, join_runs, plan_calls
 
 
 def carved_whole(split: Sequence[Block], shard: Shard, mask: Mask, grain: int | None
                  ) -> tuple[KernelLaunch, ...]:
     """A diagonal pair's calls: its split documents' blocks ``split`` grouped (and carved at
-    ``grain``, where given) with ``shard``'s whole documents of at least ``grain`` rows, each
-    its own square block under the plain ``mask``; the other whole documents joined in from
-    the arrays (``with_whole``)."""
-    blocks = list(split)
+    ``grain``, where given, those of ``thresholds.PACK_CARVE_MIN`` rows and keys) with
+    ``shard``'s whole documents of at least that many rows, each its own square block under
+    the plain ``mask``; the other whole documents joined in from the arrays
+    (``with_whole``)."""
+    blocks, least = list(split), thresholds.PACK_CARVE_MIN
     if grain and len(shard.docs):
-        large = shard.lens >= grain
+        large = shard.lens >= max(grain, least)
         if large.any():
             kind = "causal" if mask.causal else "full"
             blocks += [Block(r, r + n, r, r + n, kind) for r, n in
@@ -43,7 +45,7 @@ def carved_whole(split: Sequence[Block], shard: Shard, mask: Mask, grain: int | 
                 shard, docs=frozen(shard.docs[small]), rows=frozen(shard.rows[small]),
                 lens=frozen(shard.lens[small]))
     calls = plan_calls(blocks, varlen=True, dense_min_area=float("inf"), shape_free=True,
-                       grain=grain)
+                       grain=grain, least=least)
     return with_whole(calls, shard, mask)
 
 

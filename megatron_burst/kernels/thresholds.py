@@ -51,9 +51,16 @@ CARVE_RINGS = True
 # Whether a document pack's plan (``cu_seqlens``: Megatron's packs, layout whole_docs) carves
 # too, under a plain causal or full mask: its documents of at least the grain, whole or
 # split, as cores on cuDNN, its small whole documents in their one varlen call as before
-# (``pack_calls.carved_whole``). Exact on CPU ranks (tests/test_pack_carving.py); off until
-# measured on a GPU against the varlen call of every document.
+# (``pack_calls.carved_whole``). Exact on CPU ranks (tests/test_pack_carving.py) and on 2
+# GPUs. Off: on 2x H200 (results/h200x2_carve_packs_min/) a pack holding a 16K-token document
+# ran 1.5x faster carved, but lognormal packs and 8K-token long documents ran slower (small
+# cores' cuDNN calls cost the host more than they save; rare core shapes build graphs late).
 CARVE_PACKS = False
+# A carving pack's smallest carved side: its documents (and split documents' blocks) shorter
+# than this stay in the varlen calls, as a core of a few million pairs saves the GPU tens of
+# microseconds against the host's 100-200 for its cuDNN call (``varlen.plan_calls``'s
+# ``least``; ``documents.py --pack-carve-min`` for an A/B).
+PACK_CARVE_MIN = 1024
 
 # Below this many visible pairs a block that runs alone (the only one of its shape in its
 # step) would go to the band kernel (flash) rather than cuDNN, whose call costs the host

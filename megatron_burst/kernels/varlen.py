@@ -212,9 +212,13 @@ def boundaries(lens: np.ndarray) -> np.ndarray:
     return cu
 
 
+def _shorter(b: Block) -> int:
+    return min(b.q_stop - b.q_start, b.k_stop - b.k_start)
+
+
 def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
                shape_free: bool = False, coalesce: bool = True,
-               grain: int | None = None) -> tuple[KernelLaunch, ...]:
+               grain: int | None = None, least: int = 0) -> tuple[KernelLaunch, ...]:
     """Group ``blocks`` into kernel calls.
 
     ``varlen`` False (no varlen kernel for this batch shape): one dense call per block.
@@ -225,12 +229,14 @@ def plan_calls(blocks: Sequence[Block], *, varlen: bool, dense_min_area: float,
     full block run as that one (``plan.blocks.coalesced``), unless ``coalesce`` is False
     (``device_calls``: blocks whose rows must stay stretches of the sequence). ``grain``
     (shape-free only): full and causal blocks are carved first (``blocks.carved``), their
-    cores each a dense call after the varlen calls of the rest.
+    cores each a dense call after the varlen calls of the rest; a block whose shorter side
+    is under ``least`` rows stays whole (its cores would save the GPU less than their calls
+    cost the host: ``thresholds.PACK_CARVE_MIN``).
     """
     blocks = coalesced(blocks) if coalesce else list(blocks)
     cores: list[KernelLaunch] = []
     if varlen and shape_free and grain:
-        pieces = [carved(b, grain) for b in blocks]
+        pieces = [carved(b, grain) if _shorter(b) >= least else ((), (b,)) for b in blocks]
         blocks = [b for _, rest in pieces for b in rest]
         cores = [KernelLaunch((b,), False) for core, _ in pieces for b in core]
     if not varlen or (len(blocks) < 2 and not shape_free):  # (nothing carved: no cores)
