@@ -35,7 +35,9 @@ includes waits for room in CUDA's launch queue once the host is far ahead). 5 wa
 families with documents only; nothing alone). Each step's calls then run the plans of masks
 that follow the data (shape-free) and pay their planning in the step; FlexAttention makes
 each pack's block mask in the step, before the layer's products. ``--shape-free-grain`` and
-``--[no-]carve-rings`` set how a shape-free plan carves its blocks (``thresholds``), for an A/B.
+``--[no-]carve-rings`` set how a shape-free plan carves its blocks (``thresholds``), and
+``--[no-]cuts-between-slices`` how the area layout cuts (``plan.area.BETWEEN_SLICES``), for an
+A/B.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_burst as mb  # noqa: E402
 from megatron_burst.kernels import thresholds  # noqa: E402
 from megatron_burst.kernels.selection import pick_kernel  # noqa: E402
+from megatron_burst.plan import area  # noqa: E402
 from ranks import (family_run_meta, finish_run, gpu_health, spawn_cpu_ranks,  # noqa: E402
                    start_ranks)
 from slice_masks import (Flex, add_run_args, family_mask, forget_masks,  # noqa: E402
@@ -383,6 +386,10 @@ def main() -> None:
     p.add_argument("--carve-rings", action=argparse.BooleanOptionalAction, default=None,
                    help="whether a ring's shape-free plan carves its cores too (default: "
                         "the package's, thresholds.CARVE_RINGS)")
+    p.add_argument("--cuts-between-slices", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="whether the area layout may move its cuts between slices (default: "
+                        "the package's, plan.area.BETWEEN_SLICES; off: even chunks)")
     args = p.parse_args()
     for name in ("warmup", "iters", "tokens"):
         if getattr(args, name) < 1:
@@ -412,6 +419,8 @@ def main() -> None:
         thresholds.SHAPE_FREE_GRAIN = args.shape_free_grain
     if args.carve_rings is not None:
         thresholds.CARVE_RINGS = args.carve_rings
+    if args.cuts_between_slices is not None:  # before any mask is placed
+        area.BETWEEN_SLICES = args.cuts_between_slices
     layers = dict(cp=Layer(args.tokens, args.hq, args.hkv, args.d, dev, dtype))
     if rank == 0:  # the one-GPU methods' layer holds the whole sequence's tokens
         layers["one"] = Layer(args.tokens * world, args.hq, args.hkv, args.d, dev, dtype)
@@ -426,7 +435,7 @@ def main() -> None:
         args, world, dev, health, heads=f"{args.hq}:{args.hkv}", head_dim=args.d,
         dtype=str(dtype), forward_dense_area=args.forward_dense_area,
         new_pack_every_step=args.new_packs, shape_free_grain=thresholds.SHAPE_FREE_GRAIN,
-        carve_rings=thresholds.CARVE_RINGS,
+        carve_rings=thresholds.CARVE_RINGS, cuts_between_slices=area.BETWEEN_SLICES,
         layer=f"hidden {hidden}, FFN {int(FFN_PER_HIDDEN * hidden)} (SwiGLU), QKV, output "
               f"projection, MLP forward and backward"), rows, table)
 

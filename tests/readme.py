@@ -2,6 +2,7 @@
 as spaces), and `says`, which fails naming the phrase the README should contain."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -11,3 +12,24 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def says(phrase: str) -> None:
     assert " ".join(phrase.split()) in README, f"README should say: {phrase}"
+
+
+@contextlib.contextmanager
+def even_chunks():
+    """The area layout as it was before its cuts could move between slices
+    (``plan.area.BETWEEN_SLICES`` off: even chunks, every cut an edge), for the analyses on
+    file whose plans were made then; plans and placements made anew inside and after."""
+    from megatron_burst.attention import call_plan
+    from megatron_burst.plan import area, mask_placement
+
+    def forget():
+        call_plan.clear()
+        mask_placement.mask_placement.cache_clear()
+
+    area.BETWEEN_SLICES = False
+    forget()
+    try:
+        yield
+    finally:
+        area.BETWEEN_SLICES = True
+        forget()

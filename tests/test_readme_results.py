@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from .readme import RESULTS
+from .readme import RESULTS, even_chunks
 from .readme import says as _says
 
 MIXES = ("lognormal", "uniform", "long", "tiny")
@@ -2743,7 +2743,8 @@ def test_the_table_after_the_forward_threshold_is_the_run_on_file():
 def test_the_forward_plans_the_threshold_moves_are_the_ones_named():
     """At the issue's shape (8K tokens a GPU, 2 ranks) the forward threshold 2M -> 1M moves
     the plans of the six families the folder names, and block-causal documents' rank 0 makes
-    9 forward calls where it made 5, as the README says."""
+    10 forward calls where it would make 4 (9 and 5 before the area layout's cuts moved between
+    slices), as the README says."""
     import sys
 
     from megatron_burst.attention.call_plan import RingKey, build_plan, plan_key
@@ -2767,8 +2768,9 @@ def test_the_forward_plans_the_threshold_moves_are_the_ones_named():
             "question, causal blockwise, prefix-LM documents and block-causal documents"
             in _folder(IN_LAYER))
     calls = [sum(map(len, forward("block_causal_document", 0, t))) for t in (2.0 ** 21, 2.0 ** 20)]
-    assert calls == [5, 9]
-    _says("its forward makes\n9 kernel calls on rank 0 where it made 5")
+    assert calls == [4, 10]
+    _says("its forward made\n9 kernel calls on rank 0 where it made 5; with the area layout's "
+          "cuts between slices, since,\n10 where it would make 4")
 
 
 def test_the_fresh_gradient_and_new_pack_figures_are_the_runs_on_file():
@@ -2882,14 +2884,70 @@ def test_the_rings_carved_steady_state_is_the_run_on_file():
     low = f"{bcd['efficiency_in_layer_fwd']:.2f} / {bcd['efficiency_in_layer_bwd']:.2f}"
     _says(f"the forward reads {fwd} of one GPU in five of the six families with\ndocuments and "
           f"the backward {bwd}; block-causal documents stays below, {low}")
-    _says(f"the forward at {fwd} and the backward at {bwd} in\n  five of the six families with "
-          f"documents, block-causal documents below the line\n  ({low})")
+    sys.path.insert(0, str(RESULTS.parent))
+    from slice_masks import new_packs
+
+    with even_chunks():  # as the ring was planned then
+        ratios = [_varlen_areas(m, 2) / _varlen_areas(m, 1)
+                  for m in new_packs("block_causal_document", 16384, 1.0, 3)]
+    _says(f"held {_span(ratios, '{:.1f}')}x one GPU's varlen area")
+
+
+SNAPPED = "h200x2_issue42_snapped_cuts"
+
+
+def test_the_cuts_between_slices_are_the_runs_on_file():
+    """The prototype's A/B, the package's six families with a new pack every step, its
+    exactness, the fixed masks it moved, the varlen area now, and the first family's cold
+    graphs: as the README and its summary say."""
+    import sys
+
+    proto, even = ({r["family"]: r for r in _load(f"{SNAPPED}/call3_prototype/np/in_layer_{n}"
+                                                    ".json")["rows"]} for n in ("snap", "plain"))
+
+    def eff(row):
+        return f"{row['efficiency_in_layer_fwd']:.2f} / {row['efficiency_in_layer_bwd']:.2f}"
+
+    for family, name in (("block_causal_document", "block-causal documents"),
+                         ("causal_document", "causal documents"),
+                         ("shared_question", "shared question"),
+                         ("full_document", "full documents")):
+        of = " of one GPU" if family == "block_causal_document" else ""
+        _says(f"{name} {eff(proto[family])}{of} against {eff(even[family])}")
+    rows = _load(f"{SNAPPED}/call4_package/np/in_layer_new_packs_snapped.json")["rows"]
+    assert len(rows) == 6 and all(x["in_layer"][f"ahead_{p}"] == 15 for r in rows
+                                  for x in r["burst_ranks"] for p in ("fwd", "bwd"))
+    fwd, bwd = (_span([r[f"efficiency_in_layer_{p}"] for r in rows]) for p in ("fwd", "bwd"))
+    assert min(r[f"efficiency_in_layer_{p}"] for r in rows for p in ("fwd", "bwd")) >= 0.75
+    (bcd,) = [eff(r) for r in rows if r["family"] == "block_causal_document"]
+    _says(f"forward at {fwd} and the backward at {bwd} in all six families with documents,\n"
+          f"block-causal documents {bcd}")
+    _says(f"the\n  forward at {fwd} and the backward at {bwd} in all six families with "
+          f"documents\n  (block-causal documents {bcd}; it was")
+    check = (RESULTS / SNAPPED / "call4_package/check_log.txt").read_text()
+    worst = float(re.search(r"WORST (\S+) PASS", check).group(1))
+    _says(f"four new packs each, worst {worst:.1e} (bf16)")
+    fixed = _load(f"{SNAPPED}/call5_fixed_masks/il/in_layer.json")["rows"]
+    table = _load(f"{SNAPPED}/call5_fixed_masks/table/sm.json")["rows"]
+    assert len(fixed) == 6
+    _says(f"the\nforward {_span([r['efficiency_in_layer_fwd'] for r in fixed])} and the "
+          f"backward {_span([r['efficiency_in_layer_bwd'] for r in fixed])}")
     sys.path.insert(0, str(RESULTS.parent))
     from slice_masks import new_packs
 
     ratios = [_varlen_areas(m, 2) / _varlen_areas(m, 1)
               for m in new_packs("block_causal_document", 16384, 1.0, 3)]
-    _says(f"hold {_span(ratios, '{:.1f}')}x\none GPU's varlen area")
+    _says(f"now\nhold {_span(ratios, '{:.1f}')}x one GPU's varlen area")
+    first = {n: {r["family"]: r for r in _load(f"{SNAPPED}/call2_bcd_first/np/in_layer_{n}"
+                                                  ".json")["rows"]} for n in ("plain", "snap")}
+    _says(f"(block-causal documents {eff(first['plain']['block_causal_document'])}, even "
+          f"chunks, and {eff(first['snap']['block_causal_document'])} with the cuts moved)")
+    _says(f"the table, captured, the forward "
+          f"{_span([r['efficiency_graph_fwd'] for r in table])}\nand the backward "
+          f"{_span([r['efficiency_graph_bwd'] for r in table])}")
+    (chained,) = [r["efficiency_chained_fwd"] for r in table
+                  if r["family"] == "block_causal_document"]
+    _says(f"stays host-bound\n({chained:.2f})")
 
 
 def test_the_kernel_kinds_and_the_mask_builders_are_the_runs_on_file():

@@ -14,15 +14,18 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
 import megatron_burst as mb
 from megatron_burst.plan import mask_families as mf
 from megatron_burst.plan.mask_placement import mask_placement, rank_areas
+from megatron_burst.plan.slices import rows_area
 
 from .distributed import run_ranks
 from .grid import NAMES, make_case_inputs, reduce_errors
+from .readme import even_chunks
 from .reference import reference_attention, slice_allowed
 
 KINDS = ("full", "causal", "inv_causal", "bi_causal")
@@ -139,12 +142,15 @@ def test_area_placement_is_a_permutation_of_equal_shards(world):
 
 def test_area_placement_does_the_least_work_of_its_chunkings():
     """At benchmark size (2, 4 and 8 ranks x 8K tokens), every family's placement is the
-    chunking of least work (the largest share plus ``EDGE_ROWS`` rows of keys per chunk
-    edge, over every k tried, found here without the search's early stop), never more work
-    than zigzag's, and within 7% of an even share (zigzag: documents 1.3-2.4x, causal
-    blockwise up to 5x) but for two families whose heavy rows sit together: the global
-    window's 512 rows that see everything (1.15-2.1x: finer chunks would split them, at more
-    edges than they save) and block-causal documents on 2 ranks (1.13x)."""
+    deal of least work (the largest share plus ``EDGE_ROWS`` rows of keys per chunk edge
+    that cuts a slice's rows, over every k and both deals of each k tried, found here
+    without the search's early stop), never more work than zigzag's. Its best even deal
+    (every cut where the even chunks fall) is within 7% of an even share (zigzag: documents
+    1.3-2.4x, causal blockwise up to 5x) but for two families whose heavy rows sit together:
+    the global window's 512 rows that see everything (1.15-2.1x: finer chunks would split
+    them, at more edges than they save) and block-causal documents on 2 ranks (1.13x); a
+    deal whose cuts fall between slices may trade some balance for whole blocks, never more
+    work. Block-causal documents' cuts fall between its blocks."""
     from megatron_burst.plan import area
 
     for world in (2, 4, 8):
@@ -154,16 +160,58 @@ def test_area_placement_does_the_least_work_of_its_chunkings():
         for name in mf.FAMILIES:
             mask = mf.family(name, lens, prefix=total // 3, window=1024, global_size=512,
                              block=1024)
-            work = {k: area._deal(world, n, k, mask)[0] * (1 + min(area.EDGE_ROWS * k / n, 1))
-                    for k in area._candidates(n)}
-            areas = rank_areas("area", world, total, mask)
-            k = len(area._dealt(world, total, mask)[1][0])
-            chosen = max(areas) * (1 + min(area.EDGE_ROWS * k / n, 1))
-            assert chosen == min(work.values()), (name, world, k, work)
+            free = area._free(mask, total)
+            deals = [(area._work(n, got, mask), got) for k in area._candidates(n)
+                     for _, kk, sizes in area._options(world, n, k, mask, free)
+                     for got in [area._deal(world, n, kk, sizes, mask)]]
+            least = min(w for w, _ in deals)
+            chosen = area._dealt(world, total, mask)
+            assert chosen[0] == max(rank_areas("area", world, total, mask))
+            assert any(w == least and got == chosen for w, got in deals), (name, world)
             zig = max(rank_areas("zigzag", world, total, mask)) * (1 + 2 * area.EDGE_ROWS / n)
-            assert chosen <= zig, (name, world)
+            assert least <= zig, (name, world)
+            even = min((area._work(n, got, mask), got[0]) for k in area._candidates(n)
+                       for got in [area._deal_even(world, n, k, mask)])
+            assert least <= even[0], (name, world)
             if name not in ("global_sliding_window", "block_causal_document"):
-                assert max(areas) <= 1.07 * sum(areas) / world, (name, world, areas)
+                assert even[1] <= 1.07 * mask.area / world, (name, world, even)
+            cuts = np.array(sorted(s for chunks in chosen[1] for s, _ in chunks)[1:])
+            if name == "block_causal_document":
+                assert area._cutting(mask, cuts).mean() < 0.2, (world, cuts)
+
+
+def test_a_chunk_no_rank_has_room_for_is_cut_to_fill_one():
+    """Chunks of any lengths (cuts moved between slices) still give every rank exactly N/G
+    tokens: a chunk that fits no rank is cut, the roomiest rank taking its head."""
+    from megatron_burst.plan import area
+
+    mask = mf.family("causal_document", (15, 15, 10))
+    load, chunks = area._deal_any(2, 20, np.array([15, 15, 10]), mask)
+    assert [sum(n for _, n in c) for c in chunks] == [20, 20]
+    held = sorted(p for c in chunks for s, n in c for p in range(s, s + n))
+    assert held == list(range(40))
+    assert load == max(sum(int(rows_area(mask.cells, s, s + n)) for s, n in c) for c in chunks)
+
+
+def test_the_switch_off_deals_even_chunks_and_on_cuts_between_blocks():
+    """``area.BETWEEN_SLICES`` off: the layout before (even chunks); on: block-causal
+    documents' cuts fall between its blocks, where even chunks cut them."""
+    from megatron_burst.plan import area
+
+    lens = _pile_like(16384, seed=0)  # (a pack whose even cuts all fall inside blocks)
+    mask = mf.family("block_causal_document", lens, block=1024)
+
+    def cuts():
+        chunks = area._dealt(2, 16384, mask)[1]
+        return np.array(sorted(s for c in chunks for s, _ in c)[1:]), chunks
+
+    moved, _ = cuts()
+    with even_chunks():
+        even, chunks = cuts()
+    k = len(chunks[0])
+    assert all(len(c) == k for c in chunks)
+    assert {n for c in chunks for _, n in c} <= {8192 // k, 8192 // k + 1}
+    assert area._cutting(mask, even).mean() > 0.5 > 0.2 > area._cutting(mask, moved).mean()
 
 
 def _pile_like(total: int, seed: int) -> tuple[int, ...]:

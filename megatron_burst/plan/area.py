@@ -5,16 +5,19 @@ mask puts most of it in the last rows, a shared-question mask in the question's 
 ``area`` layout (the default for a mask) cuts the sequence into chunks, k per rank, and
 deals them out so that the largest rank's share of the area is as small as a greedy can make
 it (MagiAttention's dispatch: largest chunk first, onto the least loaded rank), while every
-rank keeps exactly N/G tokens (Megatron's [s/cp, b, h] shapes): chunks differ in length by
-at most one token, and each rank takes the same number of the longer ones. k is tried at
-1, 2, 4, ... up to ``MAX_CHUNKS`` (chunks no shorter than ``MIN_CHUNK`` unless the shard is
-tiny), and the k of the least work wins, counting a chunk's edges too: finer chunks cut the
-blocks smaller, and a kernel wastes about a partial tile at each block edge, so each chunk
-counts ``EDGE_ROWS`` rows of its keys on top of the area (at most its own rows: a short
-chunk still runs whole tiles). On 2x H200 the finest balance cost more than it gained: a
-causal sliding window (w 1024, 8K tokens per GPU) dealt in 512-token chunks balanced to
-1.016 ran its forward at 50 TFLOP/s per GPU, one contiguous chunk per rank (1.032, one band
-call) at 154 (``benchmarks/results/h200x2_issue42_area_edges/``).
+rank keeps exactly N/G tokens (Megatron's [s/cp, b, h] shapes). k is tried at 1, 2, 4, ...
+up to ``MAX_CHUNKS`` (chunks no shorter than ``MIN_CHUNK`` unless the shard is tiny), each
+k two ways: even chunks (differing in length by at most one token, each rank taking the
+same number of the longer ones), and the same with every cut moved to the nearest point
+between slices within half a chunk, where one is (a cut there splits no block, so the
+ranks' blocks keep the rows a dense kernel's core needs). The deal of least work wins,
+counting a chunk's edges too: finer chunks cut the blocks smaller, and a kernel wastes
+about a partial tile at each block edge, so each chunk counts ``EDGE_ROWS`` rows of its
+keys on top of the area (at most its own rows: a short chunk still runs whole tiles), for
+the share of the cuts that cut a slice's rows. On 2x H200 the finest balance cost more
+than it gained: a causal sliding window (w 1024, 8K tokens per GPU) dealt in 512-token
+chunks balanced to 1.016 ran its forward at 50 TFLOP/s per GPU, one contiguous chunk per
+rank (1.032, one band call) at 154 (``benchmarks/results/h200x2_issue42_area_edges/``).
 A rank's chunks are its rows in sequence order (touching ones joined), so its shard is a
 few segments of one document, the sequence (``segments.Shard``), and the schedule pairs
 them as it pairs any segments. With one chunk a rank every deal leaves the same loads, and
@@ -27,6 +30,9 @@ shard, without communication.
 """
 from __future__ import annotations
 
+import functools
+import heapq
+
 import numpy as np
 
 from .segments import Segment, Shard
@@ -35,6 +41,11 @@ from .slices import SliceMask, ranges_area
 MAX_CHUNKS = 64  # chunks per rank, at most
 MIN_CHUNK = 64  # tokens a chunk keeps (a shard of few tokens may cut up to 4 chunks)
 EDGE_ROWS = 256  # a chunk's edges cost about this many rows of work: two partial 128-row tiles
+SNAP = 0.5  # a cut moves to a point between slices up to this many chunks away
+# Whether cuts may move between slices, only the cuts that cut a slice costing edges; False
+# is the layout before (even chunks, every cut an edge): an A/B's switch, and the plans of
+# the analyses on file made before it (``in_layer.py --no-cuts-between-slices``).
+BETWEEN_SLICES = True
 
 
 def place(world: int, total: int, mask: SliceMask) -> tuple[Shard, ...]:
@@ -53,27 +64,126 @@ def _candidates(n: int) -> list[int]:
 
 
 def _dealt(world: int, total: int, mask: SliceMask):
-    """(largest share, each rank's chunks as (start, length)) of the k of least work: the
-    largest share, each of its k chunks' edges adding ``EDGE_ROWS`` rows' worth of keys."""
+    """(largest share, each rank's chunks as (start, length)) of the deal of least work
+    (``_work``) among each k's (``_options``), dealt in order of their least possible work
+    until none can beat the best."""
     if total % world:
         raise ValueError(f"layout 'area' gives every rank the same number of tokens: the "
                          f"sequence's {total} tokens must be divisible by {world} ranks")
     n, best, score = total // world, None, float("inf")
-    even = mask.area / world
-    for k in _candidates(n):
-        edges = 1 + min(EDGE_ROWS * k / n, 1.0)  # a chunk's edges cost at most the chunk
-        if even * edges >= score:  # no finer k can do less work
+    free = _free(mask, total)
+    options = sorted({o for k in _candidates(n) for o in _options(world, n, k, mask, free)})
+    for bound, k, sizes in options:
+        if bound >= score:
             break
-        got = _deal(world, n, k, mask)
-        if got[0] * edges < score:
-            best, score = got, got[0] * edges
+        got = _deal(world, n, k, sizes, mask)
+        work = _work(n, got, mask)
+        if work < score:
+            best, score = got, work
     return best
 
 
-def _deal(world: int, n: int, k: int, mask: SliceMask):
-    """k chunks per rank of a sequence of ``world * n`` tokens, dealt largest area first
-    onto the least loaded rank with room for a chunk of its length. The first
-    ``world * (n % k)`` chunks are one token longer; each rank takes n % k of them."""
+def _work(n: int, got, mask: SliceMask) -> float:
+    """A deal's work: its largest share, each of a rank's chunks' edges (k, on average)
+    adding ``EDGE_ROWS`` rows' worth of keys (at most the chunk's own), counted for the
+    share of its cuts that cut a slice's rows (a cut between slices cuts no block)."""
+    starts = np.sort(np.array([s for chunks in got[1] for s, _ in chunks], np.int64))[1:]
+    k = (len(starts) + 1) / len(got[1])
+    cutting = _cutting(mask, starts).mean() if len(starts) and BETWEEN_SLICES else 1.0
+    return got[0] * _edges(n, k, cutting)
+
+
+def _edges(n: int, k: float, cutting: float) -> float:
+    return 1 + min(EDGE_ROWS * k * cutting / n, 1.0)
+
+
+def _options(world: int, n: int, k: int, mask: SliceMask, free: np.ndarray) -> list[tuple]:
+    """k chunks per rank of a sequence of ``world * n`` tokens, each option as (least
+    possible work, k, chunk lengths or ()): even chunks (()), and where it
+    differs the same with every cut moved to the nearest point between slices (``free``)
+    within half a chunk (``SNAP``), so a cut leaves blocks whole: on 2x H200 block-causal
+    documents' ring ran 0.85 / 0.87 of one GPU where its even chunks ran 0.68 / 0.72
+    (``benchmarks/results/h200x2_issue42_snapped_cuts/``). With one chunk a rank on 4+
+    ranks only the even deal, which keeps the sequence's order. The least possible work:
+    an even share, at the edges of the cuts that cut slices (a deal's own cuts, and at most
+    ``world`` more where a chunk is cut to fit)."""
+    total, even = world * n, mask.area / world
+    cuts = np.arange(1, world * k) * total // (world * k)
+    cutting = _cutting(mask, cuts).mean() if len(cuts) and BETWEEN_SLICES else 1.0
+    options = [(even * _edges(n, k, cutting), k, ())]
+    if not BETWEEN_SLICES or not len(free) or (k == 1 and world >= 4):
+        return options
+    i = np.searchsorted(free, cuts)
+    below, above = free[np.maximum(i - 1, 0)], free[np.minimum(i, len(free) - 1)]
+    near = np.where(np.abs(cuts - below) <= np.abs(above - cuts), below, above)
+    moved = np.unique(np.where(np.abs(near - cuts) <= SNAP * total / (world * k), near, cuts))
+    if np.array_equal(moved, cuts):
+        return options
+    least = _cutting(mask, moved).sum() / (len(moved) + world)
+    sizes = np.diff(np.concatenate(([0], moved, [total])))
+    # (the same chunks from a finer k are one option: its k is the chunks a rank holds)
+    return options + [(even * _edges(n, len(sizes) / world, least), 0, tuple(sizes.tolist()))]
+
+
+def _deal(world: int, n: int, k: int, sizes: tuple, mask: SliceMask):
+    """The option's deal: ``_deal_even``'s k even chunks, or ``_deal_any``'s ``sizes``."""
+    return _deal_any(world, n, np.array(sizes), mask) if sizes else _deal_even(world, n, k,
+                                                                               mask)
+
+
+def _free(mask: SliceMask, total: int) -> np.ndarray:
+    """The points strictly inside the sequence where a cut cuts no slice's rows."""
+    edges = np.unique(_row_edges(mask))
+    edges = edges[(edges > 0) & (edges < total)]
+    return edges[~_cutting(mask, edges)]
+
+
+def _cutting(mask: SliceMask, cuts: np.ndarray) -> np.ndarray:
+    """Whether each cut falls strictly inside some slice's rows."""
+    starts, stops = _row_edges(mask)
+    return np.searchsorted(starts, cuts, "left") > np.searchsorted(stops, cuts, "right")
+
+
+@functools.lru_cache(maxsize=16)  # keyed by the mask's value: a deal asks many times
+def _row_edges(mask: SliceMask) -> np.ndarray:
+    """The slices' first rows and their ends past the last, each sorted."""
+    q = np.asarray(mask.q_ranges, dtype=np.int64).reshape(-1, 2)
+    return np.stack([np.sort(q[:, 0]), np.sort(q[:, 1])])
+
+
+def _deal_any(world: int, n: int, sizes: np.ndarray, mask: SliceMask):
+    """Chunks of any lengths dealt as ``_deal_even`` deals even ones, each rank taking
+    exactly n tokens: a chunk no rank has room for is cut, the rank with the most room
+    taking its head, its tail going back among the chunks."""
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    areas = ranges_area(mask.cells, starts, starts + sizes).tolist()
+    todo = [(-a, int(s), int(z)) for a, s, z in zip(areas, starts, sizes)]
+    heapq.heapify(todo)
+    room, load = [n] * world, [0] * world
+    chunks: list[list[tuple[int, int]]] = [[] for _ in range(world)]
+    while todo:
+        neg, start, length = heapq.heappop(todo)
+        area = -neg
+        fits = [r for r in range(world) if room[r] >= length]
+        if fits:
+            r = min(fits, key=lambda r: (load[r], r))
+        else:  # the head fills the roomiest rank; the tail waits for another
+            r = max(range(world), key=lambda r: (room[r], -r))
+            head = room[r]
+            tail = int(ranges_area(mask.cells, np.array([start + head]),
+                                   np.array([start + length]))[0])
+            heapq.heappush(todo, (-tail, start + head, length - head))
+            area, length = area - tail, head
+        room[r] -= length
+        load[r] += area
+        chunks[r].append((start, length))
+    return max(load), [sorted(c) for c in chunks]
+
+
+def _deal_even(world: int, n: int, k: int, mask: SliceMask):
+    """k even chunks per rank, dealt largest area first onto the least loaded rank with
+    room for a chunk of its length. The first ``world * (n % k)`` chunks are one token
+    longer; each rank takes n % k of them."""
     base, extra = divmod(n, k)
     sizes = np.full(world * k, base, dtype=np.int64)
     sizes[:world * extra] += 1
