@@ -99,9 +99,9 @@ def _edges(n: int, k: float, cutting: float) -> float:
 
 def _options(world: int, n: int, k: int, mask: SliceMask, free: np.ndarray) -> list[tuple]:
     """k chunks per rank of a sequence of ``world * n`` tokens, each option as (least
-    possible work, k, chunk lengths or ()): even chunks (()), and where it
-    differs the same with every cut moved to the nearest point between slices (``free``)
-    within half a chunk (``SNAP``), so a cut leaves blocks whole: on 2x H200 block-causal
+    possible work, k, chunk lengths): even chunks (k, ()), and where it differs the same
+    with every cut moved to the nearest point between slices (``free``) within half a chunk
+    (``SNAP``), as (0, their lengths), so a cut leaves blocks whole: on 2x H200 block-causal
     documents' ring ran 0.85 / 0.87 of one GPU where its even chunks ran 0.68 / 0.72
     (``benchmarks/results/h200x2_issue42_snapped_cuts/``). With one chunk a rank on 4+
     ranks only the even deal, which keeps the sequence's order. The least possible work:
@@ -127,8 +127,9 @@ def _options(world: int, n: int, k: int, mask: SliceMask, free: np.ndarray) -> l
 
 def _deal(world: int, n: int, k: int, sizes: tuple, mask: SliceMask):
     """The option's deal: ``_deal_even``'s k even chunks, or ``_deal_any``'s ``sizes``."""
-    return _deal_any(world, n, np.array(sizes), mask) if sizes else _deal_even(world, n, k,
-                                                                               mask)
+    if sizes:
+        return _deal_any(world, n, np.array(sizes), mask)
+    return _deal_even(world, n, k, mask)
 
 
 def _free(mask: SliceMask, total: int) -> np.ndarray:
