@@ -155,12 +155,13 @@ def _row_edges(mask: SliceMask) -> np.ndarray:
 def _deal_any(world: int, n: int, sizes: np.ndarray, mask: SliceMask):
     """Chunks of any lengths dealt as ``_deal_even`` deals even ones, each rank taking
     exactly n tokens: a chunk no rank has room for is cut, the rank with the most room
-    taking its head, its tail going back among the chunks."""
+    taking its head, its tail going back among the chunks (the greedy prices a cut chunk's
+    parts by their rows; the loads it returns are counted exactly, in one pass)."""
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     areas = ranges_area(mask.cells, starts, starts + sizes).tolist()
     todo = [(-a, int(s), int(z)) for a, s, z in zip(areas, starts, sizes)]
     heapq.heapify(todo)
-    room, load = [n] * world, [0] * world
+    room, load = [n] * world, [0.0] * world
     chunks: list[list[tuple[int, int]]] = [[] for _ in range(world)]
     while todo:
         neg, start, length = heapq.heappop(todo)
@@ -171,14 +172,23 @@ def _deal_any(world: int, n: int, sizes: np.ndarray, mask: SliceMask):
         else:  # the head fills the roomiest rank; the tail waits for another
             r = max(range(world), key=lambda r: (room[r], -r))
             head = room[r]
-            tail = int(ranges_area(mask.cells, np.array([start + head]),
-                                   np.array([start + length]))[0])
+            tail = area * (length - head) / length
             heapq.heappush(todo, (-tail, start + head, length - head))
             area, length = area - tail, head
         room[r] -= length
         load[r] += area
         chunks[r].append((start, length))
-    return max(load), [sorted(c) for c in chunks]
+    chunks = [sorted(c) for c in chunks]
+    return max(_loads(chunks, mask)), chunks
+
+
+def _loads(chunks: list[list[tuple[int, int]]], mask: SliceMask) -> list[int]:
+    """Each rank's visible area under ``chunks``."""
+    starts = np.array([s for c in chunks for s, _ in c], dtype=np.int64)
+    stops = starts + np.array([z for c in chunks for _, z in c], dtype=np.int64)
+    areas = ranges_area(mask.cells, starts, stops)
+    cut = np.cumsum([0] + [len(c) for c in chunks])
+    return [int(areas[a:b].sum()) for a, b in zip(cut, cut[1:])]
 
 
 def _deal_even(world: int, n: int, k: int, mask: SliceMask):
