@@ -1,7 +1,8 @@
 """The CPU side of two GPU benchmarks of issue 42: ``mask_kernel_kinds.py`` sorts profiled
 kernels into kinds (cuDNN's attention kernels name "flash" too, and must count as cuDNN),
-and ``megatron_mask_builders.py`` compares CP=gpus losses with CP=1's (a failed or missing
-run, or a gap over the tolerance, fails), on its configs with the builder set."""
+``megatron_mask_builders.py`` compares CP=gpus losses with CP=1's (a failed or missing
+run, or a gap over the tolerance, fails), on its configs with the builder set; and
+``deal_cost.py`` times the area layout's deal both ways, leaving the package's switch on."""
 from __future__ import annotations
 
 import sys
@@ -12,6 +13,7 @@ from .readme import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import deal_cost  # noqa: E402
 import mask_kernel_kinds as kk  # noqa: E402
 import megatron_mask_builders as mmb  # noqa: E402
 
@@ -85,3 +87,17 @@ def test_bad_arguments_are_refused_by_name_before_any_rank_starts(script, argv, 
         script.main()
     assert named in capsys.readouterr().err
 
+
+
+def test_the_deal_is_timed_both_ways_and_the_switch_left_on():
+    from megatron_burst.plan import area
+    from slice_masks import new_packs
+
+    masks = new_packs("block_causal_document", 4096, 0.25, 3)
+    on, off = (deal_cost.timed(2, masks, way) for way in (True, False))
+    assert area.BETWEEN_SLICES
+    assert on["ms"] > 0 and off["ms"] > 0 and on["balance"] >= 1 and off["balance"] >= 1
+    assert on["cutting"] < off["cutting"] <= 1  # its cuts fall between the blocks
+    row = dict(world=2, family="block_causal_document", between_slices=on, even_chunks=off)
+    line = deal_cost.table(dict(machine="cpu", packs=3, command="x"), [row]).splitlines()[-1]
+    assert line.startswith("| 2 | block_causal_document | ")

@@ -2948,6 +2948,12 @@ def test_the_cuts_between_slices_are_the_runs_on_file():
     (chained,) = [r["efficiency_chained_fwd"] for r in table
                   if r["family"] == "block_causal_document"]
     _says(f"stays host-bound\n({chained:.2f})")
+    deal = _load("cpu_issue42_deal_cost/deal_cost.json")["rows"]
+    spans = {(w, way): _span([r[way]["ms"] for r in deal if r["world"] == w])
+             for w in (2, 8) for way in ("between_slices", "even_chunks")}
+    _says(f"{spans[2, 'between_slices']} ms a new mask on 2 ranks against "
+          f"{spans[2, 'even_chunks']} with even chunks, {spans[8, 'between_slices']} ms on 8\n"
+          f"against {spans[8, 'even_chunks']}")
 
 
 def test_the_kernel_kinds_and_the_mask_builders_are_the_runs_on_file():
