@@ -1,5 +1,6 @@
 """A document pack's plan carving its large documents (``thresholds.CARVE_PACKS``, off by
-default until measured on a GPU).
+default: timed on 2 GPUs, most packs ran slower carved; ``thresholds.PACK_CARVE_MIN``, the
+shortest side it carves, travels in the plan's key).
 
 A pack's whole documents run as one varlen call made from the shard's arrays. Where the
 plan carves, the whole documents of at least the grain rows leave that call and join the
@@ -68,10 +69,9 @@ def expected(lens, causal: bool) -> np.ndarray:
 @pytest.mark.parametrize("least", [GRAIN, 3 * GRAIN])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("lens", PACKS + ((3, 0, 5, 2),))
-def test_every_pair_of_a_pack_lies_in_exactly_one_call(lens, causal, least, monkeypatch):
-    monkeypatch.setattr(thresholds, "PACK_CARVE_MIN", least)  # documents carved from
+def test_every_pair_of_a_pack_lies_in_exactly_one_call(lens, causal, least):
     mask = Mask(causal=causal)
-    calls = carved_whole((), alone_shard(lens), mask, GRAIN)
+    calls = carved_whole((), alone_shard(lens), mask, GRAIN, least)  # carved from ``least``
     assert np.array_equal(coverage(calls, sum(lens)), expected(lens, causal))
     dense = [c.blocks[0] for c in calls if not c.varlen]
     assert bool(dense) == (max(lens) >= least)
@@ -94,10 +94,12 @@ def test_the_grain_is_in_a_pack_s_key_only_for_a_plain_mask_with_the_switch_on(m
     def key(mask, **kw):
         return call_plan.plan_key("whole_docs", 2, pack, mask, 1, ring, "ring", **kw)
 
-    assert not thresholds.CARVE_PACKS  # the package's default until measured on a GPU
+    assert not thresholds.CARVE_PACKS  # the package's default: on 2 GPUs most packs lost
     assert key(Mask(causal=True)).grain is None
     monkeypatch.setattr(thresholds, "CARVE_PACKS", True)
     assert key(Mask(causal=True)).grain == thresholds.SHAPE_FREE_GRAIN
+    monkeypatch.setattr(thresholds, "PACK_CARVE_MIN", 4096)  # by value, in the key
+    assert key(Mask(causal=True)).least == 4096 != key(Mask(causal=True, window=(4, 0))).least
     assert key(Mask(causal=False)).grain == thresholds.SHAPE_FREE_GRAIN
     assert key(Mask(causal=True, window=(4, 0))).grain is None  # a band is not carved
     assert key(Mask(causal=True), device_docs=True).grain is None

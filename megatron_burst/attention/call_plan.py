@@ -78,6 +78,7 @@ class PlanKey:
     device_docs: bool = False  # documents the GPU reads (``kernels.device_calls``)
     gpu_bound_min_area: float | None = None  # passes the GPU bounds; None: dense_min_area
     grain: int | None = None  # a shape-free slice mask's carving (``blocks.carved``)
+    least: int = 0  # a carving pack's shortest carved side (``thresholds.PACK_CARVE_MIN``)
 
     @property
     def lens(self) -> tuple[int, ...]:
@@ -113,7 +114,8 @@ def plan_key(layout: str, world: int, documents: DocumentPack | tuple[int, ...],
               and mask.plain)
     carve = (shape_free or packed) and (ring is None or thresholds.CARVE_RINGS)
     return PlanKey(layout, world, documents, mask, ulysses, ring, backward, batch == 1,
-                   dense, device_docs, gpu, thresholds.SHAPE_FREE_GRAIN if carve else None)
+                   dense, device_docs, gpu, thresholds.SHAPE_FREE_GRAIN if carve else None,
+                   thresholds.PACK_CARVE_MIN if carve and packed else 0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -12,7 +12,6 @@ import dataclasses
 from typing import Callable
 
 from ..comm.ring_positions import RingPositions
-from ..kernels import thresholds
 from ..kernels.device_calls import BoundarySides, pair_launches
 from ..kernels.pack_calls import alone_shard, carved_whole, with_whole
 from ..kernels.varlen import KernelLaunch, call_runs, plan_alone, plan_calls
@@ -68,7 +67,8 @@ class PairCalls:
                              f"from rows ({q_from}, {k_from}); a member's own rows, a single "
                              f"member's pack and device-read documents are held from row 0")
         if self.alone and key.grain:  # a single member's pack, its large documents carved
-            return carved_whole((), alone_shard(sched.doc_lens), sched.mask, key.grain)
+            return carved_whole((), alone_shard(sched.doc_lens), sched.mask, key.grain,
+                                key.least)
         if self.alone:  # a single member's pack: one varlen call from the boundaries
             return plan_alone(sched.doc_lens, sched.mask)
         if self.sides is not None:
@@ -82,9 +82,9 @@ class PairCalls:
         # large ones as blocks where the plan carves).
         split = _from(sched.split_blocks(q_member, k_member), q_from, k_from)
         if q_member == k_member and key.grain:
-            return carved_whole(split, sched.shard(q_member), sched.mask, key.grain)
+            return carved_whole(split, sched.shard(q_member), sched.mask, key.grain, key.least)
         calls = plan_calls(split, varlen=True, dense_min_area=None, shape_free=True,
-                           grain=key.grain, least=thresholds.PACK_CARVE_MIN)
+                           grain=key.grain, least=key.least)
         if q_member == k_member:  # (inline: a new pack's host path counts its calls)
             calls = with_whole(calls, sched.shard(q_member), sched.mask)
         return calls

@@ -22,18 +22,17 @@ import numpy as np
 
 from ..plan.blocks import Block, Mask
 from ..plan.segments import Shard, frozen
-from . import thresholds
 from .varlen import KernelLaunch, Runs, boundaries, document_shape, join_runs, plan_calls
 
 
-def carved_whole(split: Sequence[Block], shard: Shard, mask: Mask, grain: int | None
-                 ) -> tuple[KernelLaunch, ...]:
+def carved_whole(split: Sequence[Block], shard: Shard, mask: Mask, grain: int | None,
+                 least: int = 0) -> tuple[KernelLaunch, ...]:
     """A diagonal pair's calls: its split documents' blocks ``split`` grouped (and carved at
-    ``grain``, where given, those of ``thresholds.PACK_CARVE_MIN`` rows and keys) with
-    ``shard``'s whole documents of at least that many rows, each its own square block under
-    the plain ``mask``; the other whole documents joined in from the arrays
-    (``with_whole``)."""
-    blocks, least = list(split), thresholds.PACK_CARVE_MIN
+    ``grain``, where given, those of at least ``least`` rows and keys:
+    ``thresholds.PACK_CARVE_MIN``, in the plan's key) with ``shard``'s whole documents of at
+    least the grain and ``least`` rows, each its own square block under the plain ``mask``;
+    the other whole documents joined in from the arrays (``with_whole``)."""
+    blocks = list(split)
     if grain and len(shard.docs):
         large = shard.lens >= max(grain, least)
         if large.any():
