@@ -2945,6 +2945,8 @@ def test_the_cuts_between_slices_are_the_runs_on_file():
     _says(f"the table, captured, the forward "
           f"{_span([r['efficiency_graph_fwd'] for r in table])}\nand the backward "
           f"{_span([r['efficiency_graph_bwd'] for r in table])}")
+    _says(f"each call synchronised, the forward {_span([r['efficiency_fwd'] for r in table])} "
+          f"and the backward\n{_span([r['efficiency_bwd'] for r in table])}")
     (chained,) = [r["efficiency_chained_fwd"] for r in table
                   if r["family"] == "block_causal_document"]
     _says(f"stays host-bound\n({chained:.2f})")
