@@ -74,8 +74,11 @@ def main() -> None:
     args = p.parse_args()
     if args.packs < 1:
         p.error(f"--packs must be at least 1, got {args.packs}")
+    worlds = args.worlds.split(",")
+    if not all(w.isdigit() and int(w) > 0 for w in worlds):
+        p.error(f"--worlds must be positive rank counts, comma-separated, got {args.worlds!r}")
     rows = []
-    for world in (int(w) for w in args.worlds.split(",")):
+    for world in map(int, worlds):
         for name in FAMILIES:
             masks = new_packs(name, 8192 * world, 1.0, args.packs)
             for mask in masks:

@@ -101,3 +101,13 @@ def test_the_deal_is_timed_both_ways_and_the_switch_left_on():
     row = dict(world=2, family="block_causal_document", between_slices=on, even_chunks=off)
     line = deal_cost.table(dict(machine="cpu", packs=3, command="x"), [row]).splitlines()[-1]
     assert line.startswith("| 2 | block_causal_document | ")
+
+
+@pytest.mark.parametrize("args, says", [(["--packs", "0"], "--packs must be at least 1"),
+                                        (["--worlds", "2,x"], "--worlds must be positive")])
+def test_the_deal_timer_refuses_bad_arguments_by_name(args, says):
+    import subprocess
+
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "deal_cost.py"), *args,
+                          "--out", "/nonexistent/x"], capture_output=True, text=True)
+    assert run.returncode == 2 and says in run.stderr
