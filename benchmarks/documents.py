@@ -402,7 +402,8 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The run's arguments; the package's carving switches it names set before any plan."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-gpu", default="8192,16384,32768")
     parser.add_argument("--heads", default="32:8:128,16:4:64", help="hq:hkv:head_dim,...")
@@ -425,11 +426,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.pack_carve_min is not None and args.pack_carve_min < 1:
         parser.error(f"--pack-carve-min must be at least 1 row, got {args.pack_carve_min}")
-    from megatron_burst.kernels import thresholds
     if args.carve_packs is not None:  # before any plan key is made
-        thresholds.CARVE_PACKS = args.carve_packs
+        kernels.thresholds.CARVE_PACKS = args.carve_packs
     if args.pack_carve_min is not None:
-        thresholds.PACK_CARVE_MIN = args.pack_carve_min
+        kernels.thresholds.PACK_CARVE_MIN = args.pack_carve_min
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     rank, world = start_ranks()
     rows = []
     for per_gpu in (int(x) for x in args.per_gpu.split(",")):
@@ -449,7 +454,7 @@ def main() -> None:
                     device=torch.cuda.get_device_name(0), gpus=world, torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M:%S"),
                     emulate=os.environ.get(EMULATE_ENV), carve_packs=args.carve_packs,
-                    pack_carve_min=thresholds.PACK_CARVE_MIN,
+                    pack_carve_min=kernels.thresholds.PACK_CARVE_MIN,
                     package=ran_package())
         with open(args.out, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)

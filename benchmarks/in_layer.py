@@ -370,7 +370,8 @@ def _alone(row: dict) -> str:
     return "-" if eff is None else f"{eff:.2f}"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The run's arguments, each refused by name where it cannot be honoured."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_run_args(p)
     p.add_argument("--forward-dense-area", type=float, default=None,
@@ -400,6 +401,21 @@ def main() -> None:
     if args.cpu_smoke and args.forward_dense_area is not None:
         p.error("--forward-dense-area sets the automatic GPU kernel's threshold: not with "
                 "--cpu-smoke")
+    return args
+
+
+def set_switches(args: argparse.Namespace) -> None:
+    """The package's switches the run names, before any plan key is made or mask placed."""
+    if args.shape_free_grain is not None:
+        thresholds.SHAPE_FREE_GRAIN = args.shape_free_grain
+    if args.carve_rings is not None:
+        thresholds.CARVE_RINGS = args.carve_rings
+    if args.cuts_between_slices is not None:
+        area.BETWEEN_SLICES = args.cuts_between_slices
+
+
+def main() -> None:
+    args = parse_args()
     args.scale = 1.0
     if args.cpu_smoke and "RANK" not in os.environ:
         return spawn_cpu_ranks(args.world)
@@ -415,12 +431,7 @@ def main() -> None:
         kernel = pick_kernel(None, dtype, args.hq, args.hkv, args.d, dev)
         set_split(kernel, args.forward_dense_area, kernel.lone_band_area,
                   kernel.gpu_bound_min_area, line=math.inf)
-    if args.shape_free_grain is not None:  # before any plan key is made
-        thresholds.SHAPE_FREE_GRAIN = args.shape_free_grain
-    if args.carve_rings is not None:
-        thresholds.CARVE_RINGS = args.carve_rings
-    if args.cuts_between_slices is not None:  # before any mask is placed
-        area.BETWEEN_SLICES = args.cuts_between_slices
+    set_switches(args)
     layers = dict(cp=Layer(args.tokens, args.hq, args.hkv, args.d, dev, dtype))
     if rank == 0:  # the one-GPU methods' layer holds the whole sequence's tokens
         layers["one"] = Layer(args.tokens * world, args.hq, args.hkv, args.d, dev, dtype)
