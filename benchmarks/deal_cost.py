@@ -21,8 +21,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_burst.plan import area  # noqa: E402
@@ -45,7 +43,7 @@ def timed(world: int, masks: list, between: bool) -> dict:
             load, chunks = area._dealt(world, total, mask)
             times.append((time.perf_counter() - t0) * 1e3)
             balance.append(load / (mask.area / world))
-            cuts = np.array(sorted(s for c in chunks for s, _ in c)[1:], dtype=np.int64)
+            cuts = area.cut_points(chunks)
             cutting.append(float(area._cutting(mask, cuts).mean()) if len(cuts) else 1.0)
     finally:
         area.BETWEEN_SLICES = True

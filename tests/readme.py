@@ -19,11 +19,13 @@ def even_chunks():
     """The area layout as it was before its cuts could move between slices
     (``plan.area.BETWEEN_SLICES`` off: even chunks, every cut an edge), for the analyses on
     file whose plans were made then; plans and placements made anew inside and after."""
-    from megatron_burst.attention import call_plan
+    from megatron_burst.attention import call_plan, prepare, varying_masks
     from megatron_burst.plan import area, mask_placement
 
-    def forget():
+    def forget():  # every cache that holds a placement or a plan made from one
         call_plan.clear()
+        prepare.PREPARED.clear()
+        varying_masks.clear()
         mask_placement.mask_placement.cache_clear()
 
     area.BETWEEN_SLICES = False

@@ -87,10 +87,15 @@ def _work(n: int, got, mask: SliceMask) -> float:
     """A deal's work: its largest share, each of a rank's chunks' edges (k, on average)
     adding ``EDGE_ROWS`` rows' worth of keys (at most the chunk's own), counted for the
     share of its cuts that cut a slice's rows (a cut between slices cuts no block)."""
-    starts = np.sort(np.array([s for chunks in got[1] for s, _ in chunks], np.int64))[1:]
-    k = (len(starts) + 1) / len(got[1])
-    cutting = _cutting(mask, starts).mean() if len(starts) and BETWEEN_SLICES else 1.0
+    cuts = cut_points(got[1])
+    k = (len(cuts) + 1) / len(got[1])
+    cutting = _cutting(mask, cuts).mean() if len(cuts) and BETWEEN_SLICES else 1.0
     return got[0] * _edges(n, k, cutting)
+
+
+def cut_points(chunks: list[list[tuple[int, int]]]) -> np.ndarray:
+    """Where a deal's chunks (every rank's, as (start, length)) cut the sequence, sorted."""
+    return np.sort(np.array([s for c in chunks for s, _ in c], np.int64))[1:]
 
 
 def _edges(n: int, k: float, cutting: float) -> float:
