@@ -9,7 +9,7 @@ documents split over members are grouped as any blocks are (``varlen.plan_calls`
 whole documents join their call of the same mask shape when flash, given only that call's
 lengths and window, computes each of its blocks exactly (``with_whole``), else they are
 one call more. Where the plan carves (``thresholds.CARVE_PACKS``: a grain), the whole
-documents of at least the grain rows leave the arrays and join the split blocks, which
+documents of at least the grain and ``thresholds.PACK_CARVE_MIN`` rows leave the arrays and join the split blocks, which
 ``plan_calls`` carves into cores of few shapes (``carved_whole``); the small ones stay one
 call from the arrays.
 """
